@@ -1,0 +1,48 @@
+# Strata: `make run` installs what is missing, builds, runs the default suite on this machine and writes
+# HDF5 results and plots; `make test` installs, builds and runs every test. See README.md.
+BUILD      ?= build
+SAN_BUILD  ?= build-sanitize
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_ARGS ?=
+PYTHON     ?= python3
+
+.PHONY: all deps build run test test-unit test-integration test-sanitize bench micro clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	@STRATA_BUILD_DIR=$(BUILD) scripts/run-local.sh
+
+test: build
+	@$(MAKE) --no-print-directory test-unit test-integration test-sanitize
+
+test-unit:
+	cd $(BUILD) && ctest --output-on-failure
+
+test-integration:
+	STRATA_BUILD_DIR=$(abspath $(BUILD)) $(PYTHON) -m pytest -q tests/integration
+
+# The same tests against an AddressSanitizer + UndefinedBehaviorSanitizer build (CPU code; the CUDA
+# sources are compiled in the main build).
+test-sanitize:
+	@cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF \
+	  $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(SAN_BUILD) -j $(JOBS)
+	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure
+
+# Benchmarks print their figures against their targets; they are not pass/fail tests.
+bench: build
+	@$(BUILD)/strata-bench-gemm-overhead
+
+micro: build
+	@$(BUILD)/strata-micro
+
+clean:
+	rm -rf $(BUILD) $(SAN_BUILD)

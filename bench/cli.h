@@ -1,0 +1,64 @@
+// Command-line parsing shared by every Strata program: long and short flags (`--iters 20`, `--iters=20`,
+// `-n 20`), strict number parsing, sizes with K/M/G suffixes, and the resolved configuration as JSON so
+// each run records exactly what it was asked to do. Bad input throws UsageError (exit code 2).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+// Strict parsers: the whole text must be a number; throw UsageError naming `what` otherwise.
+int64_t parse_int(const std::string& text, const std::string& what);
+double parse_double(const std::string& text, const std::string& what);
+bool parse_bool(const std::string& text, const std::string& what);
+// Bytes with optional binary suffix K, M, G (1K = 1024), as nccl-tests reads -b/-e.
+int64_t parse_bytes(const std::string& text, const std::string& what);
+std::vector<std::string> split(const std::string& text, char separator);
+
+class Cli {
+ public:
+  Cli(std::string program, std::string summary);
+
+  // An option with a value. `parse` receives the text; `show` renders the current value as JSON.
+  void add(const std::string& long_name, char short_name, const std::string& value_name, const std::string& help,
+           std::function<void(const std::string&)> parse, std::function<std::string()> show);
+  // A switch: `--name` sets true, `--name=false` / `--no-name` false.
+  void flag(const std::string& long_name, char short_name, const std::string& help, bool& target);
+
+  void option(const std::string& long_name, char short_name, const std::string& help, int& target, int min_value);
+  void option(const std::string& long_name, char short_name, const std::string& help, int64_t& target,
+              int64_t min_value);
+  void option(const std::string& long_name, char short_name, const std::string& help, double& target,
+              double min_value);
+  void option(const std::string& long_name, char short_name, const std::string& help, std::string& target);
+  // A value that must be one of `choices`.
+  void choice(const std::string& long_name, char short_name, const std::string& help, std::string& target,
+              std::vector<std::string> choices);
+
+  // Returns false when --help was asked for (usage printed to stdout), true otherwise.
+  bool parse(int argc, const char* const* argv);
+  std::string usage() const;
+  // {"option": value, ...} for every option, in declaration order, with the values after parsing.
+  std::string resolved_json() const;
+
+ private:
+  struct Option {
+    std::string long_name;
+    char short_name;
+    std::string value_name;  // empty for switches
+    std::string help;
+    std::function<void(const std::string&)> parse;
+    std::function<std::string()> show;
+  };
+  const Option* find_long(const std::string& name) const;
+  const Option* find_short(char name) const;
+
+  std::string program_;
+  std::string summary_;
+  std::vector<Option> options_;
+};
+
+}  // namespace strata

@@ -1,0 +1,253 @@
+// strata-gemm: matrix multiplication throughput, every rank at once, on the CPU (CBLAS) or GPU (cuBLASLt).
+// C (M, N) = A (M, K) W (N, K)^T, the layout of a transformer's linear layer. FLOPs = 2MNK. Reports per-rank
+// and aggregate FLOP/s and the fraction of peak, and checks every case against a higher-precision reference.
+#include <cstdio>
+#include <memory>
+
+#include "bench/harness.h"
+#include "kernels/blas.h"
+#include "kernels/cpu_peak.h"
+#include "kernels/cuda_info.h"
+#include "kernels/gemm_cpu.h"
+#ifdef STRATA_HAVE_CUDA
+#include "bench/timer_cuda.h"
+#include "kernels/gemm_cuda.h"
+#endif
+
+namespace {
+
+using namespace strata;
+using gemm::DType;
+
+struct GemmOptions {
+  std::string backend = "cpu";
+  std::string dtypes = "fp32";
+  std::string shapes;
+  std::string square;
+  std::string presets;
+  int64_t tokens = 2048;
+  int tp = 1;
+  int check_samples = 64;
+  int64_t seed = 1;
+};
+
+struct GemmCase {
+  gemm::Shape shape;
+  std::string source;  // "explicit", "square" or "<model>/<layer>"
+  DType dtype;
+};
+
+// "256:2048" doubles from 256 to 2048; "512,1024" lists sizes.
+std::vector<int64_t> parse_square(const std::string& text) {
+  std::vector<int64_t> sizes;
+  if (auto colon = text.find(':'); colon != std::string::npos) {
+    int64_t low = parse_int(text.substr(0, colon), "--square start");
+    int64_t high = parse_int(text.substr(colon + 1), "--square end");
+    if (low <= 0 || high < low) throw UsageError("--square " + text + ": expected 0 < START <= END");
+    for (int64_t s = low; s <= high; s *= 2) sizes.push_back(s);
+  } else {
+    for (const auto& part : split(text, ',')) {
+      int64_t s = parse_int(part, "--square");
+      if (s <= 0) throw UsageError("--square sizes must be positive, got " + part);
+      sizes.push_back(s);
+    }
+  }
+  return sizes;
+}
+
+std::vector<GemmCase> plan_cases(const GemmOptions& o) {
+  std::vector<DType> dtypes;
+  for (const auto& text : split(o.dtypes, ',')) {
+    auto d = gemm::parse_dtype(text);
+    if (!d) throw UsageError("unknown dtype '" + text + "' (fp32, fp64, tf32, fp16, bf16, fp8)");
+    bool cpu_has = *d == DType::fp32 || *d == DType::fp64;
+    if (o.backend == "cpu" && !cpu_has)
+      throw UsageError("dtype " + text + " is not available on the cpu backend (cpu: fp32, fp64)");
+    if (o.backend == "cuda" && *d == DType::fp64)
+      throw UsageError("dtype fp64 is not available on the cuda backend (cuda: fp32, tf32, fp16, bf16, fp8)");
+    dtypes.push_back(*d);
+  }
+  std::vector<std::pair<gemm::Shape, std::string>> shapes;
+  if (!o.shapes.empty())
+    for (const auto& text : split(o.shapes, ',')) shapes.emplace_back(gemm::parse_shape(text), "explicit");
+  if (!o.square.empty())
+    for (int64_t s : parse_square(o.square)) shapes.emplace_back(gemm::Shape{s, s, s}, "square");
+  if (!o.presets.empty())
+    for (const auto& model : split(o.presets, ','))
+      for (const auto& named : gemm::preset_shapes(model, o.tokens, o.tp)) shapes.emplace_back(named.shape, named.source);
+  if (shapes.empty())
+    for (int64_t s : parse_square("256:2048")) shapes.emplace_back(gemm::Shape{s, s, s}, "square");
+
+  std::vector<GemmCase> cases;
+  for (DType d : dtypes)
+    for (const auto& [shape, source] : shapes) cases.push_back({shape, source, d});
+  return cases;
+}
+
+// One backend's work for one case, behind the same four calls.
+struct Workload {
+  std::function<void()> run;
+  std::function<void()> poison;
+  std::function<gemm::CheckResult(int, uint64_t)> check;
+  Timer* timer;
+  std::string algorithm;
+  double peak_per_rank = 0;
+  std::string peak_source;
+};
+
+int run_gemm(int argc, char** argv) {
+  HarnessOptions h;
+  GemmOptions o;
+  Cli cli("strata-gemm", "GEMM throughput: C (M,N) = A (M,K) W (N,K)^T on every rank at once; FLOPs = 2MNK.");
+  cli.choice("backend", 0, "where the GEMM runs", o.backend, {"cpu", "cuda"});
+  cli.option("dtype", 'd', "comma-separated dtypes: fp32,fp64 (cpu); fp32,tf32,fp16,bf16,fp8 (cuda)", o.dtypes);
+  cli.option("shapes", 0, "comma-separated MxNxK shapes", o.shapes);
+  cli.option("square", 0, "square sizes: START:END (doubling) or a list", o.square);
+  cli.option("preset", 0, "transformer layer shapes of these models (comma-separated; see --list-presets)", o.presets);
+  cli.option("tokens", 0, "tokens (batch x sequence) for --preset shapes", o.tokens, 1);
+  cli.option("tp", 0, "tensor-parallel degree dividing --preset shapes", o.tp, 1);
+  cli.option("check-samples", 0, "output elements checked against the reference per rank and case", o.check_samples, 4);
+  cli.option("seed", 0, "random seed of the inputs", o.seed, 0);
+  bool list_presets = false;
+  cli.flag("list-presets", 0, "print the preset models and exit", list_presets);
+  add_harness_options(cli, h);
+  if (!cli.parse(argc, argv)) return 0;
+  if (list_presets) {
+    if (world_rank() == 0)
+      for (const auto& n : gemm::preset_names()) std::printf("%s\n", n.c_str());
+    return 0;
+  }
+  std::vector<GemmCase> cases = plan_cases(o);
+
+  const int rank = world_rank();
+  int device = -1;
+  std::string device_text = "cpu";
+  if (o.backend == "cuda") {
+#ifdef STRATA_HAVE_CUDA
+    int count = cuda::device_count(), fewest = 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(&count, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (fewest == 0) throw UsageError("--backend cuda: no CUDA device is visible to every rank");
+    Comm node = split_shared_memory(MPI_COMM_WORLD);
+    device = node.rank() % count;  // one GPU per local rank
+    cuda::set_device(device);
+    device_text = "cuda:" + std::to_string(device) + " " + cuda::device_name(device);
+#else
+    throw UsageError("--backend cuda: this strata-gemm was built without CUDA");
+#endif
+  }
+
+  Run run("strata-gemm", argc, argv, h, cli.resolved_json(), device_text);
+  run.set_case_count(static_cast<int>(cases.size()));
+  run.cases()
+      .add_column("backend", ColumnKind::string, "")
+      .add_column("dtype", ColumnKind::string, "")
+      .add_column("m", ColumnKind::int64, "1")
+      .add_column("n", ColumnKind::int64, "1")
+      .add_column("k", ColumnKind::int64, "1")
+      .add_column("shape_source", ColumnKind::string, "")
+      .add_column("flop", ColumnKind::float64, "FLOP", "2MNK per GEMM per rank")
+      .add_column("bytes", ColumnKind::float64, "B", "A, W read once and C written once, per GEMM per rank");
+  const char* rate = "2MNK / median over iterations of the per-iteration mean over ranks";
+  run.summary()
+      .add_column("flop_rate_per_rank", ColumnKind::float64, "FLOP/s", rate)
+      .add_column("flop_rate_aggregate", ColumnKind::float64, "FLOP/s",
+                  "ranks x 2MNK / median over iterations of the per-iteration max over ranks")
+      .add_column("flop_rate_slowest_rank", ColumnKind::float64, "FLOP/s", "2MNK / the slowest rank's own median")
+      .add_column("peak_per_rank", ColumnKind::float64, "FLOP/s", "0 when unknown; see peak_source")
+      .add_column("peak_fraction", ColumnKind::float64, "1", "flop_rate_per_rank / peak_per_rank")
+      .add_column("peak_source", ColumnKind::string, "")
+      .add_column("algorithm", ColumnKind::string, "")
+      .add_column("check_samples", ColumnKind::int64, "1", "output elements checked per rank")
+      .add_column("check_worst_ratio", ColumnKind::float64, "1",
+                  "max over ranks and checked elements of |c - ref| / tolerance (<= 1 passes)");
+
+  CpuPeak cpu_peak = o.backend == "cpu" ? detect_cpu_peak() : CpuPeak{};
+  ConsoleTable table({{"backend", 7}, {"dtype", 5}, {"M", 6}, {"N", 6}, {"K", 6}, {"source", 18}, {"time(ms)", 10},
+                      {"GFLOP/s/rank", 12}, {"GFLOP/s(all)", 12}, {"%peak", 6}, {"check", 6}});
+  if (run.is_root()) {
+    std::printf("# strata-gemm: %d rank(s) on %d node(s), backend %s, BLAS threads per rank %d\n", run.context().n_ranks,
+                run.context().n_nodes, o.backend.c_str(), h.blas_threads);
+    std::printf("# time: median over iterations of the per-iteration max over ranks; GFLOP/s = 2MNK/time (1e9)\n");
+    std::printf("# GFLOP/s/rank uses the per-iteration mean over ranks; (all) sums the ranks; %%peak is per rank\n");
+    table.print_header();
+  }
+
+  HostTimer host_timer;
+  for (size_t index = 0; index < cases.size(); ++index) {
+    const GemmCase& c = cases[index];
+    uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
+    Workload work;
+    std::unique_ptr<gemm::CpuGemm> cpu;
+#ifdef STRATA_HAVE_CUDA
+    std::unique_ptr<gemm::CudaGemm> gpu;
+    std::unique_ptr<Timer> gpu_timer;
+#endif
+    if (o.backend == "cpu") {
+      cpu = std::make_unique<gemm::CpuGemm>(c.shape, c.dtype, seed);
+      work = {[&] { cpu->run(); }, [&] { cpu->poison_output(); },
+              [&](int n, uint64_t s) { return cpu->check(n, s); }, &host_timer,
+              c.dtype == DType::fp32 ? "cblas_sgemm (" + blas::corename() + ")" : "cblas_dgemm (" + blas::corename() + ")",
+              cpu_peak.per_core(c.dtype == DType::fp64) * h.blas_threads,
+              cpu_peak.source(c.dtype == DType::fp64, h.blas_threads)};
+    } else {
+#ifdef STRATA_HAVE_CUDA
+      gpu = std::make_unique<gemm::CudaGemm>(c.shape, c.dtype, seed, device);
+      gpu_timer = make_cuda_event_timer(gpu->stream());
+      gemm::GpuPeak peak = gemm::gpu_peak(device, c.dtype);
+      work = {[&] { gpu->run(); }, [&] { gpu->poison_output(); },
+              [&](int n, uint64_t s) { return gpu->check(n, s); }, gpu_timer.get(), gpu->algorithm(), peak.flops,
+              peak.source};
+#endif
+    }
+
+    // Untimed correctness pass on a poisoned output, then the timed loop.
+    work.poison();
+    work.run();
+    gemm::CheckResult check = work.check(o.check_samples, seed);
+    double worst = allreduce_max(MPI_COMM_WORLD, check.worst_ratio);
+    std::vector<double> samples = run.measure(*work.timer, work.run);
+
+    const double flop = c.shape.flops();
+    const double bytes = static_cast<double>(c.shape.m * c.shape.k + c.shape.n * c.shape.k) * gemm::input_bytes(c.dtype) +
+                         static_cast<double>(c.shape.m * c.shape.n) * gemm::output_bytes(c.dtype);
+    const int ranks = run.context().n_ranks;
+    std::string label = gemm::name(c.dtype) + " " + c.shape.text();
+    CaseResult result = run.record(
+        samples, check.wrong, label,
+        [&](Table& t) {
+          t.set("backend", o.backend).set("dtype", gemm::name(c.dtype)).set("m", c.shape.m).set("n", c.shape.n);
+          t.set("k", c.shape.k).set("shape_source", c.source).set("flop", flop).set("bytes", bytes);
+        },
+        [&](Table& t, const CaseResult& r) {
+          double per_rank = flop / r.rankmean.median;
+          t.set("flop_rate_per_rank", per_rank);
+          t.set("flop_rate_aggregate", ranks * flop / r.rankmax.median);
+          double slowest = 0;
+          for (double m : r.rank_medians) slowest = std::max(slowest, m);
+          t.set("flop_rate_slowest_rank", flop / slowest);
+          t.set("peak_per_rank", work.peak_per_rank);
+          t.set("peak_fraction", work.peak_per_rank > 0 ? per_rank / work.peak_per_rank : 0.0);
+          t.set("peak_source", work.peak_source).set("algorithm", work.algorithm);
+          t.set("check_samples", static_cast<int64_t>(check.checked)).set("check_worst_ratio", worst);
+        });
+    if (run.is_root()) {
+      double per_rank = flop / result.rankmean.median;
+      table.print_row({o.backend, gemm::name(c.dtype), std::to_string(c.shape.m), std::to_string(c.shape.n),
+                       std::to_string(c.shape.k), c.source, format_fixed(result.rankmax.median * 1e3, 3),
+                       format_fixed(per_rank / 1e9, 1), format_fixed(ranks * flop / result.rankmax.median / 1e9, 1),
+                       work.peak_per_rank > 0 ? format_fixed(100 * per_rank / work.peak_per_rank, 1) : "n/a",
+                       worst <= 1 ? "ok" : "FAIL"});
+    }
+  }
+  if (run.is_root()) {
+    if (o.backend == "cpu") std::printf("# peak per rank: %s\n", cpu_peak.source(false, h.blas_threads).c_str());
+    std::printf("# results: %s\n", run.output_path().c_str());
+  }
+  return run.finish();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return strata::program_main(argc, argv, "strata-gemm", [&] { return run_gemm(argc, argv); });
+}

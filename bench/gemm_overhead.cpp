@@ -1,0 +1,72 @@
+// strata-bench-gemm-overhead: what the harness costs. In one run, the FP32 rate that strata-gemm's timed
+// loop (harness measure(): barrier, timer, sample bookkeeping) reports at 2048^3 beside a bare
+// cblas_sgemm loop timed with steady_clock; rounds alternate so machine noise hits both alike.
+// Target: harness rate / bare rate >= 0.98 (medians).
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "bench/harness.h"
+#include "kernels/blas.h"
+#include "kernels/gemm_check.h"
+#include "kernels/gemm_cpu.h"
+
+namespace {
+
+using namespace strata;
+
+int run_overhead(int argc, char** argv) {
+  int size = 2048, rounds = 7, iters = 5;
+  Cli cli("strata-bench-gemm-overhead", "Harness FP32 GEMM rate against a bare cblas_sgemm loop (target ratio >= 0.98).");
+  cli.option("size", 0, "M = N = K", size, 64);
+  cli.option("rounds", 0, "alternating rounds of each", rounds, 1);
+  cli.option("iters", 'n', "timed GEMMs per round", iters, 1);
+  if (!cli.parse(argc, argv)) return 0;
+  blas::set_threads(1);
+
+  const gemm::Shape shape{size, size, size};
+  gemm::CpuGemm harnessed(shape, gemm::DType::fp32, 11);
+  std::vector<float> a(static_cast<size_t>(size) * size), w(a.size()), c(a.size());
+  gemm::fill_uniform(a.data(), a.size(), 21);
+  gemm::fill_uniform(w.data(), w.size(), 22);
+  auto bare_sgemm = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, size, size, size, 1.0f, a.data(), size, w.data(), size,
+                0.0f, c.data(), size);
+  };
+
+  HostTimer timer;
+  std::vector<double> harness_samples, bare_samples;
+  for (int round = 0; round < rounds; ++round) {
+    MeasureSpec spec{round == 0 ? 2 : 0, iters, 0, 1};
+    auto samples = measure(MPI_COMM_WORLD, spec, timer, [&] { harnessed.run(); });
+    harness_samples.insert(harness_samples.end(), samples.begin(), samples.end());
+    if (round == 0) bare_sgemm(), bare_sgemm();  // same warm-up
+    for (int i = 0; i < iters; ++i) {
+      auto start = std::chrono::steady_clock::now();
+      bare_sgemm();
+      bare_samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  gemm::CheckResult check = harnessed.check(64, 5);
+  if (check.wrong) throw RuntimeError("harnessed GEMM output failed its reference check");
+
+  double flop = shape.flops();
+  double harness_rate = flop / summarize(harness_samples).median;
+  double bare_rate = flop / summarize(bare_samples).median;
+  double ratio = harness_rate / bare_rate;
+  if (world_rank() == 0) {
+    std::printf("# strata-bench-gemm-overhead: FP32 %dx%dx%d, 1 BLAS thread, %d rounds x %d GEMMs each, medians\n",
+                size, size, size, rounds, iters);
+    std::printf("harness measure() rate : %8.2f GFLOP/s\n", harness_rate / 1e9);
+    std::printf("bare cblas_sgemm rate  : %8.2f GFLOP/s\n", bare_rate / 1e9);
+    std::printf("ratio harness/bare     : %8.4f  (target >= 0.98: %s)\n", ratio, ratio >= 0.98 ? "PASS" : "MISS");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return strata::program_main(argc, argv, "strata-bench-gemm-overhead", [&] { return run_overhead(argc, argv); });
+}

@@ -1,0 +1,284 @@
+// Implementation of the measurement harness (see harness.h).
+#include "bench/harness.h"
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include "kernels/blas.h"
+#include "results/h5.h"
+#include "results/schema.h"
+#include "results/writer.h"
+
+namespace strata {
+
+namespace {
+std::atomic<int> g_signal{0};
+extern "C" void remember_signal(int signal) { g_signal.store(signal); }
+}  // namespace
+
+void add_harness_options(Cli& cli, HarnessOptions& o) {
+  cli.option("warmup", 'w', "untimed iterations before timing, per case", o.warmup, 0);
+  cli.option("iters", 'n', "timed iterations per case", o.iters, 1);
+  cli.option("max-time", 0, "seconds of timed iterations per case before stopping early (0: none)", o.max_time, 0.0);
+  cli.option("output", 'O', "results file to append this run to (default: new file in results/runs/)", o.output);
+  cli.option("blas-threads", 0, "CPU BLAS threads per rank", o.blas_threads, 1);
+  cli.flag("quiet", 'q', "no progress on stderr", o.quiet);
+}
+
+std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, Timer& timer, const std::function<void()>& body) {
+  for (int i = 0; i < spec.warmup; ++i) {
+    timer.start();
+    body();
+    timer.stop();  // also waits for device work to finish
+  }
+  std::vector<double> samples;
+  samples.reserve(static_cast<size_t>(spec.iters));
+  double spent = 0;
+  for (int i = 0; i < spec.iters; ++i) {
+    STRATA_MPI_CHECK(MPI_Barrier(comm));
+    timer.start();
+    body();
+    double elapsed = timer.stop();
+    samples.push_back(elapsed / spec.ops_per_sample);
+    spent += elapsed;
+    // Ranks agree on stopping, outside the timed region, so all run the same number of iterations.
+    if (spec.budget_s > 0 && i + 1 < spec.iters && allreduce_max(comm, spent) >= spec.budget_s) break;
+  }
+  return samples;
+}
+
+void ConsoleTable::print_header() const {
+  std::string line = "#";
+  for (const auto& c : columns_) {
+    std::string cell = c.header;
+    if (static_cast<int>(cell.size()) < c.width) cell.insert(0, static_cast<size_t>(c.width) - cell.size(), ' ');
+    line += " " + cell;
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void ConsoleTable::print_row(const std::vector<std::string>& cells) const {
+  std::string line = " ";
+  for (size_t i = 0; i < columns_.size(); ++i) {
+    std::string cell = i < cells.size() ? cells[i] : "";
+    int width = columns_[i].width;
+    if (static_cast<int>(cell.size()) < width) cell.insert(0, static_cast<size_t>(width) - cell.size(), ' ');
+    line += " " + cell;
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+std::string format_fixed(double value, int decimals) {
+  if (!std::isfinite(value)) return "n/a";
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, value);
+  return text;
+}
+
+std::string format_si(double value, int digits) {
+  if (!std::isfinite(value)) return "n/a";
+  const char* prefixes[] = {"", "k", "M", "G", "T", "P"};
+  int p = 0;
+  while (std::fabs(value) >= 1000 && p < 5) value /= 1000, ++p;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*g %s", digits, value, prefixes[p]);
+  return text;
+}
+
+Run::Run(std::string benchmark, int argc, const char* const* argv, const HarnessOptions& options,
+         std::string config_json, std::string device)
+    : benchmark_(std::move(benchmark)), options_(options), started_(std::chrono::steady_clock::now()) {
+  if (options_.blas_threads > 1 && blas::is_single_threaded_build())
+    throw UsageError("--blas-threads " + std::to_string(options_.blas_threads) +
+                     " needs a threaded BLAS, but this OpenBLAS is the single-threaded build");
+  blas::set_threads(options_.blas_threads);
+  context_ = collect_context(argc, argv, device);
+
+  // Rank 0 checks and opens the output; every rank learns the verdict so all exit the same way.
+  std::string error;
+  if (is_root()) {
+    try {
+      run_id_ = new_run_id();
+      output_path_ = options_.output;
+      if (output_path_.empty()) {
+        std::filesystem::create_directories("results/runs");
+        output_path_ = "results/runs/" + benchmark_ + "-" + run_id_ + ".h5";
+      }
+      auto attrs = context_.run_attrs;
+      attrs["benchmark"] = benchmark_;
+      attrs["config_json"] = config_json;
+      attrs["start_utc"] = utc_now_iso();
+      writer_ = std::make_unique<ResultsWriter>(output_path_, run_id_, attrs);
+      writer_->write_env(context_.env);
+      write_ranks_table();
+    } catch (const UsageError& e) {
+      error = e.what();
+    } catch (const std::filesystem::filesystem_error& e) {
+      error = std::string("cannot create the results folder: ") + e.what();
+    }
+  }
+  error = broadcast_string(MPI_COMM_WORLD, error);
+  if (!error.empty()) throw UsageError(error);
+  output_path_ = broadcast_string(MPI_COMM_WORLD, output_path_);
+  run_id_ = broadcast_string(MPI_COMM_WORLD, run_id_);
+
+  cases_.add_column("case", ColumnKind::int64, "1");
+  cases_.add_column("label", ColumnKind::string, "");
+  summary_.add_column("case", ColumnKind::int64, "1");
+  summary_.add_column("iterations", ColumnKind::int64, "1");
+  for (RankView view : kRankViews)
+    for (const char* stat : kStatNames)
+      summary_.add_column(std::string("time_") + rank_view_name(view) + "_" + stat, ColumnKind::float64, "s",
+                          rank_view_description(view));
+  summary_.add_column("time_slowest_rank_median", ColumnKind::float64, "s", "the largest of the ranks' own medians");
+  summary_.add_column("time_fastest_rank_median", ColumnKind::float64, "s", "the smallest of the ranks' own medians");
+  summary_.add_column("slowest_rank", ColumnKind::int64, "1", "rank with the largest own median");
+  summary_.add_column("wrong_elements", ColumnKind::int64, "1", "output elements outside tolerance, summed over ranks");
+  samples_.add_column("case", ColumnKind::int64, "1");
+  samples_.add_column("rank", ColumnKind::int64, "1");
+  samples_.add_column("iteration", ColumnKind::int64, "1");
+  samples_.add_column("time", ColumnKind::float64, "s", "elapsed time of one operation in one timed iteration");
+
+  std::signal(SIGINT, remember_signal);
+  std::signal(SIGTERM, remember_signal);
+}
+
+Run::~Run() {
+  if (writer_ && !finished_) {
+    try {
+      writer_->finish(g_signal.load() ? schema::kStatusInterrupted : schema::kStatusFailed);
+    } catch (...) {
+      // Destructors must not throw; the run keeps the "interrupted" status written at its start.
+    }
+  }
+}
+
+void Run::write_ranks_table() {
+  Table ranks(schema::kRanks);
+  ranks.add_column("rank", ColumnKind::int64, "1");
+  ranks.add_column("host", ColumnKind::string, "");
+  ranks.add_column("node_index", ColumnKind::int64, "1");
+  ranks.add_column("local_rank", ColumnKind::int64, "1");
+  ranks.add_column("ranks_on_node", ColumnKind::int64, "1");
+  ranks.add_column("affinity", ColumnKind::string, "", "CPU list the rank may run on (sched_getaffinity)");
+  ranks.add_column("device", ColumnKind::string, "");
+  for (const auto& p : context_.ranks) {
+    ranks.set("rank", p.rank).set("host", p.host).set("node_index", p.node_index).set("local_rank", p.local_rank);
+    ranks.set("ranks_on_node", p.ranks_on_node).set("affinity", p.affinity).set("device", p.device);
+    ranks.end_row();
+  }
+  writer_->append(ranks);
+  writer_->flush();
+}
+
+std::vector<double> Run::measure(Timer& timer, const std::function<void()>& body, int ops_per_sample) {
+  MeasureSpec spec{options_.warmup, options_.iters, options_.max_time, ops_per_sample};
+  return strata::measure(MPI_COMM_WORLD, spec, timer, body);
+}
+
+void Run::check_interrupt() {
+  int mine = g_signal.load(), any = 0;
+  STRATA_MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  if (any) throw Interrupted{any};
+}
+
+CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elements, const std::string& label,
+                       const std::function<void(Table&)>& fill_case,
+                       const std::function<void(Table&, const CaseResult&)>& fill_summary) {
+  CaseResult result;
+  result.index = case_index_++;
+  result.iterations = static_cast<int>(my_samples.size());
+  int ranks = context_.n_ranks;
+  std::vector<double> all = gather_doubles(MPI_COMM_WORLD, my_samples);
+  int64_t wrong_total = 0;
+  STRATA_MPI_CHECK(MPI_Allreduce(&wrong_elements, &wrong_total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+  if (wrong_total) check_failed_ = true;
+
+  if (is_root()) {
+    int iters = result.iterations;
+    result.rankmax = summarize(per_iteration(all, ranks, iters, RankView::max_over_ranks));
+    result.rankmean = summarize(per_iteration(all, ranks, iters, RankView::mean_over_ranks));
+    result.rank_medians = per_rank_median(all, ranks, iters);
+    size_t slowest = 0, fastest = 0;
+    for (size_t r = 0; r < result.rank_medians.size(); ++r) {
+      if (result.rank_medians[r] > result.rank_medians[slowest]) slowest = r;
+      if (result.rank_medians[r] < result.rank_medians[fastest]) fastest = r;
+    }
+
+    cases_.set("case", result.index).set("label", label);
+    fill_case(cases_);
+    cases_.end_row();
+
+    summary_.set("case", result.index).set("iterations", iters);
+    for (RankView view : kRankViews)
+      for (const char* stat : kStatNames)
+        summary_.set(std::string("time_") + rank_view_name(view) + "_" + stat, stat_value(result.view(view), stat));
+    summary_.set("time_slowest_rank_median", result.rank_medians[slowest]);
+    summary_.set("time_fastest_rank_median", result.rank_medians[fastest]);
+    summary_.set("slowest_rank", static_cast<int64_t>(slowest));
+    summary_.set("wrong_elements", wrong_total);
+    fill_summary(summary_, result);
+    summary_.end_row();
+
+    for (int r = 0; r < ranks; ++r)
+      for (int i = 0; i < iters; ++i) {
+        samples_.set("case", result.index).set("rank", r).set("iteration", i);
+        samples_.set("time", all[static_cast<size_t>(r) * iters + i]);
+        samples_.end_row();
+      }
+    writer_->append(cases_);
+    writer_->append(samples_);
+    writer_->append(summary_);
+    writer_->flush();
+    cases_.clear_rows();
+    samples_.clear_rows();
+    summary_.clear_rows();
+
+    if (!options_.quiet) {
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+      int done = result.index + 1;
+      std::string left = total_cases_ > done ? ", about " + format_fixed(elapsed / done * (total_cases_ - done), 0) + " s left" : "";
+      std::fprintf(stderr, "[%s] case %d/%d %s done; %.1f s elapsed%s\n", benchmark_.c_str(), done,
+                   std::max(total_cases_, done), label.c_str(), elapsed, left.c_str());
+    }
+  }
+  check_interrupt();
+  return result;
+}
+
+int Run::finish() {
+  STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  if (writer_) writer_->finish(check_failed_ ? schema::kStatusFailed : schema::kStatusOk);
+  finished_ = true;
+  if (is_root() && !options_.quiet)
+    std::fprintf(stderr, "[%s] results: %s (run %s)%s\n", benchmark_.c_str(), output_path_.c_str(), run_id_.c_str(),
+                 check_failed_ ? "; OUTPUT CHECK FAILED" : "");
+  return check_failed_ ? 1 : 0;
+}
+
+int program_main(int argc, char** argv, const char* program, const std::function<int()>& body) {
+  MpiSession mpi(&argc, &argv);
+  h5::silence_library_errors();
+  int rank = world_rank();
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return 2;
+  } catch (const Interrupted& i) {
+    if (rank == 0) std::fprintf(stderr, "%s: interrupted by signal %d; completed cases are kept\n", program, i.signal);
+    return 128 + i.signal;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: rank %d: error: %s\n", program, rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
+
+}  // namespace strata

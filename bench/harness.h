@@ -1,0 +1,133 @@
+// The measurement harness every Strata benchmark runs on: options shared by all programs, timers,
+// the timed loop (warm-up, ranks start each iteration together, optional time budget), progress on
+// stderr, the results table on stdout, and one Run that gathers every rank's samples and writes the
+// cases / samples / summary / ranks tables of the HDF5 schema (results/SCHEMA.md).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/cli.h"
+#include "bench/context.h"
+#include "bench/mpi.h"
+#include "bench/stats.h"
+#include "bench/timer.h"
+#include "results/table.h"
+
+namespace strata {
+
+class ResultsWriter;
+
+struct HarnessOptions {
+  int warmup = 3;
+  int iters = 10;
+  double max_time = 0;     // seconds of timed iterations per case; 0 = no budget (run all iters)
+  bool quiet = false;
+  std::string output;      // results file; empty = a new file under results/runs/
+  int blas_threads = 1;    // CPU BLAS threads per rank
+};
+void add_harness_options(Cli& cli, HarnessOptions& options);
+
+struct MeasureSpec {
+  int warmup = 3;
+  int iters = 10;
+  double budget_s = 0;     // stop early once every rank has spent this long in timed iterations
+  int ops_per_sample = 1;  // body runs this many operations; samples are per operation
+};
+
+// Collective over `comm`: every rank runs the same number of iterations. Each iteration starts after a
+// barrier, so ranks start together and the time includes only the body. Returns this rank's samples.
+std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, Timer& timer, const std::function<void()>& body);
+
+// Prints rows aligned under a header, nccl-tests style.
+class ConsoleTable {
+ public:
+  struct Column {
+    std::string header;
+    int width;
+  };
+  explicit ConsoleTable(std::vector<Column> columns) : columns_(std::move(columns)) {}
+  void print_header() const;
+  void print_row(const std::vector<std::string>& cells) const;
+
+ private:
+  std::vector<Column> columns_;
+};
+std::string format_fixed(double value, int decimals);
+std::string format_si(double value, int digits = 3);  // 1.23e9 -> "1.23 G"
+
+// What Run::record returns about one case (complete on rank 0).
+struct CaseResult {
+  int index = 0;
+  int iterations = 0;
+  Stats rankmax;                    // statistics of the per-iteration maximum over ranks
+  Stats rankmean;                   // statistics of the per-iteration mean over ranks
+  std::vector<double> rank_medians; // each rank's own median
+  const Stats& view(RankView v) const { return v == RankView::max_over_ranks ? rankmax : rankmean; }
+};
+
+// Thrown when SIGINT/SIGTERM arrived: the run is closed as "interrupted" and the program exits 128+signal.
+struct Interrupted {
+  int signal;
+};
+
+class Run {
+ public:
+  // Collective. Sets BLAS threads, collects the context, and on rank 0 validates and opens the output
+  // (UsageError on every rank if it cannot be used; the file is left untouched).
+  Run(std::string benchmark, int argc, const char* const* argv, const HarnessOptions& options,
+      std::string config_json, std::string device);
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+  ~Run();  // a run destroyed before finish() is recorded as failed (or interrupted, after a signal)
+
+  bool is_root() const { return context_.self.rank == 0; }
+  const RunContext& context() const { return context_; }
+  const HarnessOptions& options() const { return options_; }
+  const std::string& output_path() const { return output_path_; }
+  const std::string& run_id() const { return run_id_; }
+
+  // Benchmarks declare their own columns before the first record(); "case" is added by the harness.
+  Table& cases() { return cases_; }
+  Table& summary() { return summary_; }
+
+  void set_case_count(int total) { total_cases_ = total; }
+  std::vector<double> measure(Timer& timer, const std::function<void()>& body, int ops_per_sample = 1);
+
+  // Collective. Gathers this case's samples from every rank; on rank 0 fills the standard summary columns,
+  // calls the benchmark's fill functions (which set their declared columns for this case's row), appends
+  // to the file and flushes it. `wrong_elements` is this rank's count of failed output checks.
+  CaseResult record(const std::vector<double>& my_samples, int64_t wrong_elements, const std::string& label,
+                    const std::function<void(Table&)>& fill_case,
+                    const std::function<void(Table&, const CaseResult&)>& fill_summary);
+
+  bool any_check_failed() const { return check_failed_; }
+  // Collective. Closes the run: status ok, or failed when any output check failed. Returns the exit code.
+  int finish();
+
+ private:
+  void write_ranks_table();
+  void check_interrupt();
+
+  std::string benchmark_;
+  HarnessOptions options_;
+  RunContext context_;
+  std::string output_path_;
+  std::string run_id_;
+  std::unique_ptr<ResultsWriter> writer_;
+  Table cases_{"cases"}, summary_{"summary"}, samples_{"samples"};
+  int case_index_ = 0;
+  int total_cases_ = 0;
+  bool check_failed_ = false;
+  bool finished_ = false;
+  std::chrono::steady_clock::time_point started_;
+};
+
+// Runs a program's body under MPI: usage errors print once and exit 2; other errors print with the rank
+// and abort the job with exit 1; a signal closes the run as interrupted.
+int program_main(int argc, char** argv, const char* program, const std::function<int()>& body);
+
+}  // namespace strata

@@ -1,0 +1,58 @@
+// Implementation of the CUDA information queries (see cuda_info.h).
+#include "kernels/cuda_info.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "bench/check.h"
+
+namespace strata::cuda {
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no device: clear the sticky error and report none
+    return 0;
+  }
+  return count;
+}
+
+namespace {
+std::string dotted(int version, int major_div, int minor_div) {
+  return std::to_string(version / major_div) + "." + std::to_string((version % major_div) / minor_div);
+}
+}  // namespace
+
+std::map<std::string, std::string> versions() {
+  std::map<std::string, std::string> out;
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  out["cuda_runtime"] = dotted(runtime, 1000, 10);
+  out["cuda_driver"] = driver > 0 ? dotted(driver, 1000, 10) : "none";
+  out["cublaslt"] = std::to_string(cublasLtGetVersion());
+  int nccl = 0;
+  out["nccl"] = ncclGetVersion(&nccl) == ncclSuccess
+                    ? std::to_string(nccl / 10000) + "." + std::to_string(nccl / 100 % 100) + "." + std::to_string(nccl % 100)
+                    : "none";
+  out["cuda_devices"] = std::to_string(device_count());
+  return out;
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+int compute_capability(int device) {
+  int major = 0, minor = 0;
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return major * 10 + minor;
+}
+
+void set_device(int device) { STRATA_CUDA_CHECK(cudaSetDevice(device)); }
+
+}  // namespace strata::cuda

@@ -1,0 +1,59 @@
+// Implementation of the CPU GEMM backend (see gemm_cpu.h).
+#include "kernels/gemm_cpu.h"
+
+#include <cblas.h>
+
+#include <limits>
+
+#include "bench/check.h"
+
+namespace strata::gemm {
+
+CpuGemm::CpuGemm(Shape shape, DType dtype, uint64_t seed) : shape_(shape), dtype_(dtype) {
+  size_t a = static_cast<size_t>(shape.m * shape.k), w = static_cast<size_t>(shape.n * shape.k),
+         c = static_cast<size_t>(shape.m * shape.n);
+  if (dtype == DType::fp32) {
+    a32_.resize(a), w32_.resize(w), c32_.resize(c);
+    fill_uniform(a32_.data(), a, seed);
+    fill_uniform(w32_.data(), w, seed + 1);
+  } else if (dtype == DType::fp64) {
+    a64_.resize(a), w64_.resize(w), c64_.resize(c);
+    fill_uniform(a64_.data(), a, seed);
+    fill_uniform(w64_.data(), w, seed + 1);
+  } else {
+    throw UsageError("dtype " + name(dtype) + " is not available on the cpu backend (cpu: fp32, fp64)");
+  }
+  poison_output();
+}
+
+void CpuGemm::poison_output() {
+  std::fill(c32_.begin(), c32_.end(), std::numeric_limits<float>::quiet_NaN());
+  std::fill(c64_.begin(), c64_.end(), std::numeric_limits<double>::quiet_NaN());
+}
+
+void CpuGemm::run() {
+  const int m = static_cast<int>(shape_.m), n = static_cast<int>(shape_.n), k = static_cast<int>(shape_.k);
+  if (dtype_ == DType::fp32)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a32_.data(), k, w32_.data(), k, 0.0f,
+                c32_.data(), n);
+  else
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0, a64_.data(), k, w64_.data(), k, 0.0,
+                c64_.data(), n);
+}
+
+CheckResult CpuGemm::check(int samples, uint64_t seed) const {
+  const int64_t k = shape_.k, n = shape_.n;
+  GemmView view{shape_, {}, {}, {}};
+  if (dtype_ == DType::fp32) {
+    view.a = [&](int64_t i, int64_t kk) { return static_cast<double>(a32_[static_cast<size_t>(i * k + kk)]); };
+    view.w = [&](int64_t j, int64_t kk) { return static_cast<double>(w32_[static_cast<size_t>(j * k + kk)]); };
+    view.c = [&](int64_t i, int64_t j) { return static_cast<double>(c32_[static_cast<size_t>(i * n + j)]); };
+  } else {
+    view.a = [&](int64_t i, int64_t kk) { return a64_[static_cast<size_t>(i * k + kk)]; };
+    view.w = [&](int64_t j, int64_t kk) { return w64_[static_cast<size_t>(j * k + kk)]; };
+    view.c = [&](int64_t i, int64_t j) { return c64_[static_cast<size_t>(i * n + j)]; };
+  }
+  return check_sampled(view, dtype_, samples, seed);
+}
+
+}  // namespace strata::gemm

@@ -1,0 +1,30 @@
+// CPU GEMM through CBLAS (OpenBLAS): C (M, N) = A (M, K) W (N, K)^T in fp32 or fp64, with the buffers it
+// owns filled with random values and the sampled reference check.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "kernels/gemm_check.h"
+
+namespace strata::gemm {
+
+class CpuGemm {
+ public:
+  // Throws UsageError for dtypes the CPU backend lacks.
+  CpuGemm(Shape shape, DType dtype, uint64_t seed);
+  void run();
+  // Fills C with NaN, so a check after run() proves every sampled element was written.
+  void poison_output();
+  CheckResult check(int samples, uint64_t seed) const;
+  const Shape& shape() const { return shape_; }
+
+ private:
+  Shape shape_;
+  DType dtype_;
+  std::vector<float> a32_, w32_, c32_;
+  std::vector<double> a64_, w64_, c64_;
+};
+
+}  // namespace strata::gemm

@@ -1,0 +1,74 @@
+// Implementation of the results reader (see reader.h).
+#include "results/reader.h"
+
+#include "results/schema.h"
+#include "results/writer.h"
+
+namespace strata {
+
+ResultsReader::ResultsReader(const std::string& path) : path_(path) {
+  if (!h5::is_hdf5_file(path)) throw UsageError(path + " is not an HDF5 file (or does not exist)");
+  file_ = h5::open_file(path, false);
+  version_ = check_strata_file(file_, path);
+}
+
+std::vector<std::string> ResultsReader::runs() const {
+  if (!h5::exists(file_, schema::kRunsGroup)) return {};
+  return h5::child_names(h5::open_group(file_, schema::kRunsGroup));
+}
+
+h5::Handle ResultsReader::run(const std::string& run_id) const {
+  h5::Handle runs = h5::open_group(file_, schema::kRunsGroup);
+  if (!h5::exists(runs, run_id)) throw UsageError(path_ + " has no run " + run_id);
+  return h5::open_group(runs, run_id);
+}
+
+namespace {
+std::map<std::string, std::string> all_attrs(const h5::Handle& object) {
+  std::map<std::string, std::string> attrs;
+  for (const auto& name : h5::attr_names(object)) attrs[name] = h5::read_attr_as_string(object, name);
+  return attrs;
+}
+}  // namespace
+
+std::map<std::string, std::string> ResultsReader::run_attrs(const std::string& run_id) const {
+  return all_attrs(run(run_id));
+}
+
+std::map<std::string, std::string> ResultsReader::env(const std::string& run_id) const {
+  h5::Handle group = run(run_id);
+  if (!h5::exists(group, schema::kEnvGroup)) return {};
+  return all_attrs(h5::open_group(group, schema::kEnvGroup));
+}
+
+std::vector<std::string> ResultsReader::tables(const std::string& run_id) const {
+  std::vector<std::string> names;
+  h5::Handle group = run(run_id);
+  for (const auto& name : h5::child_names(group))
+    if (name != schema::kEnvGroup) names.push_back(name);
+  return names;
+}
+
+Table ResultsReader::table(const std::string& run_id, const std::string& name) const {
+  h5::Handle group = run(run_id);
+  if (!h5::exists(group, name)) throw UsageError("run " + run_id + " has no table " + name);
+  h5::Handle table_group = h5::open_group(group, name);
+  Table table(name);
+  size_t rows = 0;
+  for (const auto& col_name : h5::child_names(table_group)) {
+    h5::Handle dataset = h5::open_dataset(table_group, col_name);
+    ColumnKind kind = h5::column_kind(table_group, col_name);
+    table.add_column(col_name, kind, h5::read_string_attr(dataset, "units").value_or(""),
+                     h5::read_string_attr(dataset, "convention").value_or(""));
+    Column& col = table.column(col_name);
+    if (kind == ColumnKind::int64) col.ints = h5::read_int_column(table_group, col_name);
+    if (kind == ColumnKind::float64) col.reals = h5::read_double_column(table_group, col_name);
+    if (kind == ColumnKind::string) col.texts = h5::read_string_column(table_group, col_name);
+    if (rows != 0 && col.size() != rows) throw RuntimeError("table " + name + " has columns of different lengths");
+    rows = col.size();
+  }
+  table.set_rows(rows);
+  return table;
+}
+
+}  // namespace strata

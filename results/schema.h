@@ -1,0 +1,25 @@
+// Names and version of the Strata results schema (documented in results/SCHEMA.md). Writers and readers
+// share these constants so a renamed attribute cannot drift between them.
+#pragma once
+
+namespace strata::schema {
+
+inline constexpr const char* kName = "strata-results";
+inline constexpr int kVersionMajor = 1;  // a reader refuses files with a newer major version
+inline constexpr int kVersionMinor = 0;  // minor versions only add attributes, columns or tables
+
+inline constexpr const char* kRunsGroup = "runs";
+inline constexpr const char* kEnvGroup = "env";
+
+// Table names inside a run group.
+inline constexpr const char* kCases = "cases";
+inline constexpr const char* kSamples = "samples";
+inline constexpr const char* kSummary = "summary";
+inline constexpr const char* kRanks = "ranks";
+
+// Run status values.
+inline constexpr const char* kStatusOk = "ok";
+inline constexpr const char* kStatusFailed = "failed";
+inline constexpr const char* kStatusInterrupted = "interrupted";  // written at start; replaced when a run ends
+
+}  // namespace strata::schema

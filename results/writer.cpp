@@ -1,0 +1,159 @@
+// Implementation of the results writer (see writer.h).
+#include "results/writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <random>
+
+#include "results/schema.h"
+
+namespace strata {
+
+namespace fs = std::filesystem;
+
+namespace {
+// Real probes rather than access(2): root passes access() checks on read-only file systems.
+bool can_open_for_writing(const std::string& path) {
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);  // no O_TRUNC: the file is not changed
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+bool can_create_in(const fs::path& folder) {
+  std::string probe = (folder / ".strata-write-probe-XXXXXX").string();
+  int fd = mkstemp(probe.data());
+  if (fd < 0) return false;
+  close(fd);
+  unlink(probe.c_str());
+  return true;
+}
+}  // namespace
+
+std::string check_strata_file(const h5::Handle& file, const std::string& path) {
+  auto name = h5::read_string_attr(file, "schema");
+  if (!name || *name != schema::kName)
+    throw UsageError(path + " is an HDF5 file but not a Strata results file (no schema=\"" +
+                     std::string(schema::kName) + "\" attribute)");
+  auto major = h5::read_int_attr(file, "schema_version_major");
+  auto minor = h5::read_int_attr(file, "schema_version_minor");
+  if (!major || !minor) throw UsageError(path + " is a Strata file without a schema version");
+  std::string version = std::to_string(*major) + "." + std::to_string(*minor);
+  if (*major > schema::kVersionMajor)
+    throw UsageError(path + " uses Strata results schema " + version + ", newer than this program's " +
+                     std::to_string(schema::kVersionMajor) + "." + std::to_string(schema::kVersionMinor) +
+                     ": use a newer Strata");
+  return version;
+}
+
+void validate_output_path(const std::string& path) {
+  if (path.empty()) throw UsageError("output path is empty");
+  std::error_code ec;
+  fs::file_status status = fs::status(path, ec);
+  if (fs::is_directory(status)) throw UsageError("output path " + path + " is a directory, not a file");
+  if (fs::exists(status)) {
+    if (!fs::is_regular_file(status)) throw UsageError("output path " + path + " is not a regular file");
+    if (!can_open_for_writing(path)) throw UsageError("output file " + path + " is not writable");
+    if (!h5::is_hdf5_file(path)) throw UsageError("output file " + path + " exists and is not an HDF5 file");
+    h5::Handle file = h5::open_file(path, false);
+    check_strata_file(file, path);
+    return;
+  }
+  fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  if (!fs::is_directory(parent, ec)) throw UsageError("output folder " + parent.string() + " does not exist");
+  if (!can_create_in(parent)) throw UsageError("output folder " + parent.string() + " is not writable");
+}
+
+std::string utc_now_iso() {
+  auto now = std::chrono::system_clock::now();
+  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch()).count() % 1000000;
+  std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char buffer[64];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%dT%H:%M:%S", &utc);
+  char full[96];
+  std::snprintf(full, sizeof full, "%s.%06lldZ", buffer, static_cast<long long>(micros));
+  return full;
+}
+
+std::string new_run_id() {
+  std::string iso = utc_now_iso();  // 2026-11-21T14:50:12.123456Z
+  std::string compact;
+  for (char c : iso)
+    if (c != '-' && c != ':') compact += c;  // 20261121T145012.123456Z
+  std::random_device device;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "-%06x", device() & 0xffffffu);
+  return compact + suffix;
+}
+
+ResultsWriter::ResultsWriter(const std::string& path, const std::string& run_id,
+                             const std::map<std::string, std::string>& run_attrs)
+    : path_(path), run_id_(run_id) {
+  validate_output_path(path);
+  if (fs::exists(path)) {
+    file_ = h5::open_file(path, true);
+  } else {
+    file_ = h5::create_file(path);
+    h5::write_attr(file_, "schema", std::string(schema::kName));
+    h5::write_attr(file_, "schema_version_major", static_cast<int64_t>(schema::kVersionMajor));
+    h5::write_attr(file_, "schema_version_minor", static_cast<int64_t>(schema::kVersionMinor));
+    h5::write_attr(file_, "created_utc", utc_now_iso());
+    h5::create_group(file_, schema::kRunsGroup);
+  }
+  h5::Handle runs = h5::open_group(file_, schema::kRunsGroup);
+  if (h5::exists(runs, run_id)) throw RuntimeError("run " + run_id + " already exists in " + path);
+  run_ = h5::create_group(runs, run_id);
+  for (const auto& [name, value] : run_attrs) h5::write_attr(run_, name, value);
+  h5::write_attr(run_, "status", std::string(schema::kStatusInterrupted));
+  h5::write_attr(run_, "end_utc", std::string());
+  flush();
+}
+
+void ResultsWriter::set_run_attr(const std::string& name, const std::string& value) { h5::write_attr(run_, name, value); }
+void ResultsWriter::set_run_attr(const std::string& name, int64_t value) { h5::write_attr(run_, name, value); }
+
+void ResultsWriter::write_env(const std::map<std::string, std::string>& env) {
+  h5::Handle group = h5::exists(run_, schema::kEnvGroup) ? h5::open_group(run_, schema::kEnvGroup)
+                                                        : h5::create_group(run_, schema::kEnvGroup);
+  for (const auto& [name, value] : env) h5::write_attr(group, name, value);
+  flush();
+}
+
+void ResultsWriter::append(const Table& rows) {
+  bool fresh = !h5::exists(run_, rows.name());
+  h5::Handle group = fresh ? h5::create_group(run_, rows.name()) : h5::open_group(run_, rows.name());
+  for (const Column& col : rows.columns()) {
+    if (fresh) {
+      h5::create_column(group, col.name, col.kind);
+      h5::Handle dataset = h5::open_dataset(group, col.name);
+      h5::write_attr(dataset, "units", col.units);
+      if (!col.convention.empty()) h5::write_attr(dataset, "convention", col.convention);
+    } else if (!h5::exists(group, col.name)) {
+      throw RuntimeError("table " + rows.name() + " gained a column after its first rows: " + col.name);
+    }
+    if (col.kind == ColumnKind::int64) h5::append_column(group, col.name, col.ints);
+    if (col.kind == ColumnKind::float64) h5::append_column(group, col.name, col.reals);
+    if (col.kind == ColumnKind::string) h5::append_column(group, col.name, col.texts);
+  }
+  h5::write_attr(group, "rows", static_cast<int64_t>(h5::column_length(group, rows.columns().front().name)));
+}
+
+void ResultsWriter::flush() { h5::flush(file_); }
+
+void ResultsWriter::finish(const std::string& status) {
+  h5::write_attr(run_, "status", status);
+  h5::write_attr(run_, "end_utc", utc_now_iso());
+  flush();
+}
+
+}  // namespace strata

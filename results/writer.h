@@ -1,0 +1,50 @@
+// Writes one benchmark run into a Strata results file (schema in results/SCHEMA.md). Used by rank 0 only:
+// the harness gathers every rank's data first. A run is created with status "interrupted" and every table
+// append is flushed, so a killed job leaves a readable file with each completed case and an honest status.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "results/h5.h"
+#include "results/table.h"
+
+namespace strata {
+
+// Checks that `path` can take a new run without harm: a missing file in a writable folder, or an existing,
+// writable Strata file of a major version this program understands. Throws UsageError naming the problem.
+void validate_output_path(const std::string& path);
+
+// Refuses files that are not HDF5, not Strata results, or of a newer major version (UsageError).
+// Returns "major.minor".
+std::string check_strata_file(const h5::Handle& file, const std::string& path);
+
+// A sortable, unique run id: UTC start time to the microsecond, then random hex.
+std::string new_run_id();
+std::string utc_now_iso();
+
+class ResultsWriter {
+ public:
+  // Opens (or creates) the file and creates /runs/<run_id> with the given attributes.
+  ResultsWriter(const std::string& path, const std::string& run_id, const std::map<std::string, std::string>& run_attrs);
+
+  const std::string& run_id() const { return run_id_; }
+  const std::string& path() const { return path_; }
+
+  void set_run_attr(const std::string& name, const std::string& value);
+  void set_run_attr(const std::string& name, int64_t value);
+  void write_env(const std::map<std::string, std::string>& env);
+  // Appends the table's rows to the run's table of the same name, creating it (with units) on first use.
+  void append(const Table& rows);
+  void flush();
+  // Records how the run ended ("ok", "failed", "interrupted") and when.
+  void finish(const std::string& status);
+
+ private:
+  std::string path_;
+  std::string run_id_;
+  h5::Handle file_;
+  h5::Handle run_;
+};
+
+}  // namespace strata

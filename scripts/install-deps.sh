@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Installs what Strata needs to build and test, and only what is missing. Safe to run again and again.
+# On Debian/Ubuntu as root (or with password-less sudo) it uses apt; elsewhere it prints exactly what is
+# missing and how to get it (e.g. `module load` on a cluster), and exits 1.
+#
+# Never the single-threaded OpenBLAS (libopenblas0-serial): it has no locking and gives wrong results when
+# two threads call it at once. Strata asks for the pthread build.
+set -euo pipefail
+
+packages=(
+  g++ make cmake pkg-config git
+  openmpi-bin libopenmpi-dev
+  libhdf5-dev hdf5-tools
+  libopenblas-pthread-dev
+  libbenchmark-dev libgtest-dev
+  python3
+)
+python_modules=(h5py numpy pandas matplotlib scipy pytest)
+python_debs=(python3-h5py python3-numpy python3-pandas python3-matplotlib python3-scipy python3-pytest)
+
+say() { printf '[install-deps] %s\n' "$*"; }
+
+missing_packages() {
+  local p
+  for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || printf '%s\n' "$p"
+  done
+}
+
+missing_python_modules() {
+  local m
+  for m in "${python_modules[@]}"; do
+    python3 -c "import $m" 2>/dev/null || printf '%s\n' "$m"
+  done
+}
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif sudo -n true 2>/dev/null; then sudo "$@"; else return 1; fi
+}
+
+can_apt() { command -v apt-get >/dev/null && command -v dpkg-query >/dev/null && { [ "$(id -u)" = 0 ] || sudo -n true 2>/dev/null; }; }
+
+explain_manual_install() {
+  say "cannot install automatically here (not root, or not Debian/Ubuntu). Missing:"
+  [ -n "${1:-}" ] && say "  system packages: $1"
+  [ -n "${2:-}" ] && say "  python modules:  $2"
+  cat >&2 <<'TEXT'
+How to get them:
+  Debian/Ubuntu:  sudo apt-get install g++ make cmake pkg-config openmpi-bin libopenmpi-dev libhdf5-dev \
+                  hdf5-tools libopenblas-pthread-dev libbenchmark-dev libgtest-dev python3
+  HPC cluster:    module load gcc cmake openmpi hdf5 openblas   (module names vary by site; use the
+                  pthread or OpenMP OpenBLAS, never a serial one), then build GoogleTest and Google
+                  Benchmark from your site's software stack or spack (spack install googletest benchmark)
+  Python:         python3 -m pip install --user h5py numpy pandas matplotlib scipy pytest
+TEXT
+  exit 1
+}
+
+# ---- system packages ----------------------------------------------------------------------------------
+if command -v dpkg-query >/dev/null; then
+  mapfile -t need < <(missing_packages)
+  if [ "${#need[@]}" -gt 0 ]; then
+    can_apt || explain_manual_install "${need[*]}" ""
+    say "installing: ${need[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  if dpkg-query -W -f='${Status}' libopenblas0-serial 2>/dev/null | grep -q "install ok installed"; then
+    say "warning: libopenblas0-serial is installed; Strata links the pthread build (pkg-config openblas) and"
+    say "         refuses --blas-threads > 1 if the serial one is picked up at run time"
+  fi
+else
+  for tool in g++ cmake mpicxx mpirun h5dump pkg-config python3; do
+    command -v "$tool" >/dev/null || explain_manual_install "$tool (and its development files)" ""
+  done
+fi
+
+# ---- Python modules -----------------------------------------------------------------------------------
+mapfile -t need_py < <(missing_python_modules)
+if [ "${#need_py[@]}" -gt 0 ]; then
+  python=$(readlink -f "$(command -v python3)")
+  if [[ "$python" == /usr/bin/python3* ]] && can_apt; then
+    # The distribution's Python is externally managed: use its packages.
+    say "installing: ${python_debs[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${python_debs[@]}" >/dev/null
+  elif python3 -m pip --version >/dev/null 2>&1; then
+    say "installing with pip into $(command -v python3): ${need_py[*]}"
+    python3 -m pip install --quiet --disable-pip-version-check "${need_py[@]}" ||
+      explain_manual_install "" "${need_py[*]}"
+  else
+    explain_manual_install "" "${need_py[*]}"
+  fi
+  mapfile -t still < <(missing_python_modules)
+  [ "${#still[@]}" -eq 0 ] || explain_manual_install "" "${still[*]}"
+fi
+
+say "all dependencies present"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The workstation path: runs Strata's default suite under mpirun on this machine, one rank per core
+# (or per GPU when the build has CUDA and GPUs are visible), into one results file, then renders the
+# report. Environment (defaults in brackets):
+#   STRATA_BUILD_DIR  build folder with the programs [build]
+#   STRATA_NP         ranks [cores, or GPUs]
+#   STRATA_OUTPUT     results file [results/runs/suite-<UTC time>.h5]
+#   STRATA_ITERS      timed iterations per case [10]
+#   STRATA_MPIRUN     mpirun command [mpirun]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${STRATA_BUILD_DIR:-build}
+[ -x "$build/strata-gemm" ] || { echo "run-local: $build/strata-gemm not built (run make build)" >&2; exit 2; }
+
+cores=$(nproc)
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
+np=${STRATA_NP:-$([ "$gpus" -gt 0 ] && echo "$gpus" || echo "$cores")}
+iters=${STRATA_ITERS:-10}
+mkdir -p results/runs
+output=${STRATA_OUTPUT:-results/runs/suite-$(date -u +%Y%m%dT%H%M%SZ).h5}
+
+# Root-safe mpirun: Open MPI refuses root unless told; oversubscribe so np may exceed the slot count.
+mpirun_args=(--oversubscribe --bind-to none)
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+mpirun=(${STRATA_MPIRUN:-mpirun} "${mpirun_args[@]}" -np "$np")
+common=(--output "$output" --iters "$iters" --max-time 5)
+
+echo "[run-local] $np rank(s) on $(hostname) ($cores cores, $gpus GPUs) -> $output" >&2
+"${mpirun[@]}" "$build/strata-gemm" --backend cpu -d fp32,fp64 --square 256:2048 "${common[@]}"
+"${mpirun[@]}" "$build/strata-gemm" --backend cpu -d fp32 --preset gpt2-small --tokens 1024 "${common[@]}"
+if [ "$gpus" -gt 0 ] && "$build/strata-gemm" --backend cuda --help >/dev/null 2>&1; then
+  "${mpirun[@]}" "$build/strata-gemm" --backend cuda -d fp32,tf32,fp16,bf16 --square 1024:8192 "${common[@]}"
+fi
+
+report_dir="${output%.h5}-report"
+scripts/strata-report "$output" --out "$report_dir"
+echo "[run-local] results: $output; report and plots: $report_dir/" >&2

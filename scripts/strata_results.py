@@ -1,0 +1,149 @@
+"""Read Strata results files (schema: results/SCHEMA.md) into pandas DataFrames.
+
+    import strata_results as sr
+    runs = sr.read_runs(["a.h5", "b.h5"])            # one row per run, attributes as columns
+    summary = sr.read_table(["a.h5"], "summary")      # rows of every run, run attributes as columns
+    units = sr.column_units("a.h5", "summary")        # {"time_rankmax_median": "s", ...}
+
+Files that are not Strata results, or that use a newer major schema version, raise StrataFileError.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+import h5py
+import numpy as np
+import pandas as pd
+
+SCHEMA_NAME = "strata-results"
+SCHEMA_MAJOR = 1
+# Run attributes copied onto every table row (prefixed "run_" where they would clash with a column).
+RUN_COLUMNS = ("benchmark", "status", "start_utc", "end_utc", "launcher", "n_nodes", "n_ranks", "ranks_per_node",
+               "slurm_job_id", "command_line")
+
+
+class StrataFileError(Exception):
+    """A file Strata cannot read: not HDF5, not Strata results, or a newer major schema."""
+
+
+def _text(value) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.shape == ():
+        return _text(value[()])
+    return str(value)
+
+
+def open_file(path: str) -> h5py.File:
+    """Opens a Strata file read-only after checking its schema name and major version."""
+    if not os.path.isfile(path):
+        raise StrataFileError(f"{path}: no such file")
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as error:
+        raise StrataFileError(f"{path} is not an HDF5 file ({error})") from None
+    name = _text(handle.attrs.get("schema", ""))
+    if name != SCHEMA_NAME:
+        handle.close()
+        raise StrataFileError(f"{path} is an HDF5 file but not a Strata results file")
+    major = int(handle.attrs.get("schema_version_major", -1))
+    minor = int(handle.attrs.get("schema_version_minor", -1))
+    if major > SCHEMA_MAJOR:
+        handle.close()
+        raise StrataFileError(f"{path} uses Strata results schema {major}.{minor}, newer than this reader's "
+                              f"{SCHEMA_MAJOR}.x: use a newer Strata")
+    return handle
+
+
+def _attrs(group) -> dict:
+    out = {}
+    for key, value in group.attrs.items():
+        if isinstance(value, (bytes, str)) or (isinstance(value, np.ndarray) and value.dtype.kind in "OSU"):
+            out[key] = _text(value)
+        elif isinstance(value, np.generic):
+            out[key] = value.item()
+        else:
+            out[key] = value
+    return out
+
+
+def run_ids(path: str) -> list[str]:
+    with open_file(path) as f:
+        return list(f["runs"].keys()) if "runs" in f else []
+
+
+def read_runs(paths: str | Iterable[str]) -> pd.DataFrame:
+    """One row per run: file, run_id, every run attribute, and the env group's attributes prefixed env_."""
+    rows = []
+    for path in _paths(paths):
+        with open_file(path) as f:
+            for run_id, group in f.get("runs", {}).items():
+                row = {"file": path, "run_id": run_id, **_attrs(group)}
+                if "env" in group:
+                    row.update({f"env_{k}": v for k, v in _attrs(group["env"]).items()})
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _column(dataset) -> np.ndarray:
+    if h5py.check_string_dtype(dataset.dtype) is not None:
+        return dataset.asstr()[()]
+    return dataset[()]
+
+
+def read_table(paths: str | Iterable[str], table: str, benchmark: str | None = None) -> pd.DataFrame:
+    """Rows of `table` from every run in `paths` (optionally one benchmark only), with file, run_id and the
+    run attributes in RUN_COLUMNS as extra columns. Units are in df.attrs["units"]."""
+    frames, units = [], {}
+    for path in _paths(paths):
+        with open_file(path) as f:
+            for run_id, group in f.get("runs", {}).items():
+                attrs = _attrs(group)
+                if benchmark is not None and attrs.get("benchmark") != benchmark:
+                    continue
+                if table not in group:
+                    continue
+                columns = {name: _column(ds) for name, ds in group[table].items()}
+                units.update({name: _text(ds.attrs.get("units", "")) for name, ds in group[table].items()})
+                frame = pd.DataFrame(columns)
+                frame.insert(0, "run_id", run_id)
+                frame.insert(0, "file", path)
+                for key in RUN_COLUMNS:
+                    if key in attrs:
+                        frame["run_" + key if key in frame.columns else key] = attrs[key]
+                frames.append(frame)
+    result = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    result.attrs["units"] = units
+    return result
+
+
+def read_cases_with_summary(paths: str | Iterable[str], benchmark: str | None = None) -> pd.DataFrame:
+    """The summary table joined with the case parameters: one row per (run, case)."""
+    cases = read_table(paths, "cases", benchmark)
+    summary = read_table(paths, "summary", benchmark)
+    if cases.empty or summary.empty:
+        return pd.DataFrame()
+    shared = [c for c in summary.columns if c in cases.columns and c not in ("file", "run_id", "case")]
+    merged = cases.merge(summary.drop(columns=shared), on=["file", "run_id", "case"], how="inner")
+    merged.attrs["units"] = {**cases.attrs.get("units", {}), **summary.attrs.get("units", {})}
+    return merged
+
+
+def column_units(path: str, table: str) -> dict[str, str]:
+    with open_file(path) as f:
+        units = {}
+        for group in f.get("runs", {}).values():
+            if table in group:
+                units.update({n: _text(ds.attrs.get("units", "")) for n, ds in group[table].items()})
+        return units
+
+
+def config(path: str, run_id: str) -> dict:
+    with open_file(path) as f:
+        return json.loads(_text(f["runs"][run_id].attrs["config_json"]))
+
+
+def _paths(paths: str | Iterable[str]) -> list[str]:
+    return [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)

@@ -1,0 +1,150 @@
+// Unit tests of the results schema: a table round trip through the writer and reader, appending a run
+// without touching earlier ones, and the refusals (not HDF5, not Strata, newer major, bad paths).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "results/h5.h"
+#include "results/reader.h"
+#include "results/schema.h"
+#include "results/writer.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char pattern[] = "/tmp/strata-test-XXXXXX";
+    path = mkdtemp(pattern);
+    h5::silence_library_errors();
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+Table sample_table() {
+  Table t("summary");
+  t.add_column("case", ColumnKind::int64, "1");
+  t.add_column("time", ColumnKind::float64, "s", "median of max over ranks");
+  t.add_column("label", ColumnKind::string, "");
+  for (int i = 0; i < 3; ++i) {
+    t.set("case", i).set("time", 0.5 * i).set("label", "case-" + std::to_string(i) + " \xce\xbc");
+    t.end_row();
+  }
+  return t;
+}
+}  // namespace
+
+TEST(Results, TableRoundTrip) {
+  TempDir dir;
+  std::string path = dir.file("r.h5");
+  {
+    ResultsWriter w(path, "run-a", {{"benchmark", "unit"}});
+    w.write_env({{"mpi_library", "test"}});
+    Table t = sample_table();
+    w.append(t);
+    w.append(t);  // appends rows, keeps units
+    w.finish(schema::kStatusOk);
+  }
+  ResultsReader r(path);
+  EXPECT_EQ(r.schema_version(), "1.0");
+  ASSERT_EQ(r.runs(), std::vector<std::string>{"run-a"});
+  auto attrs = r.run_attrs("run-a");
+  EXPECT_EQ(attrs["benchmark"], "unit");
+  EXPECT_EQ(attrs["status"], "ok");
+  EXPECT_FALSE(attrs["end_utc"].empty());
+  EXPECT_EQ(r.env("run-a")["mpi_library"], "test");
+  Table t = r.table("run-a", "summary");
+  EXPECT_EQ(t.rows(), 6u);
+  EXPECT_EQ(t.column("time").units, "s");
+  EXPECT_EQ(t.column("time").convention, "median of max over ranks");
+  EXPECT_EQ(t.column("case").ints, (std::vector<int64_t>{0, 1, 2, 0, 1, 2}));
+  EXPECT_DOUBLE_EQ(t.column("time").reals[2], 1.0);
+  EXPECT_EQ(t.column("label").texts[1], "case-1 \xce\xbc");
+  // Column order is the order written.
+  EXPECT_EQ(t.columns()[0].name, "case");
+  EXPECT_EQ(t.columns()[2].name, "label");
+}
+
+TEST(Results, AppendingARunLeavesEarlierRunsIntact) {
+  TempDir dir;
+  std::string path = dir.file("r.h5");
+  {
+    ResultsWriter w(path, "run-1", {});
+    w.append(sample_table());
+    w.finish(schema::kStatusOk);
+  }
+  Table before = ResultsReader(path).table("run-1", "summary");
+  {
+    ResultsWriter w(path, "run-2", {});
+    w.append(sample_table());
+    // not finished: stays "interrupted"
+  }
+  ResultsReader r(path);
+  EXPECT_EQ(r.runs(), (std::vector<std::string>{"run-1", "run-2"}));
+  EXPECT_EQ(r.run_attrs("run-1")["status"], "ok");
+  EXPECT_EQ(r.run_attrs("run-2")["status"], "interrupted");
+  Table after = r.table("run-1", "summary");
+  EXPECT_EQ(after.column("time").reals, before.column("time").reals);
+  EXPECT_THROW(ResultsWriter(path, "run-1", {}), RuntimeError);  // run ids are never reused
+}
+
+TEST(Results, RefusesFilesItMustNotTouch) {
+  TempDir dir;
+  std::string text = dir.file("notes.txt");
+  std::ofstream(text) << "not hdf5";
+  std::string text_before = read_bytes(text);
+  EXPECT_THROW(validate_output_path(text), UsageError);
+  EXPECT_THROW(ResultsReader{text}, UsageError);
+  EXPECT_EQ(read_bytes(text), text_before);
+
+  std::string foreign = dir.file("foreign.h5");
+  { h5::Handle f = h5::create_file(foreign); h5::write_attr(f, "schema", std::string("other")); }
+  std::string foreign_before = read_bytes(foreign);
+  try {
+    validate_output_path(foreign);
+    FAIL() << "accepted a non-Strata HDF5 file";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a Strata results file"), std::string::npos);
+  }
+  EXPECT_EQ(read_bytes(foreign), foreign_before);
+
+  std::string newer = dir.file("newer.h5");
+  {
+    h5::Handle f = h5::create_file(newer);
+    h5::write_attr(f, "schema", std::string(schema::kName));
+    h5::write_attr(f, "schema_version_major", int64_t{schema::kVersionMajor + 1});
+    h5::write_attr(f, "schema_version_minor", int64_t{0});
+  }
+  std::string newer_before = read_bytes(newer);
+  try {
+    ResultsReader r(newer);
+    FAIL() << "read a newer major version";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("newer than this program"), std::string::npos);
+  }
+  EXPECT_THROW(ResultsWriter(newer, "x", {}), UsageError);
+  EXPECT_EQ(read_bytes(newer), newer_before);
+
+  EXPECT_THROW(validate_output_path(dir.path.string()), UsageError);                  // a directory
+  EXPECT_THROW(validate_output_path(dir.file("missing/dir/r.h5")), UsageError);       // no such folder
+  EXPECT_THROW(validate_output_path(""), UsageError);
+}
+
+TEST(Results, RunIdsSortByTime) {
+  std::string a = new_run_id();
+  usleep(2000);
+  std::string b = new_run_id();
+  EXPECT_LT(a, b);
+  EXPECT_EQ(a.size(), b.size());
+}
