@@ -32,7 +32,7 @@ def test_report_renders_tables_and_plots(tmp_path):
     assert "## GEMM (strata-gemm)" in result.stdout and "| cpu | fp64 | 64x64x64 |" in result.stdout
     for name in ("gemm_flops.png", "rank_spread.png"):
         assert png_size(tmp_path / "rep" / name) == (800, 500)
-    assert (tmp_path / "rep" / "report.md").read_text() == result.stdout
+    assert (tmp_path / "rep" / "report.md").read_text().strip() == result.stdout.strip()
 
 
 def test_report_refuses_other_files(tmp_path):
