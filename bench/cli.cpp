@@ -133,9 +133,16 @@ void Cli::choice(const std::string& long_name, char short_name, const std::strin
       [&target] { return json_string(target); });
 }
 
+void Cli::alias(const std::string& long_name, const std::string& existing) {
+  if (!find_long(existing)) throw RuntimeError("alias of an undeclared option: --" + existing);
+  aliases_.emplace_back(long_name, existing);
+}
+
 const Cli::Option* Cli::find_long(const std::string& name) const {
   for (const auto& o : options_)
     if (o.long_name == name) return &o;
+  for (const auto& [alias, existing] : aliases_)
+    if (alias == name) return find_long(existing);
   return nullptr;
 }
 
@@ -204,7 +211,11 @@ std::string Cli::usage() const {
     names += "--" + o.long_name;
     if (!o.value_name.empty()) names += " " + o.value_name;
     if (names.size() < 34) names.resize(34, ' ');
-    text += names + " " + o.help + " [" + o.show() + "]\n";
+    std::string also;
+    for (const auto& [alias, existing] : aliases_)
+      if (existing == o.long_name) also += (also.empty() ? " (also --" : ", --") + alias;
+    if (!also.empty()) also += ")";
+    text += names + " " + o.help + also + " [" + o.show() + "]\n";
   }
   text += "  -h, --help                       this text\n";
   return text;

@@ -38,6 +38,9 @@ class Cli {
   void choice(const std::string& long_name, char short_name, const std::string& help, std::string& target,
               std::vector<std::string> choices);
 
+  // Another long name for an option already declared (nccl-tests spellings beside Strata's).
+  void alias(const std::string& long_name, const std::string& existing);
+
   // Returns false when --help was asked for (usage printed to stdout), true otherwise.
   bool parse(int argc, const char* const* argv);
   std::string usage() const;
@@ -54,6 +57,7 @@ class Cli {
     std::function<std::string()> show;
   };
   const Option* find_long(const std::string& name) const;
+  std::vector<std::pair<std::string, std::string>> aliases_;  // alias -> existing
   const Option* find_short(char name) const;
 
   std::string program_;

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 #include "kernels/blas.h"
 #include "results/h5.h"
@@ -198,12 +201,14 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
   int64_t wrong_total = 0;
   STRATA_MPI_CHECK(MPI_Allreduce(&wrong_elements, &wrong_total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
   if (wrong_total) check_failed_ = true;
+  result.wrong_elements = wrong_total;
 
   if (is_root()) {
     int iters = result.iterations;
     result.rankmax = summarize(per_iteration(all, ranks, iters, RankView::max_over_ranks));
     result.rankmean = summarize(per_iteration(all, ranks, iters, RankView::mean_over_ranks));
     result.rank_medians = per_rank_median(all, ranks, iters);
+    result.samples = all;
     size_t slowest = 0, fastest = 0;
     for (size_t r = 0; r < result.rank_medians.size(); ++r) {
       if (result.rank_medians[r] > result.rank_medians[slowest]) slowest = r;
@@ -251,6 +256,19 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
   return result;
 }
 
+void Run::append_table(const Table& rows) {
+  if (!writer_) return;
+  writer_->append(rows);
+  writer_->flush();
+}
+
+void Run::mark_failed(const std::string& reason) {
+  if (!writer_) return;
+  writer_->set_run_attr("failure", reason);
+  writer_->finish(schema::kStatusFailed);
+  finished_ = true;
+}
+
 int Run::finish() {
   STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   if (writer_) writer_->finish(check_failed_ ? schema::kStatusFailed : schema::kStatusOk);
@@ -260,6 +278,68 @@ int Run::finish() {
                  check_failed_ ? "; OUTPUT CHECK FAILED" : "");
   return check_failed_ ? 1 : 0;
 }
+
+struct Watchdog::State {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  std::string what;
+  double seconds = 0;
+  int rank = 0;  // read on the main thread: with funnelled MPI only it may call MPI
+  bool stopping = false;
+  OnExpiry on_expiry;
+  std::thread thread;
+};
+
+Watchdog::Watchdog(OnExpiry on_expiry) : state_(std::make_unique<State>()) {
+  state_->on_expiry = std::move(on_expiry);
+  state_->rank = world_rank();
+  state_->thread = std::thread([s = state_.get()] {
+    std::unique_lock lock(s->mutex);
+    while (!s->stopping) {
+      if (s->changed.wait_until(lock, s->deadline) == std::cv_status::timeout &&
+          std::chrono::steady_clock::now() >= s->deadline) {
+        std::string message = "rank " + std::to_string(s->rank) + " timed out after " +
+                              format_fixed(s->seconds, 1) + " s in " + s->what;
+        std::fprintf(stderr, "strata: %s; ending the job\n", message.c_str());
+        std::fflush(stderr);
+        if (s->on_expiry) s->on_expiry(message);
+        // Not MPI_Abort: only the main thread may call MPI here. A rank that exits without finalising makes
+        // mpirun and srun end the whole job.
+        std::_Exit(124);
+      }
+    }
+  });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->stopping = true;
+  }
+  state_->changed.notify_all();
+  state_->thread.join();
+}
+
+void Watchdog::arm(double seconds, std::string what) {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->seconds = seconds;
+    state_->what = std::move(what);
+    state_->deadline = seconds > 0 ? std::chrono::steady_clock::now() +
+                                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                             std::chrono::duration<double>(seconds))
+                                   : std::chrono::steady_clock::time_point::max();
+  }
+  state_->changed.notify_all();
+}
+
+void Watchdog::set_activity(std::string what) {
+  std::lock_guard lock(state_->mutex);
+  state_->what = std::move(what);
+}
+
+void Watchdog::disarm() { arm(0, ""); }
 
 int program_main(int argc, char** argv, const char* program, const std::function<int()>& body) {
   MpiSession mpi(&argc, &argv);

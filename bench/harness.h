@@ -66,6 +66,8 @@ struct CaseResult {
   Stats rankmax;                    // statistics of the per-iteration maximum over ranks
   Stats rankmean;                   // statistics of the per-iteration mean over ranks
   std::vector<double> rank_medians; // each rank's own median
+  std::vector<double> samples;      // every rank's samples, ranks x iterations, row-major
+  int64_t wrong_elements = 0;       // summed over ranks (every rank)
   const Stats& view(RankView v) const { return v == RankView::max_over_ranks ? rankmax : rankmean; }
 };
 
@@ -104,7 +106,12 @@ class Run {
                     const std::function<void(Table&)>& fill_case,
                     const std::function<void(Table&, const CaseResult&)>& fill_summary);
 
+  // Rank 0: appends a benchmark's own table (e.g. per-group results) to this run and flushes.
+  void append_table(const Table& rows);
+
   bool any_check_failed() const { return check_failed_; }
+  // Rank 0, from any thread: closes the run as failed with the reason (used by the watchdog).
+  void mark_failed(const std::string& reason);
   // Collective. Closes the run: status ok, or failed when any output check failed. Returns the exit code.
   int finish();
 
@@ -124,6 +131,25 @@ class Run {
   bool check_failed_ = false;
   bool finished_ = false;
   std::chrono::steady_clock::time_point started_;
+};
+
+// Ends the job when one case takes longer than its limit: a hung collective is reported (what was
+// running, on which rank) instead of waiting forever. Rank 0 first closes its run as failed, with the
+// reason, so the file keeps every completed case. Each rank arms its own watchdog around a case.
+class Watchdog {
+ public:
+  using OnExpiry = std::function<void(const std::string& message)>;
+  explicit Watchdog(OnExpiry on_expiry = {});
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  void arm(double seconds, std::string what);  // seconds <= 0: disarmed
+  void set_activity(std::string what);          // what this rank is doing now; the deadline stays
+  void disarm();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 // Runs a program's body under MPI: usage errors print once and exit 2; other errors print with the rank

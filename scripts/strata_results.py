@@ -147,3 +147,110 @@ def config(path: str, run_id: str) -> dict:
 
 def _paths(paths: str | Iterable[str]) -> list[str]:
     return [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+
+
+# ---- Comparing, merging and annotating files (strata-compare, strata-merge) ----------------------------
+
+def schema_version(path: str) -> tuple[int, int]:
+    """(major, minor) of a Strata file, after the same checks as open_file."""
+    with open_file(path) as f:
+        return int(f.attrs["schema_version_major"]), int(f.attrs["schema_version_minor"])
+
+
+def read_rankmax_samples(paths: str | Iterable[str], benchmark: str | None = None) -> pd.DataFrame:
+    """Per (file, run, case, timed iteration): the time of the slowest rank (the `rankmax` view of SCHEMA.md).
+    Iterations start after a barrier, so a step is as slow as its slowest rank; columns file, run_id,
+    benchmark, case, iteration, time (s)."""
+    samples = read_table(paths, "samples", benchmark)
+    if samples.empty:
+        return pd.DataFrame(columns=["file", "run_id", "benchmark", "case", "iteration", "time"])
+    out = samples.groupby(["file", "run_id", "benchmark", "case", "iteration"], as_index=False, sort=True)["time"].max()
+    out.attrs["units"] = {"time": "s"}
+    return out
+
+
+def run_hosts(path: str, run_id: str) -> list[str]:
+    """Host names of a run: the `hosts` attribute (JSON array), else the `ranks` table's hosts."""
+    with open_file(path) as f:
+        group = f["runs"][run_id]
+        text = _text(group.attrs.get("hosts", ""))
+        try:
+            hosts = json.loads(text) if text else []
+        except json.JSONDecodeError:
+            hosts = []
+        if not hosts and "ranks" in group and "host" in group["ranks"]:
+            hosts = list(dict.fromkeys(_column(group["ranks"]["host"])))
+        return [str(h) for h in hosts]
+
+
+def _as_column(values) -> np.ndarray:
+    array = np.asarray(values)
+    if array.dtype.kind in "iub":
+        return array.astype(np.int64)
+    if array.dtype.kind == "f":
+        return array.astype(np.float64)
+    return np.array([str(v) for v in values], dtype=object)
+
+
+def write_run_table(path: str, run_id: str, table: str, columns: dict, units: dict[str, str],
+                    conventions: dict[str, str] | None = None, attrs: dict | None = None) -> None:
+    """Adds (or replaces) table `table` under /runs/<run_id> in the layout of SCHEMA.md: one 1-D dataset per
+    column with a `units` attribute (and `convention` where given), int64 / float64 / UTF-8 strings, and a
+    `rows` attribute. Only that table changes: the run's measured tables and attributes are not touched."""
+    lengths = {len(v) for v in columns.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"columns of {table} differ in length: {sorted(lengths)}")
+    with open_file(path):  # same checks as a reader: a Strata file, not a newer major
+        pass
+    with h5py.File(path, "r+", libver=("earliest", "v110")) as f:
+        run = f["runs"][run_id]
+        if table in run:
+            del run[table]
+        group = run.create_group(table)
+        group.attrs["rows"] = np.int64(lengths.pop() if lengths else 0)
+        for key, value in (attrs or {}).items():
+            group.attrs[key] = np.int64(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
+                else value
+        for name, values in columns.items():
+            data = _as_column(values)
+            dtype = h5py.string_dtype("utf-8") if data.dtype == object else data.dtype
+            ds = group.create_dataset(name, data=data, dtype=dtype)
+            ds.attrs["units"] = units.get(name, "")
+            if conventions and name in conventions:
+                ds.attrs["convention"] = conventions[name]
+
+
+def _values_equal(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind == "f":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    if a.dtype.kind == "O":
+        return all(_text(x) == _text(y) for x, y in zip(a.ravel(), b.ravel()))
+    return bool(np.array_equal(a, b))
+
+
+def groups_equal(a: h5py.Group, b: h5py.Group) -> bool:
+    """True when two HDF5 groups hold the same attributes, datasets (type, shape, values) and subgroups."""
+    if set(a.attrs.keys()) != set(b.attrs.keys()):
+        return False
+    if not all(_values_equal(a.attrs[k], b.attrs[k]) for k in a.attrs.keys()):
+        return False
+    if set(a.keys()) != set(b.keys()):
+        return False
+    for name in a.keys():
+        x, y = a[name], b[name]
+        if isinstance(x, h5py.Group) != isinstance(y, h5py.Group):
+            return False
+        if isinstance(x, h5py.Group):
+            if not groups_equal(x, y):
+                return False
+        else:
+            if set(x.attrs.keys()) != set(y.attrs.keys()):
+                return False
+            if not all(_values_equal(x.attrs[k], y.attrs[k]) for k in x.attrs.keys()):
+                return False
+            if x.dtype != y.dtype or x.shape != y.shape or not _values_equal(x[()], y[()]):
+                return False
+    return True

@@ -1,0 +1,270 @@
+// strata-attention: scaled dot-product attention forward and backward, every rank at once: the CPU's
+// flash-style kernels (blocked online softmax) beside a materialised-softmax baseline. FLOPs follow
+// flash-attention: forward 4*b*h*sq*skv*d (half when causal), backward 2.5x forward. Every case is
+// checked against a float64 reference on fresh random inputs.
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+
+#include "bench/harness.h"
+#include "kernels/attention.h"
+#include "kernels/cpu_peak.h"
+#include "kernels/gemm_check.h"
+
+namespace {
+
+using namespace strata;
+using attention::Shape;
+
+struct Options {
+  int batch = 1, heads = 8, kv_heads = 0;  // kv_heads 0: same as heads
+  std::string seq = "512,1024", seq_kv;    // seq_kv empty: equal to seq
+  std::string dims = "64";
+  std::string causal = "both";
+  std::string passes = "fwd,bwd";
+  std::string impls = "flash,naive";
+  std::string backend = "cpu";
+  std::string dtype = "fp32";
+  int threads = 1;
+  int64_t seed = 1;
+};
+
+struct Case {
+  Shape shape;
+  std::string impl;
+  std::string pass;  // fwd, bwd, fwdbwd
+};
+
+std::vector<int> int_list(const std::string& text, const char* what) {
+  std::vector<int> out;
+  for (const auto& item : split(text, ',')) {
+    int64_t v = parse_int(item, what);
+    if (v <= 0) throw UsageError(std::string(what) + " must be positive, got " + item);
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+std::vector<Case> plan_cases(const Options& o) {
+  if (o.backend != "cpu") throw UsageError("--backend " + o.backend + ": this strata-attention runs the cpu backend only");
+  if (o.dtype != "fp32") throw UsageError("dtype " + o.dtype + " is not available on the cpu backend (cpu: fp32)");
+  std::vector<int> seqs = int_list(o.seq, "--seq");
+  std::vector<int> seqs_kv = o.seq_kv.empty() ? std::vector<int>{} : int_list(o.seq_kv, "--seq-kv");
+  std::vector<int> dims = int_list(o.dims, "--dim");
+  std::vector<bool> causal;
+  if (o.causal != "yes") causal.push_back(false);
+  if (o.causal != "no") causal.push_back(true);
+  std::vector<std::string> impls = split(o.impls, ','), passes = split(o.passes, ',');
+  for (const auto& i : impls)
+    if (i != "flash" && i != "naive") throw UsageError("unknown implementation '" + i + "' (cpu: flash, naive)");
+  for (const auto& p : passes)
+    if (p != "fwd" && p != "bwd" && p != "fwdbwd") throw UsageError("unknown pass '" + p + "' (fwd, bwd, fwdbwd)");
+  std::vector<Case> cases;
+  for (int d : dims)
+    for (size_t si = 0; si < seqs.size(); ++si)
+      for (int skv : seqs_kv.empty() ? std::vector<int>{seqs[si]} : seqs_kv)
+        for (bool c : causal)
+          for (const auto& pass : passes)
+            for (const auto& impl : impls) {
+              Shape s{o.batch, o.heads, o.kv_heads ? o.kv_heads : o.heads, seqs[si], skv, d, c};
+              if (std::string problem = attention::validate(s); !problem.empty()) throw UsageError(problem);
+              cases.push_back({s, impl, pass});
+            }
+  return cases;
+}
+
+// One case's tensors, filled with random values (never zeros) and outputs poisoned before the check.
+struct Tensors {
+  std::vector<float> q, k, v, o, lse, d_o, dq, dk, dv;
+  Tensors(const Shape& s, uint64_t seed)
+      : q(attention::q_elements(s)), k(attention::kv_elements(s)), v(k.size()), o(q.size()),
+        lse(attention::lse_elements(s)), d_o(q.size()), dq(q.size()), dk(k.size()), dv(k.size()) {
+    gemm::fill_uniform(q.data(), q.size(), seed);
+    gemm::fill_uniform(k.data(), k.size(), seed + 1);
+    gemm::fill_uniform(v.data(), v.size(), seed + 2);
+    gemm::fill_uniform(d_o.data(), d_o.size(), seed + 3);
+    poison();
+  }
+  void poison() {
+    for (auto* t : {&o, &lse, &dq, &dk, &dv}) std::fill(t->begin(), t->end(), std::numeric_limits<float>::quiet_NaN());
+  }
+};
+
+// The worst relative L2 error over the checked outputs. The float64 reference runs on one slice — batch 0 and
+// the query heads of one kv head, all sequence positions — so its cost stays small beside the case while every
+// code path (masking, GQA grouping, ragged blocks) is exercised; the kv head is drawn from the seed.
+struct CheckOutcome {
+  double worst_rel_l2 = 0;
+  int64_t bad = 0;
+};
+
+CheckOutcome check_slice(const Shape& s, const Tensors& t, bool backward, uint64_t seed) {
+  const int group = s.heads_q / s.heads_kv;
+  const int kv_head = static_cast<int>(seed % static_cast<uint64_t>(s.heads_kv));
+  Shape slice{1, group, 1, s.seq_q, s.seq_kv, s.head_dim, s.causal};
+  const size_t qn = static_cast<size_t>(s.seq_q) * s.head_dim, kn = static_cast<size_t>(s.seq_kv) * s.head_dim;
+  auto q_at = [&](const std::vector<float>& x) {  // the group's query heads of batch 0: contiguous
+    return std::vector<double>(x.begin() + static_cast<ptrdiff_t>(kv_head * group * qn),
+                               x.begin() + static_cast<ptrdiff_t>((kv_head + 1) * group * qn));
+  };
+  auto kv_at = [&](const std::vector<float>& x) {
+    return std::vector<double>(x.begin() + static_cast<ptrdiff_t>(kv_head * kn),
+                               x.begin() + static_cast<ptrdiff_t>((kv_head + 1) * kn));
+  };
+  std::vector<double> q = q_at(t.q), k = kv_at(t.k), v = kv_at(t.v);
+  std::vector<double> o(q.size()), lse(static_cast<size_t>(group) * s.seq_q);
+  attention::reference_forward(slice, q.data(), k.data(), v.data(), o.data(), lse.data());
+  const double tol = attention::tolerance(attention::Precision::fp32);
+  CheckOutcome out;
+  auto account = [&](const std::vector<float>& got_all, size_t offset, const std::vector<double>& ref, double floor) {
+    attention::ErrorReport r = attention::compare(got_all.data() + offset, ref.data(), ref.size(), tol, floor);
+    out.worst_rel_l2 = std::max(out.worst_rel_l2, std::isnan(r.rel_l2) ? INFINITY : r.rel_l2);
+    out.bad += static_cast<int64_t>(r.bad) + (attention::within(r, tol) ? 0 : (r.bad ? 0 : 1));
+  };
+  account(t.o, static_cast<size_t>(kv_head) * group * qn, o, 0);
+  if (backward) {
+    std::vector<double> d_o = q_at(t.d_o), dq(q.size()), dk(k.size()), dv(v.size());
+    attention::reference_backward(slice, q.data(), k.data(), v.data(), o.data(), d_o.data(), lse.data(), dq.data(),
+                                  dk.data(), dv.data());
+    account(t.dq, static_cast<size_t>(kv_head) * group * qn, dq, 1e-6);
+    account(t.dk, static_cast<size_t>(kv_head) * kn, dk, 1e-6);
+    account(t.dv, static_cast<size_t>(kv_head) * kn, dv, 0);
+  }
+  return out;
+}
+
+int run_attention(int argc, char** argv) {
+  HarnessOptions h;
+  Options o;
+  Cli cli("strata-attention", "Attention forward/backward, every rank at once; flash-attention FLOP convention.");
+  cli.option("batch", 'B', "batch size", o.batch, 1);
+  cli.option("heads", 'H', "query heads", o.heads, 1);
+  cli.option("kv-heads", 0, "key/value heads (grouped-query; divides --heads; 0: same as --heads)", o.kv_heads, 0);
+  cli.option("seq", 's', "query sequence lengths (comma-separated)", o.seq);
+  cli.option("seq-kv", 0, "key/value sequence lengths (comma-separated; default: each equal to --seq)", o.seq_kv);
+  cli.option("dim", 'D', "head dimensions (comma-separated)", o.dims);
+  cli.choice("causal", 0, "causal mask", o.causal, {"yes", "no", "both"});
+  cli.option("pass", 'p', "passes: fwd,bwd,fwdbwd", o.passes);
+  cli.option("impl", 0, "implementations: flash,naive (cpu)", o.impls);
+  cli.choice("backend", 0, "where the kernels run", o.backend, {"cpu", "cuda"});
+  cli.option("dtype", 'd', "element type: fp32 (cpu)", o.dtype);
+  cli.option("threads", 'T', "kernel threads per rank", o.threads, 1);
+  cli.option("seed", 0, "random seed of the inputs", o.seed, 0);
+  add_harness_options(cli, h);
+  if (!cli.parse(argc, argv)) return 0;
+  std::vector<Case> cases = plan_cases(o);
+  if (o.threads > 1 && h.blas_threads > 1)
+    throw UsageError("--threads and --blas-threads both above 1 would oversubscribe: the kernels hold BLAS to one "
+                     "thread per kernel thread");
+
+  Run run("strata-attention", argc, argv, h, cli.resolved_json(), "cpu");
+  run.set_case_count(static_cast<int>(cases.size()));
+  run.cases()
+      .add_column("backend", ColumnKind::string, "").add_column("impl", ColumnKind::string, "")
+      .add_column("pass", ColumnKind::string, "").add_column("dtype", ColumnKind::string, "")
+      .add_column("causal", ColumnKind::int64, "1").add_column("batch", ColumnKind::int64, "1")
+      .add_column("heads_q", ColumnKind::int64, "1").add_column("heads_kv", ColumnKind::int64, "1")
+      .add_column("seq_q", ColumnKind::int64, "1").add_column("seq_kv", ColumnKind::int64, "1")
+      .add_column("head_dim", ColumnKind::int64, "1").add_column("threads", ColumnKind::int64, "1")
+      .add_column("flop", ColumnKind::float64, "FLOP",
+                  "flash-attention convention: fwd 4*b*hq*sq*skv*d, half when causal; bwd 2.5x fwd; per rank")
+      .add_column("bytes", ColumnKind::float64, "B", "tensors read once and written once, per rank");
+  run.summary()
+      .add_column("flop_rate_per_rank", ColumnKind::float64, "FLOP/s", "flop / median over iterations of the mean over ranks")
+      .add_column("flop_rate_aggregate", ColumnKind::float64, "FLOP/s", "ranks x flop / median of the per-iteration max over ranks")
+      .add_column("flop_rate_slowest_rank", ColumnKind::float64, "FLOP/s", "flop / the slowest rank's own median")
+      .add_column("peak_per_rank", ColumnKind::float64, "FLOP/s", "measured clock x FP32 FLOP/cycle x threads")
+      .add_column("peak_fraction", ColumnKind::float64, "1", "flop_rate_per_rank / peak_per_rank")
+      .add_column("check_rel_l2", ColumnKind::float64, "1", "worst relative L2 error against float64, over ranks and outputs");
+
+  const CpuPeak peak = detect_cpu_peak();
+  const double peak_per_rank = peak.per_core(false) * o.threads;
+  ConsoleTable table({{"impl", 5}, {"pass", 6}, {"causal", 6}, {"B", 3}, {"Hq", 4}, {"Hkv", 4}, {"Sq", 6}, {"Skv", 6},
+                      {"D", 4}, {"time(ms)", 10}, {"GFLOP/s/rank", 12}, {"GFLOP/s(all)", 12}, {"%peak", 6}, {"rel_l2", 9}});
+  if (run.is_root()) {
+    std::printf("# strata-attention: %d rank(s), cpu fp32, %d kernel thread(s) per rank; FLOPs: flash-attention "
+                "convention (fwd 4bhsqskvd, /2 causal; bwd 2.5x)\n", run.context().n_ranks, o.threads);
+    std::printf("# time: median over iterations of the per-iteration max over ranks; GFLOP/s/rank from the mean over ranks\n");
+    table.print_header();
+  }
+
+  attention::CpuOptions kernel_options;
+  kernel_options.threads = o.threads;
+  const int rank = run.context().self.rank;
+  for (size_t index = 0; index < cases.size(); ++index) {
+    const Case& c = cases[index];
+    const Shape& s = c.shape;
+    const uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
+    Tensors t(s, seed);
+    const bool naive = c.impl == "naive";
+    auto forward = [&] {
+      (naive ? attention::naive_forward : attention::flash_forward)(s, t.q.data(), t.k.data(), t.v.data(), t.o.data(),
+                                                                    t.lse.data(), kernel_options);
+    };
+    auto backward = [&] {
+      (naive ? attention::naive_backward : attention::flash_backward)(s, t.q.data(), t.k.data(), t.v.data(), t.o.data(),
+                                                                      t.d_o.data(), t.lse.data(), t.dq.data(),
+                                                                      t.dk.data(), t.dv.data(), kernel_options);
+    };
+    // Untimed check on poisoned outputs; the backward pass needs the forward's O and lse anyway.
+    const bool has_bwd = c.pass != "fwd";
+    forward();
+    if (has_bwd) backward();
+    CheckOutcome check = check_slice(s, t, has_bwd, seed);
+    double worst = allreduce_max(MPI_COMM_WORLD, check.worst_rel_l2);
+
+    std::function<void()> body = c.pass == "fwd" ? std::function<void()>(forward)
+                               : c.pass == "bwd" ? std::function<void()>(backward)
+                                                 : std::function<void()>([&] { forward(); backward(); });
+    HostTimer timer;
+    std::vector<double> samples = run.measure(timer, body);
+
+    const double fwd = attention::forward_flops(s), bwd = attention::backward_flops(s);
+    const double flop = c.pass == "fwd" ? fwd : c.pass == "bwd" ? bwd : fwd + bwd;
+    const double q_bytes = 4.0 * t.q.size(), kv_bytes = 4.0 * t.k.size(), lse_bytes = 4.0 * t.lse.size();
+    const double bytes_fwd = 2 * q_bytes + 2 * kv_bytes + lse_bytes;                       // Q,K,V in; O,lse out
+    const double bytes_bwd = 3 * q_bytes + 2 * kv_bytes + lse_bytes + q_bytes + 2 * kv_bytes;  // Q,O,dO,K,V,lse in; dQ,dK,dV out
+    const double bytes = c.pass == "fwd" ? bytes_fwd : c.pass == "bwd" ? bytes_bwd : bytes_fwd + bytes_bwd;
+    const int ranks = run.context().n_ranks;
+    char label[160];
+    std::snprintf(label, sizeof label, "%s %s%s b%d h%d/%d s%d/%d d%d", c.impl.c_str(), c.pass.c_str(),
+                  s.causal ? " causal" : "", s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_kv, s.head_dim);
+    CaseResult r = run.record(samples, check.bad, label,
+        [&](Table& row) {
+          row.set("backend", o.backend).set("impl", c.impl).set("pass", c.pass).set("dtype", o.dtype)
+              .set("causal", s.causal ? 1 : 0).set("batch", s.batch).set("heads_q", s.heads_q)
+              .set("heads_kv", s.heads_kv).set("seq_q", s.seq_q).set("seq_kv", s.seq_kv).set("head_dim", s.head_dim)
+              .set("threads", o.threads).set("flop", flop).set("bytes", bytes);
+        },
+        [&](Table& row, const CaseResult& res) {
+          double slowest = *std::max_element(res.rank_medians.begin(), res.rank_medians.end());
+          row.set("flop_rate_per_rank", flop / res.rankmean.median)
+              .set("flop_rate_aggregate", ranks * flop / res.rankmax.median)
+              .set("flop_rate_slowest_rank", flop / slowest).set("peak_per_rank", peak_per_rank)
+              .set("peak_fraction", peak_per_rank > 0 ? flop / res.rankmean.median / peak_per_rank : 0.0)
+              .set("check_rel_l2", worst);
+        });
+    if (run.is_root()) {
+      double per_rank = flop / r.rankmean.median;
+      char rel[32];
+      std::snprintf(rel, sizeof rel, "%.1e%s", worst, r.wrong_elements ? "!" : "");
+      table.print_row({c.impl, c.pass, s.causal ? "yes" : "no", std::to_string(s.batch), std::to_string(s.heads_q),
+                       std::to_string(s.heads_kv), std::to_string(s.seq_q), std::to_string(s.seq_kv),
+                       std::to_string(s.head_dim), format_fixed(r.rankmax.median * 1e3, 3),
+                       format_fixed(per_rank / 1e9, 1), format_fixed(ranks * flop / r.rankmax.median / 1e9, 1),
+                       peak_per_rank > 0 ? format_fixed(100 * per_rank / peak_per_rank, 1) : "n/a", rel});
+    }
+  }
+  if (run.is_root()) {
+    std::printf("# peak per rank: %s\n", peak.source(false, o.threads).c_str());
+    std::printf("# results: %s\n", run.output_path().c_str());
+  }
+  return run.finish();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return strata::program_main(argc, argv, "strata-attention", [&] { return run_attention(argc, argv); });
+}

@@ -1,0 +1,736 @@
+// strata-collective: collective operations over MPI (the library's algorithms and Strata's own: ring,
+// recursive doubling, hierarchical) or NCCL, with nccl-tests' flags, sizes and bandwidth conventions, in
+// any layout: the world, each node, one rank per node, or the TP/PP/DP groups of a process grid, all groups
+// at once. Every size, dtype, operation and algorithm is checked on an untimed iteration with inputs whose
+// exact result is known; every rank's every timed iteration is kept.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "bench/harness.h"
+#include "collectives/algorithms.h"
+#include "collectives/layout.h"
+#include "collectives/types.h"
+#ifdef STRATA_HAVE_CUDA
+#include "bench/timer_cuda.h"
+#include "collectives/nccl_backend.h"
+#include "kernels/cuda_info.h"
+#endif
+
+namespace {
+
+using namespace strata;
+using coll::Algo;
+using coll::DataType;
+using coll::Operation;
+using coll::RedOp;
+
+struct Options {
+  std::string collectives = "allreduce";
+  std::string minbytes = "8", maxbytes = "64M", stepbytes = "0";
+  int stepfactor = 2;
+  std::string datatypes = "float";
+  std::string redops;  // empty: sum (an explicit value on a non-reduction is a usage error)
+  int check = 1;
+  int root = 0;
+  std::string backend = "mpi";
+  std::string algos = "library";
+  std::string mode = "pipelined";
+  int ops_per_sample = 8;
+  std::string placement = "both";
+  int ranks_per_node = 0;
+  std::string group = "world";
+  std::string grid;
+  std::string grid_dim;
+  bool mixed = false;
+  double timeout = 0;
+  int inject_hang = -1;
+};
+
+bool is_integer(DataType d) { return d == DataType::int8 || d == DataType::int32; }
+
+bool is_reduction(Operation op) {
+  return op == Operation::allreduce || op == Operation::reduce_scatter || op == Operation::reduce;
+}
+
+// nccl-tests' bus bandwidth factor for n ranks (see shared metrics: allreduce 2(n-1)/n; allgather,
+// reduce_scatter, alltoall (n-1)/n; the rest 1).
+double bus_factor(Operation op, int n) {
+  switch (op) {
+    case Operation::allreduce: return 2.0 * (n - 1) / n;
+    case Operation::allgather: case Operation::reduce_scatter: case Operation::alltoall: return double(n - 1) / n;
+    default: return 1.0;
+  }
+}
+
+// Element counts for nccl-tests' size S: the buffer each operation's S refers to, cut into whole elements
+// (and whole blocks per rank where the operation splits by rank, rounding down as nccl-tests does).
+struct Counts {
+  size_t count = 0;       // the count argument of the operation
+  size_t send_elems = 0;  // elements in the send buffer
+  size_t recv_elems = 0;  // elements in the receive buffer
+  size_t size_bytes = 0;  // S actually used
+  size_t bytes_per_rank = 0;  // OSU's size: one rank's share
+};
+
+Counts counts_for(Operation op, size_t bytes, size_t elem, int n) {
+  Counts c;
+  size_t total = bytes / elem;
+  switch (op) {
+    case Operation::allgather:
+      c.count = total / n, c.send_elems = c.count, c.recv_elems = c.count * n;
+      c.size_bytes = c.recv_elems * elem, c.bytes_per_rank = c.count * elem;
+      break;
+    case Operation::reduce_scatter:
+      c.count = total / n, c.send_elems = c.count * n, c.recv_elems = c.count;
+      c.size_bytes = c.send_elems * elem, c.bytes_per_rank = c.count * elem;
+      break;
+    case Operation::alltoall:
+      c.count = total / n, c.send_elems = c.count * n, c.recv_elems = c.count * n;
+      c.size_bytes = c.send_elems * elem, c.bytes_per_rank = c.size_bytes;
+      break;
+    default:
+      c.count = total, c.send_elems = total, c.recv_elems = total;
+      c.size_bytes = total * elem, c.bytes_per_rank = c.size_bytes;
+  }
+  return c;
+}
+
+// Check inputs with exactly representable results in every dtype: small integers (|x| <= 48, sums of up
+// to 5 ranks' |x| <= 4 stay far inside bfloat16's exact integers), and +-1 (and one 2) for products.
+double check_input(Operation op, RedOp redop, int rank, size_t i) {
+  if (is_reduction(op)) {
+    if (redop == RedOp::prod) return ((rank + i) % 3 == 0 ? -1.0 : 1.0) * (rank == 0 && i % 5 == 0 ? 2.0 : 1.0);
+    return static_cast<double>(static_cast<long>((rank * 7 + i * 13) % 9) - 4);
+  }
+  return static_cast<double>(static_cast<long>((rank * 31 + i * 7) % 97) - 48);
+}
+
+// The exact reduction of check_input over n ranks at index i, rounded to dtype as the operation stores it.
+double expected_reduction(RedOp redop, DataType dtype, int n, size_t i, Operation op) {
+  double acc = check_input(op, redop, 0, i);
+  for (int r = 1; r < n; ++r) {
+    double v = check_input(op, redop, r, i);
+    switch (redop) {
+      case RedOp::sum: case RedOp::avg: acc += v; break;
+      case RedOp::prod: acc *= v; break;
+      case RedOp::min: acc = std::min(acc, v); break;
+      case RedOp::max: acc = std::max(acc, v); break;
+    }
+  }
+  if (redop == RedOp::avg) acc = is_integer(dtype) ? std::trunc(acc / n) : acc / n;
+  if (dtype == DataType::int8) acc = static_cast<double>(static_cast<int8_t>(static_cast<int64_t>(acc)));
+  return acc;
+}
+
+bool matches(double got, double expected, DataType dtype, RedOp redop) {
+  if (redop != RedOp::avg || is_integer(dtype)) {
+    unsigned char stored[8];
+    coll::store_value(stored, 0, dtype, expected);
+    return got == coll::load_value(stored, 0, dtype);
+  }
+  // An average is rounded twice (sum, then division) in 16-bit types: allow one unit in the last place.
+  double ulp = dtype == DataType::float16 ? 0x1p-10 : dtype == DataType::bfloat16 ? 0x1p-7
+             : dtype == DataType::float32 ? 0x1p-23 : 0x1p-52;
+  return std::fabs(got - expected) <= ulp * std::max(1.0, std::fabs(expected));
+}
+
+// One rank's group: the communicator it runs the collective on, and that group's node map.
+struct Group {
+  std::string kind;
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int index = 0;   // which group of this kind
+  int count = 1;   // how many groups of this kind
+  std::vector<int> node_of_rank;
+  Comm intra, inter;  // the group's ranks on my node; the group's ranks with my local index
+};
+
+Group make_group(const std::string& kind, const coll::Layout& layout, const coll::Grid* grid) {
+  Group g;
+  g.kind = kind;
+  if (kind == "intra") {
+    g.comm = layout.intra(), g.index = layout.node(), g.count = layout.node_count();
+  } else if (kind == "inter") {
+    g.comm = layout.inter(), g.index = layout.local_rank(), g.count = layout.world_size() / layout.node_count();
+  } else if (kind == "tp") {
+    g.comm = grid->tp(), g.index = grid->tp_group(), g.count = grid->shape().pp * grid->shape().dp;
+  } else if (kind == "pp") {
+    g.comm = grid->pp(), g.index = grid->pp_group(), g.count = grid->shape().tp * grid->shape().dp;
+  } else if (kind == "dp") {
+    g.comm = grid->dp(), g.index = grid->dp_group(), g.count = grid->shape().tp * grid->shape().pp;
+  }
+  g.node_of_rank = layout.node_of_ranks_in(g.comm);
+  int rank = 0;
+  STRATA_MPI_CHECK(MPI_Comm_rank(g.comm, &rank));
+  g.intra = split(g.comm, g.node_of_rank[static_cast<size_t>(rank)], rank);
+  g.inter = split(g.comm, g.intra.rank(), g.node_of_rank[static_cast<size_t>(rank)]);
+  return g;
+}
+
+template <typename T>
+std::vector<T> parse_list(const std::string& text, const char* what, auto parse, auto all) {
+  if (text == "all") return std::vector<T>(all.begin(), all.end());
+  std::vector<T> out;
+  for (const auto& item : split(text, ',')) {
+    auto value = parse(item);
+    if (!value) throw UsageError(std::string("unknown ") + what + " '" + item + "'");
+    out.push_back(*value);
+  }
+  return out;
+}
+
+struct Case {
+  Operation op;
+  Algo algo;
+  DataType dtype;
+  RedOp redop;
+  bool has_redop;
+  size_t bytes;
+  bool in_place;
+};
+
+// Where one case's buffers live and how an operation runs on them: host memory for MPI, device memory
+// (staged through the host for inputs and checks) for NCCL. In place, the input sits inside the output as
+// nccl-tests places it: allgather's at the rank's block of the output, reduce_scatter's output at the
+// rank's block of the input, otherwise the same buffer.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  void prepare(const Case& c, const Counts& counts, int group_rank) {
+    const size_t elem = coll::size_of(c.dtype);
+    send_bytes_ = counts.send_elems * elem;
+    recv_bytes_ = counts.recv_elems * elem;
+    size_t block = counts.count * elem * static_cast<size_t>(group_rank);
+    if (!c.in_place) {
+      send_ = allocate(send_bytes_, 0);
+      recv_ = allocate(recv_bytes_, 1);
+    } else if (c.op == Operation::allgather) {
+      recv_ = allocate(recv_bytes_, 0), send_ = static_cast<char*>(recv_) + block;
+    } else if (c.op == Operation::reduce_scatter) {
+      send_ = allocate(send_bytes_, 0), recv_ = static_cast<char*>(send_) + block;
+    } else {
+      send_ = recv_ = allocate(std::max(send_bytes_, recv_bytes_), 0);
+    }
+  }
+  virtual void load_inputs(const std::vector<unsigned char>& host) = 0;  // send_bytes_ of them
+  virtual void read_outputs(std::vector<unsigned char>& host) = 0;       // recv_bytes_ of them
+  virtual coll::Traffic run(const Case& c, size_t count, int root) = 0;
+  virtual void finish_timed() {}
+  virtual Timer& timer() = 0;
+
+ protected:
+  virtual void* allocate(size_t bytes, int slot) = 0;  // slot 0 or 1; reused across cases
+  void* send_ = nullptr;
+  void* recv_ = nullptr;
+  size_t send_bytes_ = 0, recv_bytes_ = 0;
+};
+
+class MpiExecutor final : public Executor {
+ public:
+  explicit MpiExecutor(coll::Context ctx) : ctx_(std::move(ctx)) {}
+  void load_inputs(const std::vector<unsigned char>& host) override {
+    if (send_bytes_) std::memcpy(send_, host.data(), send_bytes_);
+  }
+  void read_outputs(std::vector<unsigned char>& host) override {
+    host.resize(recv_bytes_);
+    if (recv_bytes_) std::memcpy(host.data(), recv_, recv_bytes_);
+  }
+  coll::Traffic run(const Case& c, size_t count, int root) override {
+    switch (c.op) {
+      case Operation::allreduce: return coll::allreduce(c.algo, send_, recv_, count, c.dtype, c.redop, ctx_);
+      case Operation::allgather: return coll::allgather(c.algo, send_, recv_, count, c.dtype, ctx_);
+      case Operation::reduce_scatter: return coll::reduce_scatter(c.algo, send_, recv_, count, c.dtype, c.redop, ctx_);
+      case Operation::alltoall: return coll::alltoall(c.algo, send_, recv_, count, c.dtype, ctx_);
+      case Operation::broadcast: return coll::broadcast(c.algo, send_, recv_, count, c.dtype, root, ctx_);
+      case Operation::reduce: return coll::reduce(c.algo, send_, recv_, count, c.dtype, c.redop, root, ctx_);
+      case Operation::sendrecv: return coll::sendrecv(c.algo, send_, recv_, count, c.dtype, ctx_);
+    }
+    return {};
+  }
+  Timer& timer() override { return timer_; }
+
+ private:
+  void* allocate(size_t bytes, int slot) override {
+    auto& buffer = buffers_[slot];
+    buffer.resize(std::max<size_t>(bytes, 1));
+    return buffer.data();
+  }
+  coll::Context ctx_;
+  std::vector<unsigned char> buffers_[2];
+  HostTimer timer_;
+};
+
+#ifdef STRATA_HAVE_CUDA
+class NcclExecutor final : public Executor {
+ public:
+  NcclExecutor(MPI_Comm group, int group_index, int device)
+      : nccl_(group, group_index, device), timer_(make_cuda_event_timer(nccl_.stream())) {}
+  void load_inputs(const std::vector<unsigned char>& host) override {
+    nccl_.copy_to_device(send_, host.data(), send_bytes_);
+  }
+  void read_outputs(std::vector<unsigned char>& host) override {
+    nccl_.synchronize();
+    host.resize(recv_bytes_);
+    nccl_.copy_to_host(host.data(), recv_, recv_bytes_);
+  }
+  coll::Traffic run(const Case& c, size_t count, int root) override {
+    nccl_.run(c.op, send_, recv_, count, c.dtype, c.redop, root);
+    return {};
+  }
+  Timer& timer() override { return *timer_; }
+
+ private:
+  void* allocate(size_t bytes, int slot) override {
+    if (bytes > capacity_[slot]) {
+      buffers_[slot] = nccl_.device_alloc(bytes);
+      capacity_[slot] = bytes;
+    }
+    return buffers_[slot];
+  }
+  coll::NcclBackend nccl_;
+  std::unique_ptr<Timer> timer_;
+  void* buffers_[2] = {nullptr, nullptr};
+  size_t capacity_[2] = {0, 0};
+};
+#endif
+
+// The host image of a rank's check inputs, and the count of output elements that differ from the exact
+// result.
+std::vector<unsigned char> check_inputs(const Case& c, const Counts& n, int rank, int group_size) {
+  const size_t elem = coll::size_of(c.dtype);
+  std::vector<unsigned char> host(n.send_elems * elem);
+  for (size_t i = 0; i < n.send_elems; ++i)
+    coll::store_value(host.data(), i, c.dtype, check_input(c.op, c.redop, rank, i));
+  (void)group_size;
+  return host;
+}
+
+int64_t count_wrong(const Case& c, const Counts& n, const std::vector<unsigned char>& out, int rank, int size,
+                    int root) {
+  int64_t wrong = 0;
+  auto expect = [&](size_t index, double value) {
+    double got = coll::load_value(out.data(), index, c.dtype);
+    if (!matches(got, value, c.dtype, c.redop)) ++wrong;
+  };
+  switch (c.op) {
+    case Operation::allreduce:
+      for (size_t i = 0; i < n.count; ++i) expect(i, expected_reduction(c.redop, c.dtype, size, i, c.op));
+      break;
+    case Operation::reduce:
+      if (rank == root)
+        for (size_t i = 0; i < n.count; ++i) expect(i, expected_reduction(c.redop, c.dtype, size, i, c.op));
+      break;
+    case Operation::reduce_scatter:
+      for (size_t i = 0; i < n.count; ++i)
+        expect(i, expected_reduction(c.redop, c.dtype, size, static_cast<size_t>(rank) * n.count + i, c.op));
+      break;
+    case Operation::allgather:
+      for (int r = 0; r < size; ++r)
+        for (size_t i = 0; i < n.count; ++i) expect(r * n.count + i, check_input(c.op, c.redop, r, i));
+      break;
+    case Operation::alltoall:
+      for (int s = 0; s < size; ++s)
+        for (size_t i = 0; i < n.count; ++i)
+          expect(s * n.count + i, check_input(c.op, c.redop, s, static_cast<size_t>(rank) * n.count + i));
+      break;
+    case Operation::broadcast:
+      for (size_t i = 0; i < n.count; ++i) expect(i, check_input(c.op, c.redop, root, i));
+      break;
+    case Operation::sendrecv:
+      for (size_t i = 0; i < n.count; ++i) expect(i, check_input(c.op, c.redop, (rank - 1 + size) % size, i));
+      break;
+  }
+  return wrong;
+}
+
+
+void describe_columns(Run& run) {
+  run.cases()
+      .add_column("backend", ColumnKind::string, "").add_column("operation", ColumnKind::string, "")
+      .add_column("algo", ColumnKind::string, "")
+      .add_column("mode", ColumnKind::string, "", "pipelined: back-to-back operations per sample; blocking: one per sample")
+      .add_column("ops_per_sample", ColumnKind::int64, "1").add_column("dtype", ColumnKind::string, "")
+      .add_column("redop", ColumnKind::string, "").add_column("root", ColumnKind::int64, "1", "-1 for unrooted operations")
+      .add_column("in_place", ColumnKind::int64, "1").add_column("count", ColumnKind::int64, "1", "the operation's count argument")
+      .add_column("size_bytes", ColumnKind::float64, "B", "nccl-tests' S: allreduce, broadcast, reduce, sendrecv: the "
+                  "buffer; allgather: the gathered buffer; reduce_scatter: the whole input; alltoall: one rank's send buffer")
+      .add_column("bytes_per_rank", ColumnKind::float64, "B", "OSU's size: one rank's share")
+      .add_column("group_kind", ColumnKind::string, "").add_column("n_groups", ColumnKind::int64, "1")
+      .add_column("group_size", ColumnKind::int64, "1").add_column("n_nodes", ColumnKind::int64, "1")
+      .add_column("ranks_per_node", ColumnKind::int64, "1").add_column("emulated_nodes", ColumnKind::int64, "1")
+      .add_column("grid", ColumnKind::string, "")
+      .add_column("concurrent_with", ColumnKind::string, "", "the operation run at the same time, if any");
+  run.summary()
+      .add_column("algbw", ColumnKind::float64, "B/s", "size_bytes / median over iterations of the per-iteration max over ranks")
+      .add_column("busbw", ColumnKind::float64, "B/s", "algbw x bus_factor (nccl-tests)")
+      .add_column("bus_factor", ColumnKind::float64, "1", "allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall (n-1)/n; else 1")
+      .add_column("busbw_rankmean", ColumnKind::float64, "B/s", "as busbw, from the per-iteration mean over ranks")
+      .add_column("intra_bytes_per_rank", ColumnKind::float64, "B", "bytes a rank sent inside its node per operation, mean over ranks; NaN for library algorithms")
+      .add_column("inter_bytes_per_rank", ColumnKind::float64, "B", "bytes a rank sent to other nodes per operation, mean over ranks; NaN for library algorithms")
+      .add_column("slowdown_vs_alone", ColumnKind::float64, "1", "median time with the concurrent operation / median time alone");
+}
+
+// Per-group results of one case: each group's per-iteration max over its ranks.
+void append_group_rows(Run& run, const CaseResult& r, const std::vector<int>& group_of_rank, int n_groups,
+                       const Counts& n, double factor) {
+  Table groups("groups");
+  groups.add_column("case", ColumnKind::int64, "1").add_column("group", ColumnKind::int64, "1")
+      .add_column("group_size", ColumnKind::int64, "1").add_column("world_ranks", ColumnKind::string, "")
+      .add_column("time_median", ColumnKind::float64, "s", "median over iterations of the per-iteration max over the group's ranks")
+      .add_column("algbw", ColumnKind::float64, "B/s").add_column("busbw", ColumnKind::float64, "B/s");
+  const int ranks = static_cast<int>(group_of_rank.size());
+  for (int g = 0; g < n_groups; ++g) {
+    std::vector<double> per_iteration(static_cast<size_t>(r.iterations), 0.0);
+    std::string members;
+    int size = 0;
+    for (int rank = 0; rank < ranks; ++rank) {
+      if (group_of_rank[static_cast<size_t>(rank)] != g) continue;
+      members += (members.empty() ? "" : ",") + std::to_string(rank);
+      ++size;
+      for (int i = 0; i < r.iterations; ++i)
+        per_iteration[static_cast<size_t>(i)] = std::max(per_iteration[static_cast<size_t>(i)],
+                                                         r.samples[static_cast<size_t>(rank) * r.iterations + i]);
+    }
+    double median = summarize(per_iteration).median;
+    groups.set("case", r.index).set("group", g).set("group_size", size).set("world_ranks", members);
+    groups.set("time_median", median).set("algbw", n.size_bytes / median).set("busbw", n.size_bytes / median * factor);
+    groups.end_row();
+  }
+  run.append_table(groups);
+}
+
+
+// --mixed: an allreduce in every TP group and a reduce-scatter in every DP group at the same time (the
+// overlap of tensor-parallel and data-parallel traffic in a training step), each also alone, through the
+// library's non-blocking collectives. Each operation's time runs from the common start to its completion.
+int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, const Cli& cli,
+              const coll::Layout& layout, const coll::Grid& grid, const coll::MpiTypes& types,
+              const std::vector<size_t>& sizes) {
+  const DataType dtype = coll::parse_datatype(split(o.datatypes, ',').front()).value_or(DataType::float32);
+  const size_t elem = coll::size_of(dtype);
+  const int tp = grid.shape().tp, dp = grid.shape().dp;
+  Run run("strata-collective", argc, argv, h, cli.resolved_json(), "cpu");
+  run.set_case_count(static_cast<int>(sizes.size()) * 4);
+  Watchdog watchdog([&run](const std::string& message) { run.mark_failed(message); });
+  describe_columns(run);
+  ConsoleTable table({{"size(B)", 11}, {"op", 14}, {"group", 5}, {"with", 16}, {"time(us)", 10}, {"busbw", 8},
+                      {"slowdown", 8}, {"#wrong", 6}});
+  if (run.is_root()) {
+    std::printf("# strata-collective --mixed: grid %s; allreduce in TP groups, reduce_scatter in DP groups; %s\n",
+                coll::format_grid(grid.shape()).c_str(), std::string(coll::name(dtype)).c_str());
+    std::printf("# time: median over iterations of the per-iteration max over ranks; slowdown = concurrent / alone\n");
+    table.print_header();
+  }
+  int tp_rank = grid.tp_index(), dp_rank = grid.dp_index();
+  for (size_t bytes : sizes) {
+    Counts ar = counts_for(Operation::allreduce, bytes, elem, tp), rs = counts_for(Operation::reduce_scatter, bytes, elem, dp);
+    Case ar_case{Operation::allreduce, Algo::library, dtype, RedOp::sum, true, bytes, false};
+    Case rs_case{Operation::reduce_scatter, Algo::library, dtype, RedOp::sum, true, bytes, false};
+    std::vector<unsigned char> ar_in = check_inputs(ar_case, ar, tp_rank, tp), rs_in = check_inputs(rs_case, rs, dp_rank, dp);
+    std::vector<unsigned char> ar_out(ar.recv_elems * elem + 1), rs_out(rs.recv_elems * elem + 1);
+    MPI_Datatype type = types.datatype(dtype);
+    MPI_Op sum = types.op(dtype, RedOp::sum);
+    auto start_ar = [&](MPI_Request* q) {
+      STRATA_MPI_CHECK(MPI_Iallreduce(ar_in.data(), ar_out.data(), static_cast<int>(ar.count), type, sum, grid.tp(), q));
+    };
+    auto start_rs = [&](MPI_Request* q) {
+      STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(rs_in.data(), rs_out.data(), static_cast<int>(rs.count), type, sum, grid.dp(), q));
+    };
+    // Times both (or one) from a common start: element 0 the allreduce, 1 the reduce-scatter.
+    auto timed = [&](bool with_ar, bool with_rs) {
+      MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+      double done[2] = {0, 0};
+      STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+      auto begin = std::chrono::steady_clock::now();
+      if (with_ar) start_ar(&requests[0]);
+      if (with_rs) start_rs(&requests[1]);
+      for (int left = int(with_ar) + int(with_rs); left > 0;) {
+        int index = MPI_UNDEFINED;
+        STRATA_MPI_CHECK(MPI_Waitany(2, requests, &index, MPI_STATUS_IGNORE));
+        if (index == MPI_UNDEFINED) break;
+        done[index] = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        --left;
+      }
+      return std::pair{done[0], done[1]};
+    };
+    watchdog.arm(o.timeout, "mixed allreduce/reduce_scatter " + std::to_string(bytes) + " B");
+    std::vector<double> alone_ar, alone_rs, both_ar, both_rs;
+    for (int i = 0; i < h.warmup; ++i) timed(true, false), timed(false, true), timed(true, true);
+    for (int i = 0; i < h.iters; ++i) {
+      alone_ar.push_back(timed(true, false).first);
+      alone_rs.push_back(timed(false, true).second);
+      auto [a, r] = timed(true, true);
+      both_ar.push_back(a), both_rs.push_back(r);
+    }
+    watchdog.disarm();
+    int64_t wrong_ar = count_wrong(ar_case, ar, ar_out, tp_rank, tp, 0);
+    int64_t wrong_rs = count_wrong(rs_case, rs, rs_out, dp_rank, dp, 0);
+
+    double alone_median[2] = {0, 0};
+    struct Row { const char* op; const char* kind; const char* with; const Counts* n; std::vector<double>* samples; int64_t wrong; int slot; int size; };
+    Row rows[4] = {{"allreduce", "tp", "", &ar, &alone_ar, wrong_ar, 0, tp},
+                   {"reduce_scatter", "dp", "", &rs, &alone_rs, wrong_rs, 1, dp},
+                   {"allreduce", "tp", "reduce_scatter/dp", &ar, &both_ar, wrong_ar, 0, tp},
+                   {"reduce_scatter", "dp", "allreduce/tp", &rs, &both_rs, wrong_rs, 1, dp}};
+    for (Row& row : rows) {
+      Operation op = row.slot == 0 ? Operation::allreduce : Operation::reduce_scatter;
+      double factor = bus_factor(op, row.size);
+      bool concurrent = row.with[0] != 0;
+      CaseResult r = run.record(*row.samples, row.wrong, std::string(row.op) + " " + row.kind + (concurrent ? " concurrent" : " alone") + " " + std::to_string(row.n->size_bytes) + " B",
+          [&](Table& t) {
+            t.set("backend", "mpi").set("operation", row.op).set("algo", "library").set("mode", "blocking")
+                .set("ops_per_sample", 1).set("dtype", std::string(coll::name(dtype))).set("redop", "sum").set("root", -1)
+                .set("in_place", 0).set("count", row.n->count).set("size_bytes", double(row.n->size_bytes))
+                .set("bytes_per_rank", double(row.n->bytes_per_rank)).set("group_kind", row.kind)
+                .set("n_groups", layout.world_size() / row.size).set("group_size", row.size)
+                .set("n_nodes", layout.node_count()).set("ranks_per_node", layout.world_size() / layout.node_count())
+                .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", coll::format_grid(grid.shape()))
+                .set("concurrent_with", row.with);
+          },
+          [&](Table& t, const CaseResult& res) {
+            double algbw = row.n->size_bytes / res.rankmax.median;
+            if (!concurrent) alone_median[row.slot] = res.rankmax.median;
+            t.set("algbw", algbw).set("busbw", algbw * factor).set("bus_factor", factor)
+                .set("busbw_rankmean", row.n->size_bytes / res.rankmean.median * factor)
+                .set("intra_bytes_per_rank", std::nan("")).set("inter_bytes_per_rank", std::nan(""))
+                .set("slowdown_vs_alone", concurrent ? res.rankmax.median / alone_median[row.slot] : 1.0);
+          });
+      if (run.is_root())
+        table.print_row({std::to_string(row.n->size_bytes), row.op, row.kind, concurrent ? row.with : "(alone)",
+                         format_fixed(r.rankmax.median * 1e6, 2),
+                         format_fixed(row.n->size_bytes / r.rankmax.median / 1e9 * factor, 3),
+                         format_fixed(concurrent ? r.rankmax.median / alone_median[row.slot] : 1.0, 3),
+                         std::to_string(r.wrong_elements)});
+    }
+  }
+  return run.finish();
+}
+
+int run_collective(int argc, char** argv) {
+  HarnessOptions h;
+  h.warmup = 5, h.iters = 20;
+  Options o;
+  Cli cli("strata-collective",
+          "Collective operations over MPI or NCCL (nccl-tests flags and bandwidth conventions), in any layout.");
+  cli.option("collective", 0, "operations: allreduce,allgather,reduce_scatter,alltoall,broadcast,reduce,sendrecv or all",
+             o.collectives);
+  cli.option("minbytes", 'b', "smallest size S (K/M/G suffixes; nccl-tests' S per operation)", o.minbytes);
+  cli.option("maxbytes", 'e', "largest size S", o.maxbytes);
+  cli.option("stepfactor", 'f', "multiply the size by this between steps", o.stepfactor, 2);
+  cli.option("stepbytes", 'i', "add this many bytes between steps instead (0: use --stepfactor)", o.stepbytes);
+  cli.option("datatype", 'd', "int8,int32,float,double,half,bfloat16 or all", o.datatypes);
+  cli.option("redop", 'o', "reductions: sum,prod,min,max,avg or all (reduction operations only) [sum]", o.redops);
+  cli.option("check", 'c', "check every case's result on an untimed iteration (0/1)", o.check, 0);
+  cli.option("root", 0, "root rank (in its group) of broadcast and reduce", o.root, 0);
+  cli.choice("backend", 0, "communication library", o.backend, {"mpi", "nccl"});
+  cli.option("algo", 'a', "algorithms: library,ring,recursive_doubling,hierarchical or all", o.algos);
+  cli.choice("mode", 'm', "pipelined: back-to-back operations timed as a loop (nccl-tests); blocking: one "
+             "operation per timed interval, barrier between (OSU)", o.mode, {"pipelined", "blocking"});
+  cli.option("ops-per-sample", 0, "operations per timed sample in pipelined mode", o.ops_per_sample, 1);
+  cli.choice("placement", 0, "out-of-place, in-place, or both", o.placement, {"both", "out", "in"});
+  cli.option("ranks-per-node", 0, "regroup consecutive ranks into emulated nodes of N (0: real nodes)", o.ranks_per_node, 0);
+  cli.choice("group", 'g', "run in the world, in each node (intra), or among ranks with the same local index (inter)",
+             o.group, {"world", "intra", "inter"});
+  cli.option("grid", 0, "process grid tp=T,pp=P,dp=D (tp fastest-varying)", o.grid);
+  cli.choice("grid-dim", 0, "run in every group of this grid dimension at once", o.grid_dim, {"", "tp", "pp", "dp"});
+  cli.flag("mixed", 0, "with --grid: allreduce in the TP groups and reduce-scatter in the DP groups at the same "
+           "time, each also alone; reports the slowdown", o.mixed);
+  cli.option("timeout", 't', "seconds one case may take before the job is ended and the hang reported (0: none)",
+             o.timeout, 0.0);
+  cli.option("inject-hang", 0, "testing the timeout: this world rank stalls before the last case", o.inject_hang, -1);
+  add_harness_options(cli, h);
+  cli.alias("warmup_iters", "warmup");
+  if (!cli.parse(argc, argv)) return 0;
+
+  // ---- what to run --------------------------------------------------------------------------------
+  auto ops = parse_list<Operation>(o.collectives, "operation", coll::parse_operation, coll::kAllOperations);
+  auto dtypes = parse_list<DataType>(o.datatypes, "datatype", coll::parse_datatype, coll::kAllDataTypes);
+  auto algos = parse_list<Algo>(o.algos, "algorithm", coll::parse_algo, coll::kAllAlgos);
+  bool any_reduction = std::any_of(ops.begin(), ops.end(), is_reduction);
+  if (!o.redops.empty() && !any_reduction)
+    throw UsageError("--redop applies to reductions (allreduce, reduce_scatter, reduce), not to " + o.collectives);
+  auto redops = parse_list<RedOp>(o.redops.empty() ? "sum" : o.redops, "reduction", coll::parse_redop, coll::kAllRedOps);
+  const int64_t min_bytes = parse_bytes(o.minbytes, "--minbytes"), max_bytes = parse_bytes(o.maxbytes, "--maxbytes");
+  const int64_t step_bytes = parse_bytes(o.stepbytes, "--stepbytes");
+  if (min_bytes > max_bytes) throw UsageError("--minbytes " + o.minbytes + " is larger than --maxbytes " + o.maxbytes);
+  for (DataType d : dtypes) {
+    int64_t elem = static_cast<int64_t>(coll::size_of(d));
+    for (auto [flag, value] : {std::pair{"--minbytes", min_bytes}, std::pair{"--maxbytes", max_bytes}})
+      if (value % elem)
+        throw UsageError(std::string(flag) + " " + std::to_string(value) + " is not a multiple of " +
+                         std::string(coll::name(d)) + "'s " + std::to_string(elem) + " bytes");
+  }
+  std::vector<size_t> sizes;
+  for (int64_t b = min_bytes; b <= max_bytes;) {
+    sizes.push_back(static_cast<size_t>(b));
+    int64_t next = step_bytes > 0 ? b + step_bytes : b * o.stepfactor;
+    if (next == b) next = b + 1;  // -b 0: continue from one element
+    if (b == 0 && step_bytes == 0) next = std::max<int64_t>(1, min_bytes);
+    b = next == 0 ? 1 : next;
+    if (b > max_bytes) break;
+  }
+  if (o.backend == "nccl" && (o.algos != "library"))
+    throw UsageError("--backend nccl runs NCCL's own algorithms only (--algo library); set NCCL_ALGO to steer them");
+  if (o.mixed && o.grid.empty()) throw UsageError("--mixed needs --grid");
+  if (!o.grid_dim.empty() && o.grid.empty()) throw UsageError("--grid-dim needs --grid");
+  if (!o.grid.empty() && o.group != "world") throw UsageError("--group and --grid exclude each other; use --grid-dim");
+
+  // ---- layout and groups ---------------------------------------------------------------------------
+  coll::Layout layout(o.ranks_per_node);
+  std::unique_ptr<coll::Grid> grid;
+  if (!o.grid.empty()) grid = std::make_unique<coll::Grid>(coll::parse_grid(o.grid), layout);
+  const std::string group_kind = o.grid_dim.empty() ? o.group : o.grid_dim;
+  Group group = make_group(group_kind, layout, grid.get());
+  int group_rank = 0, group_size = 0;
+  STRATA_MPI_CHECK(MPI_Comm_rank(group.comm, &group_rank));
+  STRATA_MPI_CHECK(MPI_Comm_size(group.comm, &group_size));
+  if (o.root >= group_size) throw UsageError("--root " + std::to_string(o.root) + " is not a rank of a group of " +
+                                             std::to_string(group_size));
+  for (Operation op : ops)
+    for (Algo a : algos)
+      if (!coll::is_supported(op, a) && o.algos != "all")
+        throw UsageError("algorithm " + std::string(coll::name(a)) + " is not available for " + std::string(coll::name(op)));
+
+  coll::MpiTypes types;
+  std::unique_ptr<Executor> executor;
+  std::string device = "cpu";
+  if (o.backend == "nccl") {
+#ifdef STRATA_HAVE_CUDA
+    int gpus = cuda::device_count(), fewest = 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (fewest == 0) throw UsageError("--backend nccl: no CUDA device is visible to every rank");
+    Comm node = split_shared_memory(MPI_COMM_WORLD);
+    int gpu = node.rank() % gpus;
+    executor = std::make_unique<NcclExecutor>(group.comm, group.index, gpu);
+    device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu);
+#else
+    throw UsageError("--backend nccl: this strata-collective was built without CUDA and NCCL");
+#endif
+  } else {
+    coll::Context ctx;
+    ctx.comm = group.comm;
+    ctx.types = &types;
+    ctx.node_of_rank = group.node_of_rank;
+    ctx.intra = group.intra.get();
+    ctx.inter = group.inter.get();
+    executor = std::make_unique<MpiExecutor>(ctx);
+  }
+
+  std::vector<Case> cases;
+  std::vector<bool> placements;
+  if (o.placement != "in") placements.push_back(false);
+  if (o.placement != "out") placements.push_back(true);
+  // Algorithms vary fastest after placement, so the ones compared at a size run next to each other in time.
+  for (Operation op : ops)
+    for (DataType d : dtypes)
+      for (RedOp r : is_reduction(op) ? redops : std::vector<RedOp>{RedOp::sum})
+        for (size_t bytes : sizes)
+          for (Algo a : algos)
+            for (bool in_place : placements)
+              if (coll::is_supported(op, a)) cases.push_back({op, a, d, r, is_reduction(op), bytes, in_place});
+  if (o.mixed) return run_mixed(argc, argv, h, o, cli, layout, *grid, types, sizes);
+
+  Run run("strata-collective", argc, argv, h, cli.resolved_json(), device);
+  run.set_case_count(static_cast<int>(cases.size()));
+  Watchdog watchdog([&run](const std::string& message) { run.mark_failed(message); });
+  describe_columns(run);
+
+  // Each rank's group, once, for the per-group table.
+  std::vector<int> group_of_rank(static_cast<size_t>(run.context().n_ranks));
+  STRATA_MPI_CHECK(MPI_Allgather(&group.index, 1, MPI_INT, group_of_rank.data(), 1, MPI_INT, MPI_COMM_WORLD));
+
+  ConsoleTable table({{"size(B)", 11}, {"count", 10}, {"type", 8}, {"redop", 6}, {"root", 4}, {"op", 14},
+                      {"algo", 18}, {"place", 5}, {"time(us)", 10}, {"algbw", 8}, {"busbw", 8}, {"#wrong", 6}});
+  if (run.is_root()) {
+    std::printf("# strata-collective: %d rank(s), %d node(s)%s, group %s: %d group(s) of %d, backend %s, mode %s\n",
+                run.context().n_ranks, layout.node_count(), layout.emulated() ? " (emulated)" : "",
+                group_kind.c_str(), group.count, group_size, o.backend.c_str(), o.mode.c_str());
+    std::printf("# time: median over iterations of the per-iteration max over all ranks%s\n",
+                o.mode == "pipelined" ? (", each sample the mean of " + std::to_string(o.ops_per_sample) +
+                                         " back-to-back operations").c_str() : ", one operation per sample");
+    std::printf("# algbw = S / time, busbw = algbw x nccl-tests factor, GB/s = 1e9 B/s; S as nccl-tests\n");
+    table.print_header();
+  }
+
+  const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
+  for (size_t index = 0; index < cases.size(); ++index) {
+    const Case& c = cases[index];
+    const size_t elem = coll::size_of(c.dtype);
+    Counts n = counts_for(c.op, c.bytes, elem, group_size);
+    std::string what = std::string(coll::name(c.op)) + " " + std::string(coll::name(c.algo)) + " " +
+                       std::string(coll::name(c.dtype)) + (c.has_redop ? " " + std::string(coll::name(c.redop)) : "") +
+                       " " + std::to_string(n.size_bytes) + " B" + (c.in_place ? " in place" : "") + ", " +
+                       group_kind + " group " + std::to_string(group.index);
+    watchdog.arm(o.timeout, "the setup of " + what + " (this rank did not arrive)");
+    if (index + 1 == cases.size() && o.inject_hang == run.context().self.rank)
+      std::this_thread::sleep_for(std::chrono::duration<double>(o.timeout > 0 ? o.timeout * 20 : 3600));
+    watchdog.set_activity(what);
+
+    executor->prepare(c, n, group_rank);
+    // Untimed correctness iteration on inputs with a known exact result.
+    executor->load_inputs(check_inputs(c, n, group_rank, group_size));
+    coll::Traffic traffic = executor->run(c, n.count, o.root);
+    int64_t wrong = 0;
+    if (o.check) {
+      std::vector<unsigned char> out;
+      executor->read_outputs(out);
+      wrong = count_wrong(c, n, out, group_rank, group_size, o.root);
+    }
+    // Timed iterations start from the same nonzero inputs.
+    executor->load_inputs(check_inputs(c, n, group_rank, group_size));
+    std::vector<double> samples = run.measure(executor->timer(), [&] {
+      for (int k = 0; k < ops_per_sample; ++k) executor->run(c, n.count, o.root);
+    }, ops_per_sample);
+    watchdog.disarm();
+
+    double traffic_mine[2] = {double(traffic.intra_bytes), double(traffic.inter_bytes)}, traffic_sum[2] = {0, 0};
+    STRATA_MPI_CHECK(MPI_Reduce(traffic_mine, traffic_sum, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));
+    const double factor = bus_factor(c.op, group_size);
+    const bool own = c.algo != Algo::library;
+    const int ranks = run.context().n_ranks;
+    std::string label = what.substr(0, what.find(','));
+    CaseResult r = run.record(samples, wrong, label,
+        [&](Table& t) {
+          t.set("backend", o.backend).set("operation", std::string(coll::name(c.op)))
+              .set("algo", std::string(coll::name(c.algo))).set("mode", o.mode)
+              .set("ops_per_sample", ops_per_sample).set("dtype", std::string(coll::name(c.dtype)))
+              .set("redop", c.has_redop ? std::string(coll::name(c.redop)) : std::string("none"))
+              .set("root", (c.op == Operation::broadcast || c.op == Operation::reduce) ? o.root : -1)
+              .set("in_place", c.in_place ? 1 : 0).set("count", n.count).set("size_bytes", double(n.size_bytes))
+              .set("bytes_per_rank", double(n.bytes_per_rank)).set("group_kind", group_kind)
+              .set("n_groups", group.count).set("group_size", group_size).set("n_nodes", layout.node_count())
+              .set("ranks_per_node", layout.world_size() / layout.node_count())
+              .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", grid ? coll::format_grid(grid->shape()) : "")
+              .set("concurrent_with", "");
+        },
+        [&](Table& t, const CaseResult& res) {
+          double algbw = n.size_bytes / res.rankmax.median;
+          t.set("algbw", algbw).set("busbw", algbw * factor).set("bus_factor", factor)
+              .set("busbw_rankmean", n.size_bytes / res.rankmean.median * factor)
+              .set("intra_bytes_per_rank", own ? traffic_sum[0] / ranks : std::nan(""))
+              .set("inter_bytes_per_rank", own ? traffic_sum[1] / ranks : std::nan(""))
+              .set("slowdown_vs_alone", std::nan(""));
+        });
+    if (run.is_root()) {
+      append_group_rows(run, r, group_of_rank, group.count, n, factor);
+      double t = r.rankmax.median;
+      table.print_row({std::to_string(n.size_bytes), std::to_string(n.count), std::string(coll::name(c.dtype)),
+                       c.has_redop ? std::string(coll::name(c.redop)) : "none",
+                       (c.op == Operation::broadcast || c.op == Operation::reduce) ? std::to_string(o.root) : "-1",
+                       std::string(coll::name(c.op)), std::string(coll::name(c.algo)), c.in_place ? "in" : "out",
+                       format_fixed(t * 1e6, 2), format_fixed(n.size_bytes / t / 1e9, 3),
+                       format_fixed(n.size_bytes / t / 1e9 * factor, 3), o.check ? std::to_string(r.wrong_elements) : "N/A"});
+    }
+  }
+  if (run.is_root()) std::printf("# results: %s\n", run.output_path().c_str());
+  return run.finish();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return strata::program_main(argc, argv, "strata-collective", [&] { return run_collective(argc, argv); });
+}

@@ -1,0 +1,118 @@
+// strata-bench-collectives: the collective benchmarks' three figures, each measured side by side in one run
+// (np 2 expected), printed against its target:
+//   1. Strata's ring allreduce against the MPI library's at 1-64 MiB: busbw ratio (target >= 1.0);
+//   2. large-message allreduce busbw against this machine's memcpy bandwidth (target >= 0.8);
+//   3. blocking-mode latency through the harness against a bare loop of the same MPI call, 8 B-1 MiB
+//      (the harness must add < 5%).
+// Rounds alternate between the contenders so machine noise hits both; figures are medians.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "bench/harness.h"
+#include "collectives/algorithms.h"
+#include "collectives/layout.h"
+#include "collectives/types.h"
+
+namespace {
+
+using namespace strata;
+using coll::Algo;
+
+double median_of(std::vector<double> v) { return summarize(std::move(v)).median; }
+
+int run_targets(int argc, char** argv) {
+  int rounds = 5, iters = 10;
+  Cli cli("strata-bench-collectives", "Collective benchmark figures against their targets (run with mpirun -np 2).");
+  cli.option("rounds", 0, "alternating rounds per contender", rounds, 1);
+  cli.option("iters", 'n', "timed samples per round", iters, 1);
+  if (!cli.parse(argc, argv)) return 0;
+  const int rank = world_rank(), size = world_size();
+  coll::Layout layout;
+  coll::MpiTypes types;
+  coll::Context ctx = coll::world_context(layout, types);
+  HostTimer timer;
+  const double factor = 2.0 * (size - 1) / size;
+  auto say = [&](const char* format, auto... args) {
+    if (rank == 0) std::printf(format, args...);
+  };
+  say("# strata-bench-collectives: %d ranks, %d rounds x %d samples per contender, medians\n", size, rounds, iters);
+
+  // 1 and 2: pipelined allreduce (4 back-to-back operations per sample), library against ring.
+  say("\n# allreduce float sum, pipelined; busbw = S/t x 2(n-1)/n in GB/s (1e9 B/s); time = max over ranks\n");
+  say("%10s %14s %14s %10s\n", "size(B)", "library busbw", "ring busbw", "ring/lib");
+  double best_large_busbw = 0;
+  double worst_ratio = 1e9;
+  for (size_t bytes = size_t{1} << 20; bytes <= size_t{64} << 20; bytes *= 4) {
+    const size_t count = bytes / sizeof(float);
+    std::vector<float> in(count), out(count);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(static_cast<int>((i * 13 + rank * 7) % 9) - 4);
+    std::vector<double> library, ring;
+    for (int round = 0; round < rounds; ++round)
+      for (Algo algo : {Algo::library, Algo::ring}) {
+        MeasureSpec spec{round == 0 ? 2 : 0, iters, 0, 4};
+        auto samples = measure(MPI_COMM_WORLD, spec, timer, [&] {
+          for (int k = 0; k < 4; ++k)
+            coll::allreduce(algo, in.data(), out.data(), count, coll::DataType::float32, coll::RedOp::sum, ctx);
+        });
+        // The straggler view: each sample's max over ranks.
+        for (double& s : samples) s = allreduce_max(MPI_COMM_WORLD, s);
+        (algo == Algo::library ? library : ring).insert((algo == Algo::library ? library : ring).end(),
+                                                        samples.begin(), samples.end());
+      }
+    double lib_bw = bytes / median_of(library) * factor, ring_bw = bytes / median_of(ring) * factor;
+    worst_ratio = std::min(worst_ratio, ring_bw / lib_bw);
+    if (bytes == size_t{64} << 20) best_large_busbw = std::max(lib_bw, ring_bw);
+    say("%10zu %14.3f %14.3f %10.3f\n", bytes, lib_bw / 1e9, ring_bw / 1e9, ring_bw / lib_bw);
+  }
+  say("ring/library busbw, worst over sizes: %.3f (target >= 1.0: %s)\n", worst_ratio, worst_ratio >= 1.0 ? "PASS" : "MISS");
+
+  // 2: memcpy bandwidth of one rank (bytes copied per second, 64 MiB buffers, out of cache), all ranks at once.
+  {
+    const size_t bytes = size_t{64} << 20;
+    std::vector<char> a(bytes, 1), b(bytes, 2);
+    std::vector<double> copies;
+    MeasureSpec spec{2, rounds * iters, 0, 1};
+    copies = measure(MPI_COMM_WORLD, spec, timer, [&] { std::memcpy(b.data(), a.data(), bytes); a[rank] = b[bytes - 1]; });
+    double copy_bw = bytes / median_of(copies);
+    double fraction = best_large_busbw / copy_bw;
+    say("\n# memcpy, 64 MiB, every rank at once: %.3f GB/s copied per rank\n", copy_bw / 1e9);
+    say("64 MiB allreduce busbw / memcpy bandwidth: %.3f (target >= 0.8: %s)\n", fraction, fraction >= 0.8 ? "PASS" : "MISS");
+  }
+
+  // 3: blocking latency, harness (measure(): barrier, timer, bookkeeping) against a bare barrier + call loop.
+  say("\n# blocking allreduce latency (one call per sample, barrier between), median over ranks' samples\n");
+  say("%10s %12s %12s %10s\n", "size(B)", "harness(us)", "bare(us)", "overhead");
+  double worst_overhead = -1e9;
+  for (size_t bytes = 8; bytes <= size_t{1} << 20; bytes *= 8) {
+    const size_t count = bytes / sizeof(float);
+    std::vector<float> in(count, 1.0f), out(count);
+    std::vector<double> harnessed, bare;
+    for (int round = 0; round < rounds; ++round) {
+      MeasureSpec spec{round == 0 ? 5 : 0, iters * 4, 0, 1};
+      auto samples = measure(MPI_COMM_WORLD, spec, timer, [&] {
+        coll::allreduce(Algo::library, in.data(), out.data(), count, coll::DataType::float32, coll::RedOp::sum, ctx);
+      });
+      harnessed.insert(harnessed.end(), samples.begin(), samples.end());
+      for (int i = 0; i < iters * 4; ++i) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        auto start = std::chrono::steady_clock::now();
+        MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        bare.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+    }
+    double h = median_of(harnessed), b = median_of(bare), overhead = h / b - 1;
+    worst_overhead = std::max(worst_overhead, overhead);
+    say("%10zu %12.2f %12.2f %9.1f%%\n", bytes, h * 1e6, b * 1e6, overhead * 100);
+  }
+  say("harness overhead, worst over sizes: %.1f%% (target < 5%%: %s)\n", worst_overhead * 100,
+      worst_overhead < 0.05 ? "PASS" : "MISS");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return strata::program_main(argc, argv, "strata-bench-collectives", [&] { return run_targets(argc, argv); });
+}

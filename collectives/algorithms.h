@@ -1,0 +1,93 @@
+// Strata's own collective algorithms, written over MPI point-to-point messages, next to a library path that
+// calls the MPI collective of the same name. Having both under one signature lets a benchmark compare the
+// textbook algorithms (ring, recursive doubling, hierarchical) with the library, and count the bytes each
+// rank puts on intra-node and inter-node links.
+//
+// Buffers hold `count` elements of `dtype`. In place means the input already sits where the output goes,
+// as in NCCL: sendbuf == recvbuf, except allgather (sendbuf == recvbuf + rank * count elements) and
+// reduce_scatter (recvbuf == sendbuf + rank * recvcount elements). In place, the rest of the send buffer
+// may be overwritten. Every rank of the communicator must call with the same algo, count, dtype, op, root.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "collectives/types.h"
+
+namespace strata::coll {
+
+class Layout;
+
+// library: the MPI collective. For reduce_scatter recursive_doubling is recursive halving, and for alltoall
+// ring is the pairwise exchange.
+enum class Algo { library, ring, recursive_doubling, hierarchical };
+enum class Operation { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, sendrecv };
+
+inline constexpr std::array<Algo, 4> kAllAlgos{Algo::library, Algo::ring, Algo::recursive_doubling,
+                                               Algo::hierarchical};
+inline constexpr std::array<Operation, 7> kAllOperations{Operation::allreduce, Operation::allgather,
+                                                         Operation::reduce_scatter, Operation::alltoall,
+                                                         Operation::broadcast, Operation::reduce,
+                                                         Operation::sendrecv};
+
+std::string_view name(Algo algo);            // "library", "ring", "recursive_doubling", "hierarchical"
+std::string_view name(Operation operation);  // "allreduce", "allgather", "reduce_scatter", ...
+std::optional<Algo> parse_algo(std::string_view text);
+std::optional<Operation> parse_operation(std::string_view text);
+bool is_supported(Operation operation, Algo algo);
+
+// Bytes this rank sent, split by whether the receiver is on its node. The library path reports zeros: MPI
+// does not say what it sent.
+struct Traffic {
+  std::uint64_t intra_bytes = 0;
+  std::uint64_t inter_bytes = 0;
+  std::uint64_t total() const { return intra_bytes + inter_bytes; }
+  Traffic& operator+=(const Traffic& other);
+};
+
+// Where a collective runs.
+struct Context {
+  MPI_Comm comm = MPI_COMM_WORLD;
+  const MpiTypes* types = nullptr;  // needed by the library path only
+  // Node index of each rank of comm, for the traffic split and the hierarchical algorithms. Empty: one node.
+  std::vector<int> node_of_rank;
+  // Hierarchical only: the ranks of comm on my node (ordered by comm rank), and the ranks of comm with my
+  // local index (one per node, ordered by node index). Every node must hold the same number of ranks.
+  MPI_Comm intra = MPI_COMM_NULL;
+  MPI_Comm inter = MPI_COMM_NULL;
+  // Broadcast and reduce chains forward in pieces of this size, so every link of the chain is busy at once.
+  std::size_t segment_bytes = std::size_t{128} << 10;
+};
+
+// MPI_COMM_WORLD with the layout's node map and communicators.
+Context world_context(const Layout& layout, const MpiTypes& types);
+
+// Unsupported (operation, algo) pairs and bad arguments throw strata::UsageError.
+Traffic allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
+                  const Context& ctx);
+// count elements from each rank; recvbuf holds size * count, in rank order.
+Traffic allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
+                  const Context& ctx);
+// sendbuf holds size * recvcount; rank r receives block r of the reduction.
+Traffic reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
+                       RedOp op, const Context& ctx);
+// count elements to each rank: block d of sendbuf goes to rank d, block s of recvbuf comes from rank s.
+Traffic alltoall(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
+                 const Context& ctx);
+// root's sendbuf lands in every rank's recvbuf; sendbuf is read on the root only.
+Traffic broadcast(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, int root,
+                  const Context& ctx);
+// The reduction lands in root's recvbuf; recvbuf is written on the root only.
+Traffic reduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
+               int root, const Context& ctx);
+// Send to rank + 1, receive from rank - 1 (around the ring): the neighbour exchange of pipeline parallelism.
+Traffic sendrecv(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
+                 const Context& ctx);
+
+}  // namespace strata::coll

@@ -1,0 +1,68 @@
+// Element types and reduction operations of the collective benchmarks, named as nccl-tests names them so
+// results line up with NCCL runs. Strata reduces on the host itself (its own algorithms) and hands the same
+// types to MPI (the library path), so both views live here.
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace strata::coll {
+
+// float16 and bfloat16 are stored as their 16 raw bits (uint16_t) and computed in float.
+enum class DataType { int8, int32, float32, float64, float16, bfloat16 };
+enum class RedOp { sum, prod, min, max, avg };
+
+inline constexpr std::array<DataType, 6> kAllDataTypes{DataType::int8,    DataType::int32,   DataType::float32,
+                                                       DataType::float64, DataType::float16, DataType::bfloat16};
+inline constexpr std::array<RedOp, 5> kAllRedOps{RedOp::sum, RedOp::prod, RedOp::min, RedOp::max, RedOp::avg};
+
+std::string_view name(DataType dtype);  // "int8", "int32", "float", "double", "half", "bfloat16"
+std::string_view name(RedOp op);        // "sum", "prod", "min", "max", "avg"
+std::size_t size_of(DataType dtype);    // bytes per element
+std::optional<DataType> parse_datatype(std::string_view text);
+std::optional<RedOp> parse_redop(std::string_view text);
+
+// Conversions round to nearest, ties to even; NaN stays NaN, overflow becomes infinity.
+std::uint16_t float_to_half(float value);
+float half_to_float(std::uint16_t bits);
+std::uint16_t float_to_bfloat16(float value);
+float bfloat16_to_float(std::uint16_t bits);
+
+// Element `index` of a buffer of `dtype`, read or written as a double, so fill and check code needs no
+// switch on the type. Storing converts like a C++ cast (integers truncate and must be in range).
+void store_value(void* buf, std::size_t index, DataType dtype, double value);
+double load_value(const void* buf, std::size_t index, DataType dtype);
+
+// dst[i] = dst[i] op src[i]. Integer sum and prod wrap around like NCCL's. avg reduces as sum: divide once
+// at the end with finish_avg, since an average of partial averages is not the average.
+void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, RedOp op);
+// buf[i] /= rank_count; integers divide with C++ truncation, as NCCL does.
+void finish_avg(void* buf, std::size_t count, DataType dtype, int rank_count);
+
+// The MPI datatypes and ops for every (dtype, op), for the MPI library path. MPI has no 16-bit floats, so
+// half and bfloat16 travel as a 2-byte contiguous type with user-defined (commutative) ops built on
+// reduce_into. Construct after MPI_Init and destroy before MPI_Finalize: it frees what it created.
+class MpiTypes {
+ public:
+  MpiTypes();
+  ~MpiTypes();
+  MpiTypes(const MpiTypes&) = delete;
+  MpiTypes& operator=(const MpiTypes&) = delete;
+
+  MPI_Datatype datatype(DataType dtype) const;
+  // MPI has no average: avg gives the sum op, and the caller applies finish_avg to the result.
+  MPI_Op op(DataType dtype, RedOp op) const;
+
+ private:
+  static constexpr int kUserOpCount = 4;  // sum, prod, min, max
+  MPI_Datatype two_byte_type_ = MPI_DATATYPE_NULL;
+  std::array<MPI_Op, kUserOpCount> half_ops_{};
+  std::array<MPI_Op, kUserOpCount> bfloat16_ops_{};
+};
+
+}  // namespace strata::coll

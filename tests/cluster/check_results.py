@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Checks on the results files the cluster tests' jobs wrote, called from the shell scripts beside it.
+
+  check_results.py runs FILE [--benchmarks a,b] [--job-id ID] [--n-nodes N] [--n-ranks R] [--launcher L]
+                             [--hosts h1,h2] [--nodelist TEXT] [--runs K] [--layouts 1x1,2x1,...]
+                             [--multi-node-hosts h1,h2]
+  check_results.py volume FILE --tx BYTES --rx BYTES      veth counters grew by at least the bytes the
+                                                          two-node allreduce cases must have moved
+  check_results.py merged OUT IN...                       every run of every IN is in OUT, unchanged
+
+Prints one line saying what was found; exit status 0 when every check holds, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+
+import strata_results as sr  # noqa: E402
+
+
+def text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def check_runs(args) -> list[str]:
+    problems = []
+    runs = sr.read_runs(args.file)
+    if runs.empty:
+        return [f"{args.file} holds no runs"]
+    if args.runs is not None and len(runs) != args.runs:
+        problems.append(f"{len(runs)} run(s), expected {args.runs}")
+    if args.benchmarks is not None:
+        want = sorted(filter(None, args.benchmarks.split(",")))
+        got = sorted(set(runs["benchmark"]))
+        if got != want:
+            problems.append(f"benchmarks {got}, expected {want}")
+    with h5py.File(args.file, "r") as f:
+        for row in runs.to_dict("records"):
+            where = f"run {row['run_id']} ({row['benchmark']})"
+            expect = {"status": "ok", "launcher": args.launcher, "slurm_job_id": args.job_id,
+                      "n_nodes": args.n_nodes, "n_ranks": args.n_ranks, "slurm_nodelist": args.nodelist}
+            for key, value in expect.items():
+                if value is not None and str(row.get(key, "")) != str(value):
+                    problems.append(f"{where}: {key} = {row.get(key)!r}, expected {value!r}")
+            group = f["runs"][row["run_id"]]
+            hosts = json.loads(row.get("hosts", "[]") or "[]")
+            rank_hosts = sorted(set(text(h) for h in group["ranks/host"][()]))
+            if args.hosts is not None:
+                want = sorted(args.hosts.split(","))
+                if sorted(hosts) != want:
+                    problems.append(f"{where}: hosts attribute {hosts}, expected {want}")
+                if rank_hosts != want:
+                    problems.append(f"{where}: ranks table hosts {rank_hosts}, expected {want}")
+            if args.multi_node_hosts is not None:
+                known = sorted(args.multi_node_hosts.split(","))
+                want = known if int(row["n_nodes"]) > 1 else None
+                if want is not None and (sorted(hosts) != want or rank_hosts != want):
+                    problems.append(f"{where}: a {row['n_nodes']}-node run names hosts {hosts} (ranks: {rank_hosts}), "
+                                    f"expected {want}")
+                if want is None and (len(hosts) != 1 or hosts[0] not in known):
+                    problems.append(f"{where}: a one-node run names hosts {hosts}, expected one of {known}")
+            nodes = sorted(set(group["ranks/node_index"][()].tolist()))
+            if str(len(nodes)) != str(row.get("n_nodes")):
+                problems.append(f"{where}: ranks table spans {len(nodes)} node(s), n_nodes says {row.get('n_nodes')}")
+            if len(group["ranks/rank"]) != int(row.get("n_ranks", -1)):
+                problems.append(f"{where}: ranks table has {len(group['ranks/rank'])} rows for n_ranks {row.get('n_ranks')}")
+            if group["samples/time"].shape[0] == 0 or group["cases/case"].shape[0] == 0:
+                problems.append(f"{where}: no cases or samples")
+            elif not np.all(group["samples/time"][()] > 0):
+                problems.append(f"{where}: a sample time is not positive")
+    if args.layouts is not None:
+        want = sorted(args.layouts.split(","))
+        got = sorted(f"{r['n_nodes']}x{int(r['n_ranks']) // int(r['n_nodes'])}" for r in runs.to_dict("records"))
+        if got != want:
+            problems.append(f"layouts (nodes x ranks per node) {got}, expected {want}")
+    found = ", ".join(f"{r['benchmark']} {r['n_ranks']}r/{r['n_nodes']}n {r['launcher']} job {r['slurm_job_id'] or '-'} "
+                      f"hosts {r['hosts']}" for r in runs.to_dict("records"))
+    print(f"{os.path.basename(args.file)}: {len(runs)} run(s): {found}")
+    return problems
+
+
+def two_node_allreduce_bytes(path: str) -> tuple[float, int]:
+    """Bytes that must cross between two nodes in each direction: in an allreduce of S bytes every rank
+    ends with a sum that depends on the other node's S bytes, so at least S bytes cross the cut each way,
+    per operation. Counted over the timed operations only (warm-up and check iterations add more)."""
+    cases = sr.read_table(path, "cases", "strata-collective")
+    samples = sr.read_table(path, "samples", "strata-collective")
+    if cases.empty:
+        return 0.0, 0
+    nodes_col = "n_nodes" if "n_nodes" in cases.columns else "run_n_nodes"
+    chosen = cases[(cases["operation"] == "allreduce") & (cases[nodes_col].astype(int) == 2)]
+    rank0 = samples[samples["rank"] == 0].groupby(["run_id", "case"]).size().rename("timed").reset_index()
+    chosen = chosen.merge(rank0, on=["run_id", "case"], how="inner")
+    total = float((chosen["timed"] * chosen["ops_per_sample"] * chosen["size_bytes"]).sum())
+    return total, len(chosen)
+
+
+def check_volume(args) -> list[str]:
+    need, n = two_node_allreduce_bytes(args.file)
+    print(f"{os.path.basename(args.file)}: {n} two-node allreduce case(s) must move >= {need / 1e6:.1f} MB each way; "
+          f"veth counters grew by tx {args.tx / 1e6:.1f} MB, rx {args.rx / 1e6:.1f} MB")
+    if n == 0 or need <= 0:
+        return ["no two-node allreduce case in the file"]
+    problems = []
+    if args.tx < need:
+        problems.append(f"tx grew by {args.tx} B < {need:.0f} B")
+    if args.rx < need:
+        problems.append(f"rx grew by {args.rx} B < {need:.0f} B")
+    return problems
+
+
+def check_merged(args) -> list[str]:
+    problems, count = [], 0
+    with h5py.File(args.out, "r") as out:
+        for path in args.inputs:
+            with h5py.File(path, "r") as source:
+                for run_id, group in source["runs"].items():
+                    count += 1
+                    if run_id not in out["runs"]:
+                        problems.append(f"run {run_id} of {path} is missing from {args.out}")
+                    elif not sr.groups_equal(group, out["runs"][run_id]):
+                        problems.append(f"run {run_id} of {path} differs in {args.out}")
+        print(f"{os.path.basename(args.out)}: {len(out['runs'])} run(s); {count} input run(s) checked")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    runs = sub.add_parser("runs")
+    runs.add_argument("file")
+    for name in ("benchmarks", "job_id", "n_nodes", "n_ranks", "launcher", "hosts", "nodelist", "layouts",
+                 "multi_node_hosts"):
+        runs.add_argument("--" + name.replace("_", "-"))
+    runs.add_argument("--runs", type=int)
+    volume = sub.add_parser("volume")
+    volume.add_argument("file")
+    volume.add_argument("--tx", type=int, required=True)
+    volume.add_argument("--rx", type=int, required=True)
+    merged = sub.add_parser("merged")
+    merged.add_argument("out")
+    merged.add_argument("inputs", nargs="+")
+    args = parser.parse_args()
+    try:
+        problems = {"runs": check_runs, "volume": check_volume, "merged": check_merged}[args.command](args)
+    except (OSError, KeyError, sr.StrataFileError) as error:
+        problems = [f"cannot read the results: {error}"]
+    for problem in problems:
+        print(f"problem: {problem}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

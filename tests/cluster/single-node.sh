@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# A real Slurm on this machine (munged, slurmctld, one slurmd, all private to a temporary folder) running
+# the sbatch templates of scripts/slurm as users submit them (`sbatch --parsable`, a job array), then the
+# HDF5 files the jobs wrote are checked: one file per job named after the job id, every run launched by
+# srun with the job's id, node list, node and rank counts. Every daemon is stopped by its PID at the end,
+# whatever happened. Exit status: 0 passed, 1 a check failed, 77 cannot run here (reason in the report).
+#
+#   tests/cluster/single-node.sh            (as root; STRATA_CLUSTER_REPORT=FILE also writes the report)
+set -euo pipefail
+TEST_NAME=single-node
+source "$(dirname "$0")/lib.sh"
+
+CHECKS=(single-node-slurm single-node-suite single-node-suite-array single-node-sweep single-node-multi-gpu)
+reason=$(missing_prerequisites)
+[ -z "$reason" ] || skip_all "$reason" "${CHECKS[@]}" single-node-cleanup
+install_traps
+make_workdir
+cd "$WORK"
+CHECK="python3 $REPO/tests/cluster/check_results.py"
+JOB_LIMIT=${STRATA_CLUSTER_JOB_LIMIT:-150}   # seconds any one job may take here before it counts as hung
+cpus=$(nproc)
+node=strata-n1
+host=$(hostname)
+built=()
+for b in strata-gemm strata-collective strata-attention; do [ -x "$BUILD/$b" ] && built+=("$b"); done
+
+# ---- the cluster ------------------------------------------------------------------------------------------
+read -r ctld_port slurmd_port < <(free_ports 2)
+write_slurm_conf localhost 127.0.0.1 "$ctld_port" "$slurmd_port" "$cpus" "$node 127.0.0.1 $host"
+if start_munge && start_slurmctld && start_slurmd "$node" && wait_for 30 nodes_idle 1; then
+  report PASS single-node-slurm "munged, slurmctld and slurmd up; $node idle with $cpus CPU(s) (ports $ctld_port, $slurmd_port)"
+else
+  report FAIL single-node-slurm "the cluster did not come up within the time allowed (logs below)"
+  for c in "${CHECKS[@]:1}"; do report SKIP "$c" "the cluster did not start"; done
+  exit 1
+fi
+
+# Small cases: the point is the launch path and the files, not the numbers.
+export STRATA_ROOT=$REPO STRATA_BUILD_DIR=$BUILD STRATA_RESULTS_DIR=$WORK/results STRATA_ITERS=3 STRATA_WARMUP=1 \
+  STRATA_MAX_TIME=2
+export STRATA_GEMM_ARGS="--backend cpu -d fp32 --square 32:64"
+export STRATA_COLLECTIVE_ARGS="--collective allreduce,allgather -b 1K -e 64K -f 8"
+export STRATA_ATTENTION_ARGS=${STRATA_CLUSTER_ATTENTION_ARGS:-}
+
+# expect_job ID WANT: every task of job ID ended in state WANT ("COMPLETED 0:0"); prints what it saw.
+expect_job() {
+  local states
+  states=$(job_states "$1")
+  echo "$states" | tr '\n' ';'
+  [ -n "$states" ] && ! grep -qv "^$2\$" <<<"$states"
+}
+
+# ---- (a) the suite, one job --------------------------------------------------------------------------------
+if id=$(submit --time=5 "$REPO/scripts/slurm/suite.sbatch"); then
+  if ! wait_job "$id" "$JOB_LIMIT"; then
+    report FAIL single-node-suite "job $id did not finish within ${JOB_LIMIT}s"
+  elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
+    report FAIL single-node-suite "job $id ended as: $states (log: strata-suite-$id.out)"
+  elif [ ! -f "strata-suite-$id.out" ]; then
+    report FAIL single-node-suite "job $id left no strata-suite-$id.out"
+  elif out=$($CHECK runs "results/suite-$id.h5" --runs "${#built[@]}" --benchmarks "$(IFS=,; echo "${built[*]}")" \
+              --job-id "$id" --launcher srun --n-nodes 1 --n-ranks "$cpus" --nodelist "$node" --hosts "$host" 2>&1); then
+    report PASS single-node-suite "job $id: $out"
+  else
+    report FAIL single-node-suite "job $id: $out"
+  fi
+else
+  report FAIL single-node-suite "sbatch --parsable refused suite.sbatch"
+fi
+
+# ---- (a) the suite as a job array: one file per task, then merged --------------------------------------------
+if id=$(STRATA_BENCHMARKS=strata-gemm submit --time=5 --array=0-1 "$REPO/scripts/slurm/suite.sbatch"); then
+  files=("results/suite-${id}_0.h5" "results/suite-${id}_1.h5")
+  if ! wait_job "$id" "$JOB_LIMIT"; then
+    report FAIL single-node-suite-array "array job $id did not finish within ${JOB_LIMIT}s"
+  elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
+    report FAIL single-node-suite-array "array job $id ended as: $states"
+  elif [ "$(ls results | grep -c "^suite-${id}_")" != 2 ]; then
+    report FAIL single-node-suite-array "expected ${files[*]}, found: $(ls results | tr '\n' ' ')"
+  else
+    problems=() found=""
+    for task in 0 1; do
+      # Each task is a job of its own: its run must carry that job's id, not the array's.
+      task_job=$("${CTL[@]}" scontrol -o show job "${id}_$task" | sed -n 's/^JobId=\([0-9]*\) .*/\1/p')
+      if out=$($CHECK runs "${files[$task]}" --runs 1 --benchmarks strata-gemm --job-id "$task_job" --launcher srun \
+                 --n-ranks "$cpus" --n-nodes 1 2>&1); then found+="$out; "; else problems+=("$out"); fi
+    done
+    if [ "${#problems[@]}" -eq 0 ] && out=$("$REPO/scripts/strata-merge" results/merged.h5 "${files[@]}" 2>&1) &&
+       out=$($CHECK merged results/merged.h5 "${files[@]}" 2>&1); then
+      report PASS single-node-suite-array "array $id: $found merged: $out"
+    else
+      report FAIL single-node-suite-array "array $id: ${problems[*]} $out"
+    fi
+  fi
+else
+  report FAIL single-node-suite-array "sbatch --parsable --array=0-1 refused suite.sbatch"
+fi
+
+# ---- (b) the collective sweep on one node: layouts 1 and all ranks per node, world and intra groups ------------
+if [ ! -x "$BUILD/strata-collective" ]; then
+  report SKIP single-node-sweep "$BUILD/strata-collective is not built"
+elif id=$(STRATA_NODE_COUNTS=1 STRATA_RANKS_PER_NODE="1 all" STRATA_GROUPS="world intra" STRATA_COLLECTIVES=allreduce \
+            STRATA_MINBYTES=1K STRATA_MAXBYTES=16K STRATA_STEPFACTOR=4 STRATA_COLLECTIVE_ARGS="" \
+            submit --time=5 --nodes=1 "$REPO/scripts/slurm/collective-sweep.sbatch"); then
+  expected_runs=2
+  [ "$cpus" -gt 1 ] && expected_runs=3   # 1x1 world, 1xN world, 1xN intra
+  if ! wait_job "$id" "$JOB_LIMIT"; then
+    report FAIL single-node-sweep "job $id did not finish within ${JOB_LIMIT}s"
+  elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
+    report FAIL single-node-sweep "job $id ended as: $states (log: strata-collective-sweep-$id.out)"
+  elif out=$($CHECK runs "results/collective-sweep-$id.h5" --runs "$expected_runs" --benchmarks strata-collective \
+               --job-id "$id" --launcher srun --n-nodes 1 2>&1); then
+    report PASS single-node-sweep "job $id: $out"
+  else
+    report FAIL single-node-sweep "job $id: $out"
+  fi
+else
+  report FAIL single-node-sweep "sbatch --parsable refused collective-sweep.sbatch"
+fi
+
+# ---- (c) the multi-GPU template: runs where GPUs are, and stops with its message where none are ---------------
+gpus=0
+command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "$gpus" -gt 0 ]; then
+  if id=$(STRATA_BENCHMARKS=strata-gemm STRATA_GEMM_ARGS="--backend cuda -d fp32 --square 256:512" \
+            submit --time=5 "$REPO/scripts/slurm/multi-gpu.sbatch") && wait_job "$id" "$JOB_LIMIT" &&
+     states=$(expect_job "$id" "COMPLETED 0:0") &&
+     out=$($CHECK runs "results/gpu-$id.h5" --runs 1 --job-id "$id" --launcher srun --n-ranks "$gpus" 2>&1); then
+    report PASS single-node-multi-gpu "job $id on $gpus GPU(s): $out"
+  else
+    report FAIL single-node-multi-gpu "job ${id:-?}: ${states:-} ${out:-}"
+  fi
+elif id=$(submit --time=5 "$REPO/scripts/slurm/multi-gpu.sbatch"); then
+  if wait_job "$id" "$JOB_LIMIT" && states=$(expect_job "$id" "FAILED 2:0") &&
+     grep -q "no GPU is visible in this job" "strata-gpu-$id.out" && [ ! -e "results/gpu-$id.h5" ]; then
+    report PASS single-node-multi-gpu "no GPU here: job $id stopped at once with exit 2 and its message, no file written"
+  else
+    report FAIL single-node-multi-gpu "job $id without GPUs: ${states:-?}; log: $(tail -n 3 "strata-gpu-$id.out" 2>&1 | tr '\n' ' ')"
+  fi
+else
+  report FAIL single-node-multi-gpu "sbatch --parsable refused multi-gpu.sbatch"
+fi

@@ -1,0 +1,145 @@
+"""strata-collective under a real mpirun: every operation, algorithm and dtype checked on 2-5 ranks; layouts
+and grid groups; nccl-tests' size and bandwidth conventions; traffic per tier; the mixed pattern; the
+timeout on an injected hang; bad input."""
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+import strata_results as sr
+from conftest import digest, mpirun, program
+
+FACTORS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+           "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+           "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+
+
+def collective(np_, args, tmp_path, name="c.h5", timeout=300):
+    out = tmp_path / name
+    result = mpirun(np_, [program("strata-collective"), "-q", "--output", str(out), *args], cwd=str(tmp_path),
+                    timeout=timeout)
+    return result, out
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5])
+def test_every_operation_and_algorithm_is_correct(tmp_path, ranks):
+    # Sizes that do not divide by the rank count, and a zero size.
+    result, out = collective(ranks, ["--collective", "all", "-a", "all", "-d", "int8,float,half,bfloat16",
+                                     "-o", "sum,max,avg", "-b", "0", "-e", "8K", "-f", "9", "-n", "2", "-w", "1",
+                                     "--ranks-per-node", "1"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = sr.read_cases_with_summary(str(out))
+    assert (data["wrong_elements"] == 0).all()
+    assert set(data["operation"]) == set(FACTORS)
+    assert {"library", "ring", "recursive_doubling", "hierarchical"} <= set(data["algo"])
+    assert set(data["in_place"]) == {0, 1}
+    assert 0 in set(data["size_bytes"])
+
+
+def test_nccl_tests_conventions(tmp_path):
+    result, out = collective(4, ["--collective", "all", "-b", "64K", "-e", "64K", "-d", "float", "-n", "3"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = sr.read_cases_with_summary(str(out))
+    for row in data.itertuples():
+        n = row.group_size
+        assert row.bus_factor == pytest.approx(FACTORS[row.operation](n))
+        assert row.algbw == pytest.approx(row.size_bytes / row.time_rankmax_median)
+        assert row.busbw == pytest.approx(row.algbw * row.bus_factor)
+        if row.operation in ("allgather", "reduce_scatter"):
+            assert row.bytes_per_rank * n == row.size_bytes
+        else:
+            assert row.bytes_per_rank == row.size_bytes
+    with h5py.File(out) as f:
+        summary = list(f["runs"].values())[0]["summary"]
+        assert summary["busbw"].attrs["units"] == "B/s"
+        assert "nccl-tests" in summary["busbw"].attrs["convention"]
+
+
+def group_members(out, kind_filter=None):
+    groups = sr.read_table(str(out), "groups")
+    cases = sr.read_table(str(out), "cases")
+    merged = groups.merge(cases[["case", "group_kind"]], on="case")
+    return {kind: sorted(set(g["world_ranks"])) for kind, g in merged.groupby("group_kind")}
+
+
+@pytest.mark.parametrize("group, expected", [("world", ["0,1,2,3"]), ("intra", ["0,1", "2,3"]),
+                                             ("inter", ["0,2", "1,3"])])
+def test_layout_groups(tmp_path, group, expected):
+    result, out = collective(4, ["--ranks-per-node", "2", "--group", group, "-b", "1K", "-e", "1K", "-n", "2"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert group_members(out)[group] == expected
+    cases = sr.read_table(str(out), "cases")
+    assert set(cases["n_nodes"]) == {2} and set(cases["emulated_nodes"]) == {1}
+
+
+@pytest.mark.parametrize("dim, expected", [("tp", ["0,1", "2,3"]), ("dp", ["0,2", "1,3"]), ("pp", ["0", "1", "2", "3"])])
+def test_grid_groups(tmp_path, dim, expected):
+    result, out = collective(4, ["--grid", "tp=2,pp=1,dp=2", "--grid-dim", dim, "--ranks-per-node", "2",
+                                 "-b", "1K", "-e", "1K", "-n", "2"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert group_members(out)[dim] == expected
+
+
+def test_traffic_per_tier(tmp_path):
+    size = 1 << 20
+    result, out = collective(4, ["--ranks-per-node", "2", "-a", "ring,hierarchical,library", "-b", "1M", "-e", "1M",
+                                 "--placement", "out", "-n", "2"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = sr.read_cases_with_summary(str(out)).set_index("algo")
+    ring = data.loc["ring"]
+    # A ring allreduce sends 2(n-1)/n of the buffer per rank; with two emulated nodes of two, half the ring's
+    # links cross nodes.
+    assert ring.intra_bytes_per_rank + ring.inter_bytes_per_rank == pytest.approx(2 * 3 / 4 * size, rel=0.01)
+    hier = data.loc["hierarchical"]
+    # Hierarchical: only the shard (1/2 of the buffer) crosses nodes, twice (reduce-scatter + allgather of a
+    # 2-rank ring): less than the flat ring's inter-node bytes.
+    assert 0 < hier.inter_bytes_per_rank < ring.inter_bytes_per_rank
+    assert np.isnan(data.loc["library"].inter_bytes_per_rank)
+
+
+def test_mixed_pattern_reports_slowdown(tmp_path):
+    result, out = collective(4, ["--grid", "tp=2,dp=2", "--mixed", "-b", "64K", "-e", "64K", "-n", "3"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = sr.read_cases_with_summary(str(out))
+    assert len(data) == 4 and (data["wrong_elements"] == 0).all()
+    concurrent = data[data["concurrent_with"] != ""]
+    assert set(concurrent["operation"]) == {"allreduce", "reduce_scatter"}
+    assert (concurrent["slowdown_vs_alone"] > 0).all()
+    alone = data[data["concurrent_with"] == ""]
+    assert (alone["slowdown_vs_alone"] == 1.0).all()
+
+
+def test_timeout_fires_on_an_injected_hang(tmp_path):
+    result, out = collective(3, ["-b", "1K", "-e", "4K", "-n", "2", "--timeout", "3", "--inject-hang", "1"],
+                             tmp_path, timeout=120)
+    assert result.returncode != 0
+    assert "rank 1 timed out" in result.stderr and "did not arrive" in result.stderr
+    assert "allreduce" in result.stderr and "4096 B" in result.stderr
+    runs = sr.read_runs(str(out))
+    assert runs["status"].iloc[0] == "failed" and "timed out" in runs["failure"].iloc[0]
+    summary = sr.read_table(str(out), "summary")
+    assert len(summary) == 5  # every case before the hung one (1K, 2K out and in; 4K out) is kept
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--collective", "gather"], "unknown operation 'gather'"),
+    (["-d", "float8"], "unknown datatype 'float8'"),
+    (["--collective", "allgather", "-o", "max"], "--redop applies to reductions"),
+    (["-b", "6", "-e", "6", "-d", "float"], "not a multiple of float's 4 bytes"),
+    (["-b", "1M", "-e", "1K"], "larger than --maxbytes"),
+    (["--grid", "tp=2,dp=2"], "needs 4 ranks but the job has 3"),
+    (["--grid", "tp=3", "--ranks-per-node", "1"], "tp must divide the ranks per node"),
+    (["--ranks-per-node", "2"], "divide the 3 ranks"),
+    (["--backend", "nccl"], "--backend nccl"),
+    (["-a", "hierarchical", "--collective", "sendrecv"], "not available for sendrecv"),
+])
+def test_bad_input_exits_2(tmp_path, args, message):
+    existing = tmp_path / "c.h5"
+    first, _ = collective(3, ["-b", "8", "-e", "8", "-n", "1"], tmp_path)
+    assert first.returncode == 0
+    before = digest(str(existing))
+    result, _ = collective(3, args, tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert digest(str(existing)) == before
