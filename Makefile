@@ -42,6 +42,9 @@ bench: build
 	@$(BUILD)/strata-bench-gemm-overhead
 	@OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
 	  $(BUILD)/strata-bench-collectives
+	@$(BUILD)/strata-bench-attention
+	@OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
+	  $(BUILD)/strata-bench-attention
 
 micro: build
 	@$(BUILD)/strata-micro

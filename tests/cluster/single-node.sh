@@ -40,7 +40,7 @@ export STRATA_ROOT=$REPO STRATA_BUILD_DIR=$BUILD STRATA_RESULTS_DIR=$WORK/result
   STRATA_MAX_TIME=2
 export STRATA_GEMM_ARGS="--backend cpu -d fp32 --square 32:64"
 export STRATA_COLLECTIVE_ARGS="--collective allreduce,allgather -b 1K -e 64K -f 8"
-export STRATA_ATTENTION_ARGS=${STRATA_CLUSTER_ATTENTION_ARGS:-}
+export STRATA_ATTENTION_ARGS="-s 64,128 -H 2 -D 32 -p fwd"
 
 # expect_job ID WANT: every task of job ID ended in state WANT ("COMPLETED 0:0"); prints what it saw.
 expect_job() {
