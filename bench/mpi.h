@@ -43,7 +43,10 @@ class Comm {
 
  private:
   void release() {
-    if (comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) MPI_Comm_free(&comm_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_NULL && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF)
+      MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
   }
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -9,19 +9,11 @@
 
 namespace strata::coll {
 
+using strata::split;
+using strata::world_rank;
+using strata::world_size;
+
 namespace {
-
-int world_rank() {
-  int rank = 0;
-  STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  return rank;
-}
-
-int world_size() {
-  int size = 0;
-  STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-  return size;
-}
 
 // Real nodes: each rank learns the lowest world rank on its shared-memory node, and nodes are numbered in
 // the order of those leaders, so every rank derives the same numbering.
@@ -78,42 +70,6 @@ int first_tp_group_across_nodes(int tp, const std::vector<int>& node_of_rank) {
 
 }  // namespace
 
-Comm::Comm(Comm&& other) noexcept : handle_(std::exchange(other.handle_, MPI_COMM_NULL)) {}
-
-Comm& Comm::operator=(Comm&& other) noexcept {
-  if (this != &other) {
-    release();
-    handle_ = std::exchange(other.handle_, MPI_COMM_NULL);
-  }
-  return *this;
-}
-
-// Runs from the destructor, which must not throw, and must not touch MPI once it is finalized.
-void Comm::release() noexcept {
-  if (handle_ == MPI_COMM_NULL) return;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Comm_free(&handle_);
-  handle_ = MPI_COMM_NULL;
-}
-
-int Comm::rank() const {
-  int rank = 0;
-  STRATA_MPI_CHECK(MPI_Comm_rank(handle_, &rank));
-  return rank;
-}
-
-int Comm::size() const {
-  int size = 0;
-  STRATA_MPI_CHECK(MPI_Comm_size(handle_, &size));
-  return size;
-}
-
-Comm split(MPI_Comm parent, int color, int key) {
-  MPI_Comm handle = MPI_COMM_NULL;
-  STRATA_MPI_CHECK(MPI_Comm_split(parent, color, key, &handle));
-  return Comm(handle);
-}
 
 Layout::Layout(int ranks_per_node)
     : emulated_(ranks_per_node != 0),

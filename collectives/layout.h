@@ -9,31 +9,12 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/mpi.h"
+
 namespace strata::coll {
 
-// Owns an MPI communicator and frees it when it goes out of scope; movable, not copyable. (The harness has
-// its own in bench/mpi.h; this library stays free of the harness so it can be linked on its own.)
-class Comm {
- public:
-  Comm() = default;
-  explicit Comm(MPI_Comm handle) : handle_(handle) {}
-  ~Comm() { release(); }
-  Comm(Comm&& other) noexcept;
-  Comm& operator=(Comm&& other) noexcept;
-  Comm(const Comm&) = delete;
-  Comm& operator=(const Comm&) = delete;
-
-  MPI_Comm get() const { return handle_; }
-  int rank() const;
-  int size() const;
-
- private:
-  void release() noexcept;
-  MPI_Comm handle_ = MPI_COMM_NULL;
-};
-
-// MPI_Comm_split, owned. The new communicator inherits the parent's error handler.
-Comm split(MPI_Comm parent, int color, int key);
+// Communicators are strata::Comm (bench/mpi.h): freed when they go out of scope, movable, not copyable.
+using strata::Comm;
 
 class Layout {
  public:

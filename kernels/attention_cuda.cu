@@ -32,8 +32,13 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 #include "bench/check.h"
 #include "kernels/gemm_check.h"
@@ -194,7 +199,7 @@ constexpr int kThreads = 128;  // 4 warps
 // The backward's query tile: 32 rows at D=128 keep dK, dV (128 fp32 per thread together), S^T and dP^T within
 // the register file; D=64 affords 64.
 template <int D>
-constexpr int bwd_rows() { return D == 128 ? 32 : 64; }
+__host__ __device__ constexpr int bwd_rows() { return D == 128 ? 32 : 64; }
 
 template <int D>
 constexpr size_t fwd_smem_bytes() {
@@ -735,6 +740,71 @@ struct RowMajorProduct {
   float alpha;
 };
 
+// cuBLASLt is column-major, and a row-major (r, c) matrix is its column-major (c, r) transpose. So the row-major
+// C = op(A) op(B) is issued as the column-major C^T (n, m) = op(B)^T op(A)^T: B's storage is cuBLASLt's first
+// operand and A's its second, each transposed exactly when the row-major product transposes it.
+struct ColumnMajorCall {
+  cublasOperation_t op_first, op_second;
+  int64_t first_rows, first_cols;    // B's storage seen column-major, before op_first
+  int64_t second_rows, second_cols;  // A's storage seen column-major, before op_second
+  int64_t out_rows, out_cols;        // C^T: (n, m)
+};
+
+ColumnMajorCall column_major(const RowMajorProduct& p) {
+  ColumnMajorCall c{};
+  c.op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  c.op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  c.first_rows = p.trans_b ? p.k : p.n;  // B stored (n, k) row-major is (k, n) column-major; (k, n) is (n, k)
+  c.first_cols = p.trans_b ? p.n : p.k;
+  c.second_rows = p.trans_a ? p.m : p.k;  // A stored (k, m) row-major is (m, k) column-major; (m, k) is (k, m)
+  c.second_cols = p.trans_a ? p.k : p.m;
+  c.out_rows = p.n;
+  c.out_cols = p.m;
+  return c;
+}
+
+// The unfused products. One batch entry per (batch, kv head): the group's query heads are consecutive in Q,
+// O, dO, dQ and in the (B, Hq, Sq, Skv) score buffers, so they stack into gq = group*Sq rows with uniform
+// strides, against that kv head's K, V, dK, dV.
+struct UnfusedBuffers {
+  const void *q, *k, *v, *d_o;
+  void *o, *dq, *dk, *dv;
+  void* scores;   // fp32: S in the forward, dP in the backward
+  void* probs;    // P in the dtype
+  void* dscores;  // dS in the dtype
+};
+struct UnfusedProducts {
+  int batch;  // B * Hkv
+  RowMajorProduct s, o, dv, dp, dq, dk;
+};
+
+UnfusedProducts unfused_products(const Shape& shape, cudaDataType_t dtype, float scale, const UnfusedBuffers& x) {
+  const int64_t group = shape.heads_q / shape.heads_kv;
+  const int64_t gq = group * shape.seq_q, skv = shape.seq_kv, d = shape.head_dim;
+  const int64_t q_stride = gq * d, kv_stride = skv * d, s_stride = gq * skv;
+  UnfusedProducts u{};
+  u.batch = shape.batch * shape.heads_kv;
+  // S (gq, Skv) = scale Q K^T, fp32.
+  u.s = {"S = scale Q K^T", false, true, gq, skv, d, x.q, d, q_stride, x.k, d, kv_stride, x.scores, skv, s_stride,
+         CUDA_R_32F, scale};
+  // O (gq, D) = P V.
+  u.o = {"O = P V", false, false, gq, d, skv, x.probs, skv, s_stride, x.v, d, kv_stride, x.o, d, q_stride, dtype,
+         1.0f};
+  // dV (Skv, D) = P^T dO: the reduction over the gq rows sums the group's query heads.
+  u.dv = {"dV = P^T dO", true, false, skv, d, gq, x.probs, skv, s_stride, x.d_o, d, q_stride, x.dv, d, kv_stride,
+          dtype, 1.0f};
+  // dP (gq, Skv) = dO V^T, fp32, into the score buffer (S is not needed any more: P holds the forward).
+  u.dp = {"dP = dO V^T", false, true, gq, skv, d, x.d_o, d, q_stride, x.v, d, kv_stride, x.scores, skv, s_stride,
+          CUDA_R_32F, 1.0f};
+  // dQ (gq, D) = scale dS K.
+  u.dq = {"dQ = scale dS K", false, false, gq, d, skv, x.dscores, skv, s_stride, x.k, d, kv_stride, x.dq, d,
+          q_stride, dtype, scale};
+  // dK (Skv, D) = scale dS^T Q, summed over the group like dV.
+  u.dk = {"dK = scale dS^T Q", true, false, skv, d, gq, x.dscores, skv, s_stride, x.q, d, q_stride, x.dk, d,
+          kv_stride, dtype, scale};
+  return u;
+}
+
 LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
   STRATA_CUBLAS_CHECK(
@@ -747,26 +817,21 @@ LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t l
   return owner;
 }
 
-// cuBLASLt is column-major: a row-major (r, c) matrix is its column-major transpose, so the row-major
-// C = op(A) op(B) is issued as the column-major C^T (n, m) = op(B)^T op(A)^T, with B's storage as cuBLASLt's
-// first operand and A's as its second.
+// One RowMajorProduct as a cuBLASLt matmul with its algorithm chosen once, by the heuristic.
 class LtProduct {
  public:
   LtProduct(cublasLtHandle_t handle, const RowMajorProduct& p, cudaDataType_t in_type, int batch) : spec_(p) {
+    const ColumnMajorCall call = column_major(p);
     cublasLtMatmulDesc_t op = nullptr;
     STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     op_.reset(op);
-    const cublasOperation_t op_first = p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_second = p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
     STRATA_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
-    // Column-major shapes of the stored matrices: B stored (k, n) row-major is (n, k) column-major, etc.
-    first_ = p.trans_b ? make_layout(in_type, p.k, p.n, p.ldb, batch, p.stride_b)
-                       : make_layout(in_type, p.n, p.k, p.ldb, batch, p.stride_b);
-    second_ = p.trans_a ? make_layout(in_type, p.m, p.k, p.lda, batch, p.stride_a)
-                        : make_layout(in_type, p.k, p.m, p.lda, batch, p.stride_a);
-    out_ = make_layout(p.c_type, p.n, p.m, p.ldc, batch, p.stride_c);
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &call.op_first, sizeof call.op_first));
+    STRATA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &call.op_second, sizeof call.op_second));
+    first_ = make_layout(in_type, call.first_rows, call.first_cols, p.ldb, batch, p.stride_b);
+    second_ = make_layout(in_type, call.second_rows, call.second_cols, p.lda, batch, p.stride_a);
+    out_ = make_layout(p.c_type, call.out_rows, call.out_cols, p.ldc, batch, p.stride_c);
 
     cublasLtMatmulPreference_t preference = nullptr;
     STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -804,15 +869,15 @@ template <typename T>
 std::vector<uint16_t> to_storage(std::vector<float>& values) {
   std::vector<uint16_t> bits(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
-    T x;
     if constexpr (std::is_same_v<T, __half>) {
-      x = __float2half_rn(values[i]);
+      const __half x = __float2half_rn(values[i]);
       values[i] = __half2float(x);
+      bits[i] = static_cast<__half_raw>(x).x;
     } else {
-      x = __float2bfloat16_rn(values[i]);
+      const __nv_bfloat16 x = __float2bfloat16_rn(values[i]);
       values[i] = __bfloat162float(x);
+      bits[i] = static_cast<__nv_bfloat16_raw>(x).x;
     }
-    std::memcpy(&bits[i], &x, sizeof(uint16_t));
   }
   return bits;
 }
@@ -821,13 +886,13 @@ std::vector<float> widen(DType dtype, const std::vector<uint16_t>& bits) {
   std::vector<float> out(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) {
     if (dtype == DType::fp16) {
-      __half x;
-      std::memcpy(&x, &bits[i], sizeof x);
-      out[i] = __half2float(x);
+      __half_raw raw;
+      raw.x = bits[i];
+      out[i] = __half2float(__half(raw));
     } else {
-      __nv_bfloat16 x;
-      std::memcpy(&x, &bits[i], sizeof x);
-      out[i] = __bfloat162float(x);
+      __nv_bfloat16_raw raw;
+      raw.x = bits[i];
+      out[i] = __bfloat162float(__nv_bfloat16(raw));
     }
   }
   return out;
@@ -870,7 +935,7 @@ std::size_t unfused_workspace_bytes(const Shape& s) {
 std::string validate(const Shape& s, DType dtype, Impl impl) {
   if (dtype != DType::fp16 && dtype != DType::bf16) return "unknown dtype (the gpu kernels take fp16 or bf16)";
   if (impl != Impl::unfused && impl != Impl::flash) return "unknown attention implementation (unfused or flash)";
-  if (std::string problem = validate(s); !problem.empty()) return problem;
+  if (std::string problem = attention::validate(s); !problem.empty()) return problem;
   // Row-wise kernels and the flash grids index blocks with int.
   if (rows_of(s) > INT_MAX) return "batch * heads_q * seq_q exceeds the int range of the gpu kernels' grids";
   if (impl == Impl::flash) {
@@ -950,7 +1015,8 @@ void launch_row_dot(const Problem& s) {
 
 template <typename T>
 void launch_scale_convert(const Problem& s) {
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div(static_cast<int64_t>(s.q_count), kRowThreads), 65536));
+  const int64_t wanted = ceil_div(static_cast<int64_t>(s.q_count), kRowThreads);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(wanted, 65536));  // grid-stride beyond
   scale_convert_kernel<T><<<blocks, kRowThreads, 0, s.stream>>>(static_cast<const float*>(s.dq_accum.get()),
                                                                 static_cast<T*>(s.dq.get()), s.q_count,
                                                                 s.params.scale);
@@ -1035,8 +1101,9 @@ Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) 
     STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device));
     const size_t needed = std::max(s.forward_smem, s.backward_smem);
     if (static_cast<size_t>(optin) < needed)
-      throw UsageError("flash attention needs " + std::to_string(needed) + " bytes of shared memory per block; device " +
-                       std::to_string(s.device) + " allows " + std::to_string(optin));
+      throw UsageError("flash attention needs " + std::to_string(needed) +
+                       " bytes of shared memory per block; device " + std::to_string(s.device) + " allows " +
+                       std::to_string(optin));
     STRATA_CUDA_CHECK(cudaFuncSetAttribute(s.forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(s.forward_smem)));
     STRATA_CUDA_CHECK(cudaFuncSetAttribute(s.backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1073,32 +1140,14 @@ Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) 
     STRATA_CUBLAS_CHECK(cublasLtCreate(&handle));
     s.lt.reset(handle);
 
-    // One batch entry per (batch, kv head): its query heads stacked as gq = group*Sq rows.
-    const int batch = shape.batch * shape.heads_kv;
-    const int64_t gq = static_cast<int64_t>(group) * shape.seq_q, skv = shape.seq_kv, d = shape.head_dim;
-    const int64_t q_stride = gq * d, kv_stride = skv * d, s_stride = gq * skv;
-    const cudaDataType_t in = cuda_type(dtype);
-    auto product = [&](const RowMajorProduct& p) { return LtProduct(handle, p, in, batch); };
-    // S (gq, Skv) = scale Q K^T, fp32.
-    s.forward_products.push_back(product({"S = scale Q K^T", false, true, gq, skv, d, s.q.get(), d, q_stride,
-                                          s.k.get(), d, kv_stride, s.scores.get(), skv, s_stride, CUDA_R_32F,
-                                          scale}));
-    // O (gq, D) = P V.
-    s.forward_products.push_back(product({"O = P V", false, false, gq, d, skv, s.probs.get(), skv, s_stride,
-                                          s.v.get(), d, kv_stride, s.o.get(), d, q_stride, in, 1.0f}));
-    // dV (Skv, D) = P^T dO: the reduction over gq rows sums the group's query heads.
-    s.backward_products.push_back(product({"dV = P^T dO", true, false, skv, d, gq, s.probs.get(), skv, s_stride,
-                                           s.d_o.get(), d, q_stride, s.dv.get(), d, kv_stride, in, 1.0f}));
-    // dP (gq, Skv) = dO V^T, fp32, into the score buffer (S is no longer needed: P holds the forward).
-    s.backward_products.push_back(product({"dP = dO V^T", false, true, gq, skv, d, s.d_o.get(), d, q_stride,
-                                           s.v.get(), d, kv_stride, s.scores.get(), skv, s_stride, CUDA_R_32F,
-                                           1.0f}));
-    // dQ (gq, D) = scale dS K.
-    s.backward_products.push_back(product({"dQ = scale dS K", false, false, gq, d, skv, s.dscores.get(), skv,
-                                           s_stride, s.k.get(), d, kv_stride, s.dq.get(), d, q_stride, in, scale}));
-    // dK (Skv, D) = scale dS^T Q, summed over the group like dV.
-    s.backward_products.push_back(product({"dK = scale dS^T Q", true, false, skv, d, gq, s.dscores.get(), skv,
-                                           s_stride, s.q.get(), d, q_stride, s.dk.get(), d, kv_stride, in, scale}));
+    const UnfusedProducts u =
+        unfused_products(shape, cuda_type(dtype), scale,
+                         {s.q.get(), s.k.get(), s.v.get(), s.d_o.get(), s.o.get(), s.dq.get(), s.dk.get(),
+                          s.dv.get(), s.scores.get(), s.probs.get(), s.dscores.get()});
+    for (const RowMajorProduct* p : {&u.s, &u.o})
+      s.forward_products.emplace_back(handle, *p, cuda_type(dtype), u.batch);
+    for (const RowMajorProduct* p : {&u.dv, &u.dp, &u.dq, &u.dk})
+      s.backward_products.emplace_back(handle, *p, cuda_type(dtype), u.batch);
   }
   poison_outputs();
 }
@@ -1149,3 +1198,124 @@ const std::vector<float>& Attention::d_o() const { return state_->host_do; }
 const Shape& Attention::shape() const { return state_->shape; }
 DType Attention::dtype() const { return state_->dtype; }
 Impl Attention::impl() const { return state_->impl; }
+
+void Attention::read_forward(std::vector<float>& o, std::vector<float>& lse) const {
+  const State& s = *state_;
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  std::vector<uint16_t> bits(s.q_count);
+  STRATA_CUDA_CHECK(cudaMemcpy(bits.data(), s.o.get(), bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  o = widen(s.dtype, bits);
+  lse.resize(s.lse_count);
+  STRATA_CUDA_CHECK(cudaMemcpy(lse.data(), s.lse.get(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void Attention::read_backward(std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv) const {
+  const State& s = *state_;
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  auto read = [&](const DeviceBuffer& buffer, size_t count) {
+    std::vector<uint16_t> bits(count);
+    STRATA_CUDA_CHECK(cudaMemcpy(bits.data(), buffer.get(), count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    return widen(s.dtype, bits);
+  };
+  dq = read(s.dq, s.q_count);
+  dk = read(s.dk, s.kv_count);
+  dv = read(s.dv, s.kv_count);
+}
+
+void Attention::poison_outputs() {
+  State& s = *state_;
+  // 0xFF bytes are NaN in fp32, fp16 and bf16.
+  STRATA_CUDA_CHECK(cudaMemsetAsync(s.o.get(), 0xFF, s.q_count * 2, s.stream));
+  STRATA_CUDA_CHECK(cudaMemsetAsync(s.lse.get(), 0xFF, s.lse_count * sizeof(float), s.stream));
+  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dq.get(), 0xFF, s.q_count * 2, s.stream));
+  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dk.get(), 0xFF, s.kv_count * 2, s.stream));
+  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dv.get(), 0xFF, s.kv_count * 2, s.stream));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
+std::string Attention::description() const {
+  const State& s = *state_;
+  if (s.impl == Impl::flash) {
+    return "flash fwd/bwd, tensor cores mma.sync m16n8k16 " + name(s.dtype) +
+           " (fp32 accumulation), fwd Br=" + std::to_string(kFwdRows) + " Bc=" + std::to_string(kFwdKeys) +
+           ", bwd Bc=" + std::to_string(kBwdKeys) + " Br=" + std::to_string(s.backward_rows) +
+           " with dQ by fp32 atomics, 4 warps";
+  }
+  char workspace[32];
+  std::snprintf(workspace, sizeof workspace, "%.1f MiB",
+                static_cast<double>(unfused_workspace_bytes(s.shape)) / (1 << 20));
+  return "unfused, cuBLASLt strided-batched GEMMs (batch b*hkv, group heads stacked) around fp32 scores, softmax "
+         "kernel, P and dS in " + name(s.dtype) + ", " + workspace + " score workspace";
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Check against the float64 reference.
+
+CheckReport check(const Attention& attention, bool backward, int batch, int kv_head) {
+  const Shape& s = attention.shape();
+  if (batch < 0 || batch >= s.batch)
+    throw UsageError("check: batch " + std::to_string(batch) + " out of range [0, " + std::to_string(s.batch) + ")");
+  if (kv_head < 0 || kv_head >= s.heads_kv)
+    throw UsageError("check: kv_head " + std::to_string(kv_head) + " out of range [0, " +
+                     std::to_string(s.heads_kv) + ")");
+  const int group = s.heads_q / s.heads_kv;
+  const Shape slice{1, group, 1, s.seq_q, s.seq_kv, s.head_dim, s.causal};
+  // The group's query heads are consecutive, so their rows of Q, O, dO, dQ and lse are contiguous.
+  const size_t first_head = static_cast<size_t>(batch) * s.heads_q + static_cast<size_t>(kv_head) * group;
+  const size_t q_offset = first_head * s.seq_q * s.head_dim;
+  const size_t q_count = static_cast<size_t>(group) * s.seq_q * s.head_dim;
+  const size_t kv_offset = (static_cast<size_t>(batch) * s.heads_kv + kv_head) * s.seq_kv * s.head_dim;
+  const size_t kv_count = static_cast<size_t>(s.seq_kv) * s.head_dim;
+  const size_t lse_offset = first_head * s.seq_q, lse_count = static_cast<size_t>(group) * s.seq_q;
+  auto slice_of = [](const std::vector<float>& x, size_t offset, size_t count) {
+    return std::vector<double>(x.begin() + static_cast<std::ptrdiff_t>(offset),
+                               x.begin() + static_cast<std::ptrdiff_t>(offset + count));
+  };
+
+  CheckReport report;
+  report.backward = backward;
+  report.tolerance = tolerance(attention.dtype() == DType::fp16 ? Precision::fp16 : Precision::bf16);
+  const double tol = report.tolerance;
+
+  std::vector<float> o, lse;
+  attention.read_forward(o, lse);
+  const std::vector<double> q = slice_of(attention.q(), q_offset, q_count);
+  const std::vector<double> k = slice_of(attention.k(), kv_offset, kv_count);
+  const std::vector<double> v = slice_of(attention.v(), kv_offset, kv_count);
+  std::vector<double> o_ref(q_count), lse_ref(lse_count);
+  reference_forward(slice, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data());
+  report.o = compare(o.data() + q_offset, o_ref.data(), q_count, tol);
+  report.lse = compare(lse.data() + lse_offset, lse_ref.data(), lse_count, tol);
+  report.passed = within(report.o, tol) && within(report.lse, tol);
+
+  if (backward) {
+    std::vector<float> dq, dk, dv;
+    attention.read_backward(dq, dk, dv);
+    const std::vector<double> d_o = slice_of(attention.d_o(), q_offset, q_count);
+    std::vector<double> dq_ref(q_count), dk_ref(kv_count), dv_ref(kv_count);
+    reference_backward(slice, q.data(), k.data(), v.data(), o_ref.data(), d_o.data(), lse_ref.data(), dq_ref.data(),
+                       dk_ref.data(), dv_ref.data());
+    // dQ and dK vanish exactly when every row sees a single key; what the GPU leaves there is fp32 rounding
+    // of dP - delta (~1e-7 relative), far below this floor.
+    constexpr double kFloor = 1e-5;
+    report.dq = compare(dq.data() + q_offset, dq_ref.data(), q_count, tol, kFloor);
+    report.dk = compare(dk.data() + kv_offset, dk_ref.data(), kv_count, tol, kFloor);
+    report.dv = compare(dv.data() + kv_offset, dv_ref.data(), kv_count, tol);
+    report.passed = report.passed && within(report.dq, tol) && within(report.dk, tol) && within(report.dv, tol);
+  }
+
+  auto part = [](const char* label, const ErrorReport& r) {
+    char text[96];
+    std::snprintf(text, sizeof text, "%s rel_l2 %.2e bad %zu", label, r.rel_l2, r.bad);
+    return std::string(text);
+  };
+  report.summary = part("o", report.o) + ", " + part("lse", report.lse);
+  if (backward)
+    report.summary += ", " + part("dq", report.dq) + ", " + part("dk", report.dk) + ", " + part("dv", report.dv);
+  char tail[64];
+  std::snprintf(tail, sizeof tail, " (tolerance %.0e): %s", tol, report.passed ? "pass" : "FAIL");
+  report.summary += tail;
+  return report;
+}
+
+}  // namespace strata::attention::gpu
