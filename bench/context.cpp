@@ -18,6 +18,10 @@
 #include "kernels/cpu_peak.h"
 #include "kernels/cuda_info.h"
 
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's extensions: MPIX_Query_cuda_support
+#endif
+
 extern char** environ;
 
 namespace strata {
@@ -101,6 +105,17 @@ std::string hdf5_version() {
   unsigned major = 0, minor = 0, release = 0;
   H5get_libversion(&major, &minor, &release);
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+}
+
+// Whether the MPI library can take device pointers: compiled-in support, and (Open MPI) the run-time answer.
+std::string mpi_cuda_awareness() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() ? "yes" : "built with CUDA support, disabled at run time";
+#elif defined(MPIX_CUDA_AWARE_SUPPORT)
+  return "no";
+#else
+  return "unknown";
+#endif
 }
 
 std::string load_average() {
@@ -191,6 +206,7 @@ RunContext collect_context(int argc, const char* const* argv, const std::string&
   e["cpus_online"] = std::to_string(online);
   e["oversubscribed"] = ctx.oversubscribed ? "yes" : "no";
   e["mpi_library"] = mpi_library_version();
+  e["mpi_cuda_aware"] = mpi_cuda_awareness();
   e["hdf5"] = hdf5_version();
   e["blas_config"] = blas::config();
   e["blas_corename"] = blas::corename();
@@ -210,7 +226,10 @@ RunContext collect_context(int argc, const char* const* argv, const std::string&
 #endif
   for (char** var = environ; *var; ++var) {
     std::string entry = *var;
-    if (entry.rfind("SLURM_", 0) != 0) continue;
+    // Slurm's job description, and the knobs that choose MPI's and NCCL's algorithms and transports.
+    bool recorded = entry.rfind("SLURM_", 0) == 0 || entry.rfind("OMPI_MCA_", 0) == 0 || entry.rfind("NCCL_", 0) == 0 ||
+                    entry.rfind("UCX_", 0) == 0;
+    if (!recorded) continue;
     auto eq = entry.find('=');
     e[entry.substr(0, eq)] = eq == std::string::npos ? "" : entry.substr(eq + 1);
   }

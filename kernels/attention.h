@@ -72,8 +72,9 @@ void flash_forward(const Shape& shape, const float* q, const float* k, const flo
 
 // Flash-attention-2 backward: recomputes probabilities from lse, writes dQ, dK, dV. Parallel tasks own
 // disjoint (batch, kv head) groups, so dK/dV have no write races. With fewer than 4 groups per thread the
-// key blocks of each group are split across tasks as well; each extra split then accumulates dQ into its own
-// dQ-sized partial (the one allocation beyond the O(block sizes) per-thread workspace), summed at the end.
+// key blocks of each group are split across tasks as well; every worker but the first then accumulates dQ
+// into a private dQ-sized copy (the one allocation beyond the O(block sizes) per-thread workspace), and the
+// copies are summed at the end.
 void flash_backward(const Shape& shape, const float* q, const float* k, const float* v, const float* o,
                     const float* d_o, const float* lse, float* dq, float* dk, float* dv, const CpuOptions& options);
 

@@ -22,11 +22,15 @@
 #ifdef __AVX512F__
 // GCC 12 reports the intrinsics' internal _mm512_undefined_ps() placeholders as uninitialised once they are
 // inlined (GCC bug 105593); the report points into the header, so it is silenced for the header only.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
+#else
+#include <immintrin.h>
+#endif
 #endif
 
 #include "attention.h"
@@ -707,7 +711,8 @@ void backward_key_block(const Geometry& g, const CpuOptions& opt, const Backward
 }
 
 // How many ways to split each group's key blocks across tasks. Groups alone are enough when there are
-// several per thread; otherwise splitting keeps every thread busy, at the price of a dQ partial per split.
+// several per thread; otherwise enough splits for ~4 tasks per thread keep the (causally uneven) work
+// balanced, at the price of a private dQ per worker.
 int backward_splits(const Geometry& g, const CpuOptions& opt, int key_blocks) {
   const int groups = g.batch * g.heads_kv;
   if (opt.threads == 1 || groups >= 4 * opt.threads) return 1;
@@ -837,16 +842,21 @@ void flash_backward(const Shape& shape, const float* q, const float* k, const fl
   const int splits = backward_splits(g, options, key_blocks);
   const int groups = g.batch * g.heads_kv;
   const int tasks = groups * splits;
+  const int worker_count = workers(options.threads, tasks);
   const std::size_t dq_size = q_elements(shape);
 
-  // Split s > 0 accumulates dQ into its own partial, summed into dq at the end; split 0 writes dq directly.
-  AlignedFloats dq_partials = allocate_floats(splits > 1 ? (splits - 1) * dq_size : 0);
-  auto dq_target = [&](int split) { return split == 0 ? dq : dq_partials.get() + (split - 1) * dq_size; };
+  // Split groups put tasks that add into the same dQ rows on different workers: each worker then
+  // accumulates into its own dQ (worker 0 into dq itself), and the copies are summed at the end.
+  const bool private_dq = splits > 1 && worker_count > 1;
+  AlignedFloats dq_copies = allocate_floats(private_dq ? (worker_count - 1) * dq_size : 0);
+  auto dq_of_worker = [&](int worker) {
+    return private_dq && worker > 0 ? dq_copies.get() + (worker - 1) * dq_size : dq;
+  };
   fill(dq, dq_size, 0.0f);
-  if (splits > 1) fill(dq_partials.get(), (splits - 1) * dq_size, 0.0f);
+  if (private_dq) fill(dq_copies.get(), (worker_count - 1) * dq_size, 0.0f);
 
   std::vector<BackwardWorkspace> workspaces;
-  for (int w = 0; w < workers(options.threads, tasks); ++w) workspaces.emplace_back(g, options);
+  for (int w = 0; w < worker_count; ++w) workspaces.emplace_back(g, options);
 
   parallel_for(tasks, options.threads, [&](int task, int worker) {
     const int group_index = task / splits;  // b * Hkv + h_kv
@@ -863,19 +873,19 @@ void flash_backward(const Shape& shape, const float* q, const float* k, const fl
     for (int block = split; block < key_blocks; block += splits) {
       const int first_key = block * options.bwd_kv_block;
       const int keys = std::min(options.bwd_kv_block, g.seq_kv - first_key);
-      backward_key_block(g, options, grp, first_key, keys, dq_target(split) + q_offset, workspaces[worker]);
+      backward_key_block(g, options, grp, first_key, keys, dq_of_worker(worker) + q_offset, workspaces[worker]);
     }
   });
 
-  if (splits > 1) {
+  if (private_dq) {
     constexpr std::size_t kChunk = 1 << 16;
     const int chunks = static_cast<int>((dq_size + kChunk - 1) / kChunk);
     parallel_for(chunks, options.threads, [&](int chunk, int) {
       const std::size_t begin = chunk * kChunk;
       const std::size_t end = std::min(dq_size, begin + kChunk);
-      for (int split = 1; split < splits; ++split) {
-        const float* partial = dq_target(split);
-        for (std::size_t i = begin; i < end; ++i) dq[i] += partial[i];
+      for (int worker = 1; worker < worker_count; ++worker) {
+        const float* copy = dq_of_worker(worker);
+        for (std::size_t i = begin; i < end; ++i) dq[i] += copy[i];
       }
     });
   }

@@ -95,4 +95,28 @@ if [ "${#need_py[@]}" -gt 0 ]; then
   [ "${#still[@]}" -eq 0 ] || explain_manual_install "" "${still[*]}"
 fi
 
+# ---- optional: what the cluster tests need (tests/cluster) --------------------------------------------
+# A throw-away Slurm (slurmctld, slurmd, munged) and network namespaces. Installed only when running as root
+# on Debian/Ubuntu (CI containers): on a workstation these packages would enable system services, so there
+# the tests report themselves skipped and this only says what they would need. STRATA_CLUSTER_DEPS=0 skips
+# the group.
+cluster_packages=(slurm-wlm munge iproute2 util-linux)
+if [ "${STRATA_CLUSTER_DEPS:-1}" != 0 ] && command -v dpkg-query >/dev/null; then
+  need_cluster=()
+  for p in "${cluster_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_cluster+=("$p")
+  done
+  if [ "${#need_cluster[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && command -v apt-get >/dev/null; then
+      say "installing (cluster tests): ${need_cluster[*]}"
+      env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_cluster[@]}" >/dev/null ||
+        say "warning: could not install ${need_cluster[*]}; the cluster tests will report themselves skipped"
+    else
+      say "optional, for the cluster tests (skipped without them; installed automatically only as root):" \
+          "${need_cluster[*]}"
+    fi
+  fi
+fi
+
 say "all dependencies present"

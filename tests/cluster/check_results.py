@@ -71,7 +71,8 @@ def check_runs(args) -> list[str]:
             if str(len(nodes)) != str(row.get("n_nodes")):
                 problems.append(f"{where}: ranks table spans {len(nodes)} node(s), n_nodes says {row.get('n_nodes')}")
             if len(group["ranks/rank"]) != int(row.get("n_ranks", -1)):
-                problems.append(f"{where}: ranks table has {len(group['ranks/rank'])} rows for n_ranks {row.get('n_ranks')}")
+                problems.append(f"{where}: ranks table has {len(group['ranks/rank'])} rows for n_ranks "
+                                f"{row.get('n_ranks')}")
             if group["samples/time"].shape[0] == 0 or group["cases/case"].shape[0] == 0:
                 problems.append(f"{where}: no cases or samples")
             elif not np.all(group["samples/time"][()] > 0):

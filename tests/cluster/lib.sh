@@ -41,7 +41,7 @@ missing_prerequisites() {
   local tool
   for tool in munged munge slurmctld slurmd sbatch squeue scontrol srun runuser timeout python3 mpirun; do
     command -v "$tool" >/dev/null 2>&1 || {
-      echo "$tool is not installed (scripts/install-deps.sh --cluster installs slurm-wlm and munge)"
+      echo "$tool is not installed (scripts/install-deps.sh installs slurm-wlm and munge when run as root on Debian)"
       return
     }
   done
@@ -233,6 +233,8 @@ cleanup() {
   exit 1
 }
 
+tail_of() { tail -n "${2:-3}" "$1" 2>&1 | tr '\n' ' '; }  # tail_of FILE [LINES]: the end of a log, on one line
+
 queue_empty() { [ -z "$("${CTL[@]}" timeout 10 squeue -h -o %i 2>/dev/null)" ]; }
 gone() { ! kill -0 "$1" 2>/dev/null; }
 
@@ -295,7 +297,9 @@ ADDR_B=10.200.0.2
 
 netns_prerequisites() {  # prints why namespaces cannot be used here (nothing when they can)
   command -v ip >/dev/null 2>&1 || { echo "ip (iproute2) is not installed"; return; }
-  command -v nsenter >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 || { echo "nsenter/unshare (util-linux) missing"; return; }
+  if ! command -v nsenter >/dev/null 2>&1 || ! command -v unshare >/dev/null 2>&1; then
+    echo "nsenter/unshare (util-linux) missing"; return
+  fi
   local probe=strata-probe-$$
   if ! ip netns add "$probe" 2>/dev/null; then echo "cannot create network namespaces here (no CAP_SYS_ADMIN?)"; return; fi
   if ! ip -n "$probe" link add veth-p type veth peer name veth-q 2>/dev/null; then

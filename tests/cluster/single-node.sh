@@ -10,7 +10,8 @@ set -euo pipefail
 TEST_NAME=single-node
 source "$(dirname "$0")/lib.sh"
 
-CHECKS=(single-node-slurm single-node-suite single-node-suite-array single-node-sweep single-node-multi-gpu)
+CHECKS=(single-node-slurm single-node-suite single-node-suite-array single-node-sweep single-node-sweep-array
+        single-node-multi-gpu single-node-multi-gpu-launch)
 reason=$(missing_prerequisites)
 [ -z "$reason" ] || skip_all "$reason" "${CHECKS[@]}" single-node-cleanup
 install_traps
@@ -28,7 +29,8 @@ for b in strata-gemm strata-collective strata-attention; do [ -x "$BUILD/$b" ] &
 read -r ctld_port slurmd_port < <(free_ports 2)
 write_slurm_conf localhost 127.0.0.1 "$ctld_port" "$slurmd_port" "$cpus" "$node 127.0.0.1 $host"
 if start_munge && start_slurmctld && start_slurmd "$node" && wait_for 30 nodes_idle 1; then
-  report PASS single-node-slurm "munged, slurmctld and slurmd up; $node idle with $cpus CPU(s) (ports $ctld_port, $slurmd_port)"
+  report PASS single-node-slurm "munged, slurmctld and slurmd up; $node idle with $cpus CPU(s)" \
+    "(ports $ctld_port, $slurmd_port)"
 else
   report FAIL single-node-slurm "the cluster did not come up within the time allowed (logs below)"
   for c in "${CHECKS[@]:1}"; do report SKIP "$c" "the cluster did not start"; done
@@ -75,8 +77,8 @@ if id=$(STRATA_BENCHMARKS=strata-gemm submit --time=5 --array=0-1 "$REPO/scripts
     report FAIL single-node-suite-array "array job $id did not finish within ${JOB_LIMIT}s"
   elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
     report FAIL single-node-suite-array "array job $id ended as: $states"
-  elif [ "$(ls results | grep -c "^suite-${id}_")" != 2 ]; then
-    report FAIL single-node-suite-array "expected ${files[*]}, found: $(ls results | tr '\n' ' ')"
+  elif tasks=(results/suite-"${id}"_*.h5) && [ "${#tasks[@]}" != 2 ] || [ ! -f "${files[0]}" ] || [ ! -f "${files[1]}" ]; then
+    report FAIL single-node-suite-array "expected ${files[*]}, found: ${tasks[*]}"
   else
     problems=() found=""
     for task in 0 1; do
@@ -118,10 +120,34 @@ else
   report FAIL single-node-sweep "sbatch --parsable refused collective-sweep.sbatch"
 fi
 
+# The same sweep as a job array of 2: the points are dealt out, 1x1 world and 1xN intra to task 0, 1xN
+# world to task 1, each task writing its own file.
+if [ ! -x "$BUILD/strata-collective" ]; then
+  report SKIP single-node-sweep-array "$BUILD/strata-collective is not built"
+elif [ "$cpus" -lt 2 ]; then
+  report SKIP single-node-sweep-array "needs 2 CPUs for a second layout (this machine has $cpus)"
+elif id=$(STRATA_NODE_COUNTS=1 STRATA_RANKS_PER_NODE="1 all" STRATA_GROUPS="world intra" STRATA_COLLECTIVES=allreduce \
+            STRATA_MINBYTES=1K STRATA_MAXBYTES=4K STRATA_STEPFACTOR=4 STRATA_COLLECTIVE_ARGS="" \
+            submit --time=5 --nodes=1 --array=0-1 "$REPO/scripts/slurm/collective-sweep.sbatch"); then
+  if ! wait_job "$id" "$JOB_LIMIT"; then
+    report FAIL single-node-sweep-array "array job $id did not finish within ${JOB_LIMIT}s"
+  elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
+    report FAIL single-node-sweep-array "array job $id ended as: $states"
+  elif out0=$($CHECK runs "results/collective-sweep-${id}_0.h5" --runs 2 --layouts "1x1,1x$cpus" 2>&1) &&
+       out1=$($CHECK runs "results/collective-sweep-${id}_1.h5" --runs 1 --layouts "1x$cpus" 2>&1); then
+    report PASS single-node-sweep-array "array $id: $out0; $out1"
+  else
+    report FAIL single-node-sweep-array "array $id: ${out0:-} ${out1:-}"
+  fi
+else
+  report FAIL single-node-sweep-array "sbatch --parsable --array=0-1 refused collective-sweep.sbatch"
+fi
+
 # ---- (c) the multi-GPU template: runs where GPUs are, and stops with its message where none are ---------------
 gpus=0
 command -v nvidia-smi >/dev/null 2>&1 && gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "$gpus" -gt 0 ]; then
+  id="" states="" out=""
   if id=$(STRATA_BENCHMARKS=strata-gemm STRATA_GEMM_ARGS="--backend cuda -d fp32 --square 256:512" \
             submit --time=5 "$REPO/scripts/slurm/multi-gpu.sbatch") && wait_job "$id" "$JOB_LIMIT" &&
      states=$(expect_job "$id" "COMPLETED 0:0") &&
@@ -135,8 +161,25 @@ elif id=$(submit --time=5 "$REPO/scripts/slurm/multi-gpu.sbatch"); then
      grep -q "no GPU is visible in this job" "strata-gpu-$id.out" && [ ! -e "results/gpu-$id.h5" ]; then
     report PASS single-node-multi-gpu "no GPU here: job $id stopped at once with exit 2 and its message, no file written"
   else
-    report FAIL single-node-multi-gpu "job $id without GPUs: ${states:-?}; log: $(tail -n 3 "strata-gpu-$id.out" 2>&1 | tr '\n' ' ')"
+    report FAIL single-node-multi-gpu "job $id without GPUs: ${states:-?}; log: $(tail_of "strata-gpu-$id.out")"
   fi
 else
   report FAIL single-node-multi-gpu "sbatch --parsable refused multi-gpu.sbatch"
+fi
+# Its launch path on any machine: STRATA_GPUS stands in for the GPUs and the GEMMs run on the CPU, so the
+# ranks per node, the steps and the file naming are checked even where no GPU is.
+if id=$(STRATA_GPUS="$cpus" STRATA_BENCHMARKS=strata-gemm STRATA_GEMM_ARGS="--backend cpu -d fp32 --square 32:64" \
+          submit --time=5 "$REPO/scripts/slurm/multi-gpu.sbatch"); then
+  if ! wait_job "$id" "$JOB_LIMIT"; then
+    report FAIL single-node-multi-gpu-launch "job $id did not finish within ${JOB_LIMIT}s"
+  elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
+    report FAIL single-node-multi-gpu-launch "job $id ended as: $states; $(tail_of "strata-gpu-$id.out")"
+  elif out=$($CHECK runs "results/gpu-$id.h5" --runs 1 --benchmarks strata-gemm --job-id "$id" --launcher srun \
+               --n-nodes 1 --n-ranks "$cpus" --nodelist "$node" 2>&1); then
+    report PASS single-node-multi-gpu-launch "job $id with STRATA_GPUS=$cpus: $out"
+  else
+    report FAIL single-node-multi-gpu-launch "job $id: $out"
+  fi
+else
+  report FAIL single-node-multi-gpu-launch "sbatch --parsable refused multi-gpu.sbatch"
 fi

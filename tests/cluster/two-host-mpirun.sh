@@ -56,6 +56,7 @@ if timeout 120 nsenter --net="/run/netns/$NS_A" unshare --uts /bin/sh -c 'hostna
   fi
 else
   rc=$?
-  report FAIL two-host-mpirun "mpirun exited $rc$([ "$rc" = 124 ] && echo ' (timed out after 120 s)'): $(tail -n 5 "$WORK/mpirun.out" | tr '\n' ' ')"
+  [ "$rc" != 124 ] || rc="124 (timed out after 120 s)"
+  report FAIL two-host-mpirun "mpirun exited $rc: $(tail_of "$WORK/mpirun.out" 5)"
   report SKIP two-host-mpirun-traffic "mpirun failed"
 fi

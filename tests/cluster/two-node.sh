@@ -54,13 +54,13 @@ expect_job() {
 }
 
 # ---- an srun across both nodes ----------------------------------------------------------------------------
-gemm="$BUILD/strata-gemm --shapes 64x64x64 -n 3 -w 1 -q -O $WORK/results/srun-%s.h5"
-if id=$(submit --time=5 --nodes=2 --ntasks-per-node=1 --output=srun-%j.out \
-          --wrap "srun --mpi=pmix $(printf "$gemm" '$SLURM_JOB_ID')"); then
+# The job's own shell expands \$SLURM_JOB_ID: one file per job, as the templates do.
+gemm="$BUILD/strata-gemm --shapes 64x64x64 -n 3 -w 1 -q -O $WORK/results/srun-\$SLURM_JOB_ID.h5"
+if id=$(submit --time=5 --nodes=2 --ntasks-per-node=1 --output=srun-%j.out --wrap "srun --mpi=pmix $gemm"); then
   if ! wait_job "$id" "$JOB_LIMIT"; then
     report FAIL two-node-srun "job $id did not finish within ${JOB_LIMIT}s"
   elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
-    report FAIL two-node-srun "job $id ended as: $states; $(tail -n 3 "srun-$id.out" 2>&1 | tr '\n' ' ')"
+    report FAIL two-node-srun "job $id ended as: $states; $(tail_of "srun-$id.out")"
   elif out=$($CHECK runs "results/srun-$id.h5" --runs 1 --job-id "$id" --launcher srun --n-nodes 2 --n-ranks 2 \
                --hosts strata-a,strata-b 2>&1); then
     report PASS two-node-srun "job $id: $out"
@@ -79,13 +79,14 @@ else
   read -r tx0 rx0 < <(veth_bytes)
   if id=$(STRATA_NODE_COUNTS="1 2" STRATA_RANKS_PER_NODE="1 2" STRATA_GROUPS="world inter" STRATA_COLLECTIVES=allreduce \
           STRATA_MINBYTES=256K STRATA_MAXBYTES=1M STRATA_STEPFACTOR=4 STRATA_ITERS=5 STRATA_WARMUP=1 STRATA_MAX_TIME=5 \
-          STRATA_COLLECTIVE_ARGS="--placement out" submit --time=5 --nodes=2 "$REPO/scripts/slurm/collective-sweep.sbatch"); then
+          STRATA_COLLECTIVE_ARGS="--placement out" \
+          submit --time=5 --nodes=2 "$REPO/scripts/slurm/collective-sweep.sbatch"); then
     file=results/collective-sweep-$id.h5
     if ! wait_job "$id" "$JOB_LIMIT"; then
       report FAIL two-node-sweep "job $id did not finish within ${JOB_LIMIT}s"
       report SKIP two-node-sweep-traffic "the sweep did not finish"
     elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
-      report FAIL two-node-sweep "job $id ended as: $states; $(tail -n 3 "strata-collective-sweep-$id.out" 2>&1 | tr '\n' ' ')"
+      report FAIL two-node-sweep "job $id ended as: $states; $(tail_of "strata-collective-sweep-$id.out")"
       report SKIP two-node-sweep-traffic "the sweep failed"
     else
       read -r tx1 rx1 < <(veth_bytes)

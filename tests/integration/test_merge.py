@@ -26,7 +26,7 @@ def merge(args, cwd):
 def interrupted_run(out, cwd):
     """A GEMM sweep stopped by SIGTERM after its second case, as Slurm stops a job at its time limit."""
     command = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", program("strata-gemm"),
-               "--square", ",".join(["384"] * 40), "-n", "3", "-w", "0", "--output", str(out)]
+               "--square", ",".join(["1024"] * 40), "-n", "3", "-w", "0", "--output", str(out)]
     process = subprocess.Popen(command, cwd=str(cwd), env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     done = 0
