@@ -48,6 +48,7 @@ struct Options {
   bool mixed = false;
   double timeout = 0;
   int inject_hang = -1;
+  bool device_buffers = false;
 };
 
 bool is_integer(DataType d) { return d == DataType::int8 || d == DataType::int32; }
@@ -228,14 +229,21 @@ class Executor {
   size_t send_bytes_ = 0, recv_bytes_ = 0;
 };
 
+// MPI on host buffers, or on device buffers (--device-buffers) where the MPI library is CUDA-aware.
 class MpiExecutor final : public Executor {
  public:
-  explicit MpiExecutor(coll::Context ctx) : ctx_(std::move(ctx)) {}
+  MpiExecutor(coll::Context ctx, bool device_buffers) : ctx_(std::move(ctx)), device_(device_buffers) {}
   void load_inputs(const std::vector<unsigned char>& host) override {
+#ifdef STRATA_HAVE_CUDA
+    if (device_) return cuda::copy_to_device(send_, host.data(), send_bytes_);
+#endif
     if (send_bytes_) std::memcpy(send_, host.data(), send_bytes_);
   }
   void read_outputs(std::vector<unsigned char>& host) override {
     host.resize(recv_bytes_);
+#ifdef STRATA_HAVE_CUDA
+    if (device_) return cuda::copy_to_host(host.data(), recv_, recv_bytes_);
+#endif
     if (recv_bytes_) std::memcpy(host.data(), recv_, recv_bytes_);
   }
   coll::Traffic run(const Case& c, size_t count, int root) override {
@@ -254,12 +262,23 @@ class MpiExecutor final : public Executor {
 
  private:
   void* allocate(size_t bytes, int slot) override {
+#ifdef STRATA_HAVE_CUDA
+    if (device_) {
+      if (!device_buffers_[slot] || device_buffers_[slot]->size() < bytes)
+        device_buffers_[slot] = std::make_unique<cuda::DeviceMemory>(bytes);
+      return device_buffers_[slot]->get();
+    }
+#endif
     auto& buffer = buffers_[slot];
     buffer.resize(std::max<size_t>(bytes, 1));
     return buffer.data();
   }
   coll::Context ctx_;
+  bool device_;
   std::vector<unsigned char> buffers_[2];
+#ifdef STRATA_HAVE_CUDA
+  std::unique_ptr<cuda::DeviceMemory> device_buffers_[2];
+#endif
   HostTimer timer_;
 };
 
@@ -540,6 +559,8 @@ int run_collective(int argc, char** argv) {
            "time, each also alone; reports the slowdown", o.mixed);
   cli.option("timeout", 't', "seconds one case may take before the job is ended and the hang reported (0: none)",
              o.timeout, 0.0);
+  cli.flag("device-buffers", 0, "MPI backend: GPU buffers (needs a CUDA-aware MPI library; library algorithms, "
+           "int8/int32/float/double, no avg)", o.device_buffers);
   cli.option("inject-hang", 0, "testing the timeout: this world rank stalls before the last case", o.inject_hang, -1);
   add_harness_options(cli, h);
   cli.alias("warmup_iters", "warmup");
@@ -610,13 +631,35 @@ int run_collective(int argc, char** argv) {
     throw UsageError("--backend nccl: this strata-collective was built without CUDA and NCCL");
 #endif
   } else {
+    if (o.device_buffers) {
+#ifdef STRATA_HAVE_CUDA
+      if (mpi_cuda_awareness() != "yes")
+        throw UsageError("--device-buffers: this MPI library is not CUDA-aware (mpi_cuda_aware: " + mpi_cuda_awareness() + ")");
+      if (o.algos != "library")
+        throw UsageError("--device-buffers: Strata's own algorithms reduce on the host; use --algo library");
+      for (DataType d : dtypes)
+        if (d == DataType::float16 || d == DataType::bfloat16)
+          throw UsageError("--device-buffers: MPI has no 16-bit float reductions on device memory");
+      for (RedOp r : redops)
+        if (r == RedOp::avg) throw UsageError("--device-buffers: MPI has no average; avg is finished on the host");
+      int gpus = cuda::device_count(), fewest = 0;
+      STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+      if (fewest == 0) throw UsageError("--device-buffers: no CUDA device is visible to every rank");
+      Comm node = split_shared_memory(MPI_COMM_WORLD);
+      int gpu = node.rank() % gpus;
+      cuda::set_device(gpu);
+      device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu) + " (MPI device buffers)";
+#else
+      throw UsageError("--device-buffers: this strata-collective was built without CUDA");
+#endif
+    }
     coll::Context ctx;
     ctx.comm = group.comm;
     ctx.types = &types;
     ctx.node_of_rank = group.node_of_rank;
     ctx.intra = group.intra.get();
     ctx.inter = group.inter.get();
-    executor = std::make_unique<MpiExecutor>(ctx);
+    executor = std::make_unique<MpiExecutor>(ctx, o.device_buffers);
   }
 
   std::vector<Case> cases;

@@ -18,10 +18,6 @@
 #include "kernels/cpu_peak.h"
 #include "kernels/cuda_info.h"
 
-#if __has_include(<mpi-ext.h>)
-#include <mpi-ext.h>  // Open MPI's extensions: MPIX_Query_cuda_support
-#endif
-
 extern char** environ;
 
 namespace strata {
@@ -105,17 +101,6 @@ std::string hdf5_version() {
   unsigned major = 0, minor = 0, release = 0;
   H5get_libversion(&major, &minor, &release);
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
-}
-
-// Whether the MPI library can take device pointers: compiled-in support, and (Open MPI) the run-time answer.
-std::string mpi_cuda_awareness() {
-#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() ? "yes" : "built with CUDA support, disabled at run time";
-#elif defined(MPIX_CUDA_AWARE_SUPPORT)
-  return "no";
-#else
-  return "unknown";
-#endif
 }
 
 std::string load_average() {

@@ -1,6 +1,10 @@
 // Implementation of the MPI helpers (see mpi.h).
 #include "bench/mpi.h"
 
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's extensions: MPIX_Query_cuda_support
+#endif
+
 namespace strata {
 
 MpiSession::MpiSession(int* argc, char*** argv) {
@@ -98,6 +102,16 @@ double allreduce_max(MPI_Comm comm, double value) {
   double out = 0;
   STRATA_MPI_CHECK(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_MAX, comm));
   return out;
+}
+
+std::string mpi_cuda_awareness() {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() ? "yes" : "no";
+#elif defined(MPIX_CUDA_AWARE_SUPPORT)
+  return "no";
+#else
+  return "unknown";
+#endif
 }
 
 }  // namespace strata

@@ -63,5 +63,7 @@ std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, 
 std::vector<double> gather_doubles(MPI_Comm comm, const std::vector<double>& mine, int root = 0);
 std::string broadcast_string(MPI_Comm comm, const std::string& value, int root = 0);
 double allreduce_max(MPI_Comm comm, double value);
+// Whether the MPI library takes device pointers: "yes", "no", or "unknown" (no way to ask this library).
+std::string mpi_cuda_awareness();
 
 }  // namespace strata

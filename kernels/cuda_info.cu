@@ -55,4 +55,18 @@ int compute_capability(int device) {
 
 void set_device(int device) { STRATA_CUDA_CHECK(cudaSetDevice(device)); }
 
+DeviceMemory::DeviceMemory(std::size_t bytes) : bytes_(bytes) {
+  STRATA_CUDA_CHECK(cudaMalloc(&pointer_, bytes == 0 ? 1 : bytes));
+}
+
+DeviceMemory::~DeviceMemory() { cudaFree(pointer_); }
+
+void copy_to_device(void* device, const void* host, std::size_t bytes) {
+  if (bytes) STRATA_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+}
+
+void copy_to_host(void* host, const void* device, std::size_t bytes) {
+  if (bytes) STRATA_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+}
+
 }  // namespace strata::cuda

@@ -2,6 +2,7 @@
 // Declared unconditionally; defined in cuda_info.cu when Strata is built with CUDA.
 #pragma once
 
+#include <cstddef>
 #include <map>
 #include <string>
 
@@ -14,5 +15,22 @@ std::string device_name(int device);
 // Compute capability as major * 10 + minor (90 for H100).
 int compute_capability(int device);
 void set_device(int device);
+
+// Device memory with an owner, and synchronous copies, for benchmarks that stage inputs and read results.
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(std::size_t bytes);
+  ~DeviceMemory();
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  void* get() const { return pointer_; }
+  std::size_t size() const { return bytes_; }
+
+ private:
+  void* pointer_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+void copy_to_device(void* device, const void* host, std::size_t bytes);
+void copy_to_host(void* host, const void* device, std::size_t bytes);
 
 }  // namespace strata::cuda

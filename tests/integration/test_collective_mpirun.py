@@ -132,6 +132,7 @@ def test_timeout_fires_on_an_injected_hang(tmp_path):
     (["--grid", "tp=3", "--ranks-per-node", "1"], "tp must divide the ranks per node"),
     (["--ranks-per-node", "2"], "divide the 3 ranks"),
     (["--backend", "nccl"], "--backend nccl"),
+    (["--device-buffers"], "--device-buffers"),
     (["-a", "hierarchical", "--collective", "sendrecv"], "not available for sendrecv"),
 ])
 def test_bad_input_exits_2(tmp_path, args, message):
