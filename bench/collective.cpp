@@ -12,6 +12,7 @@
 
 #include "bench/harness.h"
 #include "collectives/algorithms.h"
+#include "collectives/check.h"
 #include "collectives/layout.h"
 #include "collectives/types.h"
 #ifdef STRATA_HAVE_CUDA
@@ -27,6 +28,10 @@ using coll::Algo;
 using coll::DataType;
 using coll::Operation;
 using coll::RedOp;
+using coll::Counts;
+using coll::bus_factor;
+using coll::counts_for;
+using coll::is_reduction;
 
 struct Options {
   std::string collectives = "allreduce";
@@ -50,94 +55,6 @@ struct Options {
   int inject_hang = -1;
   bool device_buffers = false;
 };
-
-bool is_integer(DataType d) { return d == DataType::int8 || d == DataType::int32; }
-
-bool is_reduction(Operation op) {
-  return op == Operation::allreduce || op == Operation::reduce_scatter || op == Operation::reduce;
-}
-
-// nccl-tests' bus bandwidth factor for n ranks (see shared metrics: allreduce 2(n-1)/n; allgather,
-// reduce_scatter, alltoall (n-1)/n; the rest 1).
-double bus_factor(Operation op, int n) {
-  switch (op) {
-    case Operation::allreduce: return 2.0 * (n - 1) / n;
-    case Operation::allgather: case Operation::reduce_scatter: case Operation::alltoall: return double(n - 1) / n;
-    default: return 1.0;
-  }
-}
-
-// Element counts for nccl-tests' size S: the buffer each operation's S refers to, cut into whole elements
-// (and whole blocks per rank where the operation splits by rank, rounding down as nccl-tests does).
-struct Counts {
-  size_t count = 0;       // the count argument of the operation
-  size_t send_elems = 0;  // elements in the send buffer
-  size_t recv_elems = 0;  // elements in the receive buffer
-  size_t size_bytes = 0;  // S actually used
-  size_t bytes_per_rank = 0;  // OSU's size: one rank's share
-};
-
-Counts counts_for(Operation op, size_t bytes, size_t elem, int n) {
-  Counts c;
-  size_t total = bytes / elem;
-  switch (op) {
-    case Operation::allgather:
-      c.count = total / n, c.send_elems = c.count, c.recv_elems = c.count * n;
-      c.size_bytes = c.recv_elems * elem, c.bytes_per_rank = c.count * elem;
-      break;
-    case Operation::reduce_scatter:
-      c.count = total / n, c.send_elems = c.count * n, c.recv_elems = c.count;
-      c.size_bytes = c.send_elems * elem, c.bytes_per_rank = c.count * elem;
-      break;
-    case Operation::alltoall:
-      c.count = total / n, c.send_elems = c.count * n, c.recv_elems = c.count * n;
-      c.size_bytes = c.send_elems * elem, c.bytes_per_rank = c.size_bytes;
-      break;
-    default:
-      c.count = total, c.send_elems = total, c.recv_elems = total;
-      c.size_bytes = total * elem, c.bytes_per_rank = c.size_bytes;
-  }
-  return c;
-}
-
-// Check inputs with exactly representable results in every dtype: small integers (|x| <= 48, sums of up
-// to 5 ranks' |x| <= 4 stay far inside bfloat16's exact integers), and +-1 (and one 2) for products.
-double check_input(Operation op, RedOp redop, int rank, size_t i) {
-  if (is_reduction(op)) {
-    if (redop == RedOp::prod) return ((rank + i) % 3 == 0 ? -1.0 : 1.0) * (rank == 0 && i % 5 == 0 ? 2.0 : 1.0);
-    return static_cast<double>(static_cast<long>((rank * 7 + i * 13) % 9) - 4);
-  }
-  return static_cast<double>(static_cast<long>((rank * 31 + i * 7) % 97) - 48);
-}
-
-// The exact reduction of check_input over n ranks at index i, rounded to dtype as the operation stores it.
-double expected_reduction(RedOp redop, DataType dtype, int n, size_t i, Operation op) {
-  double acc = check_input(op, redop, 0, i);
-  for (int r = 1; r < n; ++r) {
-    double v = check_input(op, redop, r, i);
-    switch (redop) {
-      case RedOp::sum: case RedOp::avg: acc += v; break;
-      case RedOp::prod: acc *= v; break;
-      case RedOp::min: acc = std::min(acc, v); break;
-      case RedOp::max: acc = std::max(acc, v); break;
-    }
-  }
-  if (redop == RedOp::avg) acc = is_integer(dtype) ? std::trunc(acc / n) : acc / n;
-  if (dtype == DataType::int8) acc = static_cast<double>(static_cast<int8_t>(static_cast<int64_t>(acc)));
-  return acc;
-}
-
-bool matches(double got, double expected, DataType dtype, RedOp redop) {
-  if (redop != RedOp::avg || is_integer(dtype)) {
-    unsigned char stored[8];
-    coll::store_value(stored, 0, dtype, expected);
-    return got == coll::load_value(stored, 0, dtype);
-  }
-  // An average is rounded twice (sum, then division) in 16-bit types: allow one unit in the last place.
-  double ulp = dtype == DataType::float16 ? 0x1p-10 : dtype == DataType::bfloat16 ? 0x1p-7
-             : dtype == DataType::float32 ? 0x1p-23 : 0x1p-52;
-  return std::fabs(got - expected) <= ulp * std::max(1.0, std::fabs(expected));
-}
 
 // One rank's group: the communicator it runs the collective on, and that group's node map.
 struct Group {
@@ -316,56 +233,6 @@ class NcclExecutor final : public Executor {
 };
 #endif
 
-// The host image of a rank's check inputs, and the count of output elements that differ from the exact
-// result.
-std::vector<unsigned char> check_inputs(const Case& c, const Counts& n, int rank, int group_size) {
-  const size_t elem = coll::size_of(c.dtype);
-  std::vector<unsigned char> host(n.send_elems * elem);
-  for (size_t i = 0; i < n.send_elems; ++i)
-    coll::store_value(host.data(), i, c.dtype, check_input(c.op, c.redop, rank, i));
-  (void)group_size;
-  return host;
-}
-
-int64_t count_wrong(const Case& c, const Counts& n, const std::vector<unsigned char>& out, int rank, int size,
-                    int root) {
-  int64_t wrong = 0;
-  auto expect = [&](size_t index, double value) {
-    double got = coll::load_value(out.data(), index, c.dtype);
-    if (!matches(got, value, c.dtype, c.redop)) ++wrong;
-  };
-  switch (c.op) {
-    case Operation::allreduce:
-      for (size_t i = 0; i < n.count; ++i) expect(i, expected_reduction(c.redop, c.dtype, size, i, c.op));
-      break;
-    case Operation::reduce:
-      if (rank == root)
-        for (size_t i = 0; i < n.count; ++i) expect(i, expected_reduction(c.redop, c.dtype, size, i, c.op));
-      break;
-    case Operation::reduce_scatter:
-      for (size_t i = 0; i < n.count; ++i)
-        expect(i, expected_reduction(c.redop, c.dtype, size, static_cast<size_t>(rank) * n.count + i, c.op));
-      break;
-    case Operation::allgather:
-      for (int r = 0; r < size; ++r)
-        for (size_t i = 0; i < n.count; ++i) expect(r * n.count + i, check_input(c.op, c.redop, r, i));
-      break;
-    case Operation::alltoall:
-      for (int s = 0; s < size; ++s)
-        for (size_t i = 0; i < n.count; ++i)
-          expect(s * n.count + i, check_input(c.op, c.redop, s, static_cast<size_t>(rank) * n.count + i));
-      break;
-    case Operation::broadcast:
-      for (size_t i = 0; i < n.count; ++i) expect(i, check_input(c.op, c.redop, root, i));
-      break;
-    case Operation::sendrecv:
-      for (size_t i = 0; i < n.count; ++i) expect(i, check_input(c.op, c.redop, (rank - 1 + size) % size, i));
-      break;
-  }
-  return wrong;
-}
-
-
 void describe_columns(Run& run) {
   run.cases()
       .add_column("backend", ColumnKind::string, "").add_column("operation", ColumnKind::string, "")
@@ -446,9 +313,10 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
   int tp_rank = grid.tp_index(), dp_rank = grid.dp_index();
   for (size_t bytes : sizes) {
     Counts ar = counts_for(Operation::allreduce, bytes, elem, tp), rs = counts_for(Operation::reduce_scatter, bytes, elem, dp);
-    Case ar_case{Operation::allreduce, Algo::library, dtype, RedOp::sum, true, bytes, false};
-    Case rs_case{Operation::reduce_scatter, Algo::library, dtype, RedOp::sum, true, bytes, false};
-    std::vector<unsigned char> ar_in = check_inputs(ar_case, ar, tp_rank, tp), rs_in = check_inputs(rs_case, rs, dp_rank, dp);
+    const coll::CheckSpec ar_spec{Operation::allreduce, dtype, RedOp::sum};
+    const coll::CheckSpec rs_spec{Operation::reduce_scatter, dtype, RedOp::sum};
+    std::vector<unsigned char> ar_in = coll::check_inputs(ar_spec, ar, tp_rank);
+    std::vector<unsigned char> rs_in = coll::check_inputs(rs_spec, rs, dp_rank);
     std::vector<unsigned char> ar_out(ar.recv_elems * elem + 1), rs_out(rs.recv_elems * elem + 1);
     MPI_Datatype type = types.datatype(dtype);
     MPI_Op sum = types.op(dtype, RedOp::sum);
@@ -485,8 +353,8 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
       both_ar.push_back(a), both_rs.push_back(r);
     }
     watchdog.disarm();
-    int64_t wrong_ar = count_wrong(ar_case, ar, ar_out, tp_rank, tp, 0);
-    int64_t wrong_rs = count_wrong(rs_case, rs, rs_out, dp_rank, dp, 0);
+    int64_t wrong_ar = coll::count_wrong(ar_spec, ar, ar_out, tp_rank, tp, 0);
+    int64_t wrong_rs = coll::count_wrong(rs_spec, rs, rs_out, dp_rank, dp, 0);
 
     double alone_median[2] = {0, 0};
     struct Row { const char* op; const char* kind; const char* with; const Counts* n; std::vector<double>* samples; int64_t wrong; int slot; int size; };
@@ -714,16 +582,16 @@ int run_collective(int argc, char** argv) {
 
     executor->prepare(c, n, group_rank);
     // Untimed correctness iteration on inputs with a known exact result.
-    executor->load_inputs(check_inputs(c, n, group_rank, group_size));
+    executor->load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, group_rank));
     coll::Traffic traffic = executor->run(c, n.count, o.root);
     int64_t wrong = 0;
     if (o.check) {
       std::vector<unsigned char> out;
       executor->read_outputs(out);
-      wrong = count_wrong(c, n, out, group_rank, group_size, o.root);
+      wrong = coll::count_wrong({c.op, c.dtype, c.redop}, n, out, group_rank, group_size, o.root);
     }
     // Timed iterations start from the same nonzero inputs.
-    executor->load_inputs(check_inputs(c, n, group_rank, group_size));
+    executor->load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, group_rank));
     std::vector<double> samples = run.measure(executor->timer(), [&] {
       for (int k = 0; k < ops_per_sample; ++k) executor->run(c, n.count, o.root);
     }, ops_per_sample);
