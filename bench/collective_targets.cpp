@@ -89,18 +89,28 @@ int run_targets(int argc, char** argv) {
     const size_t count = bytes / sizeof(float);
     std::vector<float> in(count, 1.0f), out(count);
     std::vector<double> harnessed, bare;
-    for (int round = 0; round < rounds; ++round) {
-      MeasureSpec spec{round == 0 ? 5 : 0, iters * 4, 0, 1};
+    auto harness_round = [&](int warmup) {
+      MeasureSpec spec{warmup, iters * 4, 0, 1};
       auto samples = measure(MPI_COMM_WORLD, spec, timer, [&] {
         coll::allreduce(Algo::library, in.data(), out.data(), count, coll::DataType::float32, coll::RedOp::sum, ctx);
       });
       harnessed.insert(harnessed.end(), samples.begin(), samples.end());
+    };
+    auto bare_round = [&](int warmup) {
+      for (int i = 0; i < warmup; ++i)
+        MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
       for (int i = 0; i < iters * 4; ++i) {
         MPI_Barrier(MPI_COMM_WORLD);
         auto start = std::chrono::steady_clock::now();
         MPI_Allreduce(in.data(), out.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         bare.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
+    };
+    // Which contender goes first alternates, so neither always inherits the other's warm caches.
+    for (int round = 0; round < rounds; ++round) {
+      int warmup = round == 0 ? 5 : 0;
+      if (round % 2 == 0) harness_round(warmup), bare_round(warmup);
+      else bare_round(warmup), harness_round(warmup);
     }
     double h = median_of(harnessed), b = median_of(bare), overhead = h / b - 1;
     worst_overhead = std::max(worst_overhead, overhead);

@@ -34,6 +34,15 @@ enum Tag : int {
 
 int wrap(int index, int n) { return ((index % n) + n) % n; }
 
+// Scratch memory kept across calls: a timed collective must not allocate (and page-fault) fresh buffers on
+// every call. Slot 0 receives inside one pass; slot 1 stages data around passes (hierarchical steps).
+std::byte* scratch(int slot, std::size_t bytes) {
+  thread_local std::vector<std::byte> buffers[2];
+  std::vector<std::byte>& buffer = buffers[slot];
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+
 // Tolerates identical ranges (in-place calls) and empty ones (data() of an empty vector may be null).
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes != 0 && dst != src) std::memmove(dst, src, bytes);
@@ -158,11 +167,11 @@ void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, cons
   const int n = link.size();
   const int right = wrap(link.rank() + 1, n);
   const int left = wrap(link.rank() - 1, n);
-  std::vector<std::byte> incoming;
+  std::byte* incoming = nullptr;
   if (reduction != nullptr) {
     std::size_t largest = 0;
     for (int b = 0; b < n; ++b) largest = std::max(largest, block_size(blocks, b));
-    incoming.resize(largest);
+    incoming = scratch(0, largest);
   }
   for (int step = 0; step < n - 1; ++step) {
     const int send_block = wrap(link.rank() + shift - step, n);
@@ -170,8 +179,8 @@ void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, cons
     std::byte* recv_at = buf + blocks[static_cast<std::size_t>(recv_block)];
     const std::size_t recv_bytes = block_size(blocks, recv_block);
     link.exchange(buf + blocks[static_cast<std::size_t>(send_block)], block_size(blocks, send_block), right,
-                  reduction != nullptr ? incoming.data() : recv_at, recv_bytes, left, tag);
-    if (reduction != nullptr) reduction->apply(recv_at, incoming.data(), recv_bytes);
+                  reduction != nullptr ? incoming : recv_at, recv_bytes, left, tag);
+    if (reduction != nullptr) reduction->apply(recv_at, incoming, recv_bytes);
   }
 }
 
@@ -215,23 +224,23 @@ void recursive_doubling_allreduce(Link& link, std::byte* buf, std::size_t bytes,
                                   int tag) {
   const Fold fold(link.size());
   const int rank = link.rank();
-  std::vector<std::byte> incoming(bytes);
+  std::byte* incoming = scratch(0, bytes);
   if (fold.sits_out(rank)) {
     link.send_now(buf, bytes, rank + 1, tag);
     link.recv_now(buf, bytes, rank + 1, tag);
     return;
   }
   if (fold.has_partner(rank)) {
-    link.recv_now(incoming.data(), bytes, rank - 1, tag);
-    reduction.apply(buf, incoming.data(), bytes);
+    link.recv_now(incoming, bytes, rank - 1, tag);
+    reduction.apply(buf, incoming, bytes);
   }
   // Partners combine the same two values in opposite order; every op is commutative bit for bit (IEEE
   // addition and multiplication included), so all ranks end with identical bits.
   const int me = fold.survivor_index(rank);
   for (int mask = 1; mask < fold.survivors; mask <<= 1) {
     const int partner = fold.survivor_rank(me ^ mask);
-    link.exchange(buf, bytes, partner, incoming.data(), bytes, partner, tag);
-    reduction.apply(buf, incoming.data(), bytes);
+    link.exchange(buf, bytes, partner, incoming, bytes, partner, tag);
+    reduction.apply(buf, incoming, bytes);
   }
   if (fold.has_partner(rank)) {
     link.send_now(buf, bytes, rank - 1, tag);
@@ -282,15 +291,15 @@ void recursive_halving_reduce_scatter(Link& link, std::byte* buf, const Blocks& 
   const Fold fold(link.size());
   const int rank = link.rank();
   const std::size_t total = blocks.back();
-  std::vector<std::byte> incoming(total);
+  std::byte* incoming = scratch(0, total);
   if (fold.sits_out(rank)) {
     link.send_now(buf, total, rank + 1, tag);
     link.recv_now(buf + blocks[static_cast<std::size_t>(rank)], block_size(blocks, rank), rank + 1, tag);
     return;
   }
   if (fold.has_partner(rank)) {
-    link.recv_now(incoming.data(), total, rank - 1, tag);
-    reduction.apply(buf, incoming.data(), total);
+    link.recv_now(incoming, total, rank - 1, tag);
+    reduction.apply(buf, incoming, total);
   }
   const int me = fold.survivor_index(rank);
   int first = 0;  // the survivors whose blocks this rank still reduces: [first, first + 2 * mask)
@@ -300,9 +309,9 @@ void recursive_halving_reduce_scatter(Link& link, std::byte* buf, const Blocks& 
     const int given_first = (me & mask) != 0 ? first : first + mask;
     const Span kept = survivor_span(fold, blocks, kept_first, mask);
     const Span given = survivor_span(fold, blocks, given_first, mask);
-    link.exchange(buf + given.offset, given.bytes, fold.survivor_rank(partner), incoming.data(), kept.bytes,
+    link.exchange(buf + given.offset, given.bytes, fold.survivor_rank(partner), incoming, kept.bytes,
                   fold.survivor_rank(partner), tag);
-    reduction.apply(buf + kept.offset, incoming.data(), kept.bytes);
+    reduction.apply(buf + kept.offset, incoming, kept.bytes);
     first = kept_first;
   }
   if (fold.has_partner(rank)) {
@@ -396,16 +405,16 @@ void hierarchical_allgather(const Context& ctx, const NodeTable& table, std::byt
   Link intra = intra_link(ctx, table, traffic);
   Link inter = inter_link(ctx, table, traffic);
   const std::size_t run = static_cast<std::size_t>(table.nodes) * block;
-  std::vector<std::byte> staging(run * static_cast<std::size_t>(table.per_node));
-  std::byte* my_run = staging.data() + static_cast<std::size_t>(table.my_local) * run;
+  std::byte* staging = scratch(1, run * static_cast<std::size_t>(table.per_node));
+  std::byte* my_run = staging + static_cast<std::size_t>(table.my_local) * run;
   copy_bytes(my_run + static_cast<std::size_t>(table.my_node) * block,
              recvbuf + static_cast<std::size_t>(rank) * block, block);
   ring_allgather(inter, my_run, equal_blocks(block, table.nodes), kTagAllgather);
-  ring_allgather(intra, staging.data(), equal_blocks(run, table.per_node), kTagAllgather);
+  ring_allgather(intra, staging, equal_blocks(run, table.per_node), kTagAllgather);
   for (int local = 0; local < table.per_node; ++local)
     for (int node = 0; node < table.nodes; ++node)
       copy_bytes(recvbuf + static_cast<std::size_t>(table.rank_of(node, local)) * block,
-                 staging.data() + static_cast<std::size_t>(local) * run + static_cast<std::size_t>(node) * block,
+                 staging + static_cast<std::size_t>(local) * run + static_cast<std::size_t>(node) * block,
                  block);
 }
 
@@ -417,13 +426,13 @@ void hierarchical_reduce_scatter(const Context& ctx, const NodeTable& table, con
   Link intra = intra_link(ctx, table, traffic);
   Link inter = inter_link(ctx, table, traffic);
   const std::size_t run = static_cast<std::size_t>(table.nodes) * block;
-  std::vector<std::byte> staging(run * static_cast<std::size_t>(table.per_node));
+  std::byte* staging = scratch(1, run * static_cast<std::size_t>(table.per_node));
   for (int local = 0; local < table.per_node; ++local)
     for (int node = 0; node < table.nodes; ++node)
-      copy_bytes(staging.data() + static_cast<std::size_t>(local) * run + static_cast<std::size_t>(node) * block,
+      copy_bytes(staging + static_cast<std::size_t>(local) * run + static_cast<std::size_t>(node) * block,
                  sendbuf + static_cast<std::size_t>(table.rank_of(node, local)) * block, block);
-  ring_reduce_scatter(intra, staging.data(), equal_blocks(run, table.per_node), reduction, kTagReduceScatter);
-  std::byte* my_run = staging.data() + static_cast<std::size_t>(table.my_local) * run;
+  ring_reduce_scatter(intra, staging, equal_blocks(run, table.per_node), reduction, kTagReduceScatter);
+  std::byte* my_run = staging + static_cast<std::size_t>(table.my_local) * run;
   ring_reduce_scatter(inter, my_run, equal_blocks(block, table.nodes), reduction, kTagReduceScatter);
   copy_bytes(recvbuf, my_run + static_cast<std::size_t>(table.my_node) * block, block);
 }
@@ -469,12 +478,12 @@ void chain_reduce(Link& link, std::byte* accum, std::size_t bytes, std::size_t s
                   const Reduction& reduction) {
   const int n = link.size();
   const int position = wrap(link.rank() - root, n);
-  std::vector<std::byte> incoming(std::min(segment, bytes));
+  std::byte* incoming = scratch(0, std::min(segment, bytes));
   for (std::size_t offset = 0; offset < bytes; offset += segment) {
     const std::size_t piece = std::min(segment, bytes - offset);
     if (position < n - 1) {
-      link.recv_now(incoming.data(), piece, wrap(link.rank() + 1, n), kTagReduce);
-      reduction.apply(accum + offset, incoming.data(), piece);
+      link.recv_now(incoming, piece, wrap(link.rank() + 1, n), kTagReduce);
+      reduction.apply(accum + offset, incoming, piece);
     }
     if (position > 0) link.post_send(accum + offset, piece, wrap(link.rank() - 1, n), kTagReduce);
   }
@@ -485,15 +494,15 @@ void chain_reduce(Link& link, std::byte* accum, std::size_t bytes, std::size_t s
 void binomial_reduce(Link& link, std::byte* accum, std::size_t bytes, int root, const Reduction& reduction) {
   const int n = link.size();
   const int position = wrap(link.rank() - root, n);
-  std::vector<std::byte> incoming(bytes);
+  std::byte* incoming = scratch(0, bytes);
   for (int mask = 1; mask < n; mask <<= 1) {
     if ((position & mask) != 0) {
       link.send_now(accum, bytes, wrap(position - mask + root, n), kTagReduce);
       return;
     }
     if (position + mask < n) {
-      link.recv_now(incoming.data(), bytes, wrap(position + mask + root, n), kTagReduce);
-      reduction.apply(accum, incoming.data(), bytes);
+      link.recv_now(incoming, bytes, wrap(position + mask + root, n), kTagReduce);
+      reduction.apply(accum, incoming, bytes);
     }
   }
 }
@@ -665,9 +674,8 @@ Traffic reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_
     hierarchical_reduce_scatter(ctx, node_table(ctx, call.rank, call.n), bytes_of(sendbuf), bytes_of(recvbuf), block,
                                 reduction, traffic);
   } else if (recvcount > 0) {
-    std::vector<std::byte> copy;
-    if (!in_place) copy.assign(bytes_of(sendbuf), bytes_of(sendbuf) + total);
-    std::byte* work = in_place ? in_place_input : copy.data();
+    std::byte* work = in_place ? in_place_input : scratch(1, total);
+    if (!in_place) copy_bytes(work, sendbuf, total);
     Link link(ctx.comm, node_map(ctx, call.n), traffic);
     const Blocks blocks = equal_blocks(block, call.n);
     if (algo == Algo::ring)
@@ -692,9 +700,9 @@ Traffic alltoall(Algo algo, const void* sendbuf, void* recvbuf, std::size_t coun
     return traffic;
   }
   const std::size_t block = count * call.elem_size;
-  std::vector<std::byte> staged;
-  if (in_place) staged.assign(bytes_of(sendbuf), bytes_of(sendbuf) + block * static_cast<std::size_t>(call.n));
-  const std::byte* source = in_place ? staged.data() : bytes_of(sendbuf);
+  std::byte* staged = in_place ? scratch(1, block * static_cast<std::size_t>(call.n)) : nullptr;
+  if (in_place) copy_bytes(staged, sendbuf, block * static_cast<std::size_t>(call.n));
+  const std::byte* source = in_place ? staged : bytes_of(sendbuf);
   auto block_at = [block](auto* buf, int b) { return buf + static_cast<std::size_t>(b) * block; };
   copy_bytes(block_at(bytes_of(recvbuf), call.rank), block_at(source, call.rank), block);
   if (count == 0) return traffic;
@@ -743,12 +751,8 @@ Traffic reduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count,
                                 ctx.types->datatype(dtype), ctx.types->op(dtype, op), root, ctx.comm));
   } else {
     // Only the root's recvbuf may be written, so other ranks accumulate in a copy of their input.
-    std::vector<std::byte> partial;
-    if (is_root)
-      copy_bytes(recvbuf, sendbuf, bytes);
-    else
-      partial.assign(bytes_of(sendbuf), bytes_of(sendbuf) + bytes);
-    std::byte* accum = is_root ? bytes_of(recvbuf) : partial.data();
+    std::byte* accum = is_root ? bytes_of(recvbuf) : scratch(1, bytes);
+    copy_bytes(accum, sendbuf, bytes);
     if (count > 0) {
       Link link(ctx.comm, node_map(ctx, call.n), traffic);
       const Reduction reduction{dtype, op};
@@ -784,10 +788,10 @@ Traffic sendrecv(Algo algo, const void* sendbuf, void* recvbuf, std::size_t coun
     copy_bytes(recvbuf, sendbuf, bytes);
     return traffic;
   }
-  std::vector<std::byte> staged;
-  if (in_place) staged.assign(bytes_of(sendbuf), bytes_of(sendbuf) + bytes);
+  std::byte* staged = in_place ? scratch(1, bytes) : nullptr;
+  if (in_place) copy_bytes(staged, sendbuf, bytes);
   Link link(ctx.comm, node_map(ctx, call.n), traffic);
-  link.exchange(in_place ? staged.data() : bytes_of(sendbuf), bytes, right, bytes_of(recvbuf), bytes, left,
+  link.exchange(in_place ? staged : bytes_of(sendbuf), bytes, right, bytes_of(recvbuf), bytes, left,
                 kTagSendrecv);
   return traffic;
 }
