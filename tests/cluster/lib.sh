@@ -3,12 +3,16 @@
 # the PIDs it started, plus the report lines the pytest wrapper reads ("PASS|FAIL|SKIP <tab> check <tab>
 # detail"). Nothing here touches the machine's own Slurm or munge configuration.
 #
-# Environment: STRATA_BUILD_DIR (programs) [build], STRATA_CLUSTER_REPORT (report file) [stdout only],
+# Environment: STRATA_BUILD_DIR (programs) [build]; STRATA_CLUSTER_REPORT (file the report lines are appended
+# to; they always go to stderr too); STRATA_CLUSTER_JOB_LIMIT (seconds one job may take before it counts as
+# hung and is cancelled) [150]; STRATA_CLUSTER_TIME_LIMIT (seconds all jobs of a script may take) [300];
 # STRATA_CLUSTER_KEEP=1 keeps the temporary folder for a post-mortem.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${STRATA_BUILD_DIR:-$REPO/build}
 REPORT=${STRATA_CLUSTER_REPORT:-/dev/null}
+JOB_LIMIT=${STRATA_CLUSTER_JOB_LIMIT:-150}
+DEADLINE=$((SECONDS + ${STRATA_CLUSTER_TIME_LIMIT:-300}))  # so that a hung cluster cannot stack up job limits
 SKIPPED=77   # the automake convention for "could not run here"
 FAILURES=0
 STARTED_PIDS=()   # every daemon this script started, in start order
@@ -173,9 +177,11 @@ submit() {
   echo "${out%%;*}"
 }
 
-# wait_job ID SECONDS: waits until no task of job ID is pending or running; fails after SECONDS.
+# wait_job ID SECONDS: waits until no task of job ID is pending or running; fails after SECONDS, or at the
+# script's deadline if that comes first, and cancels the job.
 wait_job() {
   local id=$1 limit=$2 start=$SECONDS
+  [ $((DEADLINE - SECONDS)) -ge "$limit" ] || limit=$((DEADLINE - SECONDS > 1 ? DEADLINE - SECONDS : 1))
   while [ -n "$("${CTL[@]}" timeout 20 squeue -h -j "$id" -o %i 2>/dev/null)" ]; do
     if [ $((SECONDS - start)) -ge "$limit" ]; then
       log "job $id still queued or running after ${limit}s; cancelling it"

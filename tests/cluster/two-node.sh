@@ -20,7 +20,6 @@ install_traps
 make_workdir
 cd "$WORK"
 CHECK="python3 $REPO/tests/cluster/check_results.py"
-JOB_LIMIT=${STRATA_CLUSTER_JOB_LIMIT:-150}
 cpus=$(nproc)
 
 # ---- two hosts and the cluster ----------------------------------------------------------------------------
@@ -58,7 +57,7 @@ expect_job() {
 gemm="$BUILD/strata-gemm --shapes 64x64x64 -n 3 -w 1 -q -O $WORK/results/srun-\$SLURM_JOB_ID.h5"
 if id=$(submit --time=5 --nodes=2 --ntasks-per-node=1 --output=srun-%j.out --wrap "srun --mpi=pmix $gemm"); then
   if ! wait_job "$id" "$JOB_LIMIT"; then
-    report FAIL two-node-srun "job $id did not finish within ${JOB_LIMIT}s"
+    report FAIL two-node-srun "job $id did not finish in the time allowed; cancelled"
   elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
     report FAIL two-node-srun "job $id ended as: $states; $(tail_of "srun-$id.out")"
   elif out=$($CHECK runs "results/srun-$id.h5" --runs 1 --job-id "$id" --launcher srun --n-nodes 2 --n-ranks 2 \
@@ -83,7 +82,7 @@ else
           submit --time=5 --nodes=2 "$REPO/scripts/slurm/collective-sweep.sbatch"); then
     file=results/collective-sweep-$id.h5
     if ! wait_job "$id" "$JOB_LIMIT"; then
-      report FAIL two-node-sweep "job $id did not finish within ${JOB_LIMIT}s"
+      report FAIL two-node-sweep "job $id did not finish in the time allowed; cancelled"
       report SKIP two-node-sweep-traffic "the sweep did not finish"
     elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
       report FAIL two-node-sweep "job $id ended as: $states; $(tail_of "strata-collective-sweep-$id.out")"
