@@ -1,5 +1,6 @@
-// strata-attention: scaled dot-product attention forward and backward, every rank at once: the CPU's
-// flash-style kernels (blocked online softmax) beside a materialised-softmax baseline. FLOPs follow
+// strata-attention: scaled dot-product attention forward and backward, every rank at once: flash-style
+// kernels (blocked online softmax; on the GPU fused, on tensor cores) beside a materialised-softmax
+// baseline (CPU: naive; GPU: unfused cuBLASLt products and a softmax kernel). FLOPs follow
 // flash-attention: forward 4*b*h*sq*skv*d (half when causal), backward 2.5x forward. Every case is
 // checked against a float64 reference on fresh random inputs.
 #include <cmath>
@@ -11,6 +12,11 @@
 #include "kernels/attention.h"
 #include "kernels/cpu_peak.h"
 #include "kernels/gemm_check.h"
+#ifdef STRATA_HAVE_CUDA
+#include "bench/timer_cuda.h"
+#include "kernels/attention_cuda.h"
+#include "kernels/cuda_info.h"
+#endif
 
 namespace {
 
@@ -34,6 +40,7 @@ struct Case {
   Shape shape;
   std::string impl;
   std::string pass;  // fwd, bwd, fwdbwd
+  std::string dtype;
 };
 
 std::vector<int> int_list(const std::string& text, const char* what) {
@@ -47,8 +54,11 @@ std::vector<int> int_list(const std::string& text, const char* what) {
 }
 
 std::vector<Case> plan_cases(const Options& o) {
-  if (o.backend != "cpu") throw UsageError("--backend " + o.backend + ": this strata-attention runs the cpu backend only");
-  if (o.dtype != "fp32") throw UsageError("dtype " + o.dtype + " is not available on the cpu backend (cpu: fp32)");
+  const bool cpu = o.backend == "cpu";
+  for (const auto& d : split(o.dtype, ','))
+    if (cpu ? d != "fp32" : (d != "fp16" && d != "bf16"))
+      throw UsageError("dtype " + d + " is not available on the " + o.backend + " backend (" +
+                       (cpu ? "cpu: fp32" : "cuda: fp16, bf16") + ")");
   std::vector<int> seqs = int_list(o.seq, "--seq");
   std::vector<int> seqs_kv = o.seq_kv.empty() ? std::vector<int>{} : int_list(o.seq_kv, "--seq-kv");
   std::vector<int> dims = int_list(o.dims, "--dim");
@@ -57,7 +67,8 @@ std::vector<Case> plan_cases(const Options& o) {
   if (o.causal != "no") causal.push_back(true);
   std::vector<std::string> impls = split(o.impls, ','), passes = split(o.passes, ',');
   for (const auto& i : impls)
-    if (i != "flash" && i != "naive") throw UsageError("unknown implementation '" + i + "' (cpu: flash, naive)");
+    if (cpu ? (i != "flash" && i != "naive") : (i != "flash" && i != "unfused"))
+      throw UsageError("unknown implementation '" + i + "' (" + (cpu ? "cpu: flash, naive" : "cuda: flash, unfused") + ")");
   for (const auto& p : passes)
     if (p != "fwd" && p != "bwd" && p != "fwdbwd") throw UsageError("unknown pass '" + p + "' (fwd, bwd, fwdbwd)");
   std::vector<Case> cases;
@@ -66,11 +77,19 @@ std::vector<Case> plan_cases(const Options& o) {
       for (int skv : seqs_kv.empty() ? std::vector<int>{seqs[si]} : seqs_kv)
         for (bool c : causal)
           for (const auto& pass : passes)
-            for (const auto& impl : impls) {
-              Shape s{o.batch, o.heads, o.kv_heads ? o.kv_heads : o.heads, seqs[si], skv, d, c};
-              if (std::string problem = attention::validate(s); !problem.empty()) throw UsageError(problem);
-              cases.push_back({s, impl, pass});
-            }
+            for (const auto& impl : impls)
+              for (const auto& dtype : split(o.dtype, ',')) {
+                Shape s{o.batch, o.heads, o.kv_heads ? o.kv_heads : o.heads, seqs[si], skv, d, c};
+                if (std::string problem = attention::validate(s); !problem.empty()) throw UsageError(problem);
+#ifdef STRATA_HAVE_CUDA
+                if (!cpu) {
+                  std::string problem = attention::gpu::validate(s, *attention::gpu::parse_dtype(dtype),
+                                                                 *attention::gpu::parse_impl(impl));
+                  if (!problem.empty()) throw UsageError(problem);
+                }
+#endif
+                cases.push_back({s, impl, pass, dtype});
+              }
   return cases;
 }
 
@@ -134,6 +153,70 @@ CheckOutcome check_slice(const Shape& s, const Tensors& t, bool backward, uint64
   return out;
 }
 
+// One case's kernels behind the same calls on either backend.
+struct Workload {
+  std::function<void()> forward, backward;
+  std::function<CheckOutcome(bool backward)> check;
+  Timer* timer = nullptr;
+  virtual ~Workload() = default;
+};
+
+struct CpuWorkload final : Workload {
+  Tensors t;
+  HostTimer host_timer;
+  CpuWorkload(const Case& c, uint64_t seed, const attention::CpuOptions& options) : t(c.shape, seed) {
+    const Shape s = c.shape;
+    const bool naive = c.impl == "naive";
+    forward = [this, s, naive, options] {
+      (naive ? attention::naive_forward : attention::flash_forward)(s, t.q.data(), t.k.data(), t.v.data(),
+                                                                    t.o.data(), t.lse.data(), options);
+    };
+    backward = [this, s, naive, options] {
+      (naive ? attention::naive_backward : attention::flash_backward)(s, t.q.data(), t.k.data(), t.v.data(),
+                                                                      t.o.data(), t.d_o.data(), t.lse.data(),
+                                                                      t.dq.data(), t.dk.data(), t.dv.data(), options);
+    };
+    check = [this, s, seed](bool with_backward) { return check_slice(s, t, with_backward, seed); };
+    timer = &host_timer;
+  }
+};
+
+std::unique_ptr<Workload> cpu_workload(const Case& c, uint64_t seed, const attention::CpuOptions& options) {
+  return std::make_unique<CpuWorkload>(c, seed, options);
+}
+
+#ifdef STRATA_HAVE_CUDA
+struct GpuWorkload final : Workload {
+  attention::gpu::Attention attention;
+  std::unique_ptr<Timer> event_timer;
+  GpuWorkload(const Case& c, uint64_t seed)
+      : attention(c.shape, *attention::gpu::parse_dtype(c.dtype), *attention::gpu::parse_impl(c.impl), seed),
+        event_timer(make_cuda_event_timer(attention.stream())) {
+    attention.poison_outputs();
+    forward = [this] { attention.forward(); };
+    backward = [this] { attention.backward(); };
+    // The same slice as on the CPU: batch 0, the query heads of one kv head, against float64.
+    check = [this, seed](bool with_backward) {
+      const int kv_head = static_cast<int>(seed % static_cast<uint64_t>(attention.shape().heads_kv));
+      attention::gpu::CheckReport report = attention::gpu::check(attention, with_backward, 0, kv_head);
+      CheckOutcome out;
+      for (const attention::ErrorReport* r : {&report.o, &report.lse, &report.dq, &report.dk, &report.dv})
+        out.worst_rel_l2 = std::max(out.worst_rel_l2, std::isnan(r->rel_l2) ? INFINITY : r->rel_l2);
+      out.bad = report.passed ? 0 : std::max<int64_t>(1, static_cast<int64_t>(report.o.bad + report.lse.bad +
+                                                                           report.dq.bad + report.dk.bad + report.dv.bad));
+      return out;
+    };
+    timer = event_timer.get();
+  }
+};
+
+std::unique_ptr<Workload> gpu_workload(const Case& c, uint64_t seed) { return std::make_unique<GpuWorkload>(c, seed); }
+#else
+std::unique_ptr<Workload> gpu_workload(const Case&, uint64_t) {
+  throw UsageError("--backend cuda: this strata-attention was built without CUDA");
+}
+#endif
+
 int run_attention(int argc, char** argv) {
   HarnessOptions h;
   Options o;
@@ -146,9 +229,9 @@ int run_attention(int argc, char** argv) {
   cli.option("dim", 'D', "head dimensions (comma-separated)", o.dims);
   cli.choice("causal", 0, "causal mask", o.causal, {"yes", "no", "both"});
   cli.option("pass", 'p', "passes: fwd,bwd,fwdbwd", o.passes);
-  cli.option("impl", 0, "implementations: flash,naive (cpu)", o.impls);
+  cli.option("impl", 0, "implementations: flash,naive (cpu); flash,unfused (cuda)", o.impls);
   cli.choice("backend", 0, "where the kernels run", o.backend, {"cpu", "cuda"});
-  cli.option("dtype", 'd', "element type: fp32 (cpu)", o.dtype);
+  cli.option("dtype", 'd', "element types: fp32 (cpu); fp16,bf16 (cuda)", o.dtype);
   cli.option("threads", 'T', "kernel threads per rank", o.threads, 1);
   cli.option("seed", 0, "random seed of the inputs", o.seed, 0);
   add_harness_options(cli, h);
@@ -158,7 +241,21 @@ int run_attention(int argc, char** argv) {
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe: the kernels hold BLAS to one "
                      "thread per kernel thread");
 
-  Run run("strata-attention", argc, argv, h, cli.resolved_json(), "cpu");
+  std::string device = "cpu";
+  if (o.backend == "cuda") {
+#ifdef STRATA_HAVE_CUDA
+    int gpus = cuda::device_count(), fewest = 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (fewest == 0) throw UsageError("--backend cuda: no CUDA device is visible to every rank");
+    Comm node = split_shared_memory(MPI_COMM_WORLD);
+    const int gpu = node.rank() % gpus;  // one GPU per local rank
+    cuda::set_device(gpu);
+    device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu);
+#else
+    throw UsageError("--backend cuda: this strata-attention was built without CUDA");
+#endif
+  }
+  Run run("strata-attention", argc, argv, h, cli.resolved_json(), device);
   run.set_case_count(static_cast<int>(cases.size()));
   run.cases()
       .add_column("backend", ColumnKind::string, "").add_column("impl", ColumnKind::string, "")
@@ -174,17 +271,19 @@ int run_attention(int argc, char** argv) {
       .add_column("flop_rate_per_rank", ColumnKind::float64, "FLOP/s", "flop / median over iterations of the mean over ranks")
       .add_column("flop_rate_aggregate", ColumnKind::float64, "FLOP/s", "ranks x flop / median of the per-iteration max over ranks")
       .add_column("flop_rate_slowest_rank", ColumnKind::float64, "FLOP/s", "flop / the slowest rank's own median")
-      .add_column("peak_per_rank", ColumnKind::float64, "FLOP/s", "measured clock x FP32 FLOP/cycle x threads")
+      .add_column("peak_per_rank", ColumnKind::float64, "FLOP/s", "cpu: measured clock x FP32 FLOP/cycle x threads; 0: unknown")
       .add_column("peak_fraction", ColumnKind::float64, "1", "flop_rate_per_rank / peak_per_rank")
       .add_column("check_rel_l2", ColumnKind::float64, "1", "worst relative L2 error against float64, over ranks and outputs");
 
-  const CpuPeak peak = detect_cpu_peak();
+  // Peak known for the CPU (measured clock x FLOP/cycle); the GPU's tensor-core peak is stored as 0 (unknown).
+  const CpuPeak peak = o.backend == "cpu" ? detect_cpu_peak() : CpuPeak{};
   const double peak_per_rank = peak.per_core(false) * o.threads;
   ConsoleTable table({{"impl", 5}, {"pass", 6}, {"causal", 6}, {"B", 3}, {"Hq", 4}, {"Hkv", 4}, {"Sq", 6}, {"Skv", 6},
                       {"D", 4}, {"time(ms)", 10}, {"GFLOP/s/rank", 12}, {"GFLOP/s(all)", 12}, {"%peak", 6}, {"rel_l2", 9}});
   if (run.is_root()) {
-    std::printf("# strata-attention: %d rank(s), cpu fp32, %d kernel thread(s) per rank; FLOPs: flash-attention "
-                "convention (fwd 4bhsqskvd, /2 causal; bwd 2.5x)\n", run.context().n_ranks, o.threads);
+    std::printf("# strata-attention: %d rank(s), %s %s, %d kernel thread(s) per rank; FLOPs: flash-attention "
+                "convention (fwd 4bhsqskvd, /2 causal; bwd 2.5x)\n", run.context().n_ranks, o.backend.c_str(),
+                o.dtype.c_str(), o.threads);
     std::printf("# time: median over iterations of the per-iteration max over ranks; GFLOP/s/rank from the mean over ranks\n");
     table.print_header();
   }
@@ -196,33 +295,24 @@ int run_attention(int argc, char** argv) {
     const Case& c = cases[index];
     const Shape& s = c.shape;
     const uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
-    Tensors t(s, seed);
-    const bool naive = c.impl == "naive";
-    auto forward = [&] {
-      (naive ? attention::naive_forward : attention::flash_forward)(s, t.q.data(), t.k.data(), t.v.data(), t.o.data(),
-                                                                    t.lse.data(), kernel_options);
-    };
-    auto backward = [&] {
-      (naive ? attention::naive_backward : attention::flash_backward)(s, t.q.data(), t.k.data(), t.v.data(), t.o.data(),
-                                                                      t.d_o.data(), t.lse.data(), t.dq.data(),
-                                                                      t.dk.data(), t.dv.data(), kernel_options);
-    };
-    // Untimed check on poisoned outputs; the backward pass needs the forward's O and lse anyway.
     const bool has_bwd = c.pass != "fwd";
-    forward();
-    if (has_bwd) backward();
-    CheckOutcome check = check_slice(s, t, has_bwd, seed);
+    std::unique_ptr<Workload> work = o.backend == "cpu" ? cpu_workload(c, seed, kernel_options) : gpu_workload(c, seed);
+    // Untimed check on poisoned outputs; the backward pass needs the forward's O and lse anyway.
+    work->forward();
+    if (has_bwd) work->backward();
+    CheckOutcome check = work->check(has_bwd);
     double worst = allreduce_max(MPI_COMM_WORLD, check.worst_rel_l2);
 
-    std::function<void()> body = c.pass == "fwd" ? std::function<void()>(forward)
-                               : c.pass == "bwd" ? std::function<void()>(backward)
-                                                 : std::function<void()>([&] { forward(); backward(); });
-    HostTimer timer;
-    std::vector<double> samples = run.measure(timer, body);
+    std::function<void()> body = c.pass == "fwd" ? work->forward
+                               : c.pass == "bwd" ? work->backward
+                                                 : std::function<void()>([&] { work->forward(); work->backward(); });
+    std::vector<double> samples = run.measure(*work->timer, body);
 
     const double fwd = attention::forward_flops(s), bwd = attention::backward_flops(s);
     const double flop = c.pass == "fwd" ? fwd : c.pass == "bwd" ? bwd : fwd + bwd;
-    const double q_bytes = 4.0 * t.q.size(), kv_bytes = 4.0 * t.k.size(), lse_bytes = 4.0 * t.lse.size();
+    const double elem = c.dtype == "fp32" ? 4.0 : 2.0;
+    const double q_bytes = elem * attention::q_elements(s), kv_bytes = elem * attention::kv_elements(s);
+    const double lse_bytes = 4.0 * attention::lse_elements(s);
     const double bytes_fwd = 2 * q_bytes + 2 * kv_bytes + lse_bytes;                       // Q,K,V in; O,lse out
     const double bytes_bwd = 3 * q_bytes + 2 * kv_bytes + lse_bytes + q_bytes + 2 * kv_bytes;  // Q,O,dO,K,V,lse in; dQ,dK,dV out
     const double bytes = c.pass == "fwd" ? bytes_fwd : c.pass == "bwd" ? bytes_bwd : bytes_fwd + bytes_bwd;
@@ -232,7 +322,7 @@ int run_attention(int argc, char** argv) {
                   s.causal ? " causal" : "", s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_kv, s.head_dim);
     CaseResult r = run.record(samples, check.bad, label,
         [&](Table& row) {
-          row.set("backend", o.backend).set("impl", c.impl).set("pass", c.pass).set("dtype", o.dtype)
+          row.set("backend", o.backend).set("impl", c.impl).set("pass", c.pass).set("dtype", c.dtype)
               .set("causal", s.causal ? 1 : 0).set("batch", s.batch).set("heads_q", s.heads_q)
               .set("heads_kv", s.heads_kv).set("seq_q", s.seq_q).set("seq_kv", s.seq_kv).set("head_dim", s.head_dim)
               .set("threads", o.threads).set("flop", flop).set("bytes", bytes);
@@ -257,7 +347,7 @@ int run_attention(int argc, char** argv) {
     }
   }
   if (run.is_root()) {
-    std::printf("# peak per rank: %s\n", peak.source(false, o.threads).c_str());
+    if (o.backend == "cpu") std::printf("# peak per rank: %s\n", peak.source(false, o.threads).c_str());
     std::printf("# results: %s\n", run.output_path().c_str());
   }
   return run.finish();

@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "../kernels/attention.h"
-#include "check.h"
+#include "kernels/attention.h"
+#include "bench/check.h"
 
 namespace {
 

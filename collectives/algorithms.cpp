@@ -20,6 +20,8 @@ namespace {
 
 // MPI counts are int: larger messages go as several pieces.
 constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
+// Reduction steps of the ring move this much at a time (two slots of it stay in a core's L2).
+constexpr std::size_t kReduceSegmentBytes = std::size_t{256} << 10;
 
 // One tag per operation, so a stray message of one collective can never match a receive of another.
 enum Tag : int {
@@ -104,6 +106,11 @@ class Link {
     STRATA_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
   }
 
+  // One receive with its own request, of at most kMaxMessageBytes, for callers that wait piece by piece.
+  void post_recv_one(std::byte* buf, std::size_t bytes, int src, int tag, MPI_Request* request) {
+    STRATA_MPI_CHECK(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, src, tag, comm_, request));
+  }
+
   void exchange(const std::byte* send, std::size_t send_bytes, int dest, std::byte* recv, std::size_t recv_bytes,
                 int src, int tag) {
     post_recv(recv, recv_bytes, src, tag);
@@ -167,20 +174,35 @@ void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, cons
   const int n = link.size();
   const int right = wrap(link.rank() + 1, n);
   const int left = wrap(link.rank() - 1, n);
-  std::byte* incoming = nullptr;
-  if (reduction != nullptr) {
-    std::size_t largest = 0;
-    for (int b = 0; b < n; ++b) largest = std::max(largest, block_size(blocks, b));
-    incoming = scratch(0, largest);
-  }
+  // With a reduction, blocks travel in segments: each received segment is reduced while the next one
+  // arrives, into one of two scratch slots small enough to stay in cache.
+  const std::size_t elem = reduction != nullptr ? size_of(reduction->dtype) : 1;
+  const std::size_t segment = std::max(elem, kReduceSegmentBytes / elem * elem);
+  std::byte* incoming = reduction != nullptr ? scratch(0, 2 * segment) : nullptr;
   for (int step = 0; step < n - 1; ++step) {
     const int send_block = wrap(link.rank() + shift - step, n);
     const int recv_block = wrap(link.rank() + shift - step - 1, n);
+    std::byte* send_at = buf + blocks[static_cast<std::size_t>(send_block)];
     std::byte* recv_at = buf + blocks[static_cast<std::size_t>(recv_block)];
-    const std::size_t recv_bytes = block_size(blocks, recv_block);
-    link.exchange(buf + blocks[static_cast<std::size_t>(send_block)], block_size(blocks, send_block), right,
-                  reduction != nullptr ? incoming : recv_at, recv_bytes, left, tag);
-    if (reduction != nullptr) reduction->apply(recv_at, incoming, recv_bytes);
+    const std::size_t send_bytes = block_size(blocks, send_block), recv_bytes = block_size(blocks, recv_block);
+    if (reduction == nullptr) {
+      link.exchange(send_at, send_bytes, right, recv_at, recv_bytes, left, tag);
+      continue;
+    }
+    for (std::size_t offset = 0; offset < send_bytes; offset += segment)
+      link.post_send(send_at + offset, std::min(segment, send_bytes - offset), right, tag);
+    const std::size_t pieces = (recv_bytes + segment - 1) / segment;
+    auto piece_bytes = [&](std::size_t k) { return std::min(segment, recv_bytes - k * segment); };
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    for (std::size_t k = 0; k < std::min<std::size_t>(2, pieces); ++k)
+      link.post_recv_one(incoming + k * segment, piece_bytes(k), left, tag, &requests[k]);
+    for (std::size_t k = 0; k < pieces; ++k) {
+      STRATA_MPI_CHECK(MPI_Wait(&requests[k % 2], MPI_STATUS_IGNORE));
+      reduction->apply(recv_at + k * segment, incoming + (k % 2) * segment, piece_bytes(k));
+      if (k + 2 < pieces)
+        link.post_recv_one(incoming + (k % 2) * segment, piece_bytes(k + 2), left, tag, &requests[k % 2]);
+    }
+    link.wait_all();
   }
 }
 

@@ -33,7 +33,7 @@
 #endif
 #endif
 
-#include "attention.h"
+#include "kernels/attention.h"
 
 namespace strata::attention {
 namespace {
@@ -177,33 +177,24 @@ inline __m512 exp2_ps(__m512 x) {
 
 inline __mmask16 tail_mask(int remaining) { return static_cast<__mmask16>((1u << remaining) - 1u); }
 
-// p[j] = 2^(s[j] - shift) for j < n (p may alias s); returns the sum of the p[j].
-float exp2_shifted_sum(const float* s, float* p, int n, float shift) {
+// row[j] = 2^(row[j] - shift) for j < n.
+void exp2_shifted(float* row, int n, float shift) {
   const __m512 vshift = _mm512_set1_ps(shift);
-  __m512 sum0 = _mm512_setzero_ps();
-  __m512 sum1 = _mm512_setzero_ps();
   int j = 0;
-  for (; j + 32 <= n; j += 32) {
-    const __m512 e0 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), vshift));
-    const __m512 e1 = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j + 16), vshift));
-    _mm512_storeu_ps(p + j, e0);
-    _mm512_storeu_ps(p + j + 16, e1);
-    sum0 = _mm512_add_ps(sum0, e0);
-    sum1 = _mm512_add_ps(sum1, e1);
+  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(row + j, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(row + j), vshift)));
+  if (j < n) {
+    const __mmask16 m = tail_mask(n - j);
+    _mm512_mask_storeu_ps(row + j, m, exp2_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vshift)));
   }
-  for (; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xFFFF) : tail_mask(n - j);
-    const __m512 e = exp2_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vshift));
-    _mm512_mask_storeu_ps(p + j, m, e);
-    sum0 = _mm512_mask_add_ps(sum0, m, sum0, e);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
 }
 #else
 // Portable 2^x for x <= ~0, written so the compiler can vectorise the loops that call it: round to nearest
 // by the 1.5*2^23 trick, the same polynomial as the AVX-512 path, and 2^n assembled in the exponent bits.
 inline float exp2_scalar(float x) {
-  x = std::max(x, kExp2Floor);
+  // x = max(x, kExp2Floor) on the bit patterns, because an integer min vectorises where a float compare (which
+  // may trap on NaN) does not: a negative float's pattern grows with its magnitude, and every non-negative
+  // float's pattern is below every negative one's.
+  x = std::bit_cast<float>(std::min(std::bit_cast<std::uint32_t>(x), std::bit_cast<std::uint32_t>(kExp2Floor)));
   constexpr float kRoundingShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer...
   const float shifted = x + kRoundingShift;
   const float n = shifted - kRoundingShift;
@@ -215,13 +206,8 @@ inline float exp2_scalar(float x) {
   return p * std::bit_cast<float>((n_bits + 127) << 23);
 }
 
-float exp2_shifted_sum(const float* s, float* p, int n, float shift) {
-  float sum = 0.0f;
-  for (int j = 0; j < n; ++j) {
-    p[j] = exp2_scalar(s[j] - shift);
-    sum += p[j];
-  }
-  return sum;
+void exp2_shifted(float* row, int n, float shift) {
+  for (int j = 0; j < n; ++j) row[j] = exp2_scalar(row[j] - shift);
 }
 #endif
 
@@ -635,7 +621,7 @@ void probabilities_from_lse(const Geometry& g, long first_row, int first_key, in
     float* s = ws.probs.get() + r * ws.key_stride;
     int visible = masked ? visible_columns(g, first_row + r, first_key, columns) : columns;
     if (ws.lse_log2[r] == kNegInf) visible = 0;
-    exp2_shifted_sum(s, s, visible, ws.lse_log2[r]);
+    exp2_shifted(s, visible, ws.lse_log2[r]);
     fill(s + visible, columns - visible, 0.0f);
   }
 }
@@ -654,8 +640,8 @@ void softmax_gradient(const Geometry& g, long first_row, int first_key, int rows
 }
 
 // Keys [first_key, first_key + keys) of one group against every query row of the group that sees them.
-// dK/dV rows of the block belong to this call alone; dQ accumulates into dq (the output or a split's partial),
-// laid out (group, Sq, D) like the group's queries.
+// dK/dV rows of the block belong to this call alone; dQ accumulates into dq (the output, or the worker's
+// private copy when key blocks are split), laid out (group, Sq, D) like the group's queries.
 void backward_key_block(const Geometry& g, const CpuOptions& opt, const BackwardGroup& grp, int first_key,
                         int keys, float* dq, BackwardWorkspace& ws) {
   const int dim = g.dim;

@@ -83,6 +83,9 @@ struct CheckReport {
   std::string summary;             // one line: worst relative L2 and bad counts per tensor
 };
 
+// O, lse and dV are held to compare() with attention::tolerance() of the dtype. dQ and dK also pass element
+// differences within a float64 bound on the rounding of dS in the dtype: their terms cancel (each row's dS sums
+// to zero), so rows that see few keys carry rounding that is large beside their own value and the tensor RMS.
 // Reads the outputs of the last forward() (and backward() when `backward`), which must have run. Throws
 // UsageError when batch or kv_head is out of range.
 CheckReport check(const Attention& attention, bool backward, int batch, int kv_head);

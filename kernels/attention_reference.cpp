@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "attention.h"
+#include "kernels/attention.h"
 
 namespace strata::attention {
 namespace {

@@ -4,8 +4,6 @@
 // compare().
 #include <gtest/gtest.h>
 
-#include <cblas.h>
-
 #include <cmath>
 #include <limits>
 #include <ostream>
@@ -14,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../../kernels/attention.h"
+#include "kernels/attention.h"
 
 namespace strata::attention {
 namespace {
@@ -301,10 +299,3 @@ TEST(Compare, ReportsErrors) {
 
 }  // namespace
 }  // namespace strata::attention
-
-// One BLAS thread, as the benchmark programs use it; the kernels hold BLAS to one thread themselves anyway.
-class SingleThreadedBlasEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override { openblas_set_num_threads(1); }
-};
-const auto* const kBlasEnvironment = ::testing::AddGlobalTestEnvironment(new SingleThreadedBlasEnvironment);
