@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <bit>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <numeric>
 #include <string>
 
@@ -169,8 +171,11 @@ std::size_t block_size(const Blocks& blocks, int b) {
 // right and receives block (rank + shift - s - 1) from the left. With a reduction the received block is
 // combined into the local one, so with shift -1 rank r ends holding the full reduction of block r
 // (reduce-scatter); without, it is stored as is, so with shift 0 and block r filled every rank ends with
-// every block (allgather).
-void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, const Reduction* reduction, int tag) {
+// every block (allgather). With `input` (out of place), the reduction reads this rank's contribution from
+// there, so buf needs no copy of the input first: the first step sends from input, and each received
+// segment is combined with input's segment into buf.
+void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, const Reduction* reduction, int tag,
+               const std::byte* input = nullptr) {
   const int n = link.size();
   const int right = wrap(link.rank() + 1, n);
   const int left = wrap(link.rank() - 1, n);
@@ -182,7 +187,8 @@ void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, cons
   for (int step = 0; step < n - 1; ++step) {
     const int send_block = wrap(link.rank() + shift - step, n);
     const int recv_block = wrap(link.rank() + shift - step - 1, n);
-    std::byte* send_at = buf + blocks[static_cast<std::size_t>(send_block)];
+    const std::byte* send_at = (step == 0 && input ? input : buf) + blocks[static_cast<std::size_t>(send_block)];
+    const std::byte* own = input ? input + blocks[static_cast<std::size_t>(recv_block)] : nullptr;
     std::byte* recv_at = buf + blocks[static_cast<std::size_t>(recv_block)];
     const std::size_t send_bytes = block_size(blocks, send_block), recv_bytes = block_size(blocks, recv_block);
     if (reduction == nullptr) {
@@ -198,6 +204,7 @@ void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, cons
       link.post_recv_one(incoming + k * segment, piece_bytes(k), left, tag, &requests[k]);
     for (std::size_t k = 0; k < pieces; ++k) {
       STRATA_MPI_CHECK(MPI_Wait(&requests[k % 2], MPI_STATUS_IGNORE));
+      if (own) copy_bytes(recv_at + k * segment, own + k * segment, piece_bytes(k));
       reduction->apply(recv_at + k * segment, incoming + (k % 2) * segment, piece_bytes(k));
       if (k + 2 < pieces)
         link.post_recv_one(incoming + (k % 2) * segment, piece_bytes(k + 2), left, tag, &requests[k % 2]);
@@ -206,18 +213,20 @@ void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, cons
   }
 }
 
-void ring_reduce_scatter(Link& link, std::byte* buf, const Blocks& blocks, const Reduction& reduction, int tag) {
-  ring_pass(link, buf, blocks, -1, &reduction, tag);
+void ring_reduce_scatter(Link& link, std::byte* buf, const Blocks& blocks, const Reduction& reduction, int tag,
+                         const std::byte* input = nullptr) {
+  ring_pass(link, buf, blocks, -1, &reduction, tag, input);
 }
 
 void ring_allgather(Link& link, std::byte* buf, const Blocks& blocks, int tag) {
   ring_pass(link, buf, blocks, 0, nullptr, tag);
 }
 
-void ring_allreduce(Link& link, std::byte* buf, std::size_t bytes, const Reduction& reduction, int tag) {
+void ring_allreduce(Link& link, std::byte* buf, std::size_t bytes, const Reduction& reduction, int tag,
+                    const std::byte* input = nullptr) {
   const std::size_t elem_size = size_of(reduction.dtype);
   const Blocks blocks = even_blocks(bytes / elem_size, link.size(), elem_size);
-  ring_reduce_scatter(link, buf, blocks, reduction, tag);
+  ring_reduce_scatter(link, buf, blocks, reduction, tag, input);
   ring_allgather(link, buf, blocks, tag);
 }
 
@@ -633,14 +642,17 @@ Traffic allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t cou
                                    ctx.types->datatype(dtype), ctx.types->op(dtype, op), ctx.comm));
   } else {
     const std::size_t bytes = count * call.elem_size;
-    copy_bytes(recvbuf, sendbuf, bytes);
+    // Out of place, the ring reads the input where it is; the other algorithms work on a copy in recvbuf.
+    const bool ring_reads_input = algo == Algo::ring && call.n > 1 && sendbuf != recvbuf;
+    if (!ring_reads_input) copy_bytes(recvbuf, sendbuf, bytes);
     const Reduction reduction{dtype, op};
     if (algo == Algo::hierarchical) {
       hierarchical_allreduce(ctx, node_table(ctx, call.rank, call.n), bytes_of(recvbuf), bytes, reduction, traffic);
     } else if (count > 0) {
       Link link(ctx.comm, node_map(ctx, call.n), traffic);
       if (algo == Algo::ring)
-        ring_allreduce(link, bytes_of(recvbuf), bytes, reduction, kTagAllreduce);
+        ring_allreduce(link, bytes_of(recvbuf), bytes, reduction, kTagAllreduce,
+                       ring_reads_input ? bytes_of(sendbuf) : nullptr);
       else
         recursive_doubling_allreduce(link, bytes_of(recvbuf), bytes, reduction, kTagAllreduce);
     }
