@@ -19,6 +19,13 @@ class CpuGemm {
   void poison_output();
   CheckResult check(int samples, uint64_t seed) const;
   const Shape& shape() const { return shape_; }
+  // The fp32 buffers, for a bare BLAS loop over exactly the same memory (strata-bench-gemm-overhead).
+  struct Fp32Buffers {
+    const float* a;
+    const float* w;
+    float* c;
+  };
+  Fp32Buffers fp32_buffers() { return {a32_.data(), w32_.data(), c32_.data()}; }
 
  private:
   Shape shape_;
