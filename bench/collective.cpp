@@ -527,6 +527,8 @@ int run_collective(int argc, char** argv) {
     ctx.node_of_rank = group.node_of_rank;
     ctx.intra = group.intra.get();
     ctx.inter = group.inter.get();
+    ctx.rank = group_rank;
+    ctx.size = group_size;
     executor = std::make_unique<MpiExecutor>(ctx, o.device_buffers);
   }
 

@@ -22,8 +22,9 @@ namespace {
 
 // MPI counts are int: larger messages go as several pieces.
 constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
-// Reduction steps of the ring move this much at a time (two slots of it stay in a core's L2).
-constexpr std::size_t kReduceSegmentBytes = std::size_t{256} << 10;
+// Reduction steps of the ring move this much at a time: big enough that per-message costs vanish, small
+// enough that the two receive slots stay in cache while they are reduced.
+constexpr std::size_t kReduceSegmentBytes = std::size_t{1} << 20;
 
 // One tag per operation, so a stray message of one collective can never match a receive of another.
 enum Tag : int {
@@ -549,7 +550,8 @@ struct Call {
 Call begin_call(Operation operation, Algo algo, const Context& ctx, DataType dtype) {
   if (!is_supported(operation, algo))
     throw UsageError(std::string(name(operation)) + " has no " + std::string(name(algo)) + " algorithm");
-  const Call call{comm_rank(ctx.comm), comm_size(ctx.comm), size_of(dtype)};
+  const Call call{ctx.rank >= 0 ? ctx.rank : comm_rank(ctx.comm), ctx.size >= 0 ? ctx.size : comm_size(ctx.comm),
+                  size_of(dtype)};
   if (!ctx.node_of_rank.empty() && ctx.node_of_rank.size() != static_cast<std::size_t>(call.n))
     throw UsageError("the node map has " + std::to_string(ctx.node_of_rank.size()) +
                      " entries but the communicator has " + std::to_string(call.n) + " ranks");
@@ -630,6 +632,8 @@ Context world_context(const Layout& layout, const MpiTypes& types) {
   ctx.node_of_rank = layout.node_of_rank();
   ctx.intra = layout.intra();
   ctx.inter = layout.inter();
+  ctx.rank = layout.world_rank();
+  ctx.size = layout.world_size();
   return ctx;
 }
 

@@ -61,6 +61,10 @@ struct Context {
   // local index (one per node, ordered by node index). Every node must hold the same number of ranks.
   MPI_Comm intra = MPI_COMM_NULL;
   MPI_Comm inter = MPI_COMM_NULL;
+  // This rank's rank in comm and comm's size, when the caller knows them (world_context fills them): a
+  // latency-bound call then asks MPI nothing before communicating. -1: asked per call.
+  int rank = -1;
+  int size = -1;
   // Broadcast and reduce chains forward in pieces of this size, so every link of the chain is busy at once.
   std::size_t segment_bytes = std::size_t{128} << 10;
 };
