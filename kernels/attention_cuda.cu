@@ -41,11 +41,20 @@
 #include <vector>
 
 #include "bench/check.h"
+#include "kernels/cuda_handles.h"
 #include "kernels/gemm_check.h"
 
 namespace strata::attention::gpu {
 
 namespace {
+
+using cuda::DeviceBuffer;
+using cuda::LayoutDeleter;
+using cuda::LayoutPtr;
+using cuda::LtHandleDeleter;
+using cuda::MatmulDescDeleter;
+using cuda::PreferenceDeleter;
+using cuda::device_alloc;
 
 // ---------------------------------------------------------------------------------------------------------
 // Device helpers.
@@ -695,30 +704,8 @@ __global__ void __launch_bounds__(kRowThreads) softmax_grad_kernel(const T* prob
 // ---------------------------------------------------------------------------------------------------------
 // Host side.
 
-struct DeviceDeleter {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DeviceBuffer = std::unique_ptr<void, DeviceDeleter>;
 
-DeviceBuffer device_alloc(size_t bytes) {
-  void* p = nullptr;
-  STRATA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
-  return DeviceBuffer(p);
-}
 
-struct LtHandleDeleter {
-  void operator()(cublasLtContext* h) const { cublasLtDestroy(h); }
-};
-struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-};
-struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
-};
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
-};
-using LayoutPtr = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
 
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
 

@@ -17,36 +17,24 @@
 #include <vector>
 
 #include "bench/check.h"
+#include "kernels/cuda_handles.h"
 #include "kernels/cuda_info.h"
 
 namespace strata::gemm {
 
 namespace {
 
+using cuda::DeviceBuffer;
+using cuda::LayoutDeleter;
+using cuda::LayoutPtr;
+using cuda::LtHandleDeleter;
+using cuda::MatmulDescDeleter;
+using cuda::PreferenceDeleter;
+using cuda::device_alloc;
+
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-struct LtHandleDeleter {
-  void operator()(cublasLtContext* h) const { cublasLtDestroy(h); }
-};
-struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-};
-struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
-};
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
-};
-struct DeviceDeleter {
-  void operator()(void* p) const { cudaFree(p); }
-};
-using DeviceBuffer = std::unique_ptr<void, DeviceDeleter>;
 
-DeviceBuffer device_alloc(size_t bytes) {
-  void* p = nullptr;
-  STRATA_CUDA_CHECK(cudaMalloc(&p, bytes));
-  return DeviceBuffer(p);
-}
 
 cudaDataType_t input_type(DType d) {
   switch (d) {
