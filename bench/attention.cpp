@@ -267,12 +267,8 @@ int run_attention(int argc, char** argv) {
       .add_column("flop", ColumnKind::float64, "FLOP",
                   "flash-attention convention: fwd 4*b*hq*sq*skv*d, half when causal; bwd 2.5x fwd; per rank")
       .add_column("bytes", ColumnKind::float64, "B", "tensors read once and written once, per rank");
+  add_flop_rate_columns(run.summary(), "flop");
   run.summary()
-      .add_column("flop_rate_per_rank", ColumnKind::float64, "FLOP/s", "flop / median over iterations of the mean over ranks")
-      .add_column("flop_rate_aggregate", ColumnKind::float64, "FLOP/s", "ranks x flop / median of the per-iteration max over ranks")
-      .add_column("flop_rate_slowest_rank", ColumnKind::float64, "FLOP/s", "flop / the slowest rank's own median")
-      .add_column("peak_per_rank", ColumnKind::float64, "FLOP/s", "cpu: measured clock x FP32 FLOP/cycle x threads; 0: unknown")
-      .add_column("peak_fraction", ColumnKind::float64, "1", "flop_rate_per_rank / peak_per_rank")
       .add_column("check_rel_l2", ColumnKind::float64, "1", "worst relative L2 error against float64, over ranks and outputs");
 
   // Peak known for the CPU (measured clock x FLOP/cycle); the GPU's tensor-core peak is stored as 0 (unknown).
@@ -328,12 +324,8 @@ int run_attention(int argc, char** argv) {
               .set("threads", o.threads).set("flop", flop).set("bytes", bytes);
         },
         [&](Table& row, const CaseResult& res) {
-          double slowest = *std::max_element(res.rank_medians.begin(), res.rank_medians.end());
-          row.set("flop_rate_per_rank", flop / res.rankmean.median)
-              .set("flop_rate_aggregate", ranks * flop / res.rankmax.median)
-              .set("flop_rate_slowest_rank", flop / slowest).set("peak_per_rank", peak_per_rank)
-              .set("peak_fraction", peak_per_rank > 0 ? flop / res.rankmean.median / peak_per_rank : 0.0)
-              .set("check_rel_l2", worst);
+          set_flop_rates(row, flop, res, ranks, peak_per_rank);
+          row.set("check_rel_l2", worst);
         });
     if (run.is_root()) {
       double per_rank = flop / r.rankmean.median;

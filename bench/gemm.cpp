@@ -147,14 +147,8 @@ int run_gemm(int argc, char** argv) {
       .add_column("shape_source", ColumnKind::string, "")
       .add_column("flop", ColumnKind::float64, "FLOP", "2MNK per GEMM per rank")
       .add_column("bytes", ColumnKind::float64, "B", "A, W read once and C written once, per GEMM per rank");
-  const char* rate = "2MNK / median over iterations of the per-iteration mean over ranks";
+  add_flop_rate_columns(run.summary(), "2MNK");
   run.summary()
-      .add_column("flop_rate_per_rank", ColumnKind::float64, "FLOP/s", rate)
-      .add_column("flop_rate_aggregate", ColumnKind::float64, "FLOP/s",
-                  "ranks x 2MNK / median over iterations of the per-iteration max over ranks")
-      .add_column("flop_rate_slowest_rank", ColumnKind::float64, "FLOP/s", "2MNK / the slowest rank's own median")
-      .add_column("peak_per_rank", ColumnKind::float64, "FLOP/s", "0 when unknown; see peak_source")
-      .add_column("peak_fraction", ColumnKind::float64, "1", "flop_rate_per_rank / peak_per_rank")
       .add_column("peak_source", ColumnKind::string, "")
       .add_column("algorithm", ColumnKind::string, "")
       .add_column("check_samples", ColumnKind::int64, "1", "output elements checked per rank")
@@ -219,14 +213,7 @@ int run_gemm(int argc, char** argv) {
           t.set("k", c.shape.k).set("shape_source", c.source).set("flop", flop).set("bytes", bytes);
         },
         [&](Table& t, const CaseResult& r) {
-          double per_rank = flop / r.rankmean.median;
-          t.set("flop_rate_per_rank", per_rank);
-          t.set("flop_rate_aggregate", ranks * flop / r.rankmax.median);
-          double slowest = 0;
-          for (double m : r.rank_medians) slowest = std::max(slowest, m);
-          t.set("flop_rate_slowest_rank", flop / slowest);
-          t.set("peak_per_rank", work.peak_per_rank);
-          t.set("peak_fraction", work.peak_per_rank > 0 ? per_rank / work.peak_per_rank : 0.0);
+          set_flop_rates(t, flop, r, ranks, work.peak_per_rank);
           t.set("peak_source", work.peak_source).set("algorithm", work.algorithm);
           t.set("check_samples", static_cast<int64_t>(check.checked)).set("check_worst_ratio", worst);
         });

@@ -1,6 +1,7 @@
 // Implementation of the measurement harness (see harness.h).
 #include "bench/harness.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csignal>
@@ -277,6 +278,24 @@ int Run::finish() {
     std::fprintf(stderr, "[%s] results: %s (run %s)%s\n", benchmark_.c_str(), output_path_.c_str(), run_id_.c_str(),
                  check_failed_ ? "; OUTPUT CHECK FAILED" : "");
   return check_failed_ ? 1 : 0;
+}
+
+void add_flop_rate_columns(Table& summary, const std::string& flop_name) {
+  summary.add_column("flop_rate_per_rank", ColumnKind::float64, "FLOP/s",
+                     flop_name + " / median over iterations of the per-iteration mean over ranks");
+  summary.add_column("flop_rate_aggregate", ColumnKind::float64, "FLOP/s",
+                     "ranks x " + flop_name + " / median over iterations of the per-iteration max over ranks");
+  summary.add_column("flop_rate_slowest_rank", ColumnKind::float64, "FLOP/s", flop_name + " / the slowest rank's own median");
+  summary.add_column("peak_per_rank", ColumnKind::float64, "FLOP/s", "0 when unknown");
+  summary.add_column("peak_fraction", ColumnKind::float64, "1", "flop_rate_per_rank / peak_per_rank; 0 when unknown");
+}
+
+void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks, double peak_per_rank) {
+  const double per_rank = flop / result.rankmean.median;
+  const double slowest = *std::max_element(result.rank_medians.begin(), result.rank_medians.end());
+  row.set("flop_rate_per_rank", per_rank).set("flop_rate_aggregate", ranks * flop / result.rankmax.median);
+  row.set("flop_rate_slowest_rank", flop / slowest).set("peak_per_rank", peak_per_rank);
+  row.set("peak_fraction", peak_per_rank > 0 ? per_rank / peak_per_rank : 0.0);
 }
 
 struct Watchdog::State {

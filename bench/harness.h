@@ -133,6 +133,12 @@ class Run {
   std::chrono::steady_clock::time_point started_;
 };
 
+// The FLOP-rate columns every compute benchmark reports, with one convention: per rank from the median of
+// the per-iteration mean over ranks; aggregate = ranks x flop over the median of the per-iteration max; the
+// slowest rank from its own median; the fraction of a known peak (0 when unknown).
+void add_flop_rate_columns(Table& summary, const std::string& flop_name);
+void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks, double peak_per_rank);
+
 // Ends the job when one case takes longer than its limit: a hung collective is reported (what was
 // running, on which rank) instead of waiting forever. Rank 0 first closes its run as failed, with the
 // reason, so the file keeps every completed case. Each rank arms its own watchdog around a case.
