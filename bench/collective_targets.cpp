@@ -107,7 +107,8 @@ int run_targets(int argc, char** argv) {
   say("\n# blocking allreduce latency (one call per sample, barrier between), median over ranks' samples\n");
   say("%10s %12s %12s %10s\n", "size(B)", "harness(us)", "bare(us)", "overhead");
   double worst_overhead = -1e9;
-  for (size_t bytes = 8; bytes <= size_t{1} << 20; bytes *= 8) {
+  for (size_t bytes : {size_t{8}, size_t{64}, size_t{512}, size_t{4} << 10, size_t{32} << 10, size_t{256} << 10,
+                       size_t{1} << 20}) {
     const size_t count = bytes / sizeof(float);
     std::vector<float> in(count, 1.0f), out(count);
     std::vector<double> harnessed, bare;
