@@ -120,7 +120,7 @@ int run_gemm(int argc, char** argv) {
   std::vector<GemmCase> cases = plan_cases(o);
 
   const int rank = world_rank();
-  int device = -1;
+  [[maybe_unused]] int device = -1;  // the GPU this rank drives (CUDA builds)
   std::string device_text = "cpu";
   if (o.backend == "cuda") {
 #ifdef STRATA_HAVE_CUDA
