@@ -29,9 +29,9 @@ struct Options {
   std::string dims = "64";
   std::string causal = "both";
   std::string passes = "fwd,bwd";
-  std::string impls = "flash,naive";
+  std::string impls;  // empty: flash,naive on the cpu; flash,unfused on cuda
   std::string backend = "cpu";
-  std::string dtype = "fp32";
+  std::string dtype;  // empty: fp32 on the cpu; bf16 on cuda
   int threads = 1;
   int64_t seed = 1;
 };
@@ -229,13 +229,15 @@ int run_attention(int argc, char** argv) {
   cli.option("dim", 'D', "head dimensions (comma-separated)", o.dims);
   cli.choice("causal", 0, "causal mask", o.causal, {"yes", "no", "both"});
   cli.option("pass", 'p', "passes: fwd,bwd,fwdbwd", o.passes);
-  cli.option("impl", 0, "implementations: flash,naive (cpu); flash,unfused (cuda)", o.impls);
+  cli.option("impl", 0, "implementations: flash,naive (cpu, default); flash,unfused (cuda, default)", o.impls);
   cli.choice("backend", 0, "where the kernels run", o.backend, {"cpu", "cuda"});
-  cli.option("dtype", 'd', "element types: fp32 (cpu); fp16,bf16 (cuda)", o.dtype);
+  cli.option("dtype", 'd', "element types: fp32 (cpu, default); fp16,bf16 (cuda; default bf16)", o.dtype);
   cli.option("threads", 'T', "kernel threads per rank", o.threads, 1);
   cli.option("seed", 0, "random seed of the inputs", o.seed, 0);
   add_harness_options(cli, h);
   if (!cli.parse(argc, argv)) return 0;
+  if (o.impls.empty()) o.impls = o.backend == "cpu" ? "flash,naive" : "flash,unfused";
+  if (o.dtype.empty()) o.dtype = o.backend == "cpu" ? "fp32" : "bf16";
   std::vector<Case> cases = plan_cases(o);
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe: the kernels hold BLAS to one "
