@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <set>
 
 #include "bench/cli.h"
 #include "bench/json.h"
@@ -119,20 +118,16 @@ RunContext collect_context(int argc, const char* const* argv, const std::string&
   int rank = world_rank();
   ctx.n_ranks = world_size();
 
-  // Nodes: ranks sharing memory. A node is named by its lowest world rank, then numbered in that order.
+  // Nodes: ranks sharing memory, numbered in the order of their lowest world rank.
+  const std::vector<int> node_of_rank = shared_memory_node_of_rank();
+  ctx.n_nodes = *std::max_element(node_of_rank.begin(), node_of_rank.end()) + 1;
   Comm node = split_shared_memory(world);
-  int leader = 0;
-  STRATA_MPI_CHECK(MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, node.get()));
-  std::vector<int> leaders(static_cast<size_t>(ctx.n_ranks));
-  STRATA_MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, world));
-  std::set<int> distinct(leaders.begin(), leaders.end());
-  ctx.n_nodes = static_cast<int>(distinct.size());
 
   std::vector<int> cpus = affinity_cpus();
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   ctx.self.rank = rank;
   ctx.self.host = hostname();
-  ctx.self.node_index = static_cast<int>(std::distance(distinct.begin(), distinct.find(leader)));
+  ctx.self.node_index = node_of_rank[static_cast<size_t>(rank)];
   ctx.self.local_rank = node.rank();
   ctx.self.ranks_on_node = node.size();
   ctx.self.affinity = cpu_list(cpus);

@@ -1,6 +1,8 @@
 // Implementation of the MPI helpers (see mpi.h).
 #include "bench/mpi.h"
 
+#include <algorithm>
+
 #if __has_include(<mpi-ext.h>)
 #include <mpi-ext.h>  // Open MPI's extensions: MPIX_Query_cuda_support
 #endif
@@ -58,6 +60,35 @@ Comm split_shared_memory(MPI_Comm comm) {
   STRATA_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &out));
   STRATA_MPI_CHECK(MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN));
   return Comm(out);
+}
+
+std::vector<int> shared_memory_node_of_rank() {
+  int rank = world_rank(), leader = 0;
+  Comm node = split_shared_memory(MPI_COMM_WORLD);
+  STRATA_MPI_CHECK(MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, node.get()));
+  std::vector<int> leaders(static_cast<size_t>(world_size()));
+  STRATA_MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  std::vector<int> distinct = leaders;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::vector<int> node_of_rank;
+  for (int l : leaders)
+    node_of_rank.push_back(static_cast<int>(std::lower_bound(distinct.begin(), distinct.end(), l) - distinct.begin()));
+  return node_of_rank;
+}
+
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  int size = 0;
+  STRATA_MPI_CHECK(MPI_Comm_size(comm, &size));
+  MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  STRATA_MPI_CHECK(MPI_Comm_group(comm, &group));
+  STRATA_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+  std::vector<int> ranks(static_cast<size_t>(size)), world_ranks(ranks.size());
+  for (int r = 0; r < size; ++r) ranks[static_cast<size_t>(r)] = r;
+  STRATA_MPI_CHECK(MPI_Group_translate_ranks(group, size, ranks.data(), world_group, world_ranks.data()));
+  STRATA_MPI_CHECK(MPI_Group_free(&group));
+  STRATA_MPI_CHECK(MPI_Group_free(&world_group));
+  return world_ranks;
 }
 
 std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root) {

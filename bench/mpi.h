@@ -56,6 +56,11 @@ int world_rank();
 int world_size();
 Comm split(MPI_Comm comm, int color, int key);
 Comm split_shared_memory(MPI_Comm comm);  // the ranks of this node
+// Each world rank's node: ranks sharing memory (MPI_Comm_split_type) form a node, and nodes are numbered in
+// the order of their lowest world rank, so every rank derives the same numbering. Collective over the world.
+std::vector<int> shared_memory_node_of_rank();
+// World ranks of a communicator's members, in its rank order.
+std::vector<int> world_ranks_of(MPI_Comm comm);
 
 // Rank `root` receives every rank's string (in rank order); others receive an empty vector.
 std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root = 0);

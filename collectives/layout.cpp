@@ -10,38 +10,13 @@
 namespace strata::coll {
 
 using strata::split;
+using strata::shared_memory_node_of_rank;
+using strata::world_ranks_of;
 using strata::world_rank;
 using strata::world_size;
 
 namespace {
 
-// Real nodes: each rank learns the lowest world rank on its shared-memory node, and nodes are numbered in
-// the order of those leaders, so every rank derives the same numbering.
-std::vector<int> real_node_of_rank() {
-  MPI_Comm shared_handle = MPI_COMM_NULL;
-  STRATA_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL,
-                                       &shared_handle));
-  const Comm shared(shared_handle);
-  MPI_Group shared_group = MPI_GROUP_NULL;
-  MPI_Group world_group = MPI_GROUP_NULL;
-  STRATA_MPI_CHECK(MPI_Comm_group(shared.get(), &shared_group));
-  STRATA_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
-  const int first_local = 0;
-  int leader = 0;
-  STRATA_MPI_CHECK(MPI_Group_translate_ranks(shared_group, 1, &first_local, world_group, &leader));
-  STRATA_MPI_CHECK(MPI_Group_free(&shared_group));
-  STRATA_MPI_CHECK(MPI_Group_free(&world_group));
-
-  std::vector<int> leaders(static_cast<std::size_t>(world_size()));
-  STRATA_MPI_CHECK(MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD));
-  std::vector<int> distinct = leaders;
-  std::sort(distinct.begin(), distinct.end());
-  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
-  std::vector<int> node_of_rank;
-  for (int l : leaders)
-    node_of_rank.push_back(static_cast<int>(std::lower_bound(distinct.begin(), distinct.end(), l) - distinct.begin()));
-  return node_of_rank;
-}
 
 std::vector<int> emulated_node_of_rank(int ranks_per_node, int size) {
   if (ranks_per_node < 0 || size % ranks_per_node != 0)
@@ -74,7 +49,7 @@ int first_tp_group_across_nodes(int tp, const std::vector<int>& node_of_rank) {
 Layout::Layout(int ranks_per_node)
     : emulated_(ranks_per_node != 0),
       world_rank_(coll::world_rank()),
-      node_of_rank_(emulated_ ? emulated_node_of_rank(ranks_per_node, coll::world_size()) : real_node_of_rank()) {
+      node_of_rank_(emulated_ ? emulated_node_of_rank(ranks_per_node, coll::world_size()) : shared_memory_node_of_rank()) {
   node_count_ = *std::max_element(node_of_rank_.begin(), node_of_rank_.end()) + 1;
   local_rank_ = static_cast<int>(std::count(node_of_rank_.begin(), node_of_rank_.begin() + world_rank_, node()));
   intra_ = split(MPI_COMM_WORLD, node(), world_rank_);
@@ -86,20 +61,8 @@ int Layout::ranks_on_node(int node) const {
 }
 
 std::vector<int> Layout::node_of_ranks_in(MPI_Comm comm) const {
-  int size = 0;
-  STRATA_MPI_CHECK(MPI_Comm_size(comm, &size));
-  MPI_Group group = MPI_GROUP_NULL;
-  MPI_Group world_group = MPI_GROUP_NULL;
-  STRATA_MPI_CHECK(MPI_Comm_group(comm, &group));
-  STRATA_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
-  std::vector<int> ranks(static_cast<std::size_t>(size));
-  std::vector<int> world_ranks(ranks.size());
-  for (int r = 0; r < size; ++r) ranks[static_cast<std::size_t>(r)] = r;
-  STRATA_MPI_CHECK(MPI_Group_translate_ranks(group, size, ranks.data(), world_group, world_ranks.data()));
-  STRATA_MPI_CHECK(MPI_Group_free(&group));
-  STRATA_MPI_CHECK(MPI_Group_free(&world_group));
   std::vector<int> nodes;
-  for (int w : world_ranks) nodes.push_back(node_of_rank_.at(static_cast<std::size_t>(w)));
+  for (int w : world_ranks_of(comm)) nodes.push_back(node_of_rank_.at(static_cast<std::size_t>(w)));
   return nodes;
 }
 

@@ -28,34 +28,10 @@ const MpiTypes* g_types = nullptr;  // owned by main, which frees it before MPI_
 using Buffer = std::vector<std::byte>;
 constexpr std::byte kUntouched{0x5a};  // fills output buffers, to see what was (not) written
 
-int world_rank() {
-  int rank = 0;
-  STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  return rank;
-}
+using strata::world_rank;
+using strata::world_size;
 
-int world_size() {
-  int size = 0;
-  STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
-  return size;
-}
-
-// Rank 0 receives every rank's string, in rank order; the others receive nothing.
-std::vector<std::string> gather_to_rank0(const std::string& mine) {
-  const int length = static_cast<int>(mine.size());
-  const bool root = world_rank() == 0;
-  std::vector<int> lengths(root ? static_cast<std::size_t>(world_size()) : 0);
-  STRATA_MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
-  std::vector<int> offsets(lengths.size());
-  std::exclusive_scan(lengths.begin(), lengths.end(), offsets.begin(), 0);
-  std::string all(root ? static_cast<std::size_t>(offsets.back() + lengths.back()) : 0, '\0');
-  STRATA_MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
-                               0, MPI_COMM_WORLD));
-  std::vector<std::string> strings;
-  for (std::size_t r = 0; r < lengths.size(); ++r)
-    strings.push_back(all.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r])));
-  return strings;
-}
+std::vector<std::string> gather_to_rank0(const std::string& mine) { return gather_strings(MPI_COMM_WORLD, mine); }
 
 int rank_in(MPI_Comm comm) {
   int rank = 0;
@@ -76,22 +52,7 @@ std::vector<int> divisors_of(int n) {
   return divisors;
 }
 
-// World ranks of a communicator's members, in its rank order.
-std::vector<int> members(MPI_Comm comm) {
-  int size = 0;
-  STRATA_MPI_CHECK(MPI_Comm_size(comm, &size));
-  MPI_Group group = MPI_GROUP_NULL;
-  MPI_Group world_group = MPI_GROUP_NULL;
-  STRATA_MPI_CHECK(MPI_Comm_group(comm, &group));
-  STRATA_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world_group));
-  std::vector<int> ranks(static_cast<std::size_t>(size));
-  std::iota(ranks.begin(), ranks.end(), 0);
-  std::vector<int> world_ranks(ranks.size());
-  STRATA_MPI_CHECK(MPI_Group_translate_ranks(group, size, ranks.data(), world_group, world_ranks.data()));
-  STRATA_MPI_CHECK(MPI_Group_free(&group));
-  STRATA_MPI_CHECK(MPI_Group_free(&world_group));
-  return world_ranks;
-}
+std::vector<int> members(MPI_Comm comm) { return world_ranks_of(comm); }
 
 // Values in -2..2: with at most 5 ranks every sum, product and average numerator is exact even in bfloat16
 // and fits in int8.
