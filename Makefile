@@ -39,6 +39,7 @@ test-sanitize:
 
 # Benchmarks print their figures against their targets; they are not pass/fail tests.
 bench: build
+	@$(BUILD)/strata-bench-cpu-gemm
 	@$(BUILD)/strata-bench-gemm-overhead
 	@OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
 	  $(BUILD)/strata-bench-collectives

@@ -10,7 +10,6 @@
 
 #include "bench/harness.h"
 #include "kernels/attention.h"
-#include "kernels/cpu_peak.h"
 #include "kernels/gemm_check.h"
 #ifdef STRATA_HAVE_CUDA
 #include "bench/timer_cuda.h"
@@ -273,9 +272,8 @@ int run_attention(int argc, char** argv) {
   run.summary()
       .add_column("check_rel_l2", ColumnKind::float64, "1", "worst relative L2 error against float64, over ranks and outputs");
 
-  // Peak known for the CPU (measured clock x FLOP/cycle); the GPU's tensor-core peak is stored as 0 (unknown).
-  const CpuPeak peak = o.backend == "cpu" ? detect_cpu_peak() : CpuPeak{};
-  const double peak_per_rank = peak.per_core(false) * o.threads;
+  // The CPU's measured FP32 peak; the GPU's tensor-core peak is stored as 0 (unknown).
+  const double peak_per_rank = o.backend == "cpu" ? run.context().machine.description.fp32.per_rank(o.threads) : 0.0;
   ConsoleTable table({{"impl", 5}, {"pass", 6}, {"causal", 6}, {"B", 3}, {"Hq", 4}, {"Hkv", 4}, {"Sq", 6}, {"Skv", 6},
                       {"D", 4}, {"time(ms)", 10}, {"GFLOP/s/rank", 12}, {"GFLOP/s(all)", 12}, {"%peak", 6}, {"rel_l2", 9}});
   if (run.is_root()) {
@@ -341,7 +339,8 @@ int run_attention(int argc, char** argv) {
     }
   }
   if (run.is_root()) {
-    if (o.backend == "cpu") std::printf("# peak per rank: %s\n", peak.source(false, o.threads).c_str());
+    if (o.backend == "cpu")
+      std::printf("# %%peak per rank: %s\n", peak_source(run.context().machine.description.fp32, o.threads).c_str());
     std::printf("# results: %s\n", run.output_path().c_str());
   }
   return run.finish();

@@ -14,7 +14,6 @@
 #include "build_info.h"
 #include "git_commit.h"
 #include "kernels/blas.h"
-#include "kernels/cpu_peak.h"
 #include "kernels/cuda_info.h"
 
 extern char** environ;
@@ -145,6 +144,11 @@ RunContext collect_context(int argc, const char* const* argv, const std::string&
   std::vector<std::string> lines = gather_strings(world, mine);
   std::string load = load_average();
   std::vector<std::string> loads = gather_strings(world, load);
+  // Measured after the load average was read, so that figure shows the machine as the job found it.
+  ctx.machine = node_machine(world);
+  ctx.blas_core = blas_core_choice();
+  std::vector<std::string> machines =
+      gather_strings(world, ctx.self.local_rank == 0 ? to_json(ctx.machine.description).dump() : std::string());
   if (rank != 0) {
     ctx.ranks = {ctx.self};
     return ctx;
@@ -191,7 +195,11 @@ RunContext collect_context(int argc, const char* const* argv, const std::string&
   e["blas_config"] = blas::config();
   e["blas_corename"] = blas::corename();
   e["blas_threads_per_rank"] = std::to_string(blas::threads());
-  e["cpu_model"] = cpu_model_name();
+  e["cpu_model"] = ctx.machine.description.cpu.model_name;
+  std::string all_nodes = "[";
+  for (const std::string& m : machines)
+    if (!m.empty()) all_nodes += (all_nodes.size() > 1 ? "," : "") + m;
+  add_machine_env(e, ctx.machine, ctx.blas_core, all_nodes + "]");
   e["compiler"] = STRATA_BUILD_COMPILER;
   e["cxx_flags"] = STRATA_BUILD_CXX_FLAGS;
   e["build_type"] = STRATA_BUILD_TYPE;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/machine.h"
 #include "bench/mpi.h"
 
 namespace strata {
@@ -30,6 +31,8 @@ struct RunContext {
   bool oversubscribed = false;             // some node runs more ranks than it has CPUs
   std::map<std::string, std::string> run_attrs;  // launcher, slurm ids, counts, command line
   std::map<std::string, std::string> env;        // library versions, build, machine state
+  NodeMachine machine;                           // this rank's node, measured (or read from the job's cache)
+  BlasCoreChoice blas_core;                      // which OpenBLAS kernels run, and why
 };
 
 std::string command_line(int argc, const char* const* argv);

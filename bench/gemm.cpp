@@ -5,8 +5,7 @@
 #include <memory>
 
 #include "bench/harness.h"
-#include "kernels/blas.h"
-#include "kernels/cpu_peak.h"
+#include "kernels/cpu_gemm.h"
 #include "kernels/cuda_info.h"
 #include "kernels/gemm_cpu.h"
 #ifdef STRATA_HAVE_CUDA
@@ -21,6 +20,7 @@ using gemm::DType;
 
 struct GemmOptions {
   std::string backend = "cpu";
+  std::string libraries = "auto";
   std::string dtypes = "fp32";
   std::string shapes;
   std::string square;
@@ -35,7 +35,29 @@ struct GemmCase {
   gemm::Shape shape;
   std::string source;  // "explicit", "square" or "<model>/<layer>"
   DType dtype;
+  cpu_gemm::Backend library = cpu_gemm::Backend::openblas;  // cpu backend only
 };
+
+// --library: "auto" is the machine's fastest FP32 library (OpenBLAS for fp64, which oneDNN lacks); "all" is
+// every library built that has the dtype; a list names them.
+std::vector<cpu_gemm::Backend> libraries_for(const std::string& text, DType dtype, cpu_gemm::Backend fastest) {
+  if (text == "auto") return {dtype == DType::fp64 ? cpu_gemm::Backend::openblas : fastest};
+  std::vector<cpu_gemm::Backend> chosen;
+  if (text == "all") {
+    for (cpu_gemm::Backend b : cpu_gemm::available_backends())
+      if (dtype != DType::fp64 || cpu_gemm::supports_fp64(b)) chosen.push_back(b);
+    return chosen;
+  }
+  for (const auto& name : split(text, ',')) {
+    auto b = cpu_gemm::parse_backend(name);
+    if (!b) throw UsageError("unknown --library '" + name + "' (auto, all, openblas, onednn)");
+    if (!cpu_gemm::available(*b)) throw UsageError("--library " + name + ": this build has no " + name);
+    if (dtype == DType::fp64 && !cpu_gemm::supports_fp64(*b))
+      throw UsageError("--library " + name + " has no fp64 GEMM (fp64: openblas)");
+    chosen.push_back(*b);
+  }
+  return chosen;
+}
 
 // "256:2048" doubles from 256 to 2048; "512,1024" lists sizes.
 std::vector<int64_t> parse_square(const std::string& text) {
@@ -55,7 +77,7 @@ std::vector<int64_t> parse_square(const std::string& text) {
   return sizes;
 }
 
-std::vector<GemmCase> plan_cases(const GemmOptions& o) {
+std::vector<GemmCase> plan_cases(const GemmOptions& o, cpu_gemm::Backend fastest) {
   std::vector<DType> dtypes;
   for (const auto& text : split(o.dtypes, ',')) {
     auto d = gemm::parse_dtype(text);
@@ -79,8 +101,12 @@ std::vector<GemmCase> plan_cases(const GemmOptions& o) {
     for (int64_t s : parse_square("256:2048")) shapes.emplace_back(gemm::Shape{s, s, s}, "square");
 
   std::vector<GemmCase> cases;
-  for (DType d : dtypes)
-    for (const auto& [shape, source] : shapes) cases.push_back({shape, source, d});
+  for (DType d : dtypes) {
+    std::vector<cpu_gemm::Backend> libraries =
+        o.backend == "cpu" ? libraries_for(o.libraries, d, fastest) : std::vector{cpu_gemm::Backend::openblas};
+    for (cpu_gemm::Backend library : libraries)
+      for (const auto& [shape, source] : shapes) cases.push_back({shape, source, d, library});
+  }
   return cases;
 }
 
@@ -100,6 +126,8 @@ int run_gemm(int argc, char** argv) {
   GemmOptions o;
   Cli cli("strata-gemm", "GEMM throughput: C (M,N) = A (M,K) W (N,K)^T on every rank at once; FLOPs = 2MNK.");
   cli.choice("backend", 0, "where the GEMM runs", o.backend, {"cpu", "cuda"});
+  cli.option("library", 0, "cpu GEMM library: auto (the machine's fastest), all, or a list of openblas,onednn",
+             o.libraries);
   cli.option("dtype", 'd', "comma-separated dtypes: fp32,fp64 (cpu); fp32,tf32,fp16,bf16,fp8 (cuda)", o.dtypes);
   cli.option("shapes", 0, "comma-separated MxNxK shapes", o.shapes);
   cli.option("square", 0, "square sizes: START:END (doubling) or a list", o.square);
@@ -117,7 +145,9 @@ int run_gemm(int argc, char** argv) {
       for (const auto& n : gemm::preset_names()) std::printf("%s\n", n.c_str());
     return 0;
   }
-  std::vector<GemmCase> cases = plan_cases(o);
+  if (o.backend == "cuda" && o.libraries != "auto") throw UsageError("--library applies to the cpu backend only");
+  // Checked before the run starts (so bad input writes nothing); the machine's fastest library is known after.
+  plan_cases(o, cpu_gemm::Backend::openblas);
 
   const int rank = world_rank();
   [[maybe_unused]] int device = -1;  // the GPU this rank drives (CUDA builds)
@@ -137,9 +167,12 @@ int run_gemm(int argc, char** argv) {
   }
 
   Run run("strata-gemm", argc, argv, h, cli.resolved_json(), device_text);
+  const MachineDescription& machine = run.context().machine.description;
+  std::vector<GemmCase> cases = plan_cases(o, machine.default_gemm);
   run.set_case_count(static_cast<int>(cases.size()));
   run.cases()
       .add_column("backend", ColumnKind::string, "")
+      .add_column("library", ColumnKind::string, "", "cpu: the GEMM library (openblas, onednn); cuda: cublaslt")
       .add_column("dtype", ColumnKind::string, "")
       .add_column("m", ColumnKind::int64, "1")
       .add_column("n", ColumnKind::int64, "1")
@@ -155,8 +188,7 @@ int run_gemm(int argc, char** argv) {
       .add_column("check_worst_ratio", ColumnKind::float64, "1",
                   "max over ranks and checked elements of |c - ref| / tolerance (<= 1 passes)");
 
-  CpuPeak cpu_peak = o.backend == "cpu" ? detect_cpu_peak() : CpuPeak{};
-  ConsoleTable table({{"backend", 7}, {"dtype", 5}, {"M", 6}, {"N", 6}, {"K", 6}, {"source", 18}, {"time(ms)", 10},
+  ConsoleTable table({{"backend", 7}, {"library", 8}, {"dtype", 5}, {"M", 6}, {"N", 6}, {"K", 6}, {"source", 18}, {"time(ms)", 10},
                       {"GFLOP/s/rank", 12}, {"GFLOP/s(all)", 12}, {"%peak", 6}, {"check", 6}});
   if (run.is_root()) {
     std::printf("# strata-gemm: %d rank(s) on %d node(s), backend %s, BLAS threads per rank %d\n", run.context().n_ranks,
@@ -177,12 +209,13 @@ int run_gemm(int argc, char** argv) {
     std::unique_ptr<Timer> gpu_timer;
 #endif
     if (o.backend == "cpu") {
-      cpu = std::make_unique<gemm::CpuGemm>(c.shape, c.dtype, seed);
+      cpu = std::make_unique<gemm::CpuGemm>(c.shape, c.dtype, seed, c.library);
+      const PeakFigure& peak = c.dtype == DType::fp64 ? machine.fp64 : machine.fp32;
       work = {[&] { cpu->run(); }, [&] { cpu->poison_output(); },
               [&](int n, uint64_t s) { return cpu->check(n, s); }, &host_timer,
-              c.dtype == DType::fp32 ? "cblas_sgemm (" + blas::corename() + ")" : "cblas_dgemm (" + blas::corename() + ")",
-              cpu_peak.per_core(c.dtype == DType::fp64) * h.blas_threads,
-              cpu_peak.source(c.dtype == DType::fp64, h.blas_threads)};
+              std::string(c.dtype == DType::fp32 ? "sgemm " : "dgemm ") + cpu_gemm::library(c.library) + " (" +
+                  cpu_gemm::kernel(c.library) + ")",
+              peak.per_rank(h.blas_threads), peak_source(peak, h.blas_threads)};
     } else {
 #ifdef STRATA_HAVE_CUDA
       gpu = std::make_unique<gemm::CudaGemm>(c.shape, c.dtype, seed, device);
@@ -209,7 +242,8 @@ int run_gemm(int argc, char** argv) {
     CaseResult result = run.record(
         samples, check.wrong, label,
         [&](Table& t) {
-          t.set("backend", o.backend).set("dtype", gemm::name(c.dtype)).set("m", c.shape.m).set("n", c.shape.n);
+          t.set("backend", o.backend).set("library", o.backend == "cpu" ? cpu_gemm::name(c.library) : "cublaslt");
+          t.set("dtype", gemm::name(c.dtype)).set("m", c.shape.m).set("n", c.shape.n);
           t.set("k", c.shape.k).set("shape_source", c.source).set("flop", flop).set("bytes", bytes);
         },
         [&](Table& t, const CaseResult& r) {
@@ -219,7 +253,7 @@ int run_gemm(int argc, char** argv) {
         });
     if (run.is_root()) {
       double per_rank = flop / result.rankmean.median;
-      table.print_row({o.backend, gemm::name(c.dtype), std::to_string(c.shape.m), std::to_string(c.shape.n),
+      table.print_row({o.backend, o.backend == "cpu" ? cpu_gemm::name(c.library) : "cublaslt", gemm::name(c.dtype), std::to_string(c.shape.m), std::to_string(c.shape.n),
                        std::to_string(c.shape.k), c.source, format_fixed(result.rankmax.median * 1e3, 3),
                        format_fixed(per_rank / 1e9, 1), format_fixed(ranks * flop / result.rankmax.median / 1e9, 1),
                        work.peak_per_rank > 0 ? format_fixed(100 * per_rank / work.peak_per_rank, 1) : "n/a",
@@ -227,7 +261,8 @@ int run_gemm(int argc, char** argv) {
     }
   }
   if (run.is_root()) {
-    if (o.backend == "cpu") std::printf("# peak per rank: %s\n", cpu_peak.source(false, h.blas_threads).c_str());
+    if (o.backend == "cpu")
+      std::printf("# %%peak per rank: %s\n", peak_source(machine.fp32, h.blas_threads).c_str());
     std::printf("# results: %s\n", run.output_path().c_str());
   }
   return run.finish();

@@ -11,7 +11,9 @@
 #include <mutex>
 #include <thread>
 
+#include "bench/blas_core.h"
 #include "kernels/blas.h"
+#include "kernels/cpu_gemm.h"
 #include "results/h5.h"
 #include "results/schema.h"
 #include "results/writer.h"
@@ -100,8 +102,13 @@ Run::Run(std::string benchmark, int argc, const char* const* argv, const Harness
   if (options_.blas_threads > 1 && blas::is_single_threaded_build())
     throw UsageError("--blas-threads " + std::to_string(options_.blas_threads) +
                      " needs a threaded BLAS, but this OpenBLAS is the single-threaded build");
-  blas::set_threads(options_.blas_threads);
+  cpu_gemm::set_threads(options_.blas_threads);
   context_ = collect_context(argc, argv, device);
+  cpu_gemm::set_threads(options_.blas_threads);  // measuring the machine runs the libraries on one thread
+  if (is_root()) {
+    std::fputs(machine_summary(context_.machine, context_.blas_core).c_str(), stdout);
+    std::fflush(stdout);
+  }
 
   // Rank 0 checks and opens the output; every rank learns the verdict so all exit the same way.
   std::string error;
@@ -361,6 +368,7 @@ void Watchdog::set_activity(std::string what) {
 void Watchdog::disarm() { arm(0, ""); }
 
 int program_main(int argc, char** argv, const char* program, const std::function<int()>& body) {
+  run_openblas_on_the_right_core(argv);
   MpiSession mpi(&argc, &argv);
   h5::silence_library_errors();
   int rank = world_rank();

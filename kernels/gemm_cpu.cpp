@@ -1,15 +1,17 @@
 // Implementation of the CPU GEMM backend (see gemm_cpu.h).
 #include "kernels/gemm_cpu.h"
 
-#include <cblas.h>
-
 #include <limits>
 
 #include "bench/check.h"
 
 namespace strata::gemm {
 
-CpuGemm::CpuGemm(Shape shape, DType dtype, uint64_t seed) : shape_(shape), dtype_(dtype) {
+CpuGemm::CpuGemm(Shape shape, DType dtype, uint64_t seed, cpu_gemm::Backend library)
+    : shape_(shape), dtype_(dtype), library_(library) {
+  if (!cpu_gemm::available(library)) throw UsageError("CPU GEMM library " + cpu_gemm::name(library) + " is not built");
+  if (dtype == DType::fp64 && !cpu_gemm::supports_fp64(library))
+    throw UsageError("dtype fp64 is not available on " + cpu_gemm::name(library) + " (fp64: openblas)");
   size_t a = static_cast<size_t>(shape.m * shape.k), w = static_cast<size_t>(shape.n * shape.k),
          c = static_cast<size_t>(shape.m * shape.n);
   if (dtype == DType::fp32) {
@@ -32,13 +34,11 @@ void CpuGemm::poison_output() {
 }
 
 void CpuGemm::run() {
-  const int m = static_cast<int>(shape_.m), n = static_cast<int>(shape_.n), k = static_cast<int>(shape_.k);
+  const int64_t m = shape_.m, n = shape_.n, k = shape_.k;
   if (dtype_ == DType::fp32)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a32_.data(), k, w32_.data(), k, 0.0f,
-                c32_.data(), n);
+    cpu_gemm::sgemm(library_, false, true, m, n, k, 1.0f, a32_.data(), k, w32_.data(), k, 0.0f, c32_.data(), n);
   else
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0, a64_.data(), k, w64_.data(), k, 0.0,
-                c64_.data(), n);
+    cpu_gemm::dgemm(library_, false, true, m, n, k, 1.0, a64_.data(), k, w64_.data(), k, 0.0, c64_.data(), n);
 }
 
 CheckResult CpuGemm::check(int samples, uint64_t seed) const {

@@ -1,10 +1,11 @@
-// CPU GEMM through CBLAS (OpenBLAS): C (M, N) = A (M, K) W (N, K)^T in fp32 or fp64, with the buffers it
-// owns filled with random values and the sampled reference check.
+// CPU GEMM on one of the CPU GEMM libraries (cpu_gemm.h): C (M, N) = A (M, K) W (N, K)^T in fp32 or fp64
+// (fp64 on OpenBLAS only), with the buffers it owns filled with random values and the sampled reference check.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu_gemm.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_check.h"
 
@@ -12,8 +13,8 @@ namespace strata::gemm {
 
 class CpuGemm {
  public:
-  // Throws UsageError for dtypes the CPU backend lacks.
-  CpuGemm(Shape shape, DType dtype, uint64_t seed);
+  // Throws UsageError for dtypes the CPU backend or the library lacks.
+  CpuGemm(Shape shape, DType dtype, uint64_t seed, cpu_gemm::Backend library = cpu_gemm::Backend::openblas);
   void run();
   // Fills C with NaN, so a check after run() proves every sampled element was written.
   void poison_output();
@@ -30,6 +31,7 @@ class CpuGemm {
  private:
   Shape shape_;
   DType dtype_;
+  cpu_gemm::Backend library_;
   std::vector<float> a32_, w32_, c32_;
   std::vector<double> a64_, w64_, c64_;
 };

@@ -13,6 +13,7 @@ packages=(
   libhdf5-dev hdf5-tools
   libopenblas-pthread-dev
   libbenchmark-dev libgtest-dev
+  libdnnl-dev libhwloc-dev nlohmann-json3-dev libcli11-dev
   python3
 )
 python_modules=(h5py numpy pandas matplotlib scipy pytest)
@@ -47,10 +48,12 @@ explain_manual_install() {
   cat >&2 <<'TEXT'
 How to get them:
   Debian/Ubuntu:  sudo apt-get install g++ make cmake pkg-config openmpi-bin libopenmpi-dev libhdf5-dev \
-                  hdf5-tools libopenblas-pthread-dev libbenchmark-dev libgtest-dev python3
-  HPC cluster:    module load gcc cmake openmpi hdf5 openblas   (module names vary by site; use the
-                  pthread or OpenMP OpenBLAS, never a serial one), then build GoogleTest and Google
-                  Benchmark from your site's software stack or spack (spack install googletest benchmark)
+                  hdf5-tools libopenblas-pthread-dev libbenchmark-dev libgtest-dev libdnnl-dev \
+                  libhwloc-dev nlohmann-json3-dev libcli11-dev python3
+  HPC cluster:    module load gcc cmake openmpi hdf5 openblas hwloc   (module names vary by site; use the
+                  pthread or OpenMP OpenBLAS, never a serial one), then build GoogleTest, Google Benchmark,
+                  nlohmann-json, CLI11 and (optional) oneDNN from your site's software stack or spack
+                  (spack install googletest benchmark nlohmann-json cli11 onednn)
   Python:         python3 -m pip install --user h5py numpy pandas matplotlib scipy pytest
 TEXT
   exit 1

@@ -1,0 +1,65 @@
+// Implementation of the machine measurement (see machine.h).
+#include "kernels/machine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+namespace strata {
+
+double measure_gemm_rate(cpu_gemm::Backend backend, int64_t size, int trials) {
+  const size_t elements = static_cast<size_t>(size * size);
+  std::vector<float> a(elements), b(elements), c(elements);
+  std::mt19937 random(12345);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (size_t i = 0; i < elements; ++i) a[i] = uniform(random), b[i] = uniform(random);
+  auto run = [&] {
+    cpu_gemm::sgemm(backend, false, true, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size);
+  };
+  run();  // warm-up: thread pools, JIT-generated kernels, page faults
+  std::vector<double> rates;
+  for (int t = 0; t < std::max(1, trials); ++t) {
+    auto start = std::chrono::steady_clock::now();
+    run();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rates.push_back(2.0 * static_cast<double>(size) * static_cast<double>(size) * static_cast<double>(size) / seconds);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+MachineDescription measure_machine(const MachineOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  MachineDescription m;
+  m.cpu = detect_cpu_features();
+  m.topology = detect_topology();
+
+  PeakOptions peak{options.peak_trials, options.peak_trial_seconds, m.topology.one_cpu_per_core};
+  m.fp32 = measure_peak(PeakPrecision::fp32, m.cpu, peak);
+  m.fp64 = measure_peak(PeakPrecision::fp64, m.cpu, peak);
+  m.bf16 = measure_peak(PeakPrecision::bf16, m.cpu, peak);
+  m.clock_hz = measure_clock_hz();
+  m.clock_agrees = peak_agrees_with_clock(m.cpu, m.fp32.one_core, m.clock_hz);
+
+  BandwidthOptions bandwidth;
+  bandwidth.array_bytes =
+      options.bandwidth_array_bytes > 0 ? options.bandwidth_array_bytes : bandwidth_array_bytes(m.topology);
+  bandwidth.trials = options.bandwidth_trials;
+  bandwidth.cpus = m.topology.one_cpu_per_core;
+  m.memory = measure_memory_bandwidth(bandwidth);
+
+  cpu_gemm::set_threads(1);
+  m.gemm_probe_size = options.gemm_probe_size;
+  std::vector<std::pair<cpu_gemm::Backend, double>> rates;
+  for (cpu_gemm::Backend backend : cpu_gemm::available_backends()) {
+    GemmBackendRate rate{backend, cpu_gemm::library(backend), cpu_gemm::kernel(backend),
+                         measure_gemm_rate(backend, options.gemm_probe_size, options.gemm_trials)};
+    rates.emplace_back(backend, rate.fp32_rate);
+    m.gemm.push_back(rate);
+  }
+  m.default_gemm = cpu_gemm::fastest(rates);
+  m.measure_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return m;
+}
+
+}  // namespace strata

@@ -1,0 +1,56 @@
+// What one node can do, measured: the CPU and its topology, the FP32/FP64/BF16 peaks on one core and on all
+// cores, a clock to cross-check them, memory bandwidth beyond the last-level cache, and the FP32 GEMM rate
+// of each CPU GEMM library, from which the default library is chosen. Every %peak, MFU and system
+// description of the projection is held against these figures. Measuring takes about two seconds; the
+// harness does it once per node and job and shares the result (bench/machine.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu_features.h"
+#include "kernels/cpu_gemm.h"
+#include "kernels/cpu_peak.h"
+#include "kernels/memory_bandwidth.h"
+#include "kernels/topology.h"
+
+namespace strata {
+
+struct GemmBackendRate {
+  cpu_gemm::Backend backend = cpu_gemm::Backend::openblas;
+  std::string library;  // "oneDNN 2.6.3"
+  std::string kernel;   // "avx512_core_amx"
+  double fp32_rate = 0; // FLOP/s, median of the trials
+};
+
+struct MachineDescription {
+  CpuFeatures cpu;
+  CpuTopology topology;
+  PeakFigure fp32, fp64, bf16;
+  double clock_hz = 0;        // dependent imul chain, one core
+  bool clock_agrees = false;  // peak_agrees_with_clock(cpu, fp32.one_core, clock_hz)
+  MemoryBandwidth memory;
+  int64_t gemm_probe_size = 0;        // the square FP32 GEMM each library ran, one thread
+  std::vector<GemmBackendRate> gemm;  // every library this build has
+  cpu_gemm::Backend default_gemm = cpu_gemm::Backend::openblas;  // the fastest of `gemm`
+  double measure_seconds = 0;         // how long measuring took
+};
+
+struct MachineOptions {
+  int peak_trials = 7;
+  double peak_trial_seconds = 0.01;
+  int bandwidth_trials = 3;
+  int64_t bandwidth_array_bytes = 0;  // 0: bandwidth_array_bytes(topology)
+  int64_t gemm_probe_size = 1024;
+  int gemm_trials = 3;
+};
+
+// Measures this node. Uses the calling thread and one thread per core; leaves the GEMM libraries at one thread.
+MachineDescription measure_machine(const MachineOptions& options = {});
+
+// FP32 FLOP/s of `backend` on a size^3 GEMM (one thread, median of `trials` after one warm-up), on buffers
+// filled with values in [-1, 1).
+double measure_gemm_rate(cpu_gemm::Backend backend, int64_t size, int trials);
+
+}  // namespace strata
