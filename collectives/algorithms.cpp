@@ -572,12 +572,6 @@ const std::byte* bytes_of(const void* buf) { return static_cast<const std::byte*
 
 }  // namespace
 
-Traffic& Traffic::operator+=(const Traffic& other) {
-  intra_bytes += other.intra_bytes;
-  inter_bytes += other.inter_bytes;
-  return *this;
-}
-
 std::string_view name(Algo algo) {
   switch (algo) {
     case Algo::library: return "library";

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "collectives/types.h"
+#include "collectives/work.h"  // Traffic
 
 namespace strata::coll {
 
@@ -41,15 +42,6 @@ std::string_view name(Operation operation);  // "allreduce", "allgather", "reduc
 std::optional<Algo> parse_algo(std::string_view text);
 std::optional<Operation> parse_operation(std::string_view text);
 bool is_supported(Operation operation, Algo algo);
-
-// Bytes this rank sent, split by whether the receiver is on its node. The library path reports zeros: MPI
-// does not say what it sent.
-struct Traffic {
-  std::uint64_t intra_bytes = 0;
-  std::uint64_t inter_bytes = 0;
-  std::uint64_t total() const { return intra_bytes + inter_bytes; }
-  Traffic& operator+=(const Traffic& other);
-};
 
 // Where a collective runs.
 struct Context {

@@ -1,0 +1,504 @@
+// Implementation of the process groups and their non-blocking operations (see process_group.h).
+#include "collectives/process_group.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+#include "collectives/mpi_error.h"
+
+namespace strata::coll {
+
+namespace {
+
+// Tags: collectives of a group take the group's next tag (every rank starts them in the same order);
+// point-to-point messages take the next tag of the (peer, direction) pair. The two ranges never meet, and
+// both stay below 32767, the smallest MPI_TAG_UB MPI allows.
+constexpr int kCollectiveTagBase = 100;
+constexpr int kPointToPointTagBase = 16300;
+constexpr unsigned kTagSpan = 16000;
+
+// MPI counts are ints: messages larger than this go in pieces.
+constexpr std::size_t kMaxPiece = std::size_t{1} << 30;
+
+// One communicator as an algorithm phase sees it: whom it talks to and how to count what it sends.
+struct Channel {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0;
+  int size = 1;
+  const std::vector<int>* nodes = nullptr;  // node of each rank of comm
+  Traffic* traffic = nullptr;
+  int tag = 0;
+};
+
+void post_send(Requests& q, const Channel& ch, const std::byte* buf, std::size_t bytes, int peer) {
+  for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += kMaxPiece) {
+    const int piece = static_cast<int>(std::min(kMaxPiece, bytes - offset));
+    STRATA_COLL_MPI_CHECK(MPI_Isend(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, &q.list.emplace_back()));
+    if (bytes == 0) break;
+  }
+  if (ch.traffic) {
+    const bool same_node = (*ch.nodes)[static_cast<std::size_t>(peer)] == (*ch.nodes)[static_cast<std::size_t>(ch.rank)];
+    (same_node ? ch.traffic->intra_bytes : ch.traffic->inter_bytes) += bytes;
+  }
+}
+
+void post_recv(Requests& q, const Channel& ch, std::byte* buf, std::size_t bytes, int peer) {
+  for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += kMaxPiece) {
+    const int piece = static_cast<int>(std::min(kMaxPiece, bytes - offset));
+    STRATA_COLL_MPI_CHECK(MPI_Irecv(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, &q.list.emplace_back()));
+    if (bytes == 0) break;
+  }
+}
+
+int wrap(int index, int n) { return ((index % n) + n) % n; }
+
+// Element offsets of n blocks: block b is [offsets[b], offsets[b + 1]).
+using Offsets = std::vector<std::size_t>;
+
+Offsets even_blocks(std::size_t count, int n) {
+  Offsets offsets(static_cast<std::size_t>(n) + 1);
+  for (int b = 0; b <= n; ++b) offsets[static_cast<std::size_t>(b)] = count * static_cast<std::size_t>(b) / static_cast<std::size_t>(n);
+  return offsets;
+}
+
+Offsets equal_blocks(std::size_t block, int n) {
+  Offsets offsets(static_cast<std::size_t>(n) + 1);
+  for (int b = 0; b <= n; ++b) offsets[static_cast<std::size_t>(b)] = block * static_cast<std::size_t>(b);
+  return offsets;
+}
+
+std::size_t length(const Offsets& o, int b) { return o[static_cast<std::size_t>(b) + 1] - o[static_cast<std::size_t>(b)]; }
+
+// avg reduces as sum; the caller divides once at the end.
+RedOp reduction_of(RedOp op) { return op == RedOp::avg ? RedOp::sum : op; }
+
+// ---- ring phases ------------------------------------------------------------------------------------------
+
+// Ring reduce-scatter in place over n blocks of buf: rank r ends holding block r reduced over every rank.
+// At step s rank r sends block r-1-s to the right and reduces block r-2-s from the left into its own copy.
+Step ring_reduce_scatter(Channel ch, std::byte* buf, Offsets blocks, DataType dtype, RedOp op, std::byte* scratch) {
+  const int n = ch.size, r = ch.rank, right = wrap(r + 1, n), left = wrap(r - 1, n);
+  const std::size_t esize = size_of(dtype);
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_block = wrap(r - 1 - s, n), recv_block = wrap(r - 2 - s, n);
+    Requests q;
+    post_recv(q, ch, scratch, length(blocks, recv_block) * esize, left);
+    post_send(q, ch, buf + blocks[static_cast<std::size_t>(send_block)] * esize, length(blocks, send_block) * esize, right);
+    co_await q;
+    reduce_into(buf + blocks[static_cast<std::size_t>(recv_block)] * esize, scratch, length(blocks, recv_block), dtype, op);
+  }
+}
+
+// Ring allgather in place: rank r holds block r; at step s it sends block r-s and receives block r-1-s.
+Step ring_allgather(Channel ch, std::byte* buf, Offsets blocks, std::size_t esize) {
+  const int n = ch.size, r = ch.rank, right = wrap(r + 1, n), left = wrap(r - 1, n);
+  for (int s = 0; s < n - 1; ++s) {
+    const int send_block = wrap(r - s, n), recv_block = wrap(r - 1 - s, n);
+    Requests q;
+    post_recv(q, ch, buf + blocks[static_cast<std::size_t>(recv_block)] * esize, length(blocks, recv_block) * esize, left);
+    post_send(q, ch, buf + blocks[static_cast<std::size_t>(send_block)] * esize, length(blocks, send_block) * esize, right);
+    co_await q;
+  }
+}
+
+Step ring_allreduce(Channel ch, std::byte* buf, std::size_t count, DataType dtype, RedOp op, std::byte* scratch) {
+  const Offsets blocks = even_blocks(count, ch.size);
+  co_await ring_reduce_scatter(ch, buf, blocks, dtype, op, scratch);
+  co_await ring_allgather(ch, buf, blocks, size_of(dtype));
+}
+
+// A chain from the root around the ring, in segments, so every link carries a segment at once.
+Step ring_broadcast(Channel ch, std::byte* buf, std::size_t bytes, int root, std::size_t segment) {
+  const int n = ch.size, position = wrap(ch.rank - root, n);  // 0 at the root
+  const int right = wrap(ch.rank + 1, n), left = wrap(ch.rank - 1, n);
+  const bool forwards = position < n - 1;
+  Requests sends;
+  for (std::size_t offset = 0; offset < bytes; offset += segment) {
+    const std::size_t piece = std::min(segment, bytes - offset);
+    if (position > 0) {
+      Requests q;
+      post_recv(q, ch, buf + offset, piece, left);
+      co_await q;
+    }
+    if (forwards) post_send(sends, ch, buf + offset, piece, right);
+  }
+  co_await sends;
+}
+
+// ---- library phases (MPI_I* collectives) ------------------------------------------------------------------
+
+Step library_then(MPI_Request request, std::byte* avg_buf, std::size_t avg_count, DataType dtype, int ranks,
+                  std::byte* copy_to, const std::byte* copy_from, std::size_t copy_bytes) {
+  Requests q;
+  q.list.push_back(request);
+  co_await q;
+  if (copy_to) std::memcpy(copy_to, copy_from, copy_bytes);
+  if (avg_buf) finish_avg(avg_buf, avg_count, dtype, ranks);
+}
+
+// Scratch that lives as long as the operation.
+struct Scratch {
+  explicit Scratch(std::size_t bytes) : data(std::make_unique<std::byte[]>(std::max<std::size_t>(bytes, 1))) {}
+  std::unique_ptr<std::byte[]> data;
+  std::byte* get() const { return data.get(); }
+};
+
+// Group ranks as a (node, local index) table: rank_at[m * L + l] is the l-th rank (in group order) of the m-th
+// node (in node-id order, the order of the inter communicators). Nodes must hold L ranks each.
+std::vector<int> group_ranks_by_node_and_local(const std::vector<int>& node_of_rank) {
+  std::map<int, std::vector<int>> members;
+  for (int r = 0; r < static_cast<int>(node_of_rank.size()); ++r) members[node_of_rank[static_cast<std::size_t>(r)]].push_back(r);
+  std::vector<int> rank_at;
+  for (const auto& [node, ranks] : members) rank_at.insert(rank_at.end(), ranks.begin(), ranks.end());
+  return rank_at;
+}
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw std::invalid_argument(message);
+}
+
+}  // namespace
+
+Group::Group(std::string name, Comm comm, std::vector<int> node_of_rank, const MpiTypes& types)
+    : name_(std::move(name)), comm_(std::move(comm)), node_of_rank_(std::move(node_of_rank)), types_(types) {
+  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
+  STRATA_COLL_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
+  if (static_cast<int>(node_of_rank_.size()) != size_)
+    throw std::invalid_argument("group " + name_ + ": node map of " + std::to_string(node_of_rank_.size()) +
+                                " ranks for " + std::to_string(size_));
+  std::map<int, int> per_node;
+  for (int node : node_of_rank_) ++per_node[node];
+  node_count_ = static_cast<int>(per_node.size());
+  even_nodes_ = std::all_of(per_node.begin(), per_node.end(), [&](auto& kv) { return kv.second == per_node.begin()->second; });
+  // Intra: my node's ranks in group order. Inter: the ranks with my local index, in node order.
+  const int my_node = node_of_rank_[static_cast<std::size_t>(rank_)];
+  int local = 0;
+  for (int r = 0; r < rank_; ++r) local += node_of_rank_[static_cast<std::size_t>(r)] == my_node;
+  MPI_Comm intra = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+  STRATA_COLL_MPI_CHECK(MPI_Comm_split(comm_.get(), my_node, rank_, &intra));
+  intra_ = Comm(intra);
+  STRATA_COLL_MPI_CHECK(MPI_Comm_split(comm_.get(), local, my_node, &inter));
+  inter_ = Comm(inter);
+  intra_nodes_.assign(static_cast<std::size_t>(per_node[my_node]), my_node);
+  int inter_size = 0;
+  STRATA_COLL_MPI_CHECK(MPI_Comm_size(inter_.get(), &inter_size));
+  inter_nodes_.resize(static_cast<std::size_t>(inter_size));
+  std::iota(inter_nodes_.begin(), inter_nodes_.end(), 1'000'000);  // all distinct: every message crosses nodes
+  send_sequence_.assign(static_cast<std::size_t>(size_), 0);
+  recv_sequence_.assign(static_cast<std::size_t>(size_), 0);
+}
+
+bool Group::supports(Operation operation, Algo algo) {
+  switch (operation) {
+    case Operation::allreduce:
+    case Operation::reduce_scatter:
+    case Operation::allgather: return algo == Algo::library || algo == Algo::ring || algo == Algo::hierarchical;
+    case Operation::broadcast: return algo == Algo::library || algo == Algo::ring;
+    default: return false;
+  }
+}
+
+int Group::next_collective_tag() { return kCollectiveTagBase + static_cast<int>(collective_sequence_++ % kTagSpan); }
+
+int Group::next_tag(std::vector<unsigned>& sequence, int peer) {
+  return kPointToPointTagBase + static_cast<int>(sequence[static_cast<std::size_t>(peer)]++ % kTagSpan);
+}
+
+Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op) {
+  require(supports(Operation::allreduce, algo), "allreduce has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
+  require(algo != Algo::hierarchical || even_nodes_, "hierarchical allreduce needs the same number of ranks on every node");
+  const std::size_t bytes = count * size_of(dtype);
+  auto* out = static_cast<std::byte*>(recvbuf);
+  const int tag = next_collective_tag();
+  if (algo == Algo::library) {
+    MPI_Request request;
+    STRATA_COLL_MPI_CHECK(MPI_Iallreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
+                                         types_.datatype(dtype), types_.op(dtype, op), comm_.get(), &request));
+    return Work::start([&](Traffic*) {
+      return library_then(request, op == RedOp::avg ? out : nullptr, count, dtype, size_, nullptr, nullptr, 0);
+    });
+  }
+  if (sendbuf != recvbuf) std::memcpy(out, sendbuf, bytes);
+  const int n = size_;
+  if (algo == Algo::ring) {
+    auto scratch = std::make_shared<Scratch>((count / static_cast<std::size_t>(n) + 1) * size_of(dtype));
+    return Work::start(
+        [&](Traffic* traffic) {
+          return [](Channel ch, std::byte* buf, std::size_t count, DataType dtype, RedOp op, std::byte* scratch,
+                    int ranks) -> Step {
+            co_await ring_allreduce(ch, buf, count, dtype, reduction_of(op), scratch);
+            if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
+          }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, out, count, dtype, op, scratch->get(), n);
+        },
+        scratch);
+  }
+  // Hierarchical: reduce-scatter in the node, allreduce of my shard across nodes, allgather in the node.
+  const int per_node = static_cast<int>(intra_nodes_.size());
+  int local = 0, node_position = 0;
+  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  auto scratch = std::make_shared<Scratch>((count / static_cast<std::size_t>(per_node) + 1) * size_of(dtype));
+  return Work::start(
+      [&](Traffic* traffic) {
+        return [](Channel intra, Channel inter, std::byte* buf, std::size_t count, DataType dtype, RedOp op,
+                  std::byte* scratch, int ranks) -> Step {
+          const Offsets shards = even_blocks(count, intra.size);
+          const RedOp reduce = reduction_of(op);
+          co_await ring_reduce_scatter(intra, buf, shards, dtype, reduce, scratch);
+          const std::size_t esize = size_of(dtype);
+          co_await ring_allreduce(inter, buf + shards[static_cast<std::size_t>(intra.rank)] * esize,
+                                  length(shards, intra.rank), dtype, reduce, scratch);
+          co_await ring_allgather(intra, buf, shards, esize);
+          if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
+               Channel{inter_.get(), node_position, static_cast<int>(inter_nodes_.size()), &inter_nodes_, traffic, tag},
+               out, count, dtype, op, scratch->get(), n);
+      },
+      scratch);
+}
+
+Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
+                           RedOp op) {
+  require(supports(Operation::reduce_scatter, algo),
+          "reduce_scatter has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
+  require(algo != Algo::hierarchical || even_nodes_,
+          "hierarchical reduce_scatter needs the same number of ranks on every node");
+  const std::size_t esize = size_of(dtype), block_bytes = recvcount * esize, total = block_bytes * static_cast<std::size_t>(size_);
+  const auto* in = static_cast<const std::byte*>(sendbuf);
+  auto* out = static_cast<std::byte*>(recvbuf);
+  const bool in_place = out == in + static_cast<std::size_t>(rank_) * block_bytes;
+  const int tag = next_collective_tag();
+  if (algo == Algo::library) {
+    // MPI's in-place reduce-scatter puts the result at the start of the buffer, NCCL's at the rank's block:
+    // reduce a copy of the input instead.
+    auto scratch = std::make_shared<Scratch>(in_place ? total : 0);
+    if (in_place) std::memcpy(scratch->get(), in, total);
+    MPI_Request request;
+    STRATA_COLL_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? scratch->get() : in, out, static_cast<int>(recvcount),
+                                                    types_.datatype(dtype), types_.op(dtype, op), comm_.get(), &request));
+    return Work::start(
+        [&](Traffic*) { return library_then(request, op == RedOp::avg ? out : nullptr, recvcount, dtype, size_, nullptr, nullptr, 0); },
+        scratch);
+  }
+  const int n = size_;
+  if (algo == Algo::ring) {
+    // In place, the input is the working buffer (it may be overwritten); otherwise a copy of it is.
+    auto scratch = std::make_shared<Scratch>(block_bytes + (in_place ? 0 : total));
+    std::byte* work = in_place ? const_cast<std::byte*>(in) : scratch->get() + block_bytes;
+    if (!in_place) std::memcpy(work, in, total);
+    return Work::start(
+        [&](Traffic* traffic) {
+          return [](Channel ch, std::byte* work, std::byte* out, std::size_t recvcount, DataType dtype, RedOp op,
+                    std::byte* scratch, bool in_place) -> Step {
+            co_await ring_reduce_scatter(ch, work, equal_blocks(recvcount, ch.size), dtype, reduction_of(op), scratch);
+            std::byte* mine = work + static_cast<std::size_t>(ch.rank) * recvcount * size_of(dtype);
+            if (!in_place) std::memcpy(out, mine, recvcount * size_of(dtype));
+            if (op == RedOp::avg) finish_avg(out, recvcount, dtype, ch.size);
+          }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, work, out, recvcount, dtype, op,
+                 scratch->get(), in_place);
+        },
+        scratch);
+  }
+  // Hierarchical: the input's blocks are rearranged by (local index, node), so that an intra reduce-scatter
+  // of L super-blocks leaves local rank l with the blocks of every rank of local index l, which an inter
+  // reduce-scatter over the nodes then finishes.
+  const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
+  int local = 0, node_position = 0;
+  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
+  auto scratch = std::make_shared<Scratch>(total + block_bytes * static_cast<std::size_t>(nodes));
+  std::byte* work = scratch->get();
+  for (int l = 0; l < per_node; ++l)
+    for (int m = 0; m < nodes; ++m)
+      std::memcpy(work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes,
+                  in + static_cast<std::size_t>(rank_at[static_cast<std::size_t>(m * per_node + l)]) * block_bytes, block_bytes);
+  return Work::start(
+      [&](Traffic* traffic) {
+        return [](Channel intra, Channel inter, std::byte* work, std::byte* out, std::size_t recvcount, DataType dtype,
+                  RedOp op, std::byte* scratch, int ranks) -> Step {
+          const std::size_t block_bytes = recvcount * size_of(dtype);
+          const RedOp reduce = reduction_of(op);
+          co_await ring_reduce_scatter(intra, work, equal_blocks(recvcount * static_cast<std::size_t>(inter.size), intra.size),
+                                       dtype, reduce, scratch);
+          std::byte* super = work + static_cast<std::size_t>(intra.rank) * inter.size * block_bytes;
+          co_await ring_reduce_scatter(inter, super, equal_blocks(recvcount, inter.size), dtype, reduce, scratch);
+          std::memcpy(out, super + static_cast<std::size_t>(inter.rank) * block_bytes, block_bytes);
+          if (op == RedOp::avg) finish_avg(out, recvcount, dtype, ranks);
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
+               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, recvcount, dtype, op,
+               work + total, n);
+      },
+      scratch);
+}
+
+Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype) {
+  require(supports(Operation::allgather, algo), "allgather has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
+  require(algo != Algo::hierarchical || even_nodes_, "hierarchical allgather needs the same number of ranks on every node");
+  const std::size_t esize = size_of(dtype), block_bytes = count * esize;
+  auto* out = static_cast<std::byte*>(recvbuf);
+  const auto* in = static_cast<const std::byte*>(sendbuf);
+  const bool in_place = in == out + static_cast<std::size_t>(rank_) * block_bytes;
+  const int tag = next_collective_tag();
+  if (algo == Algo::library) {
+    MPI_Request request;
+    STRATA_COLL_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_.datatype(dtype),
+                                         recvbuf, static_cast<int>(count), types_.datatype(dtype), comm_.get(), &request));
+    return Work::start([&](Traffic*) { return library_then(request, nullptr, 0, dtype, size_, nullptr, nullptr, 0); });
+  }
+  const int n = size_;
+  if (algo == Algo::ring) {
+    if (!in_place) std::memcpy(out + static_cast<std::size_t>(rank_) * block_bytes, in, block_bytes);
+    return Work::start([&](Traffic* traffic) {
+      return ring_allgather(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, out, equal_blocks(count, n), esize);
+    });
+  }
+  // Hierarchical: across nodes among ranks of my local index, then inside the node, in (local, node) order;
+  // then back to group-rank order.
+  const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
+  int local = 0, node_position = 0;
+  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
+  auto scratch = std::make_shared<Scratch>(block_bytes * static_cast<std::size_t>(n));
+  std::byte* work = scratch->get();
+  std::memcpy(work + (static_cast<std::size_t>(local) * nodes + node_position) * block_bytes, in, block_bytes);
+  return Work::start(
+      [&](Traffic* traffic) {
+        return [](Channel intra, Channel inter, std::byte* work, std::byte* out, std::size_t count, std::size_t esize,
+                  std::vector<int> rank_at) -> Step {
+          const std::size_t block_bytes = count * esize;
+          const int nodes = inter.size, per_node = intra.size;
+          co_await ring_allgather(inter, work + static_cast<std::size_t>(intra.rank) * nodes * block_bytes,
+                                  equal_blocks(count, nodes), esize);
+          co_await ring_allgather(intra, work, equal_blocks(count * static_cast<std::size_t>(nodes), per_node), esize);
+          for (int l = 0; l < per_node; ++l)
+            for (int m = 0; m < nodes; ++m)
+              std::memcpy(out + static_cast<std::size_t>(rank_at[static_cast<std::size_t>(m * per_node + l)]) * block_bytes,
+                          work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes, block_bytes);
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
+               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, count, esize,
+               std::move(rank_at));
+      },
+      scratch);
+}
+
+Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root) {
+  require(supports(Operation::broadcast, algo), "broadcast has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
+  require(root >= 0 && root < size_, "broadcast root " + std::to_string(root) + " is not a rank of group " + name_);
+  const int tag = next_collective_tag();
+  if (algo == Algo::library) {
+    MPI_Request request;
+    STRATA_COLL_MPI_CHECK(MPI_Ibcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get(), &request));
+    return Work::start([&](Traffic*) { return library_then(request, nullptr, 0, dtype, size_, nullptr, nullptr, 0); });
+  }
+  return Work::start([&](Traffic* traffic) {
+    return ring_broadcast(Channel{comm_.get(), rank_, size_, &node_of_rank_, traffic, tag}, static_cast<std::byte*>(buf),
+                          count * size_of(dtype), root, std::size_t{256} << 10);
+  });
+}
+
+Work Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
+  require(peer >= 0 && peer < size_ && peer != rank_, "send: peer " + std::to_string(peer) + " of group " + name_);
+  const int tag = next_tag(send_sequence_, peer);
+  return Work::start([&](Traffic* traffic) {
+    return [](Channel ch, const std::byte* buf, std::size_t bytes, int peer) -> Step {
+      Requests q;
+      post_send(q, ch, buf, bytes, peer);
+      co_await q;
+    }(Channel{comm_.get(), rank_, size_, &node_of_rank_, traffic, tag}, static_cast<const std::byte*>(buf),
+           count * size_of(dtype), peer);
+  });
+}
+
+Work Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
+  require(peer >= 0 && peer < size_ && peer != rank_, "recv: peer " + std::to_string(peer) + " of group " + name_);
+  const int tag = next_tag(recv_sequence_, peer);
+  return Work::start([&](Traffic*) {
+    return [](Channel ch, std::byte* buf, std::size_t bytes, int peer) -> Step {
+      Requests q;
+      post_recv(q, ch, buf, bytes, peer);
+      co_await q;
+    }(Channel{comm_.get(), rank_, size_, &node_of_rank_, nullptr, tag}, static_cast<std::byte*>(buf),
+           count * size_of(dtype), peer);
+  });
+}
+
+std::vector<std::string> parse_grid_order(const std::string& text) {
+  std::vector<std::string> order;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    order.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  std::vector<std::string> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted != std::vector<std::string>{"dp", "pp", "tp"})
+    throw std::invalid_argument("grid order '" + text + "': expected tp, pp and dp once each, e.g. tp,pp,dp");
+  return order;
+}
+
+ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const std::string& order)
+    : grid_(grid), order_(parse_grid_order(order)), types_(std::make_unique<MpiTypes>()) {
+  const Layout layout(ranks_per_node);
+  const int world_size = layout.world_size(), me = layout.world_rank();
+  if (grid.size() != world_size)
+    throw std::invalid_argument("grid " + format_grid(grid) + " has " + std::to_string(grid.size()) + " ranks, the job " +
+                                std::to_string(world_size));
+  const int sizes[3] = {grid.tp, grid.pp, grid.dp};
+  auto dim = [](const std::string& name) { return name == "tp" ? 0 : name == "pp" ? 1 : 2; };
+  int stride = 1;
+  for (const std::string& name : order_) {
+    stride_[dim(name)] = stride;
+    stride *= sizes[dim(name)];
+  }
+  for (int d = 0; d < 3; ++d) index_[d] = me / stride_[d] % sizes[d];
+  const std::vector<int>& world_nodes = layout.node_of_rank();
+
+  MPI_Comm dup = MPI_COMM_NULL;
+  STRATA_COLL_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+  world_ = std::make_unique<Group>("world", Comm(dup), world_nodes, *types_);
+  // A dimension's group: the world ranks that differ from mine in that coordinate only.
+  auto dimension_group = [&](int d, const char* name) {
+    const int base = me - index_[d] * stride_[d];
+    std::vector<int> nodes;
+    for (int k = 0; k < sizes[d]; ++k) nodes.push_back(world_nodes[static_cast<std::size_t>(base + k * stride_[d])]);
+    MPI_Comm comm = MPI_COMM_NULL;
+    STRATA_COLL_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, base, index_[d], &comm));
+    return std::make_unique<Group>(name, Comm(comm), std::move(nodes), *types_);
+  };
+  tp_ = dimension_group(0, "tp");
+  pp_ = dimension_group(1, "pp");
+  dp_ = dimension_group(2, "dp");
+
+  // Inside data parallelism: the DP ranks on my node, and those with my index among their node's DP ranks.
+  const std::vector<int>& dp_nodes = dp_->node_of_rank();
+  const int my_node = dp_nodes[static_cast<std::size_t>(dp_->rank())];
+  int local = 0;
+  for (int r = 0; r < dp_->rank(); ++r) local += dp_nodes[static_cast<std::size_t>(r)] == my_node;
+  std::vector<int> intra_nodes, inter_nodes;
+  std::map<int, int> seen;  // node -> DP ranks counted so far
+  for (int r = 0; r < dp_->size(); ++r) {
+    const int node = dp_nodes[static_cast<std::size_t>(r)];
+    const int index = seen[node]++;
+    if (node == my_node) intra_nodes.push_back(node);
+    if (index == local) inter_nodes.push_back(node);
+  }
+  MPI_Comm intra = MPI_COMM_NULL, inter = MPI_COMM_NULL;
+  STRATA_COLL_MPI_CHECK(MPI_Comm_split(dp_->comm(), my_node, dp_->rank(), &intra));
+  dp_intra_ = std::make_unique<Group>("dp_intra", Comm(intra), std::move(intra_nodes), *types_);
+  STRATA_COLL_MPI_CHECK(MPI_Comm_split(dp_->comm(), local, dp_->rank(), &inter));
+  dp_inter_ = std::make_unique<Group>("dp_inter", Comm(inter), std::move(inter_nodes), *types_);
+}
+
+int ProcessGroups::world_rank_of(int tp, int pp, int dp) const {
+  return tp * stride_[0] + pp * stride_[1] + dp * stride_[2];
+}
+
+}  // namespace strata::coll

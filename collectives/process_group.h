@@ -1,0 +1,115 @@
+// The process groups of a training job, built once (as Megatron-Core's parallel_state builds them), and
+// non-blocking collectives and point-to-point operations on any of them.
+//
+// Groups: the world; each grid dimension (tp, pp, dp) with a configurable order of the dimensions, fastest
+// varying first (default tp, pp, dp: tensor parallelism inside a node); and inside data parallelism the
+// intra group (the DP ranks on my node, real or emulated) and the inter group (the DP ranks with my index
+// inside their node, one per node), which partial-redundancy strategies (PaRO) shard and reduce over.
+//
+// Every operation returns a Work (work.h says how it progresses). Collectives: every rank of the group
+// starts the same collectives in the same order, with the same algorithm, count, dtype and operation.
+// Point-to-point: each send to a peer matches that peer's receive from this rank, in order. Any number of
+// operations may be in flight on one group.
+//
+// Buffers follow NCCL: in place means sendbuf == recvbuf, except allgather (sendbuf == recvbuf + rank *
+// count elements) and reduce_scatter (recvbuf == sendbuf + rank * recvcount elements).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/algorithms.h"
+#include "collectives/layout.h"
+#include "collectives/types.h"
+#include "collectives/work.h"
+
+namespace strata::coll {
+
+class Group {
+ public:
+  // Collective over `comm` (which the group takes over). `node_of_rank[r]` is the node of group rank r.
+  // Splits the intra and inter communicators that the hierarchical algorithms use.
+  Group(std::string name, Comm comm, std::vector<int> node_of_rank, const MpiTypes& types);
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  const std::string& name() const { return name_; }
+  MPI_Comm comm() const { return comm_.get(); }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::vector<int>& node_of_rank() const { return node_of_rank_; }
+  int node_count() const { return node_count_; }
+  bool even_nodes() const { return even_nodes_; }  // every node holds the same number of the group's ranks
+
+  // Algorithms: library (MPI_I* collectives), ring, hierarchical (reduce-scatter in the node, the shard
+  // across nodes among ranks of the same local index, allgather in the node; needs even nodes). Broadcast:
+  // library, or ring (a pipelined chain from the root). std::invalid_argument for other pairs or bad args.
+  Work allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op);
+  Work reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype, RedOp op);
+  Work allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype);
+  Work broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root);
+  Work send(const void* buf, std::size_t count, DataType dtype, int peer);
+  Work recv(void* buf, std::size_t count, DataType dtype, int peer);
+
+  static bool supports(Operation operation, Algo algo);
+
+ private:
+  int next_collective_tag();
+  int next_tag(std::vector<unsigned>& sequence, int peer);
+
+  std::string name_;
+  Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<int> node_of_rank_;
+  int node_count_ = 1;
+  bool even_nodes_ = true;
+  Comm intra_, inter_;
+  std::vector<int> intra_nodes_, inter_nodes_;  // node of each rank of intra_ / inter_, for traffic
+  const MpiTypes& types_;
+  unsigned collective_sequence_ = 0;
+  std::vector<unsigned> send_sequence_, recv_sequence_;  // per peer
+};
+
+// The order of the grid dimensions, fastest varying first: world rank = i0 + n0 * (i1 + n1 * i2).
+// "tp,pp,dp" (default), or any permutation; std::invalid_argument otherwise.
+std::vector<std::string> parse_grid_order(const std::string& text);
+
+class ProcessGroups {
+ public:
+  // Collective over MPI_COMM_WORLD. ranks_per_node 0: real nodes (ranks sharing memory); otherwise emulated
+  // nodes of that many consecutive world ranks. The grid must multiply to the world size.
+  ProcessGroups(const GridShape& grid, int ranks_per_node = 0, const std::string& order = "tp,pp,dp");
+  ProcessGroups(const ProcessGroups&) = delete;
+  ProcessGroups& operator=(const ProcessGroups&) = delete;
+
+  const GridShape& grid() const { return grid_; }
+  const std::vector<std::string>& order() const { return order_; }
+  int tp_index() const { return index_[0]; }
+  int pp_index() const { return index_[1]; }
+  int dp_index() const { return index_[2]; }
+  // The world rank at grid coordinates (tp, pp, dp).
+  int world_rank_of(int tp, int pp, int dp) const;
+
+  Group& world() { return *world_; }
+  Group& tp() { return *tp_; }
+  Group& pp() { return *pp_; }
+  Group& dp() { return *dp_; }
+  Group& dp_intra() { return *dp_intra_; }
+  Group& dp_inter() { return *dp_inter_; }
+  const MpiTypes& types() const { return *types_; }
+
+ private:
+  GridShape grid_;
+  std::vector<std::string> order_;
+  int stride_[3] = {1, 1, 1};  // stride of tp, pp, dp in world rank
+  int index_[3] = {0, 0, 0};   // my tp, pp, dp coordinates
+  std::unique_ptr<MpiTypes> types_;
+  std::unique_ptr<Group> world_, tp_, pp_, dp_, dp_intra_, dp_inter_;
+};
+
+}  // namespace strata::coll

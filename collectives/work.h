@@ -1,0 +1,160 @@
+// A collective or point-to-point operation in flight, and the coroutine machinery Strata's own algorithms are
+// written in.
+//
+// An algorithm is a coroutine (`Step`) that posts MPI_Isend/MPI_Irecv and then `co_await`s them; a phase of
+// a larger algorithm is itself a Step that the larger one `co_await`s. Each operation owns its coroutine
+// frame, its scratch memory and its tags, so any number may be in flight on one communicator at once.
+//
+// How progress happens on the CPU: nothing runs in the background. An algorithm advances only inside
+// Work::test() and Work::wait(), called by the thread that started it: test() checks the requests the
+// algorithm waits on (MPI_Testall, which also drives the MPI library's own progress) and, when they are
+// complete, runs the algorithm on to its next set of messages. A caller overlapping communication with
+// compute calls test() between pieces of compute (e.g. after each layer of the backward pass); the library
+// path (MPI_I* collectives) progresses the same way, as Open MPI has no progress thread by default.
+#pragma once
+
+#include <mpi.h>
+
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace strata::coll {
+
+// Bytes this rank sent, split by whether the receiver is on its node. The library path reports zeros: MPI
+// does not say what it sent.
+struct Traffic {
+  std::uint64_t intra_bytes = 0;
+  std::uint64_t inter_bytes = 0;
+  std::uint64_t total() const { return intra_bytes + inter_bytes; }
+  Traffic& operator+=(const Traffic& other);
+};
+
+// Where a running coroutine chain waits: the requests of its innermost Step and the Step to resume.
+struct Scheduler {
+  std::vector<MPI_Request>* waiting = nullptr;
+  std::coroutine_handle<> resume_point;
+};
+
+// A coroutine of an algorithm. Lazily started; co_await on a Step runs it as a phase of the caller.
+class Step {
+ public:
+  struct promise_type {
+    Scheduler* scheduler = nullptr;
+    std::coroutine_handle<> continuation;  // the Step that co_awaits this one, if any
+    std::exception_ptr error;
+
+    Step get_return_object() { return Step(std::coroutine_handle<promise_type>::from_promise(*this)); }
+    std::suspend_always initial_suspend() noexcept { return {}; }
+    auto final_suspend() noexcept {
+      struct ToContinuation {
+        bool await_ready() noexcept { return false; }
+        std::coroutine_handle<> await_suspend(std::coroutine_handle<promise_type> self) noexcept {
+          auto next = self.promise().continuation;
+          return next ? next : std::noop_coroutine();
+        }
+        void await_resume() noexcept {}
+      };
+      return ToContinuation{};
+    }
+    void return_void() {}
+    void unhandled_exception() { error = std::current_exception(); }
+  };
+
+  Step() = default;
+  explicit Step(std::coroutine_handle<promise_type> handle) : handle_(handle) {}
+  Step(Step&& other) noexcept : handle_(std::exchange(other.handle_, {})) {}
+  Step& operator=(Step&& other) noexcept {
+    if (this != &other) {
+      if (handle_) handle_.destroy();
+      handle_ = std::exchange(other.handle_, {});
+    }
+    return *this;
+  }
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+  ~Step() {
+    if (handle_) handle_.destroy();
+  }
+
+  bool done() const { return !handle_ || handle_.done(); }
+  std::coroutine_handle<promise_type> handle() const { return handle_; }
+
+  // co_await step: runs it as a phase, under the caller's scheduler, and rethrows what it threw.
+  bool await_ready() const noexcept { return done(); }
+  template <typename Caller>
+  std::coroutine_handle<> await_suspend(std::coroutine_handle<Caller> caller) noexcept {
+    handle_.promise().scheduler = caller.promise().scheduler;
+    handle_.promise().continuation = caller;
+    return handle_;
+  }
+  void await_resume() const {
+    if (handle_ && handle_.promise().error) std::rethrow_exception(handle_.promise().error);
+  }
+
+ private:
+  std::coroutine_handle<promise_type> handle_;
+};
+
+// co_await requests: suspends until every request completes (complete ones cost nothing).
+struct Requests {
+  std::vector<MPI_Request> list;
+  bool await_ready();
+  void await_suspend(std::coroutine_handle<Step::promise_type> waiter) noexcept {
+    waiter.promise().scheduler->waiting = &list;
+    waiter.promise().scheduler->resume_point = waiter;
+  }
+  void await_resume() const noexcept {}
+};
+
+// The handle a caller holds. Destroying one that is still in flight waits for it first, because its
+// messages read and write the caller's buffers.
+class Work {
+ public:
+  Work() = default;  // an operation that is already complete
+
+  // Starts an algorithm: `make(Traffic*)` returns its Step, given the counter it adds sent bytes to. The step
+  // runs until it first waits on messages. `keep_alive` holds what the step's frame points into (scratch
+  // buffers) until the operation is destroyed.
+  template <typename Make>
+  static Work start(Make make, std::shared_ptr<void> keep_alive = {}) {
+    auto state = std::make_unique<State>();
+    state->keep_alive = std::move(keep_alive);
+    state->step = make(&state->traffic);
+    Work work(std::move(state));
+    work.launch();
+    return work;
+  }
+
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&& other) noexcept;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+  ~Work();
+
+  // Progresses the operation; true once it is complete (then its results are in the caller's buffers).
+  // Rethrows an error the algorithm raised.
+  bool test();
+  void wait();
+  bool done() const { return !state_ || state_->step.done(); }
+  // Bytes this rank sent (own algorithms; zeros for the library path), complete once done().
+  Traffic traffic() const { return state_ ? state_->traffic : Traffic{}; }
+
+ private:
+  struct State {
+    Step step;
+    Scheduler scheduler;
+    std::shared_ptr<void> keep_alive;
+    Traffic traffic;
+  };
+  explicit Work(std::unique_ptr<State> state) : state_(std::move(state)) {}
+  void launch();
+  void rethrow_if_failed() const;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace strata::coll

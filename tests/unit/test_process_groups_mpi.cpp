@@ -1,0 +1,277 @@
+// Process groups and their non-blocking operations under a real mpirun (2-5 ranks): every algorithm against
+// the exact result on integer-valued data (so any order of reduction is exact), in and out of place, counts
+// that do not divide, several operations in flight at once completing out of order, point-to-point
+// exchanges, the grid's groups, and the bytes each algorithm sends per tier.
+// Every rank runs every collective whatever it found, so one rank's failure cannot stall the others.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <numeric>
+
+#include "collectives/mpi_error.h"
+#include "collectives/process_group.h"
+
+namespace strata::coll {
+namespace {
+
+int world_rank_now() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+int world_size_now() {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// Element i of group rank r's input: small integers, so sums over five ranks are exact in every dtype.
+double input_value(int r, std::size_t i) { return static_cast<double>(static_cast<int>((r * 7 + i * 3) % 13) - 6); }
+
+double reduce_expected(RedOp op, int ranks, std::size_t i) {
+  double acc = input_value(0, i);
+  for (int r = 1; r < ranks; ++r) {
+    const double v = input_value(r, i);
+    acc = op == RedOp::max ? std::max(acc, v) : op == RedOp::min ? std::min(acc, v) : acc + v;
+  }
+  return op == RedOp::avg ? acc / ranks : acc;
+}
+
+std::vector<std::byte> filled(int r, std::size_t count, DataType dtype, std::size_t first = 0) {
+  std::vector<std::byte> buf(std::max<std::size_t>(count, 1) * size_of(dtype));
+  for (std::size_t i = 0; i < count; ++i) store_value(buf.data(), i, dtype, input_value(r, first + i));
+  return buf;
+}
+
+// Layouts each world size can be cut into: one node, one rank per node, two ranks per node.
+std::vector<int> layouts() {
+  std::vector<int> rpn = {0, 1};
+  if (world_size_now() % 2 == 0 && world_size_now() > 2) rpn.push_back(2);
+  return rpn;
+}
+
+const std::vector<std::size_t> kCounts = {0, 1, 7, 13, 1000};
+const std::vector<DataType> kTypes = {DataType::float32, DataType::int32, DataType::bfloat16, DataType::float64};
+
+TEST(ProcessGroups, AllreduceEveryAlgorithmInAndOutOfPlace) {
+  for (int rpn : layouts()) {
+    ProcessGroups groups({1, 1, world_size_now()}, rpn);
+    Group& g = groups.world();
+    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical})
+      for (DataType dtype : kTypes)
+        for (RedOp op : {RedOp::sum, RedOp::max, RedOp::avg})
+          for (std::size_t count : kCounts)
+            for (bool in_place : {false, true}) {
+              if (op == RedOp::avg && dtype == DataType::int32) continue;  // integer average truncates
+              std::vector<std::byte> in = filled(g.rank(), count, dtype), out(in.size());
+              void* recv = in_place ? in.data() : out.data();
+              g.allreduce(algo, in.data(), recv, count, dtype, op).wait();
+              for (std::size_t i = 0; i < count; ++i)
+                EXPECT_NEAR(load_value(recv, i, dtype), reduce_expected(op, g.size(), i),
+                            dtype == DataType::bfloat16 ? 0.02 : 1e-6)
+                    << name(algo) << " " << name(dtype) << " " << name(op) << " count " << count << " in_place "
+                    << in_place << " rpn " << rpn << " at " << i;
+            }
+  }
+}
+
+TEST(ProcessGroups, ReduceScatterEveryAlgorithmInAndOutOfPlace) {
+  for (int rpn : layouts()) {
+    ProcessGroups groups({1, 1, world_size_now()}, rpn);
+    Group& g = groups.world();
+    const std::size_t n = static_cast<std::size_t>(g.size());
+    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical})
+      for (DataType dtype : kTypes)
+        for (RedOp op : {RedOp::sum, RedOp::min})
+          for (std::size_t recvcount : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{300}})
+            for (bool in_place : {false, true}) {
+              std::vector<std::byte> in = filled(g.rank(), recvcount * n, dtype), out(std::max<std::size_t>(recvcount, 1) * size_of(dtype));
+              std::byte* recv = in_place ? in.data() + static_cast<std::size_t>(g.rank()) * recvcount * size_of(dtype) : out.data();
+              g.reduce_scatter(algo, in.data(), recv, recvcount, dtype, op).wait();
+              for (std::size_t i = 0; i < recvcount; ++i)
+                EXPECT_EQ(load_value(recv, i, dtype),
+                          reduce_expected(op, g.size(), static_cast<std::size_t>(g.rank()) * recvcount + i))
+                    << name(algo) << " " << name(dtype) << " " << name(op) << " recvcount " << recvcount << " in_place "
+                    << in_place << " rpn " << rpn << " at " << i;
+            }
+  }
+}
+
+TEST(ProcessGroups, AllgatherEveryAlgorithmInAndOutOfPlace) {
+  for (int rpn : layouts()) {
+    ProcessGroups groups({1, 1, world_size_now()}, rpn);
+    Group& g = groups.world();
+    const std::size_t n = static_cast<std::size_t>(g.size());
+    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical})
+      for (DataType dtype : {DataType::float32, DataType::int8, DataType::float64})
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{9}, std::size_t{500}})
+          for (bool in_place : {false, true}) {
+            std::vector<std::byte> out(std::max<std::size_t>(count * n, 1) * size_of(dtype));
+            std::vector<std::byte> mine = filled(g.rank(), count, dtype, 0);
+            std::byte* send = mine.data();
+            if (in_place) {
+              send = out.data() + static_cast<std::size_t>(g.rank()) * count * size_of(dtype);
+              std::memcpy(send, mine.data(), count * size_of(dtype));
+            }
+            g.allgather(algo, send, out.data(), count, dtype).wait();
+            for (std::size_t r = 0; r < n; ++r)
+              for (std::size_t i = 0; i < count; ++i)
+                EXPECT_EQ(load_value(out.data(), r * count + i, dtype), input_value(static_cast<int>(r), i))
+                    << name(algo) << " " << name(dtype) << " count " << count << " rpn " << rpn << " from rank " << r;
+          }
+  }
+}
+
+TEST(ProcessGroups, BroadcastFromEveryRoot) {
+  ProcessGroups groups({1, 1, world_size_now()}, 0);
+  Group& g = groups.world();
+  for (Algo algo : {Algo::library, Algo::ring})
+    for (int root = 0; root < g.size(); ++root)
+      for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{200000}}) {
+        std::vector<std::byte> buf = g.rank() == root ? filled(root, count, DataType::float32)
+                                                      : std::vector<std::byte>(std::max<std::size_t>(count, 1) * 4);
+        g.broadcast(algo, buf.data(), count, DataType::float32, root).wait();
+        int wrong = 0;
+        for (std::size_t i = 0; i < count; ++i) wrong += load_value(buf.data(), i, DataType::float32) != input_value(root, i);
+        EXPECT_EQ(wrong, 0) << name(algo) << " root " << root << " count " << count;
+      }
+}
+
+// Three operations in flight on one group at once, finished in the reverse of their start order, with
+// test() calls interleaved: their messages must not mix.
+TEST(ProcessGroups, OperationsInFlightTogetherDoNotMix) {
+  for (int rpn : layouts()) {
+    ProcessGroups groups({1, 1, world_size_now()}, rpn);
+    Group& g = groups.world();
+    const std::size_t n = static_cast<std::size_t>(g.size()), count = 4099;
+    std::vector<std::byte> a = filled(g.rank(), count, DataType::float32);
+    std::vector<std::byte> b = filled(g.rank(), count, DataType::float32);
+    std::vector<std::byte> c_in = filled(g.rank(), count * n, DataType::float32), c_out(count * 4);
+    std::vector<std::byte> d_out(count * n * 4), d_in = filled(g.rank(), count, DataType::float32);
+    Work first = g.allreduce(Algo::ring, a.data(), a.data(), count, DataType::float32, RedOp::sum);
+    Work second = g.allreduce(Algo::hierarchical, b.data(), b.data(), count, DataType::float32, RedOp::max);
+    Work third = g.reduce_scatter(Algo::ring, c_in.data(), c_out.data(), count, DataType::float32, RedOp::sum);
+    Work fourth = g.allgather(Algo::library, d_in.data(), d_out.data(), count, DataType::float32);
+    for (int i = 0; i < 3; ++i) first.test(), third.test();
+    fourth.wait();
+    third.wait();
+    second.wait();
+    first.wait();
+    int wrong = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      wrong += load_value(a.data(), i, DataType::float32) != reduce_expected(RedOp::sum, g.size(), i);
+      wrong += load_value(b.data(), i, DataType::float32) != reduce_expected(RedOp::max, g.size(), i);
+      wrong += load_value(c_out.data(), i, DataType::float32) !=
+               reduce_expected(RedOp::sum, g.size(), static_cast<std::size_t>(g.rank()) * count + i);
+      for (std::size_t r = 0; r < n; ++r)
+        wrong += load_value(d_out.data(), r * count + i, DataType::float32) != input_value(static_cast<int>(r), i);
+    }
+    EXPECT_EQ(wrong, 0) << "rpn " << rpn;
+  }
+}
+
+// Pipeline-style exchange: two messages to the right neighbour in flight at once, received in order.
+TEST(ProcessGroups, PointToPointMessagesArriveInOrder) {
+  ProcessGroups groups({1, world_size_now(), 1}, 0);
+  Group& g = groups.pp();
+  const int right = (g.rank() + 1) % g.size(), left = (g.rank() + g.size() - 1) % g.size();
+  std::vector<std::byte> first = filled(g.rank(), 1000, DataType::float32), second = filled(g.rank() + 1, 1000, DataType::float32);
+  std::vector<std::byte> got_first(4000), got_second(4000);
+  Work r1 = g.recv(got_first.data(), 1000, DataType::float32, left);
+  Work r2 = g.recv(got_second.data(), 1000, DataType::float32, left);
+  Work s1 = g.send(first.data(), 1000, DataType::float32, right);
+  Work s2 = g.send(second.data(), 1000, DataType::float32, right);
+  r2.wait(), r1.wait(), s1.wait(), s2.wait();
+  EXPECT_EQ(s1.traffic().total(), 4000u);
+  int wrong = 0;
+  for (std::size_t i = 0; i < 1000; ++i) {
+    wrong += load_value(got_first.data(), i, DataType::float32) != input_value(left, i);
+    wrong += load_value(got_second.data(), i, DataType::float32) != input_value(left + 1, i);
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_THROW(g.send(first.data(), 1, DataType::float32, g.rank()), std::invalid_argument);
+  EXPECT_THROW(g.recv(first.data(), 1, DataType::float32, g.size()), std::invalid_argument);
+}
+
+// A ring allreduce sends each of n blocks n-1 times in each of its two passes: 2 (n-1) S bytes over all
+// ranks; hierarchical puts only the shards on inter-node links: 2 (N-1) S over all ranks, N nodes.
+TEST(ProcessGroups, TrafficPerTierMatchesTheAlgorithm) {
+  const int n = world_size_now();
+  if (n % 2 != 0 || n < 4) GTEST_SKIP() << "needs an even number of ranks, at least 4 (2 per emulated node)";
+  ProcessGroups groups({1, 1, n}, 2);
+  Group& g = groups.world();
+  const std::size_t count = 1200 * static_cast<std::size_t>(n), bytes = count * 4;
+  std::vector<std::byte> buf = filled(g.rank(), count, DataType::float32);
+  auto totals = [&](Work work) {
+    work.wait();
+    unsigned long long mine[2] = {work.traffic().intra_bytes, work.traffic().inter_bytes}, all[2] = {0, 0};
+    MPI_Allreduce(mine, all, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    return std::pair{all[0], all[1]};
+  };
+  auto [ring_intra, ring_inter] = totals(g.allreduce(Algo::ring, buf.data(), buf.data(), count, DataType::float32, RedOp::sum));
+  EXPECT_EQ(ring_intra + ring_inter, 2ull * (n - 1) * bytes);
+  auto [h_intra, h_inter] = totals(g.allreduce(Algo::hierarchical, buf.data(), buf.data(), count, DataType::float32, RedOp::sum));
+  const int nodes = n / 2;
+  EXPECT_EQ(h_inter, 2ull * (nodes - 1) * bytes);                // each node's S split over its 2 ranks
+  EXPECT_EQ(h_intra, 2ull * nodes * (2 - 1) * bytes);            // a reduce-scatter and an allgather in each node
+  auto [l_intra, l_inter] = totals(g.allreduce(Algo::library, buf.data(), buf.data(), count, DataType::float32, RedOp::sum));
+  EXPECT_EQ(l_intra + l_inter, 0ull);  // MPI does not say
+}
+
+TEST(ProcessGroups, GridGroupsHoldTheRightRanks) {
+  const int n = world_size_now(), me = world_rank_now();
+  for (const char* order : {"tp,pp,dp", "dp,tp,pp"}) {
+    const GridShape shape = n % 2 == 0 ? GridShape{2, 1, n / 2} : GridShape{1, 1, n};
+    ProcessGroups groups(shape, n % 2 == 0 ? 2 : 0, order);
+    EXPECT_EQ(groups.tp().size(), shape.tp);
+    EXPECT_EQ(groups.dp().size(), shape.dp);
+    EXPECT_EQ(groups.world_rank_of(groups.tp_index(), groups.pp_index(), groups.dp_index()), me) << order;
+    // The TP group's members differ from me in the tp coordinate only.
+    std::vector<int> members(static_cast<std::size_t>(groups.tp().size()));
+    MPI_Allgather(&me, 1, MPI_INT, members.data(), 1, MPI_INT, groups.tp().comm());
+    for (int k = 0; k < groups.tp().size(); ++k)
+      EXPECT_EQ(members[static_cast<std::size_t>(k)], groups.world_rank_of(k, groups.pp_index(), groups.dp_index())) << order;
+    EXPECT_EQ(groups.dp_intra().size() * groups.dp_inter().size(), groups.dp().size()) << order;
+  }
+  EXPECT_THROW(ProcessGroups({n + 1, 1, 1}), std::invalid_argument);
+  EXPECT_THROW(parse_grid_order("tp,tp,dp"), std::invalid_argument);
+}
+
+TEST(ProcessGroups, UnsupportedRequestsAreRefused) {
+  ProcessGroups groups({1, 1, world_size_now()}, 0);
+  float x = 0;
+  EXPECT_THROW(groups.world().allreduce(Algo::recursive_doubling, &x, &x, 1, DataType::float32, RedOp::sum),
+               std::invalid_argument);
+  EXPECT_THROW(groups.world().broadcast(Algo::hierarchical, &x, 1, DataType::float32, 0), std::invalid_argument);
+  EXPECT_THROW(groups.world().broadcast(Algo::library, &x, 1, DataType::float32, world_size_now()), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace strata::coll
+
+// Rank 0 prints; a rank whose test throws outside a test body aborts the job with its message.
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  ::testing::InitGoogleTest(&argc, argv);
+  // An exception (an MPI error) leaves the test on one rank only: let it reach the handler below, which ends
+  // the job with its message, instead of the other ranks waiting in the next collective until the timeout.
+  GTEST_FLAG_SET(catch_exceptions, false);
+  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  if (strata::coll::world_rank_now() != 0) delete listeners.Release(listeners.default_result_printer());
+  int failed = 0;
+  try {
+    failed = RUN_ALL_TESTS() != 0;
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << strata::coll::world_rank_now() << ": " << e.what() << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any && strata::coll::world_rank_now() == 0) std::cout << "[  FAILED  ] on some rank (see above)\n";
+  MPI_Finalize();
+  return any;
+}
