@@ -494,7 +494,8 @@ TEST(Embedding, ForwardAndBackwardMatchFloat64Reference) {
 
 TEST(Embedding, GradientIdenticalForAnyThreadCount) {
   auto rng = seeded_rng();
-  const std::size_t batch = 4, seq = 64, channels = 72, vocab = 10;
+  // Large enough that the kernel really runs on 3 threads (it keeps small problems on fewer).
+  const std::size_t batch = 8, seq = 128, channels = 72, vocab = 10;
   const auto tokens = random_tokens(batch * seq, vocab, rng);
   const auto dout = uniform(batch * seq * channels, rng);
   auto run = [&](int n_threads) {
