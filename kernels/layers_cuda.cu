@@ -163,22 +163,28 @@ __global__ void layernorm_parameter_gradient_kernel(float* dweight, float* dbias
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCubic = 0.044715f;
 
+// (1 + tanh u) / 2 = sigmoid(2u): computed as a sigmoid it keeps its digits for x << 0, where 1 + tanh u in
+// fp32 cancels to zero (as on the CPU). expf overflowing to infinity gives the correct limit 0.
+__device__ __forceinline__ float gelu_sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-2.0f * kGeluScale * (x + kGeluCubic * x * x * x)));
+}
+
 template <class D>
 __global__ void gelu_forward_kernel(D* out, const D* inp, std::size_t n) {
   for (std::size_t i = grid_start(); i < n; i += grid_stride()) {
     const float x = load(inp[i]);
-    out[i] = store<D>(0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x))));
+    out[i] = store<D>(x * gelu_sigmoid(x));
   }
 }
 
+// d/dx [x * sigmoid(2u)] = sigmoid(2u) + 2 x sigmoid(2u) (1 - sigmoid(2u)) du/dx.
 template <class D>
 __global__ void gelu_backward_kernel(D* dinp, const D* inp, const D* dout, std::size_t n) {
   for (std::size_t i = grid_start(); i < n; i += grid_stride()) {
     const float x = load(inp[i]);
-    const float tanh_u = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
+    const float s = gelu_sigmoid(x);
     const float du_dx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    const float derivative = 0.5f * (1.0f + tanh_u) + 0.5f * x * (1.0f - tanh_u * tanh_u) * du_dx;
-    dinp[i] = store<D>(load(dinp[i]) + derivative * load(dout[i]));
+    dinp[i] = store<D>(load(dinp[i]) + (s + 2.0f * x * s * (1.0f - s) * du_dx) * load(dout[i]));
   }
 }
 

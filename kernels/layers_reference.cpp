@@ -54,15 +54,18 @@ void layernorm_backward(double* dinp, double* dweight, double* dbias, const doub
   }
 }
 
+// 0.5 x (1 + tanh u) with u = sqrt(2/pi) (x + 0.044715 x^3). Evaluated as 1 + tanh u = 2 / (1 + e^(-2u)) and
+// 1 - tanh^2 u = 1 / cosh^2 u, because 1 + tanh u and 1 - tanh^2 u cancel to zero even in double for x < -8.
 double gelu(double x) {
-  const double k = std::sqrt(2.0 / std::numbers::pi);
-  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+  const double u = std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x);
+  return x / (1.0 + std::exp(-2.0 * u));
 }
 
 double gelu_derivative(double x) {
   const double k = std::sqrt(2.0 / std::numbers::pi);
-  const double th = std::tanh(k * (x + 0.044715 * x * x * x));
-  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * x * x);
+  const double u = k * (x + 0.044715 * x * x * x);
+  const double cosh_u = std::cosh(u);
+  return 1.0 / (1.0 + std::exp(-2.0 * u)) + 0.5 * x / (cosh_u * cosh_u) * k * (1.0 + 3.0 * 0.044715 * x * x);
 }
 
 double cross_entropy(double* losses, double* dlogits, const double* logits, const std::int32_t* targets,
