@@ -66,6 +66,8 @@ struct VocabSlice {
 };
 // The whole vocabulary on one rank: rows x vocab, stride vocab (or padded_stride when given).
 VocabSlice whole_vocab(std::size_t rows, std::size_t vocab, std::size_t padded_stride = 0);
+// "" when usable (width >= 1, stride >= width, the columns inside the vocabulary), otherwise the problem.
+std::string validate(const VocabSlice& slice);
 
 // row_max (N) = max over the slice's columns.
 void cross_entropy_row_max(float* row_max, const float* logits, const VocabSlice& slice, const CpuOptions& options);
@@ -121,6 +123,14 @@ struct AdamWConfig {
 };
 // "" when usable, otherwise a message naming the problem (betas in [0, 1), eps > 0, finite rates).
 std::string validate(const AdamWConfig& config);
+// 1 / (1 - beta1^step) and 1 / (1 - beta2^step), computed in double (in float, 1 - beta2^t loses digits for beta2
+// near 1). Throws std::invalid_argument for what every update refuses: a config validate() rejects, step < 1, a
+// gradient scale that is not finite. Shared by the CPU and GPU updates.
+struct AdamWBiasCorrection {
+  float inv_correction1 = 1.0f;
+  float inv_correction2 = 1.0f;
+};
+AdamWBiasCorrection adamw_bias_correction(const AdamWConfig& config, long step, float grad_scale);
 // One pass over a flat range of n parameters, step t >= 1 (bias correction 1 - beta^t):
 //   g = grad * grad_scale          (grad_scale: gradient clipping, or 1)
 //   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2

@@ -40,9 +40,7 @@ void require(bool condition, const char* message) {
 void require_options(const CpuOptions& options) { require(options.threads >= 1, "CpuOptions.threads must be >= 1"); }
 
 void require_slice(const VocabSlice& s) {
-  require(s.width >= 1, "vocabulary slice: width must be >= 1");
-  require(s.stride >= s.width, "vocabulary slice: stride must be >= width");
-  require(s.begin + s.width <= s.vocab, "vocabulary slice: columns [begin, begin + width) must lie in the vocabulary");
+  if (std::string problem = validate(s); !problem.empty()) throw std::invalid_argument(problem);
 }
 
 void require_targets(const std::int32_t* targets, const VocabSlice& s) {
@@ -214,6 +212,13 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t
 
 VocabSlice whole_vocab(std::size_t rows, std::size_t vocab, std::size_t padded_stride) {
   return VocabSlice{rows, vocab, padded_stride == 0 ? vocab : padded_stride, 0, vocab};
+}
+
+std::string validate(const VocabSlice& s) {
+  if (s.width < 1) return "vocabulary slice: width must be >= 1";
+  if (s.stride < s.width) return "vocabulary slice: stride must be >= width";
+  if (s.begin + s.width > s.vocab) return "vocabulary slice: columns [begin, begin + width) must lie in the vocabulary";
+  return "";
 }
 
 void cross_entropy_row_max(float* row_max, const float* logits, const VocabSlice& slice, const CpuOptions& options) {
@@ -404,17 +409,20 @@ std::string validate(const AdamWConfig& c) {
   return "";
 }
 
-void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n, const AdamWConfig& config,
-                  long step, float grad_scale, const CpuOptions& options) {
-  require_options(options);
+AdamWBiasCorrection adamw_bias_correction(const AdamWConfig& config, long step, float grad_scale) {
   if (std::string problem = validate(config); !problem.empty()) throw std::invalid_argument(problem);
   require(step >= 1, "AdamW: step must be >= 1 (bias correction divides by 1 - beta^step)");
   require(std::isfinite(grad_scale), "AdamW: gradient scale must be finite");
-  // Bias corrections in double: 1 - beta2^t for beta2 near 1 and small t loses digits in float.
-  const auto inv_correction1 =
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(config.beta1), static_cast<double>(step))));
-  const auto inv_correction2 =
-      static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(config.beta2), static_cast<double>(step))));
+  const auto t = static_cast<double>(step);
+  return AdamWBiasCorrection{static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(config.beta1), t))),
+                             static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(config.beta2), t)))};
+}
+
+void adamw_update(float* params, const float* grads, float* m, float* v, std::size_t n, const AdamWConfig& config,
+                  long step, float grad_scale, const CpuOptions& options) {
+  require_options(options);
+  const AdamWBiasCorrection correction = adamw_bias_correction(config, step, grad_scale);
+  const float inv_correction1 = correction.inv_correction1, inv_correction2 = correction.inv_correction2;
   const float beta1 = config.beta1, beta2 = config.beta2, eps = config.eps;
   const float lr = config.learning_rate, decay = config.weight_decay;
   const long count = static_cast<long>(n);

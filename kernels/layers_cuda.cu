@@ -483,7 +483,7 @@ void accumulate(T* dst, const T* src, std::size_t n, Stream stream) {
 
 void adamw_update(float* params, BFloat16* params_bf16, const float* grads, float* m, float* v, std::size_t n,
                   const AdamWConfig& config, long step, float grad_scale, Stream stream) {
-  const launch::BiasCorrection correction = launch::adamw_bias_correction(config, step, grad_scale);
+  const AdamWBiasCorrection correction = adamw_bias_correction(config, step, grad_scale);
   const AdamWArgs args{config.learning_rate, config.beta1,       config.beta2,
                        config.eps,           config.weight_decay, correction.inv_correction1,
                        correction.inv_correction2, grad_scale};

@@ -48,11 +48,7 @@ void require_rows_and_channels(std::size_t rows, std::size_t channels, const cha
 }
 
 void require_slice(const VocabSlice& s) {
-  if (s.width < 1) throw std::invalid_argument("vocabulary slice: width must be >= 1");
-  if (s.stride < s.width) throw std::invalid_argument("vocabulary slice: stride must be >= width");
-  if (s.begin + s.width > s.vocab) {
-    throw std::invalid_argument("vocabulary slice: columns [begin, begin + width) must lie in the vocabulary");
-  }
+  if (std::string problem = validate(s); !problem.empty()) throw std::invalid_argument(problem);
   if (s.vocab > static_cast<std::size_t>(INT_MAX)) {
     throw std::invalid_argument("vocabulary slice: a vocabulary beyond INT_MAX cannot be indexed by int32 targets");
   }
@@ -63,15 +59,6 @@ void require_normaliser(float normaliser) {
   if (!(std::isfinite(normaliser) && normaliser > 0.0f)) {
     throw std::invalid_argument("cross-entropy: normaliser must be finite and > 0");
   }
-}
-
-BiasCorrection adamw_bias_correction(const AdamWConfig& config, long step, float grad_scale) {
-  if (std::string problem = validate(config); !problem.empty()) throw std::invalid_argument(problem);
-  if (step < 1) throw std::invalid_argument("AdamW: step must be >= 1 (bias correction divides by 1 - beta^step)");
-  if (!std::isfinite(grad_scale)) throw std::invalid_argument("AdamW: gradient scale must be finite");
-  const auto t = static_cast<double>(step);
-  return BiasCorrection{static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(config.beta1), t))),
-                        static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(config.beta2), t)))};
 }
 
 }  // namespace strata::layers::launch

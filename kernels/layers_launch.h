@@ -41,13 +41,8 @@ std::size_t squared_norm_workspace_doubles(std::size_t n);
 
 // Argument checks shared by the GPU wrappers; each throws std::invalid_argument naming the problem.
 void require_rows_and_channels(std::size_t rows, std::size_t channels, const char* kernel);
+// validate(slice), and the limits of the device code: rows within a grid, columns and vocabulary within int.
 void require_slice(const VocabSlice& slice);
 void require_normaliser(float normaliser);
-// AdamW: validate(config) and step >= 1. Returns 1 / (1 - beta^step) for beta1 and beta2, computed in double.
-struct BiasCorrection {
-  float inv_correction1 = 1.0f;
-  float inv_correction2 = 1.0f;
-};
-BiasCorrection adamw_bias_correction(const AdamWConfig& config, long step, float grad_scale);
 
 }  // namespace strata::layers::launch

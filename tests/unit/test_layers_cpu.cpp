@@ -598,6 +598,20 @@ TEST(AdamW, FirstStepMovesEachParameterByTheLearningRate) {
   for (std::size_t i = 0; i < n; ++i) ASSERT_NEAR(params[i], 1.0f - config.learning_rate, 1e-6) << i;
 }
 
+TEST(AdamW, BiasCorrection) {
+  AdamWConfig config;
+  config.beta1 = 0.9f;
+  config.beta2 = 0.95f;
+  const AdamWBiasCorrection first = adamw_bias_correction(config, 1, 1.0f);
+  EXPECT_NEAR(first.inv_correction1, 1.0 / (1.0 - 0.9f), 1e-5);
+  EXPECT_NEAR(first.inv_correction2, 1.0 / (1.0 - 0.95f), 1e-4);
+  const AdamWBiasCorrection later = adamw_bias_correction(config, 10000, 1.0f);
+  EXPECT_FLOAT_EQ(later.inv_correction1, 1.0f);
+  EXPECT_FLOAT_EQ(later.inv_correction2, 1.0f);
+  EXPECT_THROW(adamw_bias_correction(config, 0, 1.0f), std::invalid_argument);
+  EXPECT_THROW(adamw_bias_correction(config, 1, std::nanf("")), std::invalid_argument);
+}
+
 TEST(AdamW, ArgumentsRejected) {
   float x = 0.0f;
   AdamWConfig config;

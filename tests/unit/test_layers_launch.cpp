@@ -87,21 +87,5 @@ TEST(LayersLaunch, ArgumentChecks) {
   EXPECT_THROW(require_normaliser(INFINITY), std::invalid_argument);
 }
 
-TEST(LayersLaunch, AdamWBiasCorrection) {
-  AdamWConfig config;
-  config.beta1 = 0.9f;
-  config.beta2 = 0.95f;
-  const BiasCorrection first = adamw_bias_correction(config, 1, 1.0f);
-  EXPECT_NEAR(first.inv_correction1, 1.0 / (1.0 - 0.9f), 1e-5);
-  EXPECT_NEAR(first.inv_correction2, 1.0 / (1.0 - 0.95f), 1e-4);
-  const BiasCorrection later = adamw_bias_correction(config, 10000, 1.0f);
-  EXPECT_FLOAT_EQ(later.inv_correction1, 1.0f);
-  EXPECT_FLOAT_EQ(later.inv_correction2, 1.0f);
-  EXPECT_THROW(adamw_bias_correction(config, 0, 1.0f), std::invalid_argument);
-  EXPECT_THROW(adamw_bias_correction(config, 1, NAN), std::invalid_argument);
-  config.beta2 = 1.0f;
-  EXPECT_THROW(adamw_bias_correction(config, 1, 1.0f), std::invalid_argument);
-}
-
 }  // namespace
 }  // namespace strata::layers::launch
