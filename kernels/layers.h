@@ -41,14 +41,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         std::size_t channels, const CpuOptions& options);
 
 // ---- GELU (tanh approximation, as GPT-2) -----------------------------------------------------------------
-// gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). out may equal inp.
+// gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), evaluated as the equal x * sigmoid(2u) so the tail
+// x << 0 keeps its digits rather than cancelling to zero. out may equal inp.
 void gelu_forward(float* out, const float* inp, std::size_t n, const CpuOptions& options);
 // dinp += gelu'(inp) * dout.
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n, const CpuOptions& options);
 
 // ---- softmax cross-entropy ------------------------------------------------------------------------------
 // loss_i = logsumexp(logits_i) - logits_i[target_i]; dlogits_i = (softmax(logits_i) - onehot(target_i)) / normaliser.
-// A negative target marks a row that does not count (padding): loss 0, gradient 0.
+// A negative target marks a row that does not count (padding): loss 0, gradient 0. Probabilities below
+// e^-87 (1.6e-38) of the row's largest are flushed to zero, as FTZ would flush them anyway.
 //
 // The pieces below work on a slice of the vocabulary, so a vocabulary-parallel loss (Megatron-LM: each
 // tensor-parallel rank holds columns [begin, begin + width) of every row) composes from them:
