@@ -173,12 +173,15 @@ TEST(MeasuredPeak, AllCoresRunsOneThreadPerCore) {
   const CpuFeatures cpu = detect_cpu_features();
   const CpuTopology topology = detect_topology();
   PeakOptions options{3, 0.005, topology.one_cpu_per_core};
-  PeakFigure p = measure_peak(PeakPrecision::fp32, cpu, options);
+  PeakFigure p;
+  // Noisy neighbours may take some cores, but even one free core gives about one core's rate; a trial that
+  // a neighbour's burst slowed is retried.
+  auto plausible = [&] { return p.all_cores > 0.3 * p.one_core && p.all_cores < 1.5 * p.one_core * topology.cores; };
+  for (int attempt = 0; attempt < 3 && (attempt == 0 || !plausible()); ++attempt)
+    p = measure_peak(PeakPrecision::fp32, cpu, options);
   EXPECT_EQ(p.cores, topology.cores);
-  EXPECT_GT(p.all_cores, 0);
-  // Noisy neighbours may take some cores, but even one free core gives one core's rate.
-  EXPECT_GT(p.all_cores, 0.3 * p.one_core);
-  EXPECT_LT(p.all_cores, 1.5 * p.one_core * topology.cores);
+  EXPECT_TRUE(plausible()) << "one core " << p.one_core / 1e9 << " GFLOP/s, all " << topology.cores << " cores "
+                           << p.all_cores / 1e9;
 }
 
 TEST(Topology, CoresAndCachesAreFound) {
