@@ -1,0 +1,50 @@
+// Implementation of the linear layer's GEMMs (see linear.h).
+#include "kernels/linear.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace strata::linear {
+
+namespace {
+
+void check(const Dims& d) {
+  if (d.rows <= 0 || d.in_channels <= 0 || d.out_channels <= 0)
+    throw std::invalid_argument("linear layer dims must be positive: rows " + std::to_string(d.rows) + ", in " +
+                                std::to_string(d.in_channels) + ", out " + std::to_string(d.out_channels));
+}
+
+}  // namespace
+
+void forward(cpu_gemm::Backend library, const Dims& d, float* y, const float* x, const float* weight, const float* bias) {
+  check(d);
+  const int64_t n = d.rows, c = d.in_channels, oc = d.out_channels;
+  if (bias) {
+    // y starts as the bias of each row, and the GEMM adds x W^T to it (beta = 1).
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t o = 0; o < oc; ++o) y[i * oc + o] = bias[o];
+  }
+  cpu_gemm::sgemm(library, false, true, n, oc, c, 1.0f, x, c, weight, c, bias ? 1.0f : 0.0f, y, oc);
+}
+
+void backward_input(cpu_gemm::Backend library, const Dims& d, float* dx, const float* dy, const float* weight,
+                    bool accumulate) {
+  check(d);
+  const int64_t n = d.rows, c = d.in_channels, oc = d.out_channels;
+  cpu_gemm::sgemm(library, false, false, n, c, oc, 1.0f, dy, oc, weight, c, accumulate ? 1.0f : 0.0f, dx, c);
+}
+
+void backward_weight(cpu_gemm::Backend library, const Dims& d, float* dweight, float* dbias, const float* dy,
+                     const float* x, bool accumulate) {
+  check(d);
+  const int64_t n = d.rows, c = d.in_channels, oc = d.out_channels;
+  cpu_gemm::sgemm(library, true, false, oc, c, n, 1.0f, dy, oc, x, c, accumulate ? 1.0f : 0.0f, dweight, c);
+  if (!dbias) return;
+  // Summed per output channel across rows, the rows in order, so the result does not depend on threads.
+  if (!accumulate)
+    for (int64_t o = 0; o < oc; ++o) dbias[o] = 0.0f;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t o = 0; o < oc; ++o) dbias[o] += dy[i * oc + o];
+}
+
+}  // namespace strata::linear
