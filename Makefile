@@ -13,9 +13,13 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
+# Quiet: no per-file or per-target lines and no directory chatter; compiler warnings and errors still show.
+QUIET_CMAKE = -DCMAKE_RULE_MESSAGES=OFF -DCMAKE_TARGET_MESSAGES=OFF
+
 build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@echo "[build] $(BUILD) (Release, $(JOBS) jobs)"
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(QUIET_CMAKE) $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 run: build
 	@STRATA_BUILD_DIR=$(BUILD) scripts/run-local.sh
@@ -24,18 +28,19 @@ test: build
 	@$(MAKE) --no-print-directory test-unit test-integration test-sanitize
 
 test-unit:
-	cd $(BUILD) && ctest --output-on-failure
+	@cd $(BUILD) && ctest --output-on-failure
 
 test-integration:
-	STRATA_BUILD_DIR=$(abspath $(BUILD)) $(PYTHON) -m pytest -q tests/integration
+	@STRATA_BUILD_DIR=$(abspath $(BUILD)) $(PYTHON) -m pytest -q tests/integration
 
 # The same tests against an AddressSanitizer + UndefinedBehaviorSanitizer build (CPU code; the CUDA
 # sources are compiled in the main build).
 test-sanitize:
+	@echo "[build] $(SAN_BUILD) (AddressSanitizer + UndefinedBehaviorSanitizer)"
 	@cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF \
-	  $(CMAKE_ARGS) >/dev/null
-	@cmake --build $(SAN_BUILD) -j $(JOBS)
-	cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure
+	  $(QUIET_CMAKE) $(CMAKE_ARGS) >/dev/null
+	@cmake --build $(SAN_BUILD) -j $(JOBS) -- --no-print-directory
+	@cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure
 
 # Benchmarks print their figures against their targets; they are not pass/fail tests.
 bench: build
