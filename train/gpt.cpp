@@ -1,0 +1,341 @@
+// Implementation of the GPT model on the CPU (see gpt.h).
+#include "train/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <utility>
+
+#include "kernels/linear.h"
+
+namespace strata::train {
+
+// ---- parameter layout ----------------------------------------------------------------------------------
+
+ParameterLayout::ParameterLayout(const ModelConfig& model) : model_(model) {
+  if (const std::string problem = model.validate(); !problem.empty()) throw std::invalid_argument(problem);
+  const std::size_t C = static_cast<std::size_t>(model.hidden), Q = static_cast<std::size_t>(model.qkv_channels()),
+                    F = static_cast<std::size_t>(model.mlp());
+  std::size_t at = 0;
+  auto take = [&](std::size_t n) { return Slice{std::exchange(at, at + n), n}; };
+  wte_ = take(static_cast<std::size_t>(model.vocab) * C);
+  wpe_ = take(static_cast<std::size_t>(model.max_seq) * C);
+  first_layer_ = at;
+  const std::size_t sizes[kLayerTensors] = {C, C, Q * C, Q, C * C, C, C, C, F * C, F, C * F, C};
+  std::size_t within = 0;
+  for (int t = 0; t < kLayerTensors; ++t) {
+    tensor_offset_[t] = within;
+    tensor_size_[t] = sizes[t];
+    within += sizes[t];
+  }
+  per_layer_ = within;
+  at += per_layer_ * static_cast<std::size_t>(model.layers);
+  lnf_w_ = take(C);
+  lnf_b_ = take(C);
+  total_ = at;
+}
+
+Slice ParameterLayout::layer(int l) const { return {first_layer_ + static_cast<std::size_t>(l) * per_layer_, per_layer_}; }
+
+Slice ParameterLayout::tensor(int l, LayerTensor t) const {
+  const int i = static_cast<int>(t);
+  return {layer(l).offset + tensor_offset_[i], tensor_size_[i]};
+}
+
+std::vector<Slice> ParameterLayout::units() const {
+  std::vector<Slice> units{{0, first_layer_}};
+  for (int l = 0; l < model_.layers; ++l) units.push_back(layer(l));
+  units.push_back({lnf_w_.offset, total_ - lnf_w_.offset});
+  return units;
+}
+
+void init_parameters(const ModelConfig& model, const ParameterLayout& layout, float* params, uint64_t seed, float std) {
+  std::mt19937_64 random(seed);
+  std::normal_distribution<float> normal(0.0f, std);
+  std::normal_distribution<float> residual(0.0f, std / std::sqrt(2.0f * static_cast<float>(model.layers)));
+  auto fill = [&](Slice s, auto&& value) {
+    for (std::size_t i = s.offset; i < s.end(); ++i) params[i] = value();
+  };
+  auto constant = [](float c) { return [c] { return c; }; };
+  fill(layout.wte(), [&] { return normal(random); });
+  fill(layout.wpe(), [&] { return normal(random); });
+  for (int l = 0; l < model.layers; ++l) {
+    using T = LayerTensor;
+    fill(layout.tensor(l, T::ln1_w), constant(1.0f));
+    fill(layout.tensor(l, T::ln1_b), constant(0.0f));
+    fill(layout.tensor(l, T::qkv_w), [&] { return normal(random); });
+    fill(layout.tensor(l, T::qkv_b), constant(0.0f));
+    fill(layout.tensor(l, T::attn_proj_w), [&] { return residual(random); });
+    fill(layout.tensor(l, T::attn_proj_b), constant(0.0f));
+    fill(layout.tensor(l, T::ln2_w), constant(1.0f));
+    fill(layout.tensor(l, T::ln2_b), constant(0.0f));
+    fill(layout.tensor(l, T::fc_w), [&] { return normal(random); });
+    fill(layout.tensor(l, T::fc_b), constant(0.0f));
+    fill(layout.tensor(l, T::fc_proj_w), [&] { return residual(random); });
+    fill(layout.tensor(l, T::fc_proj_b), constant(0.0f));
+  }
+  fill(layout.lnf_w(), constant(1.0f));
+  fill(layout.lnf_b(), constant(0.0f));
+}
+
+// ---- activations -------------------------------------------------------------------------------------------
+
+// Offsets (in floats) of one layer's saved activations, from the layer's base.
+struct GptCpu::LayerActs {
+  std::size_t x_in, ln1, ln1_mean, ln1_rstd, qkv, q, k, v, atty, lse, att_merged, attproj, x_mid, ln2, ln2_mean,
+      ln2_rstd, fch, fch_gelu, fcproj, size;
+  LayerActs(std::size_t N, std::size_t C, std::size_t Q, std::size_t KV, std::size_t F, std::size_t heads) {
+    std::size_t at = 0;
+    auto take = [&](std::size_t n) { return std::exchange(at, at + n); };
+    x_in = take(N * C), ln1 = take(N * C), ln1_mean = take(N), ln1_rstd = take(N), qkv = take(N * Q);
+    q = take(N * C), k = take(N * KV), v = take(N * KV), atty = take(N * C), lse = take(N * heads);
+    att_merged = take(N * C), attproj = take(N * C), x_mid = take(N * C), ln2 = take(N * C), ln2_mean = take(N);
+    ln2_rstd = take(N), fch = take(N * F), fch_gelu = take(N * F), fcproj = take(N * C);
+    size = at;
+  }
+};
+
+namespace {
+
+// The head's saved activations, from its base: the last layer's output, the final norm, logits, losses.
+struct HeadActs {
+  std::size_t x_final, lnf, lnf_mean, lnf_rstd, logits, losses, row_stats, size;
+  HeadActs(std::size_t N, std::size_t C, std::size_t V) {
+    std::size_t at = 0;
+    auto take = [&](std::size_t n) { return std::exchange(at, at + n); };
+    x_final = take(N * C), lnf = take(N * C), lnf_mean = take(N), lnf_rstd = take(N), logits = take(N * V);
+    losses = take(N), row_stats = take(3 * N);
+    size = at;
+  }
+};
+
+// Gradients of activations, one set shared by every layer (offsets from the scratch base).
+struct Scratch {
+  std::size_t d_x, d_mid, d_ln, d_fch_gelu, d_fch, d_att_merged, d_atty, dq, dk, dv, d_qkv, size;
+  Scratch(std::size_t N, std::size_t C, std::size_t Q, std::size_t KV, std::size_t F) {
+    std::size_t at = 0;
+    auto take = [&](std::size_t n) { return std::exchange(at, at + n); };
+    d_x = take(N * C), d_mid = take(N * C), d_ln = take(N * C), d_fch_gelu = take(N * F), d_fch = take(N * F);
+    d_att_merged = take(N * C), d_atty = take(N * C), dq = take(N * C), dk = take(N * KV), dv = take(N * KV);
+    d_qkv = take(N * Q);
+    size = at;
+  }
+};
+
+// qkv (B, T, (NH + 2 KVH) D) <-> q (B, NH, T, D), k and v (B, KVH, T, D). `to_heads` copies from qkv to the
+// per-head tensors; otherwise back.
+void permute_qkv(float* qkv, float* q, float* k, float* v, int B, int T, int NH, int KVH, int D, bool to_heads) {
+  const std::size_t Q = static_cast<std::size_t>((NH + 2 * KVH) * D), C = static_cast<std::size_t>(NH * D),
+                    KV = static_cast<std::size_t>(KVH * D);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      float* row = qkv + (static_cast<std::size_t>(b) * T + t) * Q;
+      for (int h = 0; h < NH; ++h) {
+        float* head = q + ((static_cast<std::size_t>(b) * NH + h) * T + t) * D;
+        to_heads ? std::memcpy(head, row + h * D, D * sizeof(float)) : std::memcpy(row + h * D, head, D * sizeof(float));
+      }
+      for (int g = 0; g < KVH; ++g) {
+        float* kh = k + ((static_cast<std::size_t>(b) * KVH + g) * T + t) * D;
+        float* vh = v + ((static_cast<std::size_t>(b) * KVH + g) * T + t) * D;
+        float* krow = row + C + static_cast<std::size_t>(g) * D;
+        float* vrow = row + C + KV + static_cast<std::size_t>(g) * D;
+        if (to_heads) {
+          std::memcpy(kh, krow, D * sizeof(float)), std::memcpy(vh, vrow, D * sizeof(float));
+        } else {
+          std::memcpy(krow, kh, D * sizeof(float)), std::memcpy(vrow, vh, D * sizeof(float));
+        }
+      }
+    }
+}
+
+// heads (B, NH, T, D) <-> merged (B, T, NH * D).
+void permute_heads(float* heads, float* merged, int B, int T, int NH, int D, bool to_merged) {
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        float* head = heads + ((static_cast<std::size_t>(b) * NH + h) * T + t) * D;
+        float* row = merged + (static_cast<std::size_t>(b) * T + t) * NH * D + static_cast<std::size_t>(h) * D;
+        to_merged ? std::memcpy(row, head, D * sizeof(float)) : std::memcpy(head, row, D * sizeof(float));
+      }
+}
+
+void call(const std::function<void(int)>& hook, int layer) {
+  if (hook) hook(layer);
+}
+
+}  // namespace
+
+GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime)
+    : model_(model), layout_(model), batch_(batch), seq_(seq), runtime_(runtime) {
+  if (batch <= 0 || seq <= 0) throw std::invalid_argument("batch and sequence must be positive");
+  if (seq > model.max_seq)
+    throw std::invalid_argument("sequence " + std::to_string(seq) + " exceeds the model's position table (" +
+                                std::to_string(model.max_seq) + ")");
+  cpu_.threads = runtime.threads;
+  attention_options_.threads = runtime.threads;
+  attention_shape_ = {batch, model.heads, model.kv_heads, seq, seq, model.head_dim(), true};
+  if (std::string problem = attention::validate(attention_shape_); !problem.empty()) throw std::invalid_argument(problem);
+  const std::size_t N = static_cast<std::size_t>(batch) * seq, C = static_cast<std::size_t>(model.hidden),
+                    Q = static_cast<std::size_t>(model.qkv_channels()),
+                    KV = static_cast<std::size_t>(model.kv_heads * model.head_dim()), F = static_cast<std::size_t>(model.mlp());
+  per_layer_ = LayerActs(N, C, Q, KV, F, static_cast<std::size_t>(model.heads)).size;
+  for (int l = 0; l < model.layers; ++l) layer_base_.push_back(static_cast<std::size_t>(l) * per_layer_);
+  head_base_ = static_cast<std::size_t>(model.layers) * per_layer_;
+  activations_.assign(head_base_ + HeadActs(N, C, static_cast<std::size_t>(model.vocab)).size, 0.0f);
+  scratch_.assign(Scratch(N, C, Q, KV, F).size, 0.0f);
+}
+
+void GptCpu::attention_forward(int l, const float* params) {
+  const ModelConfig& m = model_;
+  const LayerActs a(static_cast<std::size_t>(batch_) * seq_, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp(), m.heads);
+  float* base = act(layer_base_[static_cast<std::size_t>(l)]);
+  const int64_t N = static_cast<int64_t>(batch_) * seq_;
+  using T = LayerTensor;
+  const float* p = params;
+  // (N, C) -> (N, Q): the three projections at once.
+  linear::forward(runtime_.library, {N, m.hidden, m.qkv_channels()}, base + a.qkv, base + a.ln1,
+                  p + layout_.tensor(l, T::qkv_w).offset, p + layout_.tensor(l, T::qkv_b).offset);
+  permute_qkv(base + a.qkv, base + a.q, base + a.k, base + a.v, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), true);
+  attention::flash_forward(attention_shape_, base + a.q, base + a.k, base + a.v, base + a.atty, base + a.lse,
+                           attention_options_);
+  permute_heads(base + a.atty, base + a.att_merged, batch_, seq_, m.heads, m.head_dim(), true);
+  linear::forward(runtime_.library, {N, m.hidden, m.hidden}, base + a.attproj, base + a.att_merged,
+                  p + layout_.tensor(l, T::attn_proj_w).offset, p + layout_.tensor(l, T::attn_proj_b).offset);
+}
+
+double GptCpu::forward(const float* params, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t F = static_cast<std::size_t>(m.mlp());
+  tokens_.assign(tokens, tokens + N);
+  targets_.assign(targets, targets + N);
+  const LayerActs a(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F, m.heads);
+  const HeadActs h(N, C, static_cast<std::size_t>(m.vocab));
+  float* head = act(head_base_);
+  using T = LayerTensor;
+
+  call(hooks.before_forward, -1);
+  float* first_input = m.layers > 0 ? act(layer_base_[0]) + a.x_in : head + h.x_final;
+  layers::embedding_forward(first_input, tokens, params + layout_.wte().offset, params + layout_.wpe().offset,
+                            static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), C,
+                            static_cast<std::size_t>(m.vocab), cpu_);
+  for (int l = 0; l < m.layers; ++l) {
+    call(hooks.before_forward, l);
+    float* x = act(layer_base_[static_cast<std::size_t>(l)]);
+    const float* p = params;
+    layers::layernorm_forward(x + a.ln1, x + a.ln1_mean, x + a.ln1_rstd, x + a.x_in, p + layout_.tensor(l, T::ln1_w).offset,
+                              p + layout_.tensor(l, T::ln1_b).offset, N, C, cpu_);
+    attention_forward(l, params);
+    layers::residual_forward(x + a.x_mid, x + a.x_in, x + a.attproj, N * C, cpu_);
+    layers::layernorm_forward(x + a.ln2, x + a.ln2_mean, x + a.ln2_rstd, x + a.x_mid, p + layout_.tensor(l, T::ln2_w).offset,
+                              p + layout_.tensor(l, T::ln2_b).offset, N, C, cpu_);
+    const int64_t rows = static_cast<int64_t>(N);
+    linear::forward(runtime_.library, {rows, m.hidden, m.mlp()}, x + a.fch, x + a.ln2, p + layout_.tensor(l, T::fc_w).offset,
+                    p + layout_.tensor(l, T::fc_b).offset);
+    layers::gelu_forward(x + a.fch_gelu, x + a.fch, N * F, cpu_);
+    linear::forward(runtime_.library, {rows, m.mlp(), m.hidden}, x + a.fcproj, x + a.fch_gelu,
+                    p + layout_.tensor(l, T::fc_proj_w).offset, p + layout_.tensor(l, T::fc_proj_b).offset);
+    float* out = l + 1 < m.layers ? act(layer_base_[static_cast<std::size_t>(l) + 1]) + a.x_in : head + h.x_final;
+    layers::residual_forward(out, x + a.x_mid, x + a.fcproj, N * C, cpu_);
+  }
+  call(hooks.before_forward, m.layers);
+  layers::layernorm_forward(head + h.lnf, head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final,
+                            params + layout_.lnf_w().offset, params + layout_.lnf_b().offset, N, C, cpu_);
+  // The LM head is the token table: logits (N, V) = lnf (N, C) wte (V, C)^T.
+  linear::forward(runtime_.library, {static_cast<int64_t>(N), m.hidden, m.vocab}, head + h.logits, head + h.lnf,
+                  params + layout_.wte().offset, nullptr);
+  const layers::VocabSlice slice = layers::whole_vocab(N, static_cast<std::size_t>(m.vocab));
+  return layers::softmax_cross_entropy(head + h.losses, nullptr, head + h.row_stats, head + h.logits, targets, 1.0f,
+                                       slice, cpu_);
+}
+
+void GptCpu::attention_backward(int l, const float* params, float* grads, float* d_residual) {
+  // d_residual (N, C) holds the gradient reaching the attention output projection; on return the gradient of
+  // ln1's output is in the scratch d_ln.
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_;
+  const LayerActs a(N, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp(), m.heads);
+  const Scratch s(N, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp());
+  float* x = act(layer_base_[static_cast<std::size_t>(l)]);
+  float* g = scratch_.data();
+  const int64_t rows = static_cast<int64_t>(N);
+  using T = LayerTensor;
+  linear::backward_weight(runtime_.library, {rows, m.hidden, m.hidden}, grads + layout_.tensor(l, T::attn_proj_w).offset,
+                          grads + layout_.tensor(l, T::attn_proj_b).offset, d_residual, x + a.att_merged, true);
+  linear::backward_input(runtime_.library, {rows, m.hidden, m.hidden}, g + s.d_att_merged, d_residual,
+                         params + layout_.tensor(l, T::attn_proj_w).offset, false);
+  permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, m.heads, m.head_dim(), false);
+  attention::flash_backward(attention_shape_, x + a.q, x + a.k, x + a.v, x + a.atty, g + s.d_atty, x + a.lse, g + s.dq,
+                            g + s.dk, g + s.dv, attention_options_);
+  permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), false);
+  linear::backward_weight(runtime_.library, {rows, m.hidden, m.qkv_channels()}, grads + layout_.tensor(l, T::qkv_w).offset,
+                          grads + layout_.tensor(l, T::qkv_b).offset, g + s.d_qkv, x + a.ln1, true);
+  linear::backward_input(runtime_.library, {rows, m.hidden, m.qkv_channels()}, g + s.d_ln, g + s.d_qkv,
+                         params + layout_.tensor(l, T::qkv_w).offset, false);
+}
+
+void GptCpu::backward(const float* params, float* grads, float normaliser, const LayerHooks& hooks) {
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t F = static_cast<std::size_t>(m.mlp());
+  const LayerActs a(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F, m.heads);
+  const HeadActs h(N, C, static_cast<std::size_t>(m.vocab));
+  const Scratch s(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F);
+  float* head = act(head_base_);
+  float* g = scratch_.data();
+  const int64_t rows = static_cast<int64_t>(N);
+  using T = LayerTensor;
+
+  // Head: dlogits in place of the logits, from the forward's row statistics.
+  call(hooks.before_backward, m.layers);
+  const layers::VocabSlice slice = layers::whole_vocab(N, static_cast<std::size_t>(m.vocab));
+  float* logits = head + h.logits;
+  layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets_.data(), head + h.row_stats,
+                                      head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
+  linear::backward_weight(runtime_.library, {rows, m.hidden, m.vocab}, grads + layout_.wte().offset, nullptr, logits,
+                          head + h.lnf, true);
+  linear::backward_input(runtime_.library, {rows, m.hidden, m.vocab}, g + s.d_ln, logits, params + layout_.wte().offset,
+                         false);
+  std::fill(g + s.d_x, g + s.d_x + N * C, 0.0f);
+  layers::layernorm_backward(g + s.d_x, grads + layout_.lnf_w().offset, grads + layout_.lnf_b().offset, g + s.d_ln,
+                             head + h.x_final, params + layout_.lnf_w().offset, head + h.lnf_mean, head + h.lnf_rstd, N, C,
+                             cpu_);
+  call(hooks.after_backward, m.layers);
+
+  // d_x holds the gradient of the current layer's output; each layer turns it into its input's gradient.
+  for (int l = m.layers - 1; l >= 0; --l) {
+    call(hooks.before_backward, l);
+    float* x = act(layer_base_[static_cast<std::size_t>(l)]);
+    const float* p = params;
+    // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))).
+    linear::backward_weight(runtime_.library, {rows, m.mlp(), m.hidden}, grads + layout_.tensor(l, T::fc_proj_w).offset,
+                            grads + layout_.tensor(l, T::fc_proj_b).offset, g + s.d_x, x + a.fch_gelu, true);
+    linear::backward_input(runtime_.library, {rows, m.mlp(), m.hidden}, g + s.d_fch_gelu, g + s.d_x,
+                           p + layout_.tensor(l, T::fc_proj_w).offset, false);
+    std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
+    layers::gelu_backward(g + s.d_fch, x + a.fch, g + s.d_fch_gelu, N * F, cpu_);
+    linear::backward_weight(runtime_.library, {rows, m.hidden, m.mlp()}, grads + layout_.tensor(l, T::fc_w).offset,
+                            grads + layout_.tensor(l, T::fc_b).offset, g + s.d_fch, x + a.ln2, true);
+    linear::backward_input(runtime_.library, {rows, m.hidden, m.mlp()}, g + s.d_ln, g + s.d_fch,
+                           p + layout_.tensor(l, T::fc_w).offset, false);
+    std::copy(g + s.d_x, g + s.d_x + N * C, g + s.d_mid);  // the residual branch
+    layers::layernorm_backward(g + s.d_mid, grads + layout_.tensor(l, T::ln2_w).offset,
+                               grads + layout_.tensor(l, T::ln2_b).offset, g + s.d_ln, x + a.x_mid,
+                               p + layout_.tensor(l, T::ln2_w).offset, x + a.ln2_mean, x + a.ln2_rstd, N, C, cpu_);
+    // Attention: x_mid = x_in + attproj(attention(ln1(x_in))).
+    attention_backward(l, params, grads, g + s.d_mid);
+    std::copy(g + s.d_mid, g + s.d_mid + N * C, g + s.d_x);  // the residual branch
+    layers::layernorm_backward(g + s.d_x, grads + layout_.tensor(l, T::ln1_w).offset,
+                               grads + layout_.tensor(l, T::ln1_b).offset, g + s.d_ln, x + a.x_in,
+                               p + layout_.tensor(l, T::ln1_w).offset, x + a.ln1_mean, x + a.ln1_rstd, N, C, cpu_);
+    call(hooks.after_backward, l);
+  }
+  call(hooks.before_backward, -1);
+  layers::embedding_backward(grads + layout_.wte().offset, grads + layout_.wpe().offset, g + s.d_x, tokens_.data(),
+                             static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), C, cpu_);
+  call(hooks.after_backward, -1);
+}
+
+}  // namespace strata::train

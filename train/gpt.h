@@ -1,0 +1,111 @@
+// A GPT-2-style decoder trained on the CPU in fp32, written as llm.c writes it: token + learned position
+// embeddings, pre-LayerNorm blocks of causal (grouped-query) attention and a GELU MLP, a final LayerNorm and
+// an LM head tied to the token table; one function per pass, reading as the model reads.
+//
+// Parameters and gradients live in flat buffers owned by the caller, laid out by ParameterLayout: the
+// embeddings, then each layer's tensors together, then the final norm, so a layer is one contiguous range
+// and sharding a state is slicing it. The model owns its activations (kept for the backward pass).
+//
+// Dimensions: B batch, T sequence, C hidden, NH heads, KVH kv heads, D = C / NH, F MLP hidden, V vocabulary,
+// N = B * T rows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/cpu_gemm.h"
+#include "kernels/layers.h"
+#include "train/model_config.h"
+
+namespace strata::train {
+
+struct Slice {
+  std::size_t offset = 0;
+  std::size_t size = 0;
+  std::size_t end() const { return offset + size; }
+};
+
+// The tensors of one layer, in buffer order.
+enum class LayerTensor { ln1_w, ln1_b, qkv_w, qkv_b, attn_proj_w, attn_proj_b, ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b };
+inline constexpr int kLayerTensors = 12;
+
+class ParameterLayout {
+ public:
+  explicit ParameterLayout(const ModelConfig& model);
+  std::size_t total() const { return total_; }
+  Slice wte() const { return wte_; }  // (V, C), also the LM head
+  Slice wpe() const { return wpe_; }  // (maxT, C)
+  Slice layer(int l) const;           // every tensor of layer l
+  Slice tensor(int l, LayerTensor t) const;
+  Slice lnf_w() const { return lnf_w_; }
+  Slice lnf_b() const { return lnf_b_; }
+  // The units a sharded strategy gathers one at a time, in forward order: embeddings, each layer, final norm.
+  std::vector<Slice> units() const;
+
+ private:
+  ModelConfig model_;
+  Slice wte_, wpe_, lnf_w_, lnf_b_;
+  std::size_t first_layer_ = 0, per_layer_ = 0, total_ = 0;
+  std::size_t tensor_offset_[kLayerTensors] = {}, tensor_size_[kLayerTensors] = {};
+};
+
+// GPT-2 initialisation: weights normal(0, std), the residual projections (attention output, MLP down)
+// normal(0, std / sqrt(2 L)), biases 0, layer-norm weights 1. Deterministic for a seed.
+void init_parameters(const ModelConfig& model, const ParameterLayout& layout, float* params, uint64_t seed,
+                     float std = 0.02f);
+
+struct CpuRuntime {
+  cpu_gemm::Backend library = cpu_gemm::Backend::openblas;
+  int threads = 1;
+};
+
+// Called around each layer, so data-parallel strategies can gather a layer's parameters before it runs and
+// reduce its gradients as soon as they are complete. `layer` is -1 for the embeddings and L for the final
+// norm and head.
+struct LayerHooks {
+  std::function<void(int layer)> before_forward;
+  std::function<void(int layer)> before_backward;
+  std::function<void(int layer)> after_backward;  // the unit's gradients are final for this micro-batch
+};
+
+class GptCpu {
+ public:
+  // Throws std::invalid_argument when the model is invalid or seq exceeds its position table.
+  GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime);
+
+  const ModelConfig& model() const { return model_; }
+  const ParameterLayout& layout() const { return layout_; }
+  int batch() const { return batch_; }
+  int seq() const { return seq_; }
+  std::size_t activation_floats() const { return activations_.size() + scratch_.size(); }
+
+  // tokens, targets (B, T). Returns the summed loss of the rows whose target counts (target >= 0); the caller
+  // divides by the tokens of the whole (global) batch, the normaliser it then passes to backward.
+  double forward(const float* params, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks = {});
+  // grads += d(sum of losses / normaliser) / d(params), for the batch of the last forward.
+  void backward(const float* params, float* grads, float normaliser, const LayerHooks& hooks = {});
+
+ private:
+  struct LayerActs;
+  float* act(std::size_t offset) { return activations_.data() + offset; }
+  void attention_forward(int l, const float* params);
+  void attention_backward(int l, const float* params, float* grads, float* d_residual);
+
+  ModelConfig model_;
+  ParameterLayout layout_;
+  int batch_, seq_;
+  CpuRuntime runtime_;
+  layers::CpuOptions cpu_;
+  attention::CpuOptions attention_options_;
+  attention::Shape attention_shape_;
+  std::vector<float> activations_;  // per layer, and the head's
+  std::vector<float> scratch_;      // gradients of activations, reused by every layer
+  std::vector<std::size_t> layer_base_;
+  std::size_t per_layer_ = 0, head_base_ = 0;
+  std::vector<int32_t> tokens_, targets_;
+};
+
+}  // namespace strata::train
