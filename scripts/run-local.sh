@@ -29,16 +29,22 @@ mpirun=(${STRATA_MPIRUN:-mpirun} "${mpirun_args[@]}" -np "$np")
 common=(--output "$output" --iters "$iters" --max-time 5)
 
 echo "[run-local] $np rank(s) on $(hostname) ($cores cores, $gpus GPUs) -> $output" >&2
-"${mpirun[@]}" "$build/strata-gemm" --backend cpu -d fp32,fp64 --square 256:2048 "${common[@]}"
-"${mpirun[@]}" "$build/strata-gemm" --backend cpu -d fp32 --preset gpt2-small --tokens 1024 "${common[@]}"
-"${mpirun[@]}" "$build/strata-collective" --collective all -b 8 -e 16M -f 4 -a library,ring "${common[@]}"
-"${mpirun[@]}" "$build/strata-attention" -s 512,1024,2048 -H 8 -D 64 -p fwd,bwd "${common[@]}"
+# The suite runs of bench/programs.txt; GPU runs only where there are GPUs (exit code 2 means this build has no
+# CUDA: say so and go on with what ran).
+. scripts/programs.sh
+mapfile -t cpu_runs < <(strata_suite_runs . cpu)
+for run in "${cpu_runs[@]}"; do
+  IFS=$'\t' read -r name args <<<"$run"
+  read -r -a argv <<<"$args"
+  "${mpirun[@]}" "$build/$name" "${argv[@]}" "${common[@]}"
+done
 if [ "$gpus" -gt 0 ]; then
-  # Exit code 2 means this build has no CUDA: say so and go on with what ran.
-  "${mpirun[@]}" "$build/strata-gemm" --backend cuda -d fp32,tf32,fp16,bf16 --square 1024:8192 "${common[@]}" ||
-    echo "[run-local] GPU GEMM did not run (see above)" >&2
-  "${mpirun[@]}" "$build/strata-collective" --backend nccl --collective all -b 8 -e 256M -f 4 "${common[@]}" ||
-    echo "[run-local] NCCL collectives did not run (see above)" >&2
+  mapfile -t gpu_runs < <(strata_suite_runs . gpu)
+  for run in "${gpu_runs[@]}"; do
+    IFS=$'\t' read -r name args <<<"$run"
+    read -r -a argv <<<"$args"
+    "${mpirun[@]}" "$build/$name" "${argv[@]}" "${common[@]}" || echo "[run-local] $name $args did not run (see above)" >&2
+  done
 fi
 
 report_dir="${output%.h5}-report"

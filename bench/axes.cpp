@@ -1,0 +1,112 @@
+// Implementation of parameter axes (see axes.h).
+#include "bench/axes.h"
+
+#include <stdexcept>
+
+namespace strata {
+
+namespace {
+
+std::string to_text(const AxisValue& v) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (const auto* d = std::get_if<double>(&v)) {
+    std::string text = std::to_string(*d);
+    while (text.size() > 1 && text.back() == '0') text.pop_back();
+    if (!text.empty() && text.back() == '.') text.pop_back();
+    return text;
+  }
+  return std::get<std::string>(v);
+}
+
+}  // namespace
+
+const AxisValue& AxisPoint::value(const std::string& axis) const {
+  for (const auto& [name, v] : values_)
+    if (name == axis) return v;
+  throw std::invalid_argument("no axis named " + axis);
+}
+
+int64_t AxisPoint::integer(const std::string& axis) const {
+  const auto* v = std::get_if<int64_t>(&value(axis));
+  if (!v) throw std::invalid_argument("axis " + axis + " does not hold integers");
+  return *v;
+}
+
+double AxisPoint::real(const std::string& axis) const {
+  const auto* v = std::get_if<double>(&value(axis));
+  if (!v) throw std::invalid_argument("axis " + axis + " does not hold reals");
+  return *v;
+}
+
+const std::string& AxisPoint::text(const std::string& axis) const {
+  const auto* v = std::get_if<std::string>(&value(axis));
+  if (!v) throw std::invalid_argument("axis " + axis + " does not hold text");
+  return *v;
+}
+
+std::string AxisPoint::label() const {
+  std::string label;
+  for (const auto& [name, v] : values_) label += (label.empty() ? "" : " ") + name + "=" + to_text(v);
+  return label;
+}
+
+Axes& Axes::add_axis(std::string name, std::string units, std::vector<AxisValue> values) {
+  for (const Axis& a : axes_)
+    if (a.name == name) throw std::invalid_argument("axis " + name + " declared twice");
+  axes_.push_back({std::move(name), std::move(units), std::move(values)});
+  return *this;
+}
+
+Axes& Axes::add(std::string name, std::vector<int64_t> values, std::string units) {
+  return add_axis(std::move(name), std::move(units), {values.begin(), values.end()});
+}
+
+Axes& Axes::add(std::string name, std::vector<double> values, std::string units) {
+  return add_axis(std::move(name), std::move(units), {values.begin(), values.end()});
+}
+
+Axes& Axes::add(std::string name, std::vector<std::string> values) {
+  return add_axis(std::move(name), "", {values.begin(), values.end()});
+}
+
+std::size_t Axes::size() const {
+  std::size_t n = 1;
+  for (const Axis& a : axes_) n *= a.values.size();
+  return n;
+}
+
+std::vector<AxisPoint> Axes::product() const {
+  std::vector<AxisPoint> points;
+  if (size() == 0) return points;
+  std::vector<std::size_t> index(axes_.size(), 0);
+  for (std::size_t count = 0; count < size(); ++count) {
+    AxisPoint p;
+    for (std::size_t a = 0; a < axes_.size(); ++a) p.values_.emplace_back(axes_[a].name, axes_[a].values[index[a]]);
+    points.push_back(std::move(p));
+    for (std::size_t a = axes_.size(); a-- > 0;) {  // odometer: the last axis turns fastest
+      if (++index[a] < axes_[a].values.size()) break;
+      index[a] = 0;
+    }
+  }
+  return points;
+}
+
+void Axes::declare_columns(Table& cases) const {
+  for (const Axis& a : axes_) {
+    const AxisValue& first = a.values.empty() ? AxisValue{std::string()} : a.values.front();
+    const ColumnKind kind = std::holds_alternative<int64_t>(first)  ? ColumnKind::int64
+                            : std::holds_alternative<double>(first) ? ColumnKind::float64
+                                                                    : ColumnKind::string;
+    cases.add_column(a.name, kind, a.units, "parameter axis");
+  }
+}
+
+void Axes::fill(Table& row, const AxisPoint& point) const {
+  for (const auto& [name, v] : point.values_) {
+    if (const auto* i = std::get_if<int64_t>(&v)) row.set(name, *i);
+    else if (const auto* d = std::get_if<double>(&v)) row.set(name, *d);
+    else row.set(name, std::get<std::string>(v));
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,31 @@
+# Sourced by the launch scripts: the suite runs of bench/programs.txt.
+#   strata_suite_runs ROOT cpu|gpu   prints "name<TAB>arguments" for each suite run of that kind
+#   strata_suite_programs ROOT       prints the names of the programs that have suite runs
+#   strata_args_variable NAME        the environment variable that replaces NAME's runs (strata-gemm -> STRATA_GEMM_ARGS)
+
+strata_trim() { local s=$1; s=${s#"${s%%[![:space:]]*}"}; printf '%s' "${s%"${s##*[![:space:]]}"}"; }
+
+strata_suite_runs() {
+  local root=$1 kind=$2 name sources report runs run
+  local -a list
+  while IFS='|' read -r name sources report runs; do
+    name=$(strata_trim "$name")
+    [[ -z $name || $name == \#* ]] && continue
+    runs=$(strata_trim "$runs")
+    [[ $runs == "-" ]] && continue
+    IFS=';' read -r -a list <<<"$runs"
+    for run in "${list[@]}"; do
+      run=$(strata_trim "$run")
+      if [[ $run == gpu:* ]]; then
+        [ "$kind" = gpu ] && printf '%s\t%s\n' "$name" "$(strata_trim "${run#gpu:}")"
+      else
+        [ "$kind" = cpu ] && printf '%s\t%s\n' "$name" "$run"
+      fi
+    done
+  done <"$root/bench/programs.txt"
+  return 0
+}
+
+strata_suite_programs() { strata_suite_runs "$1" cpu | cut -f1 | uniq; }
+
+strata_args_variable() { local n=${1#strata-}; n=${n//-/_}; printf 'STRATA_%s_ARGS' "${n^^}"; }

@@ -1,0 +1,48 @@
+"""bench/programs.txt is the one registration of a program: every line names existing sources and a built
+program, and the launch scripts read the same suite runs from it."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+from conftest import BUILD, ROOT
+
+
+def registry() -> list[list[str]]:
+    with open(os.path.join(ROOT, "bench", "programs.txt")) as f:
+        return [[field.strip() for field in line.split("|")] for line in f if line.strip() and not line.startswith("#")]
+
+
+def test_every_registered_program_has_sources_and_is_built():
+    lines = registry()
+    names = [fields[0] for fields in lines]
+    assert len(names) == len(set(names)), "a program is registered twice"
+    for fields in lines:
+        assert len(fields) == 4, fields
+        name, sources, report, runs = fields
+        for source in sources.split():
+            assert os.path.isfile(os.path.join(ROOT, source)), f"{name}: {source} does not exist"
+        assert os.access(os.path.join(BUILD, name), os.X_OK), f"{name} is registered but not built"
+        assert report in ("gemm", "collective", "attention", "-"), f"{name}: unknown report section {report}"
+
+
+def test_launch_scripts_read_the_suite_runs_of_the_registry():
+    script = f'. "{ROOT}/scripts/programs.sh"; strata_suite_runs "{ROOT}" cpu; echo ===; strata_suite_runs "{ROOT}" gpu'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    cpu, gpu = out.split("===\n")
+    expected_cpu, expected_gpu = [], []
+    for name, _, _, runs in registry():
+        if runs == "-":
+            continue
+        for run in runs.split(";"):
+            run = run.strip()
+            if run.startswith("gpu:"):
+                expected_gpu.append(f"{name}\t{run[4:].strip()}")
+            else:
+                expected_cpu.append(f"{name}\t{run}")
+    assert cpu.splitlines() == expected_cpu
+    assert gpu.splitlines() == expected_gpu
+    assert any(line.startswith("strata-gemm\t") for line in expected_cpu)
+    variable = subprocess.run(["bash", "-c", f'. "{ROOT}/scripts/programs.sh"; strata_args_variable strata-bench-cpu-gemm'],
+                              capture_output=True, text=True, check=True).stdout
+    assert variable == "STRATA_BENCH_CPU_GEMM_ARGS"
