@@ -1,0 +1,127 @@
+// Data-parallel strategies as values (parsing, the 14 that run, the memory formula) and the token sources
+// (split-invariant rows, shifted targets, llm.c token files).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "bench/check.h"
+#include "bench/token_file.h"
+#include "train/data.h"
+#include "train/strategy.h"
+
+namespace strata::train {
+namespace {
+
+TEST(Strategy, ParsesLettersAndZeroStages) {
+  EXPECT_EQ(parse_strategy("nng").name(), "NNG");
+  EXPECT_EQ(parse_strategy("ING").params, Sharding::intra);
+  EXPECT_EQ(parse_strategy("zero0").name(), "NNN");
+  EXPECT_EQ(parse_strategy("ZeRO3").name(), "GGG");
+  EXPECT_EQ(zero_stage(1).name(), "NNG");
+  EXPECT_EQ(zero_stage(2).name(), "NGG");
+  try {
+    parse_strategy("NXG");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'X' for the gradients"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_strategy("NN"), std::invalid_argument);
+  EXPECT_THROW(zero_stage(4), std::invalid_argument);
+}
+
+TEST(Strategy, FourteenRunAndTheOthersSayWhy) {
+  std::vector<std::string> names;
+  for (const Strategy& s : runnable_strategies()) names.push_back(s.name());
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> expected = {"GGG", "GIG", "GNG", "IGG", "IIG", "III", "INI", "ING",
+                                       "NGG", "NIG", "NII", "NNG", "NNI", "NNN"};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(names, expected);
+  for (const char* refused : {"GNN", "NGI", "IIN", "GGI"})
+    EXPECT_NE(refusal_reason(parse_strategy(refused)).find("optimizer states"), std::string::npos) << refused;
+}
+
+TEST(Strategy, MemoryFollowsTheZeroAndPaRoFormulas) {
+  const double psi = 1e9;
+  const int n = 8, m = 4;
+  auto bytes = [&](const char* s, double trainable = 1e9) {
+    return model_state_memory(parse_strategy(s), psi, trainable, m, n, kMixedPrecisionStates).total() / psi;
+  };
+  EXPECT_DOUBLE_EQ(bytes("NNN"), 16);
+  EXPECT_DOUBLE_EQ(bytes("NNG"), 4 + 12.0 / n);  // ZeRO-1
+  EXPECT_DOUBLE_EQ(bytes("NGG"), 2 + 14.0 / n);  // ZeRO-2
+  EXPECT_DOUBLE_EQ(bytes("GGG"), 16.0 / n);      // ZeRO-3
+  EXPECT_DOUBLE_EQ(bytes("III"), 16.0 / m);      // hybrid sharding in a node
+  // Partial training (Ψ' = Ψ / 16): ING shards the large frozen parameters and keeps the small gradients whole.
+  EXPECT_DOUBLE_EQ(bytes("ING", psi / 16), 2.0 / m + 2.0 / 16 + 12.0 / 16 / n);
+  EXPECT_DOUBLE_EQ(model_state_memory(parse_strategy("NNN"), psi, psi, m, n).total() / psi, 16);  // fp32: 4 + 4 + 8
+}
+
+TEST(TokenSources, RowsDoNotDependOnHowTheBatchIsSplit) {
+  for (auto& source : {synthetic_tokens(97, 5), repeated_sequences(97, 3, 16, 5)}) {
+    const int seq = 16;
+    std::vector<int32_t> whole_tokens(4 * seq), whole_targets(4 * seq), part_tokens(2 * seq), part_targets(2 * seq);
+    source->rows(7, 0, 4, seq, whole_tokens.data(), whole_targets.data());
+    source->rows(7, 2, 2, seq, part_tokens.data(), part_targets.data());
+    EXPECT_TRUE(std::equal(part_tokens.begin(), part_tokens.end(), whole_tokens.begin() + 2 * seq));
+    EXPECT_TRUE(std::equal(part_targets.begin(), part_targets.end(), whole_targets.begin() + 2 * seq));
+    for (int r = 0; r < 4; ++r)
+      for (int t = 0; t + 1 < seq; ++t) EXPECT_EQ(whole_tokens[r * seq + t + 1], whole_targets[r * seq + t]);
+    for (int32_t token : whole_tokens) EXPECT_TRUE(token >= 0 && token < 97);
+    std::vector<int32_t> next_step(4 * seq), unused(4 * seq);
+    source->rows(8, 0, 4, seq, next_step.data(), unused.data());
+    EXPECT_NE(next_step, whole_tokens);
+  }
+}
+
+TEST(TokenSources, StreamReadsConsecutiveRowsAndChecksTheVocabulary) {
+  std::vector<uint16_t> tokens(100);
+  for (int i = 0; i < 100; ++i) tokens[static_cast<std::size_t>(i)] = static_cast<uint16_t>(i % 50);
+  auto stream = token_stream(tokens, 50, 2, 8);
+  std::vector<int32_t> t(16), y(16);
+  stream->rows(1, 0, 2, 8, t.data(), y.data());  // step 1 of a 2-row batch: rows 2 and 3 of the stream
+  EXPECT_EQ(t[0], 16);
+  EXPECT_EQ(y[7], 24);
+  EXPECT_EQ(t[8], 24);
+  tokens[42] = 60;
+  try {
+    token_stream(tokens, 50, 2, 8);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("position 42"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(token_stream(std::vector<uint16_t>(5, 1), 50, 1, 8), std::invalid_argument);
+}
+
+TEST(TokenFile, ReadsLlmcFilesAndRefusesBadOnes) {
+  const std::string path = ::testing::TempDir() + "/tokens.bin";
+  auto write = [&](int32_t magic, int32_t version, int32_t count, int actual) {
+    std::ofstream out(path, std::ios::binary);
+    int32_t header[256] = {magic, version, count};
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    for (int i = 0; i < actual; ++i) {
+      const uint16_t token = static_cast<uint16_t>(i * 7);
+      out.write(reinterpret_cast<const char*>(&token), sizeof token);
+    }
+  };
+  write(20240520, 1, 10, 10);
+  const std::vector<uint16_t> tokens = read_token_file(path);
+  ASSERT_EQ(tokens.size(), 10u);
+  EXPECT_EQ(tokens[9], 63);
+  write(12345, 1, 10, 10);
+  EXPECT_THROW(read_token_file(path), UsageError);
+  write(20240520, 1, 10, 4);
+  try {
+    read_token_file(path);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("declares 10 tokens but holds 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_token_file(path + ".missing"), UsageError);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace strata::train
