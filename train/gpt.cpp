@@ -184,76 +184,101 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime)
   for (int l = 0; l < model.layers; ++l) layer_base_.push_back(static_cast<std::size_t>(l) * per_layer_);
   head_base_ = static_cast<std::size_t>(model.layers) * per_layer_;
   activations_.assign(head_base_ + HeadActs(N, C, static_cast<std::size_t>(model.vocab)).size, 0.0f);
-  scratch_.assign(Scratch(N, C, Q, KV, F).size, 0.0f);
+  // Frozen units' layer-norm gradients land in a region after the scratch and are never read.
+  scratch_.assign(Scratch(N, C, Q, KV, F).size + 2 * C, 0.0f);
 }
 
-void GptCpu::attention_forward(int l, const float* params) {
+UnitPointers UnitPointers::flat(const ParameterLayout& layout, const float* params, float* grads) {
+  UnitPointers u;
+  for (const Slice& unit : layout.units()) {
+    u.params.push_back(params + unit.offset);
+    u.grads.push_back(grads ? grads + unit.offset : nullptr);
+  }
+  return u;
+}
+
+const float* GptCpu::param(const UnitPointers& u, int l, LayerTensor t) const {
+  return u.params[static_cast<std::size_t>(l) + 1] + (layout_.tensor(l, t).offset - layout_.layer(l).offset);
+}
+
+float* GptCpu::grad(const UnitPointers& u, int l, LayerTensor t) const {
+  float* unit = u.grads[static_cast<std::size_t>(l) + 1];
+  return unit ? unit + (layout_.tensor(l, t).offset - layout_.layer(l).offset) : nullptr;
+}
+
+void GptCpu::attention_forward(int l, const UnitPointers& u) {
   const ModelConfig& m = model_;
   const LayerActs a(static_cast<std::size_t>(batch_) * seq_, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp(), m.heads);
   float* base = act(layer_base_[static_cast<std::size_t>(l)]);
   const int64_t N = static_cast<int64_t>(batch_) * seq_;
   using T = LayerTensor;
-  const float* p = params;
   // (N, C) -> (N, Q): the three projections at once.
-  linear::forward(runtime_.library, {N, m.hidden, m.qkv_channels()}, base + a.qkv, base + a.ln1,
-                  p + layout_.tensor(l, T::qkv_w).offset, p + layout_.tensor(l, T::qkv_b).offset);
+  linear::forward(runtime_.library, {N, m.hidden, m.qkv_channels()}, base + a.qkv, base + a.ln1, param(u, l, T::qkv_w),
+                  param(u, l, T::qkv_b));
   permute_qkv(base + a.qkv, base + a.q, base + a.k, base + a.v, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), true);
   attention::flash_forward(attention_shape_, base + a.q, base + a.k, base + a.v, base + a.atty, base + a.lse,
                            attention_options_);
   permute_heads(base + a.atty, base + a.att_merged, batch_, seq_, m.heads, m.head_dim(), true);
   linear::forward(runtime_.library, {N, m.hidden, m.hidden}, base + a.attproj, base + a.att_merged,
-                  p + layout_.tensor(l, T::attn_proj_w).offset, p + layout_.tensor(l, T::attn_proj_b).offset);
+                  param(u, l, T::attn_proj_w), param(u, l, T::attn_proj_b));
 }
 
 double GptCpu::forward(const float* params, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
+  return forward(UnitPointers::flat(layout_, params, nullptr), tokens, targets, hooks);
+}
+
+void GptCpu::backward(const float* params, float* grads, float normaliser, const LayerHooks& hooks) {
+  backward(UnitPointers::flat(layout_, params, grads), normaliser, hooks);
+}
+
+double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
   const ModelConfig& m = model_;
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t F = static_cast<std::size_t>(m.mlp());
+  const std::size_t F = static_cast<std::size_t>(m.mlp()), V = static_cast<std::size_t>(m.vocab);
   tokens_.assign(tokens, tokens + N);
   targets_.assign(targets, targets + N);
   const LayerActs a(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F, m.heads);
-  const HeadActs h(N, C, static_cast<std::size_t>(m.vocab));
+  const HeadActs h(N, C, V);
   float* head = act(head_base_);
+  const float* wte = u.params[0];
+  const float* wpe = u.params[0] + V * C;
+  const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
   using T = LayerTensor;
 
   call(hooks.before_forward, -1);
   float* first_input = m.layers > 0 ? act(layer_base_[0]) + a.x_in : head + h.x_final;
-  layers::embedding_forward(first_input, tokens, params + layout_.wte().offset, params + layout_.wpe().offset,
-                            static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), C,
-                            static_cast<std::size_t>(m.vocab), cpu_);
+  layers::embedding_forward(first_input, tokens, wte, wpe, static_cast<std::size_t>(batch_),
+                            static_cast<std::size_t>(seq_), C, V, cpu_);
+  const int64_t rows = static_cast<int64_t>(N);
   for (int l = 0; l < m.layers; ++l) {
     call(hooks.before_forward, l);
     float* x = act(layer_base_[static_cast<std::size_t>(l)]);
-    const float* p = params;
-    layers::layernorm_forward(x + a.ln1, x + a.ln1_mean, x + a.ln1_rstd, x + a.x_in, p + layout_.tensor(l, T::ln1_w).offset,
-                              p + layout_.tensor(l, T::ln1_b).offset, N, C, cpu_);
-    attention_forward(l, params);
+    layers::layernorm_forward(x + a.ln1, x + a.ln1_mean, x + a.ln1_rstd, x + a.x_in, param(u, l, T::ln1_w),
+                              param(u, l, T::ln1_b), N, C, cpu_);
+    attention_forward(l, u);
     layers::residual_forward(x + a.x_mid, x + a.x_in, x + a.attproj, N * C, cpu_);
-    layers::layernorm_forward(x + a.ln2, x + a.ln2_mean, x + a.ln2_rstd, x + a.x_mid, p + layout_.tensor(l, T::ln2_w).offset,
-                              p + layout_.tensor(l, T::ln2_b).offset, N, C, cpu_);
-    const int64_t rows = static_cast<int64_t>(N);
-    linear::forward(runtime_.library, {rows, m.hidden, m.mlp()}, x + a.fch, x + a.ln2, p + layout_.tensor(l, T::fc_w).offset,
-                    p + layout_.tensor(l, T::fc_b).offset);
+    layers::layernorm_forward(x + a.ln2, x + a.ln2_mean, x + a.ln2_rstd, x + a.x_mid, param(u, l, T::ln2_w),
+                              param(u, l, T::ln2_b), N, C, cpu_);
+    linear::forward(runtime_.library, {rows, m.hidden, m.mlp()}, x + a.fch, x + a.ln2, param(u, l, T::fc_w),
+                    param(u, l, T::fc_b));
     layers::gelu_forward(x + a.fch_gelu, x + a.fch, N * F, cpu_);
-    linear::forward(runtime_.library, {rows, m.mlp(), m.hidden}, x + a.fcproj, x + a.fch_gelu,
-                    p + layout_.tensor(l, T::fc_proj_w).offset, p + layout_.tensor(l, T::fc_proj_b).offset);
+    linear::forward(runtime_.library, {rows, m.mlp(), m.hidden}, x + a.fcproj, x + a.fch_gelu, param(u, l, T::fc_proj_w),
+                    param(u, l, T::fc_proj_b));
     float* out = l + 1 < m.layers ? act(layer_base_[static_cast<std::size_t>(l) + 1]) + a.x_in : head + h.x_final;
     layers::residual_forward(out, x + a.x_mid, x + a.fcproj, N * C, cpu_);
   }
   call(hooks.before_forward, m.layers);
-  layers::layernorm_forward(head + h.lnf, head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final,
-                            params + layout_.lnf_w().offset, params + layout_.lnf_b().offset, N, C, cpu_);
+  layers::layernorm_forward(head + h.lnf, head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final, lnf, lnf + C, N, C, cpu_);
   // The LM head is the token table: logits (N, V) = lnf (N, C) wte (V, C)^T.
-  linear::forward(runtime_.library, {static_cast<int64_t>(N), m.hidden, m.vocab}, head + h.logits, head + h.lnf,
-                  params + layout_.wte().offset, nullptr);
-  const layers::VocabSlice slice = layers::whole_vocab(N, static_cast<std::size_t>(m.vocab));
+  linear::forward(runtime_.library, {rows, m.hidden, m.vocab}, head + h.logits, head + h.lnf, wte, nullptr);
+  const layers::VocabSlice slice = layers::whole_vocab(N, V);
   return layers::softmax_cross_entropy(head + h.losses, nullptr, head + h.row_stats, head + h.logits, targets, 1.0f,
                                        slice, cpu_);
 }
 
-void GptCpu::attention_backward(int l, const float* params, float* grads, float* d_residual) {
+void GptCpu::attention_backward(int l, const UnitPointers& u, float* d_residual) {
   // d_residual (N, C) holds the gradient reaching the attention output projection; on return the gradient of
-  // ln1's output is in the scratch d_ln.
+  // ln1's output is in the scratch d_ln. A frozen layer computes no weight gradients.
   const ModelConfig& m = model_;
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_;
   const LayerActs a(N, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp(), m.heads);
@@ -261,80 +286,92 @@ void GptCpu::attention_backward(int l, const float* params, float* grads, float*
   float* x = act(layer_base_[static_cast<std::size_t>(l)]);
   float* g = scratch_.data();
   const int64_t rows = static_cast<int64_t>(N);
+  const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
   using T = LayerTensor;
-  linear::backward_weight(runtime_.library, {rows, m.hidden, m.hidden}, grads + layout_.tensor(l, T::attn_proj_w).offset,
-                          grads + layout_.tensor(l, T::attn_proj_b).offset, d_residual, x + a.att_merged, true);
+  if (trains)
+    linear::backward_weight(runtime_.library, {rows, m.hidden, m.hidden}, grad(u, l, T::attn_proj_w),
+                            grad(u, l, T::attn_proj_b), d_residual, x + a.att_merged, true);
   linear::backward_input(runtime_.library, {rows, m.hidden, m.hidden}, g + s.d_att_merged, d_residual,
-                         params + layout_.tensor(l, T::attn_proj_w).offset, false);
+                         param(u, l, T::attn_proj_w), false);
   permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, m.heads, m.head_dim(), false);
   attention::flash_backward(attention_shape_, x + a.q, x + a.k, x + a.v, x + a.atty, g + s.d_atty, x + a.lse, g + s.dq,
                             g + s.dk, g + s.dv, attention_options_);
   permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), false);
-  linear::backward_weight(runtime_.library, {rows, m.hidden, m.qkv_channels()}, grads + layout_.tensor(l, T::qkv_w).offset,
-                          grads + layout_.tensor(l, T::qkv_b).offset, g + s.d_qkv, x + a.ln1, true);
+  if (trains)
+    linear::backward_weight(runtime_.library, {rows, m.hidden, m.qkv_channels()}, grad(u, l, T::qkv_w), grad(u, l, T::qkv_b),
+                            g + s.d_qkv, x + a.ln1, true);
   linear::backward_input(runtime_.library, {rows, m.hidden, m.qkv_channels()}, g + s.d_ln, g + s.d_qkv,
-                         params + layout_.tensor(l, T::qkv_w).offset, false);
+                         param(u, l, T::qkv_w), false);
 }
 
-void GptCpu::backward(const float* params, float* grads, float normaliser, const LayerHooks& hooks) {
+void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks& hooks) {
   const ModelConfig& m = model_;
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t F = static_cast<std::size_t>(m.mlp());
+  const std::size_t F = static_cast<std::size_t>(m.mlp()), V = static_cast<std::size_t>(m.vocab);
   const LayerActs a(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F, m.heads);
-  const HeadActs h(N, C, static_cast<std::size_t>(m.vocab));
+  const HeadActs h(N, C, V);
   const Scratch s(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F);
   float* head = act(head_base_);
   float* g = scratch_.data();
+  float* discard = g + s.size;  // 2C floats: layer-norm gradients of frozen units
   const int64_t rows = static_cast<int64_t>(N);
+  const std::size_t last = static_cast<std::size_t>(m.layers) + 1;
+  const float* wte = u.params[0];
+  float* dwte = u.grads[0];
+  const float* lnf = u.params[last];
+  float* dlnf = u.grads[last];
+  // Below the lowest trainable unit nothing needs a gradient: the pass stops there.
+  int lowest = -1;  // the first unit with a gradient buffer
+  for (std::size_t unit = 0; unit <= last && lowest < 0; ++unit)
+    if (u.grads[unit]) lowest = static_cast<int>(unit);
+  if (lowest < 0) return;  // nothing trains
+  const int lowest_layer = lowest - 1;  // unit i is layer i - 1; -1: the embeddings train
   using T = LayerTensor;
 
   // Head: dlogits in place of the logits, from the forward's row statistics.
   call(hooks.before_backward, m.layers);
-  const layers::VocabSlice slice = layers::whole_vocab(N, static_cast<std::size_t>(m.vocab));
+  const layers::VocabSlice slice = layers::whole_vocab(N, V);
   float* logits = head + h.logits;
   layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets_.data(), head + h.row_stats,
                                       head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
-  linear::backward_weight(runtime_.library, {rows, m.hidden, m.vocab}, grads + layout_.wte().offset, nullptr, logits,
-                          head + h.lnf, true);
-  linear::backward_input(runtime_.library, {rows, m.hidden, m.vocab}, g + s.d_ln, logits, params + layout_.wte().offset,
-                         false);
+  if (dwte) linear::backward_weight(runtime_.library, {rows, m.hidden, m.vocab}, dwte, nullptr, logits, head + h.lnf, true);
+  linear::backward_input(runtime_.library, {rows, m.hidden, m.vocab}, g + s.d_ln, logits, wte, false);
   std::fill(g + s.d_x, g + s.d_x + N * C, 0.0f);
-  layers::layernorm_backward(g + s.d_x, grads + layout_.lnf_w().offset, grads + layout_.lnf_b().offset, g + s.d_ln,
-                             head + h.x_final, params + layout_.lnf_w().offset, head + h.lnf_mean, head + h.lnf_rstd, N, C,
-                             cpu_);
+  layers::layernorm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, g + s.d_ln, head + h.x_final,
+                             lnf, head + h.lnf_mean, head + h.lnf_rstd, N, C, cpu_);
   call(hooks.after_backward, m.layers);
 
   // d_x holds the gradient of the current layer's output; each layer turns it into its input's gradient.
-  for (int l = m.layers - 1; l >= 0; --l) {
+  for (int l = m.layers - 1; l >= std::max(lowest_layer, 0); --l) {
     call(hooks.before_backward, l);
     float* x = act(layer_base_[static_cast<std::size_t>(l)]);
-    const float* p = params;
+    const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
     // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))).
-    linear::backward_weight(runtime_.library, {rows, m.mlp(), m.hidden}, grads + layout_.tensor(l, T::fc_proj_w).offset,
-                            grads + layout_.tensor(l, T::fc_proj_b).offset, g + s.d_x, x + a.fch_gelu, true);
+    if (trains)
+      linear::backward_weight(runtime_.library, {rows, m.mlp(), m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
+                              g + s.d_x, x + a.fch_gelu, true);
     linear::backward_input(runtime_.library, {rows, m.mlp(), m.hidden}, g + s.d_fch_gelu, g + s.d_x,
-                           p + layout_.tensor(l, T::fc_proj_w).offset, false);
+                           param(u, l, T::fc_proj_w), false);
     std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
     layers::gelu_backward(g + s.d_fch, x + a.fch, g + s.d_fch_gelu, N * F, cpu_);
-    linear::backward_weight(runtime_.library, {rows, m.hidden, m.mlp()}, grads + layout_.tensor(l, T::fc_w).offset,
-                            grads + layout_.tensor(l, T::fc_b).offset, g + s.d_fch, x + a.ln2, true);
-    linear::backward_input(runtime_.library, {rows, m.hidden, m.mlp()}, g + s.d_ln, g + s.d_fch,
-                           p + layout_.tensor(l, T::fc_w).offset, false);
+    if (trains)
+      linear::backward_weight(runtime_.library, {rows, m.hidden, m.mlp()}, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
+                              g + s.d_fch, x + a.ln2, true);
+    linear::backward_input(runtime_.library, {rows, m.hidden, m.mlp()}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
     std::copy(g + s.d_x, g + s.d_x + N * C, g + s.d_mid);  // the residual branch
-    layers::layernorm_backward(g + s.d_mid, grads + layout_.tensor(l, T::ln2_w).offset,
-                               grads + layout_.tensor(l, T::ln2_b).offset, g + s.d_ln, x + a.x_mid,
-                               p + layout_.tensor(l, T::ln2_w).offset, x + a.ln2_mean, x + a.ln2_rstd, N, C, cpu_);
+    layers::layernorm_backward(g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C,
+                               g + s.d_ln, x + a.x_mid, param(u, l, T::ln2_w), x + a.ln2_mean, x + a.ln2_rstd, N, C, cpu_);
     // Attention: x_mid = x_in + attproj(attention(ln1(x_in))).
-    attention_backward(l, params, grads, g + s.d_mid);
+    attention_backward(l, u, g + s.d_mid);
     std::copy(g + s.d_mid, g + s.d_mid + N * C, g + s.d_x);  // the residual branch
-    layers::layernorm_backward(g + s.d_x, grads + layout_.tensor(l, T::ln1_w).offset,
-                               grads + layout_.tensor(l, T::ln1_b).offset, g + s.d_ln, x + a.x_in,
-                               p + layout_.tensor(l, T::ln1_w).offset, x + a.ln1_mean, x + a.ln1_rstd, N, C, cpu_);
+    layers::layernorm_backward(g + s.d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C,
+                               g + s.d_ln, x + a.x_in, param(u, l, T::ln1_w), x + a.ln1_mean, x + a.ln1_rstd, N, C, cpu_);
     call(hooks.after_backward, l);
   }
+  if (lowest_layer >= 0) return;  // the embeddings are frozen
   call(hooks.before_backward, -1);
-  layers::embedding_backward(grads + layout_.wte().offset, grads + layout_.wpe().offset, g + s.d_x, tokens_.data(),
-                             static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), C, cpu_);
+  layers::embedding_backward(dwte, dwte + V * C, g + s.d_x, tokens_.data(), static_cast<std::size_t>(batch_),
+                             static_cast<std::size_t>(seq_), C, cpu_);
   call(hooks.after_backward, -1);
 }
 

@@ -62,6 +62,16 @@ struct CpuRuntime {
   int threads = 1;
 };
 
+// Where each unit's parameters and gradients are: unit u of ParameterLayout::units() (0 the embeddings, 1..L
+// the layers, L + 1 the final norm) starts at params[u] / grads[u]. A data-parallel strategy points a unit at
+// the buffer it gathered it into; a null gradient unit is frozen: no gradients are computed for it.
+struct UnitPointers {
+  std::vector<const float*> params;
+  std::vector<float*> grads;
+  // Every unit inside one flat buffer laid out by `layout` (grads may be null: nothing trains).
+  static UnitPointers flat(const ParameterLayout& layout, const float* params, float* grads);
+};
+
 // Called around each layer, so data-parallel strategies can gather a layer's parameters before it runs and
 // reduce its gradients as soon as they are complete. `layer` is -1 for the embeddings and L for the final
 // norm and head.
@@ -84,15 +94,22 @@ class GptCpu {
 
   // tokens, targets (B, T). Returns the summed loss of the rows whose target counts (target >= 0); the caller
   // divides by the tokens of the whole (global) batch, the normaliser it then passes to backward.
+  double forward(const UnitPointers& units, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks = {});
+  // grads += d(sum of losses / normaliser) / d(params) for every unit with a gradient buffer, for the batch of
+  // the last forward.
+  void backward(const UnitPointers& units, float normaliser, const LayerHooks& hooks = {});
+  // The same on one flat parameter and gradient buffer.
   double forward(const float* params, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks = {});
-  // grads += d(sum of losses / normaliser) / d(params), for the batch of the last forward.
   void backward(const float* params, float* grads, float normaliser, const LayerHooks& hooks = {});
 
  private:
   struct LayerActs;
   float* act(std::size_t offset) { return activations_.data() + offset; }
-  void attention_forward(int l, const float* params);
-  void attention_backward(int l, const float* params, float* grads, float* d_residual);
+  // Tensor t of layer l in the unit buffers (unit l + 1).
+  const float* param(const UnitPointers& u, int l, LayerTensor t) const;
+  float* grad(const UnitPointers& u, int l, LayerTensor t) const;
+  void attention_forward(int l, const UnitPointers& u);
+  void attention_backward(int l, const UnitPointers& u, float* d_residual);
 
   ModelConfig model_;
   ParameterLayout layout_;

@@ -111,6 +111,29 @@ TEST(GptCpu, GradientsMatchFiniteDifferences) {
   check(layout.lnf_b(), "lnf_b");
 }
 
+// Partial training: only the last layer and the final norm train. Their gradients equal those of the full
+// backward pass; the frozen units have no gradient buffers at all.
+TEST(GptCpu, FrozenUnitsGetNoGradientsAndChangeNothingElse) {
+  const ModelConfig m = small_model();
+  GptCpu model(m, 2, 6, {});
+  const ParameterLayout& layout = model.layout();
+  std::vector<float> params(layout.total()), full(layout.total(), 0.0f), partial(layout.total(), 0.0f);
+  init_parameters(m, layout, params.data(), 3, 0.3f);
+  std::vector<int32_t> tokens(12), targets(12);
+  for (int i = 0; i < 12; ++i) tokens[static_cast<std::size_t>(i)] = i % m.vocab, targets[static_cast<std::size_t>(i)] = (3 * i + 1) % m.vocab;
+  model.forward(params.data(), tokens.data(), targets.data());
+  model.backward(params.data(), full.data(), 12.0f);
+  UnitPointers units = UnitPointers::flat(layout, params.data(), partial.data());
+  for (std::size_t u = 0; u + 2 < units.grads.size(); ++u) units.grads[u] = nullptr;  // embeddings, layer 0 frozen
+  model.forward(units, tokens.data(), targets.data());
+  model.backward(units, 12.0f);
+  const Slice trained{layout.layer(m.layers - 1).offset, layout.total() - layout.layer(m.layers - 1).offset};
+  for (std::size_t i = 0; i < layout.total(); ++i) {
+    if (i >= trained.offset) ASSERT_FLOAT_EQ(partial[i], full[i]) << i;
+    else ASSERT_EQ(partial[i], 0.0f) << i;
+  }
+}
+
 TEST(GptCpu, HooksSeeEveryUnitInOrder) {
   const ModelConfig m = small_model();
   GptCpu model(m, 1, 4, {});
