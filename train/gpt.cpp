@@ -188,6 +188,11 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime)
   scratch_.assign(Scratch(N, C, Q, KV, F).size + 2 * C, 0.0f);
 }
 
+float* UnitPointers::pending() {
+  static float never_written;
+  return &never_written;
+}
+
 UnitPointers UnitPointers::flat(const ParameterLayout& layout, const float* params, float* grads) {
   UnitPointers u;
   for (const Slice& unit : layout.units()) {
@@ -316,10 +321,6 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
   float* discard = g + s.size;  // 2C floats: layer-norm gradients of frozen units
   const int64_t rows = static_cast<int64_t>(N);
   const std::size_t last = static_cast<std::size_t>(m.layers) + 1;
-  const float* wte = u.params[0];
-  float* dwte = u.grads[0];
-  const float* lnf = u.params[last];
-  float* dlnf = u.grads[last];
   // Below the lowest trainable unit nothing needs a gradient: the pass stops there.
   int lowest = -1;  // the first unit with a gradient buffer
   for (std::size_t unit = 0; unit <= last && lowest < 0; ++unit)
@@ -330,6 +331,10 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
 
   // Head: dlogits in place of the logits, from the forward's row statistics.
   call(hooks.before_backward, m.layers);
+  const float* wte = u.params[0];
+  float* dwte = u.grads[0];
+  const float* lnf = u.params[last];
+  float* dlnf = u.grads[last];
   const layers::VocabSlice slice = layers::whole_vocab(N, V);
   float* logits = head + h.logits;
   layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets_.data(), head + h.row_stats,

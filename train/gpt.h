@@ -70,6 +70,9 @@ struct UnitPointers {
   std::vector<float*> grads;
   // Every unit inside one flat buffer laid out by `layout` (grads may be null: nothing trains).
   static UnitPointers flat(const ParameterLayout& layout, const float* params, float* grads);
+  // A trainable unit whose gradient buffer the before_backward hook provides (the head's hook for the
+  // embeddings and the final norm): backward reads each unit's gradient pointer only after that hook ran.
+  static float* pending();
 };
 
 // Called around each layer, so data-parallel strategies can gather a layer's parameters before it runs and

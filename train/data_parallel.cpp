@@ -1,0 +1,487 @@
+// Implementation of the data-parallel step (see data_parallel.h).
+#include "train/data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <numbers>
+#include <stdexcept>
+
+#include "collectives/mpi_error.h"
+
+namespace strata::train {
+
+using coll::DataType;
+using coll::RedOp;
+
+Trainable parse_trainable(const std::string& text) {
+  Trainable t;
+  if (text == "all") return t;
+  if (text.rfind("last:", 0) == 0) {
+    t.kind = Trainable::Kind::last_layers;
+    try {
+      std::size_t used = 0;
+      t.last_layers = std::stoi(text.substr(5), &used);
+      if (used == text.size() - 5 && t.last_layers >= 1) return t;
+    } catch (const std::exception&) {
+    }
+    throw std::invalid_argument("--trainable " + text + ": expected last:K with K >= 1 layers");
+  }
+  try {
+    std::size_t used = 0;
+    t.fraction = std::stod(text, &used);
+    if (used == text.size() && t.fraction > 0 && t.fraction <= 1) {
+      t.kind = Trainable::Kind::fraction;
+      return t;
+    }
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument("--trainable " + text + ": expected all, last:K or a fraction in (0, 1]");
+}
+
+std::vector<bool> trainable_units(const ModelConfig& model, const Trainable& t) {
+  const int L = model.layers;
+  std::vector<bool> trains(static_cast<std::size_t>(L) + 2, t.kind == Trainable::Kind::all);
+  if (t.kind == Trainable::Kind::all) return trains;
+  int k = t.kind == Trainable::Kind::last_layers ? t.last_layers
+                                                  : std::max(1, static_cast<int>(std::lround(t.fraction * L)));
+  if (k > L) throw std::invalid_argument("--trainable asks for " + std::to_string(k) + " of " + std::to_string(L) + " layers");
+  for (int l = L - k; l < L; ++l) trains[static_cast<std::size_t>(l) + 1] = true;
+  trains.back() = true;  // the final norm trains with the last layers
+  return trains;
+}
+
+float learning_rate(const LrSchedule& s, int64_t step) {
+  if (s.warmup > 0 && step <= s.warmup) return s.max_lr * static_cast<float>(step) / static_cast<float>(s.warmup);
+  if (s.total <= s.warmup) return s.max_lr;
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup) / static_cast<double>(s.total - s.warmup));
+  return s.min_lr + static_cast<float>(0.5 * (1 + std::cos(std::numbers::pi * progress))) * (s.max_lr - s.min_lr);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+}  // namespace
+
+struct DataParallelTrainer::Impl {
+  struct Unit {
+    std::size_t size = 0, padded = 0, piece_g = 0, piece_i = 0;
+    bool trains = false;
+    std::size_t param_at = 0, grad_at = 0, opt_at = 0;  // offsets in the persistent stores
+  };
+  // An operation in flight and what follows it once it completes (a second phase, or bookkeeping).
+  struct InFlight {
+    coll::Work work;
+    std::function<coll::Work()> then;
+  };
+
+  DataParallelConfig c;
+  coll::Group& dp;
+  coll::Group& intra;
+  coll::Group& inter;
+  std::unique_ptr<coll::Group> pieces;  // the data-parallel ranks ordered by global piece
+  const TokenSource& data;
+  GptCpu model;
+  int n = 1, m = 1, g = 1, local = 0, node = 0, my_piece = 0;
+  std::vector<Unit> units;
+  std::vector<float> params, grads, adam_m, adam_v;
+  std::vector<std::vector<float>> gathered, unit_grads, reduced;  // transient, per unit
+  std::vector<InFlight> in_flight;
+  std::vector<int32_t> tokens, targets;
+  double transient_bytes = 0, peak_transient_bytes = 0, exposed = 0;
+  coll::Traffic traffic;
+
+  Impl(const DataParallelConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
+      : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), data(source),
+        model(config.model, config.micro_batch, config.seq, config.runtime) {
+    if (const std::string why = refusal_reason(c.strategy); !why.empty())
+      throw std::invalid_argument("strategy " + c.strategy.name() + " is not run: " + why);
+    if (c.accumulation < 1) throw std::invalid_argument("accumulation must be at least 1 micro-batch");
+    n = dp.size(), m = intra.size(), g = inter.size(), local = intra.rank(), node = inter.rank();
+    int fewest = m, most = m;
+    STRATA_COLL_MPI_CHECK(MPI_Allreduce(&m, &fewest, 1, MPI_INT, MPI_MIN, dp.comm()));
+    STRATA_COLL_MPI_CHECK(MPI_Allreduce(&m, &most, 1, MPI_INT, MPI_MAX, dp.comm()));
+    if (fewest != most || m * g != n)
+      throw std::invalid_argument("data-parallel ranks are spread unevenly over the groups (" + std::to_string(fewest) +
+                                  " to " + std::to_string(most) + " per group): every group needs the same size");
+    my_piece = local * g + node;
+    MPI_Comm ordered = MPI_COMM_NULL;
+    STRATA_COLL_MPI_CHECK(MPI_Comm_split(dp.comm(), 0, my_piece, &ordered));
+    std::vector<int> piece_nodes(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) piece_nodes[static_cast<std::size_t>(r)] = r % g;  // piece l g + k lives on node k
+    pieces = std::make_unique<coll::Group>("dp_by_piece", coll::Comm(ordered), std::move(piece_nodes), groups.types());
+
+    const ParameterLayout& layout = model.layout();
+    const std::vector<bool> trains = trainable_units(c.model, c.trainable);
+    const std::vector<Slice> slices = layout.units();
+    std::size_t param_total = 0, grad_total = 0, opt_total = 0;
+    for (std::size_t u = 0; u < slices.size(); ++u) {
+      Unit unit;
+      unit.size = slices[u].size;
+      unit.padded = (unit.size + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+      unit.piece_g = unit.padded / static_cast<std::size_t>(n);
+      unit.piece_i = unit.padded / static_cast<std::size_t>(m);
+      unit.trains = trains[u];
+      unit.param_at = std::exchange(param_total, param_total + held(unit, c.strategy.params));
+      if (unit.trains) {
+        unit.grad_at = std::exchange(grad_total, grad_total + held(unit, c.strategy.grads));
+        unit.opt_at = std::exchange(opt_total, opt_total + held(unit, c.strategy.optimizer));
+      }
+      units.push_back(unit);
+    }
+    params.assign(param_total, 0.0f);
+    grads.assign(grad_total, 0.0f);
+    adam_m.assign(opt_total, 0.0f);
+    adam_v.assign(opt_total, 0.0f);
+    gathered.resize(units.size());
+    unit_grads.resize(units.size());
+    reduced.resize(units.size());
+
+    // Every rank initialises the whole model from the seed and keeps what its strategy holds.
+    std::vector<float> full(layout.total());
+    init_parameters(c.model, layout, full.data(), c.seed, c.init_std);
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      const Unit& unit = units[u];
+      const std::size_t begin = piece_offset(unit, c.strategy.params);
+      for (std::size_t i = 0; i < held(unit, c.strategy.params); ++i) {
+        const std::size_t at = begin + i;  // position in the padded unit
+        params[unit.param_at + i] = at < unit.size ? full[slices[u].offset + at] : 0.0f;
+      }
+    }
+    tokens.resize(static_cast<std::size_t>(c.micro_batch) * c.seq);
+    targets.resize(tokens.size());
+  }
+
+  // Elements of a unit a state sharded this way holds on this rank, and where they start in the padded unit.
+  std::size_t held(const Unit& u, Sharding s) const {
+    return s == Sharding::none ? u.padded : s == Sharding::intra ? u.piece_i : u.piece_g;
+  }
+  std::size_t piece_offset(const Unit& u, Sharding s) const {
+    return s == Sharding::none ? 0
+           : s == Sharding::intra ? static_cast<std::size_t>(local) * u.piece_i
+                                  : static_cast<std::size_t>(my_piece) * u.piece_g;
+  }
+
+  // ---- transient buffers and operations in flight -------------------------------------------------------
+  void allocate(std::vector<float>& buffer, std::size_t floats) {
+    if (!buffer.empty()) return;
+    buffer.assign(floats, 0.0f);
+    transient_bytes += 4.0 * static_cast<double>(floats);
+    peak_transient_bytes = std::max(peak_transient_bytes, transient_bytes);
+  }
+  void release(std::vector<float>& buffer) {
+    transient_bytes -= 4.0 * static_cast<double>(buffer.size());
+    std::vector<float>().swap(buffer);
+  }
+
+  void launch(coll::Work work, std::function<coll::Work()> then = {}) {
+    in_flight.push_back({std::move(work), std::move(then)});
+    if (!c.overlap) wait_all();
+  }
+  // Tests every operation in flight once; a completed one runs what follows it, whose next phase (if any)
+  // joins the end of the list.
+  void progress() {
+    for (std::size_t i = 0; i < in_flight.size();) {
+      if (!in_flight[i].work.test()) {
+        ++i;
+        continue;
+      }
+      InFlight done = std::move(in_flight[i]);
+      in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+      traffic += done.work.traffic();
+      if (!done.then) continue;
+      coll::Work next = done.then();
+      if (next.done())
+        traffic += next.traffic();
+      else
+        in_flight.push_back({std::move(next), {}});
+    }
+  }
+  void wait_all() {
+    const auto start = Clock::now();
+    while (!in_flight.empty()) progress();
+    exposed += since(start);
+  }
+
+  // ---- parameters: gathered before use when sharded ------------------------------------------------------
+  void start_gather(std::size_t u) {
+    if (c.strategy.params == Sharding::none || u >= units.size() || !gathered[u].empty()) return;
+    const Unit& unit = units[u];
+    allocate(gathered[u], unit.padded);
+    const float* mine = params.data() + unit.param_at;
+    coll::Group& group = c.strategy.params == Sharding::intra ? intra : *pieces;
+    const std::size_t count = held(unit, c.strategy.params);
+    gathering_done[u] = false;
+    launch(group.allgather(c.comm_algo, mine, gathered[u].data(), count, DataType::float32), [this, u] {
+      gathering_done[u] = true;
+      return coll::Work();
+    });
+  }
+  std::vector<bool> gathering_done;
+
+  void need_params(std::size_t u) {
+    if (c.strategy.params == Sharding::none) return;
+    start_gather(u);
+    const auto start = Clock::now();
+    while (!gathering_done[u]) progress();
+    exposed += since(start);
+  }
+  void drop_params(std::size_t u) {
+    if (c.strategy.params != Sharding::none && gathering_done[u]) release(gathered[u]);
+  }
+
+  const float* unit_params(std::size_t u) const {
+    return c.strategy.params == Sharding::none ? params.data() + units[u].param_at : gathered[u].data();
+  }
+
+  // ---- gradients: reduced into the form the strategy keeps, per micro-batch and at the last ------------------
+  float* unit_grad_buffer(std::size_t u) {
+    if (!units[u].trains) return nullptr;
+    if (c.strategy.grads == Sharding::none) return grads.data() + units[u].grad_at;
+    allocate(unit_grads[u], units[u].padded);
+    return unit_grads[u].data();
+  }
+
+  // The reduction that turns what the grads store holds into the optimizer's shard, at the last micro-batch.
+  coll::Work reduce_for_optimizer(std::size_t u) {
+    const Unit& unit = units[u];
+    const Sharding gs = c.strategy.grads, os = c.strategy.optimizer;
+    float* store = grads.data() + unit.grad_at;
+    if (gs == Sharding::none && os == Sharding::none)
+      return dp.allreduce(c.comm_algo, store, store, unit.padded, DataType::float32, RedOp::sum);
+    if (gs == Sharding::none) {  // intra reduce-scatter first; then across nodes
+      allocate(reduced[u], unit.piece_i);
+      coll::Work first = intra.reduce_scatter(c.comm_algo, store, reduced[u].data(), unit.piece_i, DataType::float32, RedOp::sum);
+      launch(std::move(first), [this, u] { return across_nodes(u, reduced[u].data()); });
+      return coll::Work();
+    }
+    if (gs == Sharding::intra) return across_nodes(u, store);
+    return coll::Work();  // G: the global shard is final after every micro-batch
+  }
+  // The intra piece at `piece` (summed within the node) summed over the nodes: whole for O = I, my global
+  // piece (in place, at node * piece_g) for O = G.
+  coll::Work across_nodes(std::size_t u, float* piece) {
+    const Unit& unit = units[u];
+    if (c.strategy.optimizer == Sharding::intra)
+      return inter.allreduce(c.comm_algo, piece, piece, unit.piece_i, DataType::float32, RedOp::sum);
+    return inter.reduce_scatter(c.comm_algo, piece, piece + static_cast<std::size_t>(node) * unit.piece_g, unit.piece_g,
+                                DataType::float32, RedOp::sum);
+  }
+
+  void gradients_ready(std::size_t u, int micro, bool last) {
+    const Unit& unit = units[u];
+    if (!unit.trains) return;
+    const Sharding gs = c.strategy.grads;
+    if (gs == Sharding::none) {
+      if (last) launch(reduce_for_optimizer(u));
+      return;
+    }
+    // Reduce this micro-batch's unit gradient into the kept shard: straight into it at the first micro-batch,
+    // through a buffer and a sum after that.
+    coll::Group& group = gs == Sharding::intra ? intra : *pieces;
+    const std::size_t count = held(unit, gs);
+    float* store = grads.data() + unit.grad_at;
+    float* out = store;
+    if (micro > 0) {
+      allocate(reduced[u], count);
+      out = reduced[u].data();
+    }
+    coll::Work work = group.reduce_scatter(c.comm_algo, unit_grads[u].data(), out, count, DataType::float32, RedOp::sum);
+    launch(std::move(work), [this, u, micro, last, count, store, out] {
+      release(unit_grads[u]);
+      if (micro > 0) {
+        for (std::size_t i = 0; i < count; ++i) store[i] += out[i];
+        release(reduced[u]);
+      }
+      return last ? reduce_for_optimizer(u) : coll::Work();
+    });
+  }
+
+  // Where the optimizer's shard of unit u lives in the gradient buffers after the last reduction.
+  float* optimizer_grads(std::size_t u) {
+    const Unit& unit = units[u];
+    const Sharding gs = c.strategy.grads, os = c.strategy.optimizer;
+    if (gs == Sharding::none && os == Sharding::none) return grads.data() + unit.grad_at;
+    float* piece = gs == Sharding::none ? reduced[u].data() : grads.data() + unit.grad_at;
+    if (gs == Sharding::global) return piece;
+    return os == Sharding::intra ? piece : piece + static_cast<std::size_t>(node) * unit.piece_g;
+  }
+  // Where the parameters the optimizer updates live in the parameter store.
+  float* optimizer_params(std::size_t u) {
+    const Unit& unit = units[u];
+    float* held_params = params.data() + unit.param_at;
+    const Sharding ps = c.strategy.params, os = c.strategy.optimizer;
+    if (ps == Sharding::none) return held_params + piece_offset(unit, os);
+    if (ps == Sharding::intra && os == Sharding::global) return held_params + static_cast<std::size_t>(node) * unit.piece_g;
+    return held_params;
+  }
+  // After the update: the parameter holders get the new values.
+  void synchronise_parameters(std::size_t u) {
+    const Unit& unit = units[u];
+    const Sharding ps = c.strategy.params, os = c.strategy.optimizer;
+    float* held_params = params.data() + unit.param_at;
+    if (ps == os) return;
+    if (ps == Sharding::none && os == Sharding::intra)
+      launch(intra.allgather(c.comm_algo, held_params + piece_offset(unit, os), held_params, unit.piece_i, DataType::float32));
+    else if (ps == Sharding::none)
+      launch(pieces->allgather(c.comm_algo, held_params + piece_offset(unit, os), held_params, unit.piece_g, DataType::float32));
+    else  // P = I, O = G: the inter ranks rebuild the intra piece from their global pieces
+      launch(inter.allgather(c.comm_algo, held_params + static_cast<std::size_t>(node) * unit.piece_g, held_params,
+                             unit.piece_g, DataType::float32));
+  }
+
+  double allreduce_sum(coll::Group& group, double value) {
+    group.allreduce(coll::Algo::library, &value, &value, 1, DataType::float64, RedOp::sum).wait();
+    return value;
+  }
+
+  // ---- the step -----------------------------------------------------------------------------------------
+  StepStats step(int64_t step_index) {
+    StepStats stats;
+    const auto step_start = Clock::now();
+    exposed = 0;
+    traffic = {};
+    const int L = c.model.layers;
+    const std::size_t U = units.size();
+    const float normaliser = static_cast<float>(static_cast<double>(n) * c.accumulation * c.micro_batch * c.seq);
+    gathering_done.assign(U, false);
+    double loss_sum = 0;
+    for (int micro = 0; micro < c.accumulation; ++micro) {
+      const bool last = micro + 1 == c.accumulation;
+      const int64_t first_row = (static_cast<int64_t>(micro) * n + dp.rank()) * c.micro_batch;
+      data.rows(step_index, first_row, c.micro_batch, c.seq, tokens.data(), targets.data());
+      UnitPointers pointers;
+      pointers.params.assign(U, nullptr);
+      pointers.grads.assign(U, nullptr);
+      auto point = [&](std::size_t u) { pointers.params[u] = unit_params(u); };
+      LayerHooks hooks;
+      hooks.before_forward = [&](int layer) {
+        const std::size_t u = static_cast<std::size_t>(layer + 1);
+        progress();
+        need_params(u);
+        point(u);
+        if (c.overlap) start_gather(u + 1);  // the next unit arrives while this one computes
+        if (u == static_cast<std::size_t>(L) + 1) need_params(0), point(0);  // the tied head reads the token table
+        if (u >= 2 && u <= static_cast<std::size_t>(L)) drop_params(u - 1);    // layers are gathered again for backward
+        if (u == static_cast<std::size_t>(L) + 1 && L >= 1) drop_params(static_cast<std::size_t>(L));
+      };
+      hooks.before_backward = [&](int layer) {
+        const std::size_t u = static_cast<std::size_t>(layer + 1);
+        progress();
+        if (u >= 1 && u <= static_cast<std::size_t>(L)) {
+          need_params(u);
+          point(u);
+        }
+        if (c.overlap && u >= 2) start_gather(u - 1);
+        if (units[u].trains) pointers.grads[u] = unit_grad_buffer(u);
+        if (u == static_cast<std::size_t>(L) + 1 && units[0].trains) pointers.grads[0] = unit_grad_buffer(0);  // the head writes dwte
+      };
+      hooks.after_backward = [&](int layer) {
+        const std::size_t u = static_cast<std::size_t>(layer + 1);
+        if (u == static_cast<std::size_t>(L) + 1) {
+          gradients_ready(u, micro, last);
+          drop_params(u);
+          drop_params(0);  // the head was the last reader of the token table
+        } else {
+          if (u >= 1) drop_params(u);
+          gradients_ready(u, micro, last);
+        }
+        progress();
+      };
+      auto exposed_before = exposed;
+      auto start = Clock::now();
+      loss_sum += model.forward(pointers, tokens.data(), targets.data(), hooks);
+      stats.forward_seconds += since(start) - (exposed - exposed_before);
+      // Frozen units have no gradient buffer, so the model computes none for them; sharded gradients get a
+      // buffer per unit from the hooks, as the unit's backward starts.
+      for (std::size_t u = 0; u < U; ++u)
+        pointers.grads[u] = !units[u].trains                         ? nullptr
+                            : c.strategy.grads == Sharding::none     ? grads.data() + units[u].grad_at
+                                                                     : UnitPointers::pending();
+      exposed_before = exposed;
+      start = Clock::now();
+      model.backward(pointers, normaliser, hooks);
+      stats.backward_seconds += since(start) - (exposed - exposed_before);
+    }
+    wait_all();
+
+    // Global gradient norm over the optimizer's shards (distinct within the group that partitions them).
+    const auto optimizer_start = Clock::now();
+    double squares = 0;
+    for (std::size_t u = 0; u < U; ++u)
+      if (units[u].trains) squares += layers::squared_norm(optimizer_grads(u), held(units[u], c.strategy.optimizer), {});
+    if (c.strategy.optimizer == Sharding::intra) squares = allreduce_sum(intra, squares);
+    if (c.strategy.optimizer == Sharding::global) squares = allreduce_sum(dp, squares);
+    stats.grad_norm = std::sqrt(squares);
+    const float scale = layers::clip_scale(stats.grad_norm, c.max_grad_norm);
+    layers::AdamWConfig adamw = c.adamw;
+    adamw.learning_rate = stats.lr = learning_rate(c.lr, step_index);
+    for (std::size_t u = 0; u < U; ++u) {
+      if (!units[u].trains) continue;
+      const std::size_t count = held(units[u], c.strategy.optimizer);
+      layers::adamw_update(optimizer_params(u), optimizer_grads(u), adam_m.data() + units[u].opt_at,
+                           adam_v.data() + units[u].opt_at, count, adamw, step_index, scale, {});
+      synchronise_parameters(u);
+    }
+    wait_all();
+    for (std::size_t u = 0; u < U; ++u) release(reduced[u]);
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    stats.optimizer_seconds = since(optimizer_start);
+
+    stats.loss = allreduce_sum(dp, loss_sum) / normaliser;
+    stats.exposed_comm_seconds = exposed;
+    stats.traffic = traffic;
+    stats.seconds = since(step_start);
+    return stats;
+  }
+
+  std::vector<float> full_parameters() {
+    const ParameterLayout& layout = model.layout();
+    const std::vector<Slice> slices = layout.units();
+    std::vector<float> full(layout.total());
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      std::vector<float> whole(units[u].padded);
+      const float* held_params = params.data() + units[u].param_at;
+      if (c.strategy.params == Sharding::none)
+        std::copy(held_params, held_params + units[u].padded, whole.begin());
+      else if (c.strategy.params == Sharding::intra)
+        intra.allgather(coll::Algo::library, held_params, whole.data(), units[u].piece_i, DataType::float32).wait();
+      else
+        pieces->allgather(coll::Algo::library, held_params, whole.data(), units[u].piece_g, DataType::float32).wait();
+      std::copy(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(units[u].size), full.begin() + static_cast<std::ptrdiff_t>(slices[u].offset));
+    }
+    return full;
+  }
+};
+
+DataParallelTrainer::DataParallelTrainer(const DataParallelConfig& config, coll::ProcessGroups& groups,
+                                         const TokenSource& data)
+    : impl_(std::make_unique<Impl>(config, groups, data)) {}
+
+DataParallelTrainer::~DataParallelTrainer() = default;
+
+StepStats DataParallelTrainer::step(int64_t step) {
+  if (step < 1) throw std::invalid_argument("steps count from 1");
+  return impl_->step(step);
+}
+
+std::vector<float> DataParallelTrainer::full_parameters() { return impl_->full_parameters(); }
+
+MemoryUse DataParallelTrainer::memory() const {
+  MemoryUse use;
+  use.params = 4.0 * static_cast<double>(impl_->params.size());
+  use.grads = 4.0 * static_cast<double>(impl_->grads.size());
+  use.optimizer = 4.0 * static_cast<double>(impl_->adam_m.size() + impl_->adam_v.size());
+  use.activations = 4.0 * static_cast<double>(impl_->model.activation_floats());
+  use.comm_buffers = impl_->peak_transient_bytes;
+  return use;
+}
+
+int64_t DataParallelTrainer::global_rows() const {
+  return static_cast<int64_t>(impl_->n) * impl_->c.accumulation * impl_->c.micro_batch;
+}
+
+}  // namespace strata::train

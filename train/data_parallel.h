@@ -1,0 +1,108 @@
+// One training step of the GPT model under a data-parallel partitioning strategy (strategy.h), on the CPU:
+// micro-batches of forward and backward, the strategy's collectives (research.md's table: which state is
+// gathered or reduced, over which group, when), the global gradient norm and clipping, AdamW on the
+// optimizer's shard, and the parameter synchronisation after it.
+//
+// Sharding. Every unit of the model (embeddings, each layer, the final norm) is padded to a multiple of the
+// data-parallel degree n and cut into n global pieces. The n ranks form g groups (nodes) of m ranks; the rank
+// with local index l on node k holds global piece l g + k, so the intra piece of local index l (what an I-sharded
+// state holds) is the g consecutive global pieces l g .. l g + g - 1. Then:
+//   intra allgather of intra pieces     -> the whole unit          (P = I, before use)
+//   inter allgather of global pieces    -> my intra piece          (P = I after an update by O = G)
+//   intra reduce-scatter of a unit      -> my intra piece summed within the node
+//   inter reduce-scatter of intra piece -> my global piece summed over all ranks
+// and a collective over all n ranks (P or G = G) stages the unit's pieces in rank order first.
+//
+// Overlap: with overlap on, each unit's gradient reduction starts as soon as its backward is done and the
+// next unit's parameter gather starts while the current unit computes; progress is made by testing the
+// operations in flight between units (collectives/work.h), and the step waits for what is left at the end.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "kernels/layers.h"
+#include "train/data.h"
+#include "train/gpt.h"
+#include "train/strategy.h"
+
+namespace strata::train {
+
+// Which parameters train: all; the last K layers (and the final norm); or a fraction of the layers, counted
+// from the last (and the final norm). Frozen units have no gradients and no optimizer states.
+struct Trainable {
+  enum class Kind { all, last_layers, fraction } kind = Kind::all;
+  int last_layers = 0;
+  double fraction = 1.0;
+};
+// "all", "last:K" or a fraction in (0, 1]; std::invalid_argument otherwise.
+Trainable parse_trainable(const std::string& text);
+std::vector<bool> trainable_units(const ModelConfig& model, const Trainable& trainable);
+
+// Linear warm-up from 0 to max_lr over `warmup` steps, then cosine decay to min_lr at `total` steps (constant
+// after warm-up when total is 0). Steps count from 1.
+struct LrSchedule {
+  float max_lr = 3e-4f;
+  float min_lr = 3e-5f;
+  int64_t warmup = 0;
+  int64_t total = 0;
+};
+float learning_rate(const LrSchedule& schedule, int64_t step);
+
+struct DataParallelConfig {
+  ModelConfig model;
+  int micro_batch = 1;   // rows per rank per micro-batch
+  int seq = 64;
+  int accumulation = 1;  // micro-batches per optimizer step
+  Strategy strategy;
+  Trainable trainable;
+  coll::Algo comm_algo = coll::Algo::library;
+  bool overlap = true;
+  layers::AdamWConfig adamw;  // learning_rate is taken from the schedule
+  LrSchedule lr;
+  float max_grad_norm = 1.0f;  // 0: no clipping
+  CpuRuntime runtime;
+  uint64_t seed = 1;
+  float init_std = 0.02f;
+};
+
+// Bytes each category holds on this rank, as allocated (the peak of transient buffers).
+struct MemoryUse {
+  double params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0;
+};
+
+struct StepStats {
+  double loss = 0;       // mean over the global batch's tokens
+  double grad_norm = 0;  // global, before clipping
+  float lr = 0;
+  double seconds = 0;
+  double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
+  double exposed_comm_seconds = 0;  // waiting for collectives that were not done
+  coll::Traffic traffic;            // bytes this rank sent in the step
+};
+
+class DataParallelTrainer {
+ public:
+  // Collective over the data-parallel group. Throws std::invalid_argument when the strategy is refused, or the
+  // groups are uneven for an I strategy.
+  DataParallelTrainer(const DataParallelConfig& config, coll::ProcessGroups& groups, const TokenSource& data);
+  ~DataParallelTrainer();
+  DataParallelTrainer(const DataParallelTrainer&) = delete;
+  DataParallelTrainer& operator=(const DataParallelTrainer&) = delete;
+
+  // One optimizer step (step >= 1). Collective over the data-parallel group.
+  StepStats step(int64_t step);
+  // Every parameter, on every rank (collective): for checks against the single-rank step.
+  std::vector<float> full_parameters();
+  MemoryUse memory() const;
+  int64_t global_rows() const;  // rows of the global batch: dp ranks x accumulation x micro_batch
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::train
