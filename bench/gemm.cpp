@@ -89,6 +89,7 @@ struct Workload {
   std::function<void()> run;
   std::function<void()> poison;
   std::function<gemm::CheckResult(int, uint64_t)> check;
+  std::function<void()> corrupt;  // --inject-wrong-element
   Timer* timer;
   std::string algorithm;
   double peak_per_rank = 0;
@@ -179,7 +180,7 @@ int run_gemm(int argc, char** argv) {
     if (o.backend == "cpu") {
       cpu = std::make_unique<gemm::CpuGemm>(c.shape, c.dtype, seed);
       work = {[&] { cpu->run(); }, [&] { cpu->poison_output(); },
-              [&](int n, uint64_t s) { return cpu->check(n, s); }, &host_timer,
+              [&](int n, uint64_t s) { return cpu->check(n, s); }, [&] { cpu->corrupt_output(); }, &host_timer,
               c.dtype == DType::fp32 ? "cblas_sgemm (" + blas::corename() + ")" : "cblas_dgemm (" + blas::corename() + ")",
               cpu_peak.per_core(c.dtype == DType::fp64) * h.blas_threads,
               cpu_peak.source(c.dtype == DType::fp64, h.blas_threads)};
@@ -189,7 +190,7 @@ int run_gemm(int argc, char** argv) {
       gpu_timer = make_cuda_event_timer(gpu->stream());
       gemm::GpuPeak peak = gemm::gpu_peak(device, c.dtype);
       work = {[&] { gpu->run(); }, [&] { gpu->poison_output(); },
-              [&](int n, uint64_t s) { return gpu->check(n, s); }, gpu_timer.get(), gpu->algorithm(), peak.flops,
+              [&](int n, uint64_t s) { return gpu->check(n, s); }, [&] { gpu->corrupt_output(); }, gpu_timer.get(), gpu->algorithm(), peak.flops,
               peak.source};
 #endif
     }
@@ -197,6 +198,7 @@ int run_gemm(int argc, char** argv) {
     // Untimed correctness pass on a poisoned output, then the timed loop.
     work.poison();
     work.run();
+    if (h.inject_wrong_element == rank) work.corrupt();
     gemm::CheckResult check = work.check(o.check_samples, seed);
     double worst = allreduce_max(MPI_COMM_WORLD, check.worst_ratio);
     std::vector<double> samples = run.measure(*work.timer, work.run);

@@ -28,6 +28,9 @@ struct HarnessOptions {
   bool quiet = false;
   std::string output;      // results file; empty = a new file under results/runs/
   int blas_threads = 1;    // CPU BLAS threads per rank
+  // Testing the output checks: this world rank corrupts one output element of every case after the untimed
+  // checked run and before its check (-1: never), so a test can prove a wrong result fails the run.
+  int inject_wrong_element = -1;
 };
 void add_harness_options(Cli& cli, HarnessOptions& options);
 
