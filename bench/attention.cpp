@@ -311,7 +311,7 @@ int run_attention(int argc, char** argv) {
     // Untimed check on poisoned outputs; the backward pass needs the forward's O and lse anyway.
     work->forward();
     if (has_bwd) work->backward();
-    if (h.inject_wrong_element == rank) work->corrupt();
+    if (injects_wrong_element(h, rank)) work->corrupt();
     CheckOutcome check = work->check(has_bwd);
     double worst = allreduce_max(MPI_COMM_WORLD, check.worst_rel_l2);
 

@@ -363,7 +363,7 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
       both_ar.push_back(a), both_rs.push_back(r);
     }
     watchdog.disarm();
-    if (h.inject_wrong_element == run.context().self.rank) corrupt_first_element(ar_out, dtype);
+    if (injects_wrong_element(h, run.context().self.rank)) corrupt_first_element(ar_out, dtype);
     int64_t wrong_ar = coll::count_wrong(ar_spec, ar, ar_out, tp_rank, tp, 0);
     int64_t wrong_rs = coll::count_wrong(rs_spec, rs, rs_out, dp_rank, dp, 0);
 
@@ -611,7 +611,7 @@ int run_collective(int argc, char** argv) {
     if (o.check) {
       std::vector<unsigned char> out;
       executor->read_outputs(out);
-      if (h.inject_wrong_element == run.context().self.rank && n.recv_elems > 0) corrupt_first_element(out, c.dtype);
+      if (injects_wrong_element(h, run.context().self.rank) && n.recv_elems > 0) corrupt_first_element(out, c.dtype);
       wrong = coll::count_wrong({c.op, c.dtype, c.redop}, n, out, group_rank, group_size, o.root);
     }
     // Timed iterations start from the same nonzero inputs.

@@ -198,7 +198,7 @@ int run_gemm(int argc, char** argv) {
     // Untimed correctness pass on a poisoned output, then the timed loop.
     work.poison();
     work.run();
-    if (h.inject_wrong_element == rank) work.corrupt();
+    if (injects_wrong_element(h, rank)) work.corrupt();
     gemm::CheckResult check = work.check(o.check_samples, seed);
     double worst = allreduce_max(MPI_COMM_WORLD, check.worst_ratio);
     std::vector<double> samples = run.measure(*work.timer, work.run);

@@ -28,7 +28,7 @@ def run_program(name, tmp_path, inject):
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-@pytest.mark.parametrize("inject", [0, 1])
+@pytest.mark.parametrize("inject", [0, 1, -2])  # rank 0, rank 1, every rank
 def test_one_wrong_element_fails_the_run(tmp_path, name, inject):
     result, out = run_program(name, tmp_path, inject)
     assert result.returncode == 1, result.stderr[-2000:]
@@ -37,10 +37,11 @@ def test_one_wrong_element_fails_the_run(tmp_path, name, inject):
     assert list(runs["status"]) == ["failed"]
     data = sr.read_cases_with_summary(str(out))
     assert len(data) > 0
-    # Exactly one element per case on one rank; the other rank's outputs are right. A reduce's result
-    # exists on its root (rank 0) only, so a corruption on rank 1 leaves nothing to see there.
-    expected = [0 if (name == "strata-collective" and op == "reduce" and inject != 0) else 1
-                for op in (data["operation"] if name == "strata-collective" else [""] * len(data))]
+    # One element per case on each corrupting rank, summed over ranks; the other outputs are right. A
+    # reduce's result exists on its root (rank 0) only, so a corruption elsewhere leaves nothing to see there.
+    ranks = [0, 1] if inject == -2 else [inject]
+    operations = data["operation"] if name == "strata-collective" else [""] * len(data)
+    expected = [sum(1 for r in ranks if not (op == "reduce" and r != 0)) for op in operations]
     assert list(data["wrong_elements"]) == expected
 
 
