@@ -117,6 +117,13 @@ struct CheckOutcome {
   int64_t bad = 0;
 };
 
+// Where the checked slice of O starts: batch 0, the first query head of the kv head the seed picks.
+size_t checked_o_offset(const Shape& s, uint64_t seed) {
+  const int group = s.heads_q / s.heads_kv;
+  const auto kv_head = static_cast<size_t>(seed % static_cast<uint64_t>(s.heads_kv));
+  return kv_head * static_cast<size_t>(group) * static_cast<size_t>(s.seq_q) * static_cast<size_t>(s.head_dim);
+}
+
 CheckOutcome check_slice(const Shape& s, const Tensors& t, bool backward, uint64_t seed) {
   const int group = s.heads_q / s.heads_kv;
   const int kv_head = static_cast<int>(seed % static_cast<uint64_t>(s.heads_kv));
@@ -156,6 +163,7 @@ CheckOutcome check_slice(const Shape& s, const Tensors& t, bool backward, uint64
 struct Workload {
   std::function<void()> forward, backward;
   std::function<CheckOutcome(bool backward)> check;
+  std::function<void()> corrupt;  // --inject-wrong-element: one element of O inside the checked slice
   Timer* timer = nullptr;
   virtual ~Workload() = default;
 };
@@ -176,6 +184,10 @@ struct CpuWorkload final : Workload {
                                                                       t.dq.data(), t.dk.data(), t.dv.data(), options);
     };
     check = [this, s, seed](bool with_backward) { return check_slice(s, t, with_backward, seed); };
+    corrupt = [this, s, seed] {
+      float& first = t.o[checked_o_offset(s, seed)];
+      first = 2 * first + 1;
+    };
     timer = &host_timer;
   }
 };
@@ -205,6 +217,7 @@ struct GpuWorkload final : Workload {
                                                                            report.dq.bad + report.dk.bad + report.dv.bad));
       return out;
     };
+    corrupt = [this, seed] { attention.corrupt_output(checked_o_offset(attention.shape(), seed)); };
     timer = event_timer.get();
   }
 };
@@ -296,6 +309,7 @@ int run_attention(int argc, char** argv) {
     // Untimed check on poisoned outputs; the backward pass needs the forward's O and lse anyway.
     work->forward();
     if (has_bwd) work->backward();
+    if (injects_wrong_element(h, rank)) work->corrupt();
     CheckOutcome check = work->check(has_bwd);
     double worst = allreduce_max(MPI_COMM_WORLD, check.worst_rel_l2);
 

@@ -4,6 +4,7 @@
 // at once. Every size, dtype, operation and algorithm is checked on an untimed iteration with inputs whose
 // exact result is known; every rank's every timed iteration is kept.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -54,6 +55,8 @@ struct Options {
   double timeout = 0;
   int inject_hang = -1;
   bool device_buffers = false;
+  std::string segment_bytes = "1M";      // ring reduction segments (Strata's algorithms)
+  std::string max_message_bytes = "1G";  // larger point-to-point messages are split (Strata's algorithms)
 };
 
 // One rank's group: the communicator it runs the collective on, and that group's node map.
@@ -98,6 +101,13 @@ std::vector<T> parse_list(const std::string& text, const char* what, auto parse,
     out.push_back(*value);
   }
   return out;
+}
+
+// --inject-wrong-element: flips a high exponent (or value) bit of output element 0 on the host image, so the
+// element differs from the exact result in every dtype, whatever the backend that produced it.
+void corrupt_first_element(std::vector<unsigned char>& out, DataType dtype) {
+  const size_t elem = coll::size_of(dtype);
+  if (out.size() >= elem) out[elem - 1] ^= 0x40;  // little-endian: the top byte of element 0
 }
 
 struct Case {
@@ -353,6 +363,7 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
       both_ar.push_back(a), both_rs.push_back(r);
     }
     watchdog.disarm();
+    if (injects_wrong_element(h, run.context().self.rank)) corrupt_first_element(ar_out, dtype);
     int64_t wrong_ar = coll::count_wrong(ar_spec, ar, ar_out, tp_rank, tp, 0);
     int64_t wrong_rs = coll::count_wrong(rs_spec, rs, rs_out, dp_rank, dp, 0);
 
@@ -429,6 +440,9 @@ int run_collective(int argc, char** argv) {
              o.timeout, 0.0);
   cli.flag("device-buffers", 0, "MPI backend: GPU buffers (needs a CUDA-aware MPI library; library algorithms, "
            "int8/int32/float/double, no avg)", o.device_buffers);
+  cli.option("segment-bytes", 0, "Strata's ring: bytes per reduction segment (K/M/G suffixes)", o.segment_bytes);
+  cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this",
+             o.max_message_bytes);
   cli.option("inject-hang", 0, "testing the timeout: this world rank stalls before the last case", o.inject_hang, -1);
   add_harness_options(cli, h);
   cli.alias("warmup_iters", "warmup");
@@ -463,6 +477,11 @@ int run_collective(int argc, char** argv) {
   }
   if (o.backend == "nccl" && (o.algos != "library"))
     throw UsageError("--backend nccl runs NCCL's own algorithms only (--algo library); set NCCL_ALGO to steer them");
+  const int64_t segment_bytes = parse_bytes(o.segment_bytes, "--segment-bytes");
+  const int64_t max_message_bytes = parse_bytes(o.max_message_bytes, "--max-message-bytes");
+  if (segment_bytes <= 0) throw UsageError("--segment-bytes must be positive, got " + o.segment_bytes);
+  if (max_message_bytes <= 0 || max_message_bytes > INT_MAX)
+    throw UsageError("--max-message-bytes must be in 1.." + std::to_string(INT_MAX) + ", got " + o.max_message_bytes);
   if (o.mixed && o.grid.empty()) throw UsageError("--mixed needs --grid");
   if (!o.grid_dim.empty() && o.grid.empty()) throw UsageError("--grid-dim needs --grid");
   if (!o.grid.empty() && o.group != "world") throw UsageError("--group and --grid exclude each other; use --grid-dim");
@@ -529,6 +548,8 @@ int run_collective(int argc, char** argv) {
     ctx.inter = group.inter.get();
     ctx.rank = group_rank;
     ctx.size = group_size;
+    ctx.ring_segment_bytes = static_cast<size_t>(segment_bytes);
+    ctx.max_message_bytes = static_cast<size_t>(max_message_bytes);
     executor = std::make_unique<MpiExecutor>(ctx, o.device_buffers);
   }
 
@@ -590,6 +611,7 @@ int run_collective(int argc, char** argv) {
     if (o.check) {
       std::vector<unsigned char> out;
       executor->read_outputs(out);
+      if (injects_wrong_element(h, run.context().self.rank) && n.recv_elems > 0) corrupt_first_element(out, c.dtype);
       wrong = coll::count_wrong({c.op, c.dtype, c.redop}, n, out, group_rank, group_size, o.root);
     }
     // Timed iterations start from the same nonzero inputs.

@@ -115,6 +115,7 @@ struct Workload {
   std::function<void()> run;
   std::function<void()> poison;
   std::function<gemm::CheckResult(int, uint64_t)> check;
+  std::function<void()> corrupt;  // --inject-wrong-element
   Timer* timer;
   std::string algorithm;
   double peak_per_rank = 0;
@@ -212,7 +213,7 @@ int run_gemm(int argc, char** argv) {
       cpu = std::make_unique<gemm::CpuGemm>(c.shape, c.dtype, seed, c.library);
       const PeakFigure& peak = c.dtype == DType::fp64 ? machine.fp64 : machine.fp32;
       work = {[&] { cpu->run(); }, [&] { cpu->poison_output(); },
-              [&](int n, uint64_t s) { return cpu->check(n, s); }, &host_timer,
+              [&](int n, uint64_t s) { return cpu->check(n, s); }, [&] { cpu->corrupt_output(); }, &host_timer,
               std::string(c.dtype == DType::fp32 ? "sgemm " : "dgemm ") + cpu_gemm::library(c.library) + " (" +
                   cpu_gemm::kernel(c.library) + ")",
               peak.per_rank(h.blas_threads), peak_source(peak, h.blas_threads)};
@@ -222,7 +223,7 @@ int run_gemm(int argc, char** argv) {
       gpu_timer = make_cuda_event_timer(gpu->stream());
       gemm::GpuPeak peak = gemm::gpu_peak(device, c.dtype);
       work = {[&] { gpu->run(); }, [&] { gpu->poison_output(); },
-              [&](int n, uint64_t s) { return gpu->check(n, s); }, gpu_timer.get(), gpu->algorithm(), peak.flops,
+              [&](int n, uint64_t s) { return gpu->check(n, s); }, [&] { gpu->corrupt_output(); }, gpu_timer.get(), gpu->algorithm(), peak.flops,
               peak.source};
 #endif
     }
@@ -230,6 +231,7 @@ int run_gemm(int argc, char** argv) {
     // Untimed correctness pass on a poisoned output, then the timed loop.
     work.poison();
     work.run();
+    if (injects_wrong_element(h, rank)) work.corrupt();
     gemm::CheckResult check = work.check(o.check_samples, seed);
     double worst = allreduce_max(MPI_COMM_WORLD, check.worst_ratio);
     std::vector<double> samples = run.measure(*work.timer, work.run);

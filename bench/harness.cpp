@@ -32,6 +32,8 @@ void add_harness_options(Cli& cli, HarnessOptions& o) {
   cli.option("output", 'O', "results file to append this run to (default: new file in results/runs/)", o.output);
   cli.option("blas-threads", 0, "CPU BLAS threads per rank", o.blas_threads, 1);
   cli.flag("quiet", 'q', "no progress on stderr", o.quiet);
+  cli.option("inject-wrong-element", 0, "testing the checks: this world rank (-2: every rank) corrupts one output "
+             "element per case", o.inject_wrong_element, -2);
 }
 
 std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, Timer& timer, const std::function<void()>& body) {

@@ -28,7 +28,14 @@ struct HarnessOptions {
   bool quiet = false;
   std::string output;      // results file; empty = a new file under results/runs/
   int blas_threads = 1;    // CPU BLAS threads per rank
+  // Testing the output checks: this world rank corrupts one output element of every case after the untimed
+  // checked run and before its check (-1: never; -2: every rank), so a test can prove a wrong result fails
+  // the run and is counted on every rank.
+  int inject_wrong_element = -1;
 };
+inline bool injects_wrong_element(const HarnessOptions& options, int rank) {
+  return options.inject_wrong_element == rank || options.inject_wrong_element == -2;
+}
 void add_harness_options(Cli& cli, HarnessOptions& options);
 
 struct MeasureSpec {

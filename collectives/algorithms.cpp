@@ -20,11 +20,6 @@ namespace strata::coll {
 
 namespace {
 
-// MPI counts are int: larger messages go as several pieces.
-constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
-// Reduction steps of the ring move this much at a time: big enough that per-message costs vanish, small
-// enough that the two receive slots stay in cache while they are reduced.
-constexpr std::size_t kReduceSegmentBytes = std::size_t{1} << 20;
 
 // One tag per operation, so a stray message of one collective can never match a receive of another.
 enum Tag : int {
@@ -68,8 +63,10 @@ int comm_size(MPI_Comm comm) {
 // Point-to-point messages on one communicator, counting every byte sent as intra- or inter-node.
 class Link {
  public:
-  Link(MPI_Comm comm, std::vector<int> node_of_rank, Traffic& traffic)
-      : comm_(comm),
+  Link(MPI_Comm comm, std::vector<int> node_of_rank, Traffic& traffic, const Context& ctx)
+      : max_message_(std::max<std::size_t>(1, std::min(ctx.max_message_bytes, std::size_t{INT_MAX}))),
+        ring_segment_(std::max<std::size_t>(1, ctx.ring_segment_bytes)),
+        comm_(comm),
         rank_(comm_rank(comm)),
         size_(comm_size(comm)),
         node_of_rank_(std::move(node_of_rank)),
@@ -77,10 +74,11 @@ class Link {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  std::size_t ring_segment() const { return ring_segment_; }
 
   void post_send(const std::byte* buf, std::size_t bytes, int dest, int tag) {
-    for (std::size_t offset = 0; offset < bytes; offset += kMaxMessageBytes) {
-      const int piece = static_cast<int>(std::min(kMaxMessageBytes, bytes - offset));
+    for (std::size_t offset = 0; offset < bytes; offset += max_message_) {
+      const int piece = static_cast<int>(std::min(max_message_, bytes - offset));
       STRATA_MPI_CHECK(MPI_Isend(buf + offset, piece, MPI_BYTE, dest, tag, comm_, &pending_.emplace_back()));
     }
     (node_of_rank_[static_cast<std::size_t>(dest)] == node_of_rank_[static_cast<std::size_t>(rank_)]
@@ -109,9 +107,10 @@ class Link {
     STRATA_MPI_CHECK(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
   }
 
-  // One receive with its own request, of at most kMaxMessageBytes, for callers that wait piece by piece.
-  void post_recv_one(std::byte* buf, std::size_t bytes, int src, int tag, MPI_Request* request) {
-    STRATA_MPI_CHECK(MPI_Irecv(buf, static_cast<int>(bytes), MPI_BYTE, src, tag, comm_, request));
+  // One piece's receive with its own requests (several when the piece is longer than a message), for
+  // callers that wait piece by piece.
+  void post_recv_piece(std::byte* buf, std::size_t bytes, int src, int tag, std::vector<MPI_Request>& requests) {
+    post_recv_into(requests, buf, bytes, src, tag);
   }
 
   void exchange(const std::byte* send, std::size_t send_bytes, int dest, std::byte* recv, std::size_t recv_bytes,
@@ -123,12 +122,14 @@ class Link {
 
  private:
   void post_recv_into(std::vector<MPI_Request>& requests, std::byte* buf, std::size_t bytes, int src, int tag) {
-    for (std::size_t offset = 0; offset < bytes; offset += kMaxMessageBytes) {
-      const int piece = static_cast<int>(std::min(kMaxMessageBytes, bytes - offset));
+    for (std::size_t offset = 0; offset < bytes; offset += max_message_) {
+      const int piece = static_cast<int>(std::min(max_message_, bytes - offset));
       STRATA_MPI_CHECK(MPI_Irecv(buf + offset, piece, MPI_BYTE, src, tag, comm_, &requests.emplace_back()));
     }
   }
 
+  std::size_t max_message_;
+  std::size_t ring_segment_;
   MPI_Comm comm_;
   int rank_;
   int size_;
@@ -183,8 +184,11 @@ void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, cons
   // With a reduction, blocks travel in segments: each received segment is reduced while the next one
   // arrives, into one of two scratch slots small enough to stay in cache.
   const std::size_t elem = reduction != nullptr ? size_of(reduction->dtype) : 1;
-  const std::size_t segment = std::max(elem, kReduceSegmentBytes / elem * elem);
+  // A segment is whole elements, at least one (sent as several messages when one element is longer than a
+  // message).
+  const std::size_t segment = std::max(elem, link.ring_segment() / elem * elem);
   std::byte* incoming = reduction != nullptr ? scratch(0, 2 * segment) : nullptr;
+  std::vector<MPI_Request> requests[2];  // each receive slot's messages
   for (int step = 0; step < n - 1; ++step) {
     const int send_block = wrap(link.rank() + shift - step, n);
     const int recv_block = wrap(link.rank() + shift - step - 1, n);
@@ -200,15 +204,16 @@ void ring_pass(Link& link, std::byte* buf, const Blocks& blocks, int shift, cons
       link.post_send(send_at + offset, std::min(segment, send_bytes - offset), right, tag);
     const std::size_t pieces = (recv_bytes + segment - 1) / segment;
     auto piece_bytes = [&](std::size_t k) { return std::min(segment, recv_bytes - k * segment); };
-    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     for (std::size_t k = 0; k < std::min<std::size_t>(2, pieces); ++k)
-      link.post_recv_one(incoming + k * segment, piece_bytes(k), left, tag, &requests[k]);
+      link.post_recv_piece(incoming + k * segment, piece_bytes(k), left, tag, requests[k]);
     for (std::size_t k = 0; k < pieces; ++k) {
-      STRATA_MPI_CHECK(MPI_Wait(&requests[k % 2], MPI_STATUS_IGNORE));
+      std::vector<MPI_Request>& slot = requests[k % 2];
+      STRATA_MPI_CHECK(MPI_Waitall(static_cast<int>(slot.size()), slot.data(), MPI_STATUSES_IGNORE));
+      slot.clear();
       if (own) copy_bytes(recv_at + k * segment, own + k * segment, piece_bytes(k));
       reduction->apply(recv_at + k * segment, incoming + (k % 2) * segment, piece_bytes(k));
       if (k + 2 < pieces)
-        link.post_recv_one(incoming + (k % 2) * segment, piece_bytes(k + 2), left, tag, &requests[k % 2]);
+        link.post_recv_piece(incoming + (k % 2) * segment, piece_bytes(k + 2), left, tag, slot);
     }
     link.wait_all();
   }
@@ -406,13 +411,13 @@ NodeTable node_table(const Context& ctx, int rank, int n) {
 
 // Everything sent on intra is intra-node and everything on inter is inter-node, by construction.
 Link intra_link(const Context& ctx, const NodeTable& table, Traffic& traffic) {
-  return Link(ctx.intra, std::vector<int>(static_cast<std::size_t>(table.per_node), 0), traffic);
+  return Link(ctx.intra, std::vector<int>(static_cast<std::size_t>(table.per_node), 0), traffic, ctx);
 }
 
 Link inter_link(const Context& ctx, const NodeTable& table, Traffic& traffic) {
   std::vector<int> distinct_nodes(static_cast<std::size_t>(table.nodes));
   std::iota(distinct_nodes.begin(), distinct_nodes.end(), 0);
-  return Link(ctx.inter, std::move(distinct_nodes), traffic);
+  return Link(ctx.inter, std::move(distinct_nodes), traffic, ctx);
 }
 
 // Reduce-scatter inside the node, allreduce of my shard across nodes, allgather inside the node: each rank
@@ -647,7 +652,7 @@ Traffic allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t cou
     if (algo == Algo::hierarchical) {
       hierarchical_allreduce(ctx, node_table(ctx, call.rank, call.n), bytes_of(recvbuf), bytes, reduction, traffic);
     } else if (count > 0) {
-      Link link(ctx.comm, node_map(ctx, call.n), traffic);
+      Link link(ctx.comm, node_map(ctx, call.n), traffic, ctx);
       if (algo == Algo::ring)
         ring_allreduce(link, bytes_of(recvbuf), bytes, reduction, kTagAllreduce,
                        ring_reads_input ? bytes_of(sendbuf) : nullptr);
@@ -677,7 +682,7 @@ Traffic allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t cou
     return traffic;
   }
   if (count == 0) return traffic;
-  Link link(ctx.comm, node_map(ctx, call.n), traffic);
+  Link link(ctx.comm, node_map(ctx, call.n), traffic, ctx);
   const Blocks blocks = equal_blocks(block, call.n);
   if (algo == Algo::ring)
     ring_allgather(link, bytes_of(recvbuf), blocks, kTagAllgather);
@@ -708,7 +713,7 @@ Traffic reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_
   } else if (recvcount > 0) {
     std::byte* work = in_place ? in_place_input : scratch(1, total);
     if (!in_place) copy_bytes(work, sendbuf, total);
-    Link link(ctx.comm, node_map(ctx, call.n), traffic);
+    Link link(ctx.comm, node_map(ctx, call.n), traffic, ctx);
     const Blocks blocks = equal_blocks(block, call.n);
     if (algo == Algo::ring)
       ring_reduce_scatter(link, work, blocks, reduction, kTagReduceScatter);
@@ -740,7 +745,7 @@ Traffic alltoall(Algo algo, const void* sendbuf, void* recvbuf, std::size_t coun
   if (count == 0) return traffic;
   // Pairwise exchange: at step s every rank sends to rank + s and receives from rank - s, so each step is a
   // perfect matching and no rank is the target of two senders at once.
-  Link link(ctx.comm, node_map(ctx, call.n), traffic);
+  Link link(ctx.comm, node_map(ctx, call.n), traffic, ctx);
   for (int step = 1; step < call.n; ++step) {
     const int dest = wrap(call.rank + step, call.n);
     const int src = wrap(call.rank - step, call.n);
@@ -762,7 +767,7 @@ Traffic broadcast(Algo algo, const void* sendbuf, void* recvbuf, std::size_t cou
     return traffic;
   }
   if (count == 0) return traffic;
-  Link link(ctx.comm, node_map(ctx, call.n), traffic);
+  Link link(ctx.comm, node_map(ctx, call.n), traffic, ctx);
   if (algo == Algo::ring)
     chain_broadcast(link, bytes_of(recvbuf), bytes, segment_size(ctx, dtype), root);
   else
@@ -786,7 +791,7 @@ Traffic reduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count,
     std::byte* accum = is_root ? bytes_of(recvbuf) : scratch(1, bytes);
     copy_bytes(accum, sendbuf, bytes);
     if (count > 0) {
-      Link link(ctx.comm, node_map(ctx, call.n), traffic);
+      Link link(ctx.comm, node_map(ctx, call.n), traffic, ctx);
       const Reduction reduction{dtype, op};
       if (algo == Algo::ring)
         chain_reduce(link, accum, bytes, segment_size(ctx, dtype), root, reduction);
@@ -822,7 +827,7 @@ Traffic sendrecv(Algo algo, const void* sendbuf, void* recvbuf, std::size_t coun
   }
   std::byte* staged = in_place ? scratch(1, bytes) : nullptr;
   if (in_place) copy_bytes(staged, sendbuf, bytes);
-  Link link(ctx.comm, node_map(ctx, call.n), traffic);
+  Link link(ctx.comm, node_map(ctx, call.n), traffic, ctx);
   link.exchange(in_place ? staged : bytes_of(sendbuf), bytes, right, bytes_of(recvbuf), bytes, left,
                 kTagSendrecv);
   return traffic;

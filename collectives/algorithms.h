@@ -59,6 +59,12 @@ struct Context {
   int size = -1;
   // Broadcast and reduce chains forward in pieces of this size, so every link of the chain is busy at once.
   std::size_t segment_bytes = std::size_t{128} << 10;
+  // The ring's reduction steps move this much at a time: big enough that per-message costs vanish, small
+  // enough that the two receive slots stay in cache while they are reduced.
+  std::size_t ring_segment_bytes = std::size_t{1} << 20;
+  // MPI counts are int: larger messages go as several pieces of at most this many bytes (capped at INT_MAX).
+  // Tests set it small so the splitting runs on small buffers.
+  std::size_t max_message_bytes = std::size_t{1} << 30;
 };
 
 // MPI_COMM_WORLD with the layout's node map and communicators.

@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -1214,6 +1215,13 @@ void Attention::poison_outputs() {
   STRATA_CUDA_CHECK(cudaMemsetAsync(s.dq.get(), 0xFF, s.q_count * 2, s.stream));
   STRATA_CUDA_CHECK(cudaMemsetAsync(s.dk.get(), 0xFF, s.kv_count * 2, s.stream));
   STRATA_CUDA_CHECK(cudaMemsetAsync(s.dv.get(), 0xFF, s.kv_count * 2, s.stream));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
+void Attention::corrupt_output(size_t element) {
+  State& s = *state_;
+  if (element >= s.q_count) throw std::out_of_range("corrupt_output: element beyond O");
+  STRATA_CUDA_CHECK(cudaMemsetAsync(static_cast<unsigned char*>(static_cast<void*>(s.o.get())) + element * 2, 0x7F, 2, s.stream));
   STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 

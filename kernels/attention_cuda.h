@@ -61,6 +61,8 @@ class Attention {
   void read_forward(std::vector<float>& o, std::vector<float>& lse) const;
   void read_backward(std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv) const;
   void poison_outputs();  // NaN into O, lse, dQ, dK, dV (synchronous), so a kernel that skips an element shows
+  // Testing the check: overwrites element `element` of O (B, Hq, Sq, D) with a huge value (bf16) or NaN (fp16).
+  void corrupt_output(size_t element);
 
   const Shape& shape() const;
   DType dtype() const;

@@ -19,6 +19,8 @@ class CpuGemm {
   // Fills C with NaN, so a check after run() proves every sampled element was written.
   void poison_output();
   CheckResult check(int samples, uint64_t seed) const;
+  // Testing the check: makes the last element of C (a corner, which the check always samples) wrong.
+  void corrupt_output();
   const Shape& shape() const { return shape_; }
   // The fp32 buffers, for a bare BLAS loop over exactly the same memory (strata-bench-gemm-overhead).
   struct Fp32Buffers {

@@ -208,6 +208,15 @@ void CudaGemm::poison_output() {
   STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
+void CudaGemm::corrupt_output() {
+  Impl& s = *impl_;
+  // 0x7F bytes: about 3.4e38 in fp32 and bf16, NaN in fp16; wrong for every output dtype.
+  const size_t elem = static_cast<size_t>(output_bytes(s.dtype));
+  auto* last = static_cast<unsigned char*>(static_cast<void*>(s.c.get())) + static_cast<size_t>(s.shape.m * s.shape.n - 1) * elem;
+  STRATA_CUDA_CHECK(cudaMemsetAsync(last, 0x7F, elem, s.stream));
+  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
 CheckResult CudaGemm::check(int samples, uint64_t seed) const {
   const Impl& s = *impl_;
   STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));

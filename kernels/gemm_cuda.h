@@ -23,6 +23,8 @@ class CudaGemm {
   void run();            // enqueued on stream(); the timer waits for it
   void poison_output();  // NaN into C (synchronous)
   CheckResult check(int samples, uint64_t seed) const;
+  // Testing the check: overwrites the last element of C (a corner, always sampled) with a huge value or NaN.
+  void corrupt_output();
   void* stream() const;  // cudaStream_t
   std::string algorithm() const;
 

@@ -137,6 +137,8 @@ struct DataParallelTrainer::Impl {
     adam_m.assign(opt_total, 0.0f);
     adam_v.assign(opt_total, 0.0f);
     gathered.resize(units.size());
+    gather_state.assign(units.size(), Gathered::absent);
+    reducing.assign(units.size(), false);
     unit_grads.resize(units.size());
     reduced.resize(units.size());
 
@@ -207,30 +209,41 @@ struct DataParallelTrainer::Impl {
   }
 
   // ---- parameters: gathered before use when sharded ------------------------------------------------------
+  // A sharded unit's gathered copy: absent, arriving, or ready to read.
+  enum class Gathered { absent, arriving, ready };
+  std::vector<Gathered> gather_state;
+
   void start_gather(std::size_t u) {
-    if (c.strategy.params == Sharding::none || u >= units.size() || !gathered[u].empty()) return;
+    if (c.strategy.params == Sharding::none || u >= units.size() || gather_state[u] != Gathered::absent) return;
     const Unit& unit = units[u];
     allocate(gathered[u], unit.padded);
     const float* mine = params.data() + unit.param_at;
     coll::Group& group = c.strategy.params == Sharding::intra ? intra : *pieces;
-    const std::size_t count = held(unit, c.strategy.params);
-    gathering_done[u] = false;
-    launch(group.allgather(c.comm_algo, mine, gathered[u].data(), count, DataType::float32), [this, u] {
-      gathering_done[u] = true;
-      return coll::Work();
-    });
+    gather_state[u] = Gathered::arriving;
+    launch(group.allgather(c.comm_algo, mine, gathered[u].data(), held(unit, c.strategy.params), DataType::float32),
+           [this, u] {
+             gather_state[u] = Gathered::ready;
+             return coll::Work();
+           });
   }
-  std::vector<bool> gathering_done;
 
   void need_params(std::size_t u) {
     if (c.strategy.params == Sharding::none) return;
     start_gather(u);
-    const auto start = Clock::now();
-    while (!gathering_done[u]) progress();
-    exposed += since(start);
+    wait_until([&] { return gather_state[u] == Gathered::ready; });
   }
   void drop_params(std::size_t u) {
-    if (c.strategy.params != Sharding::none && gathering_done[u]) release(gathered[u]);
+    if (c.strategy.params == Sharding::none || gather_state[u] != Gathered::ready) return;
+    release(gathered[u]);
+    gather_state[u] = Gathered::absent;
+  }
+
+  // Progresses the operations in flight until `done` holds; the time is communication the step waited for.
+  template <typename Done>
+  void wait_until(Done done) {
+    const auto start = Clock::now();
+    while (!done()) progress();
+    exposed += since(start);
   }
 
   const float* unit_params(std::size_t u) const {
@@ -238,9 +251,13 @@ struct DataParallelTrainer::Impl {
   }
 
   // ---- gradients: reduced into the form the strategy keeps, per micro-batch and at the last ------------------
+  // A fresh, zeroed buffer for unit u's gradient of this micro-batch, once the previous micro-batch's has been
+  // reduced out of it.
+  std::vector<bool> reducing;
   float* unit_grad_buffer(std::size_t u) {
     if (!units[u].trains) return nullptr;
     if (c.strategy.grads == Sharding::none) return grads.data() + units[u].grad_at;
+    wait_until([&] { return !reducing[u]; });
     allocate(unit_grads[u], units[u].padded);
     return unit_grads[u].data();
   }
@@ -290,7 +307,9 @@ struct DataParallelTrainer::Impl {
       out = reduced[u].data();
     }
     coll::Work work = group.reduce_scatter(c.comm_algo, unit_grads[u].data(), out, count, DataType::float32, RedOp::sum);
+    reducing[u] = true;
     launch(std::move(work), [this, u, micro, last, count, store, out] {
+      reducing[u] = false;
       release(unit_grads[u]);
       if (micro > 0) {
         for (std::size_t i = 0; i < count; ++i) store[i] += out[i];
@@ -347,7 +366,6 @@ struct DataParallelTrainer::Impl {
     const int L = c.model.layers;
     const std::size_t U = units.size();
     const float normaliser = static_cast<float>(static_cast<double>(n) * c.accumulation * c.micro_batch * c.seq);
-    gathering_done.assign(U, false);
     double loss_sum = 0;
     for (int micro = 0; micro < c.accumulation; ++micro) {
       const bool last = micro + 1 == c.accumulation;
@@ -427,7 +445,10 @@ struct DataParallelTrainer::Impl {
       synchronise_parameters(u);
     }
     wait_all();
-    for (std::size_t u = 0; u < U; ++u) release(reduced[u]);
+    for (std::size_t u = 0; u < U; ++u) {
+      release(reduced[u]);
+      drop_params(u);  // units gathered ahead and never read (frozen layers below the backward's end)
+    }
     std::fill(grads.begin(), grads.end(), 0.0f);
     stats.optimizer_seconds = since(optimizer_start);
 

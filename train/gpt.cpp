@@ -245,14 +245,13 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
   const LayerActs a(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F, m.heads);
   const HeadActs h(N, C, V);
   float* head = act(head_base_);
-  const float* wte = u.params[0];
-  const float* wpe = u.params[0] + V * C;
-  const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
   using T = LayerTensor;
 
+  // Each unit's pointer is read after its hook, which may have just gathered it.
   call(hooks.before_forward, -1);
+  const float* wpe = u.params[0] + V * C;
   float* first_input = m.layers > 0 ? act(layer_base_[0]) + a.x_in : head + h.x_final;
-  layers::embedding_forward(first_input, tokens, wte, wpe, static_cast<std::size_t>(batch_),
+  layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
                             static_cast<std::size_t>(seq_), C, V, cpu_);
   const int64_t rows = static_cast<int64_t>(N);
   for (int l = 0; l < m.layers; ++l) {
@@ -273,6 +272,8 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
     layers::residual_forward(out, x + a.x_mid, x + a.fcproj, N * C, cpu_);
   }
   call(hooks.before_forward, m.layers);
+  const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
+  const float* wte = u.params[0];
   layers::layernorm_forward(head + h.lnf, head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final, lnf, lnf + C, N, C, cpu_);
   // The LM head is the token table: logits (N, V) = lnf (N, C) wte (V, C)^T.
   linear::forward(runtime_.library, {rows, m.hidden, m.vocab}, head + h.logits, head + h.lnf, wte, nullptr);

@@ -22,19 +22,38 @@ def collective(np_, args, tmp_path, name="c.h5", timeout=300):
     return result, out
 
 
-@pytest.mark.parametrize("ranks", [2, 3, 4, 5])
-def test_every_operation_and_algorithm_is_correct(tmp_path, ranks):
+# One rank per node everywhere, and two per node at np 4 so the hierarchical algorithms run a real two-level
+# case (reduce-scatter in the node, across nodes, allgather in the node) rather than their degenerate one.
+@pytest.mark.parametrize("ranks,per_node", [(2, 1), (3, 1), (4, 1), (5, 1), (4, 2)])
+def test_every_operation_and_algorithm_is_correct(tmp_path, ranks, per_node):
     # Sizes that do not divide by the rank count, and a zero size.
     result, out = collective(ranks, ["--collective", "all", "-a", "all", "-d", "int8,float,half,bfloat16",
                                      "-o", "sum,max,avg", "-b", "0", "-e", "8K", "-f", "9", "-n", "2", "-w", "1",
-                                     "--ranks-per-node", "1"], tmp_path)
+                                     "--ranks-per-node", str(per_node)], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
+    if per_node > 1:
+        data = sr.read_cases_with_summary(str(out))
+        assert set(data["n_nodes"]) == {ranks // per_node} and set(data["ranks_per_node"]) == {per_node}
+        hier = data[(data["algo"] == "hierarchical") & (data["size_bytes"] > 0)]
+        assert len(hier) > 0 and (hier["intra_bytes_per_rank"] > 0).all() and (hier["inter_bytes_per_rank"] > 0).all()
     data = sr.read_cases_with_summary(str(out))
     assert (data["wrong_elements"] == 0).all()
     assert set(data["operation"]) == set(FACTORS)
     assert {"library", "ring", "recursive_doubling", "hierarchical"} <= set(data["algo"])
     assert set(data["in_place"]) == {0, 1}
     assert 0 in set(data["size_bytes"])
+
+
+def test_tiny_ring_segments_and_split_messages_through_the_program(tmp_path):
+    # Segments of 8 bytes and messages cut every 3 bytes: the segmented reduction and the splitting of
+    # messages, which the default 1 MiB / 1 GiB never reach at test sizes, give exact results.
+    result, out = collective(4, ["--collective", "allreduce,reduce_scatter,allgather,broadcast,reduce", "-a", "all",
+                                 "-d", "int8,float,double", "-o", "sum,max", "-b", "0", "-e", "2K", "-f", "7",
+                                 "--ranks-per-node", "2", "--segment-bytes", "8", "--max-message-bytes", "3",
+                                 "-n", "1", "-w", "0"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = sr.read_cases_with_summary(str(out))
+    assert (data["wrong_elements"] == 0).all() and len(data) > 0
 
 
 def test_nccl_tests_conventions(tmp_path):
@@ -129,6 +148,8 @@ def test_timeout_fires_on_an_injected_hang(tmp_path):
     (["-b", "6", "-e", "6", "-d", "float"], "not a multiple of float's 4 bytes"),
     (["-b", "1M", "-e", "1K"], "larger than --maxbytes"),
     (["--grid", "tp=2,dp=2"], "needs 4 ranks but the job has 3"),
+    (["--segment-bytes", "0"], "--segment-bytes must be positive"),
+    (["--max-message-bytes", "4G"], "--max-message-bytes must be in 1.."),
     (["--grid", "tp=3", "--ranks-per-node", "1"], "tp must divide the ranks per node"),
     (["--ranks-per-node", "2"], "divide the 3 ranks"),
     (["--backend", "nccl"], "--backend nccl"),

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <ostream>
 #include <random>
@@ -25,6 +27,18 @@ struct Tensors {
 };
 
 // Uniform in [-spread, spread]; a larger spread widens the score range so running maxima move between tiles.
+// A fresh seed per run, so repeated runs cover more inputs, printed so that a failure can be reproduced:
+// STRATA_TEST_SEED=<seed> ./strata-unit-tests --gtest_filter=...
+unsigned test_seed() {
+  static const unsigned seed = [] {
+    const char* given = std::getenv("STRATA_TEST_SEED");
+    const unsigned value = given ? static_cast<unsigned>(std::strtoul(given, nullptr, 10)) : std::random_device{}();
+    std::printf("[ seed     ] STRATA_TEST_SEED=%u (random inputs of the attention reference tests)\n", value);
+    return value;
+  }();
+  return seed;
+}
+
 Tensors random_tensor(std::size_t n, std::mt19937& rng, float spread = 1.0f) {
   std::uniform_real_distribution<float> dist(-spread, spread);
   Tensors t{std::vector<float>(n), std::vector<double>(n)};
@@ -81,7 +95,9 @@ void check_against_reference(const Case& c, Kernel forward, BackwardKernel backw
   // Multi-threaded cases need the kernels built with OpenMP; validate() says so when they are not.
   if (const std::string problem = validate(c.options); !problem.empty()) GTEST_SKIP() << problem;
   const Shape& s = c.shape;
-  std::mt19937 rng(std::random_device{}());
+  const unsigned seed = test_seed();
+  SCOPED_TRACE("STRATA_TEST_SEED=" + std::to_string(seed));
+  std::mt19937 rng(seed);
   const std::size_t nq = q_elements(s), nkv = kv_elements(s), nl = lse_elements(s);
   const Tensors q = random_tensor(nq, rng, c.spread), k = random_tensor(nkv, rng, c.spread),
                 v = random_tensor(nkv, rng), d_o = random_tensor(nq, rng);

@@ -27,6 +27,7 @@ TEST(CollectiveConventions, SizesFollowNcclTestsAndOsu) {
   EXPECT_EQ(g.count, 64u);
   EXPECT_EQ(g.recv_elems, 256u);
   EXPECT_EQ(g.bytes_per_rank, 256u);
+  EXPECT_EQ(g.size_bytes, 1024u);
   // reduce_scatter: S is the whole input; rounded down to whole blocks per rank.
   Counts r = counts_for(Operation::reduce_scatter, 1000, 4, 3);
   EXPECT_EQ(r.count, 83u);

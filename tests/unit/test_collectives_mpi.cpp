@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <limits>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -437,6 +439,28 @@ TEST(Algorithms, MatchLibraryOnASubCommunicator) {
   for (Operation operation : kAllOperations) check_operation(operation, flat_algos(operation), ctx);
 }
 
+// The ring's segmented reduction and the splitting of long messages, on buffers small enough for a unit
+// test: 12-byte segments (a whole number of elements only for 1-, 2- and 4-byte types, so 8-byte types round
+// to one element) and messages cut every 5 bytes, so pieces end inside elements. The operations whose ring
+// paths segment or split; the rest share the same Link.
+TEST(Algorithms, TinySegmentsAndSplitMessagesMatchLibrary) {
+  Context ctx = plain_world_context();
+  ctx.ring_segment_bytes = 12;
+  ctx.max_message_bytes = 5;
+  for (Operation operation : {Operation::allreduce, Operation::reduce_scatter, Operation::allgather})
+    check_operation(operation, flat_algos(operation), ctx);
+}
+
+// A test that throws on one rank must end the whole job with the message, not leave the other ranks waiting
+// in their next collective until the ctest timeout. Run by the collectives_mpi_abort_on_throw test, which
+// sets STRATA_TEST_THROW_ON_RANK and expects the message; skipped otherwise.
+TEST(Harness, AThrowOnOneRankAbortsTheJob) {
+  const char* which = std::getenv("STRATA_TEST_THROW_ON_RANK");
+  if (which == nullptr) GTEST_SKIP() << "set STRATA_TEST_THROW_ON_RANK to run (collectives_mpi_abort_on_throw)";
+  if (world_rank() == std::atoi(which)) throw std::runtime_error("injected failure on this rank");
+  STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // the other ranks wait here for the one that threw
+}
+
 // Every way of cutting the job into equal emulated nodes, from one rank per node to one node.
 TEST(Algorithms, HierarchicalMatchesLibraryOnEveryEmulatedLayout) {
   for (int ranks_per_node : divisors_of(world_size())) {
@@ -712,6 +736,9 @@ int main(int argc, char** argv) {
     // Errors come back as codes, so STRATA_MPI_CHECK can name the failing call.
     STRATA_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     ::testing::InitGoogleTest(&argc, argv);
+    // An exception on one rank must reach the catch below (MPI_Abort): caught by GoogleTest, it would only
+    // fail that rank's test while the others wait for it in the next collective.
+    GTEST_FLAG_SET(catch_exceptions, false);
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     if (strata::coll::world_rank() != 0) delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new strata::coll::GatherFailures);
@@ -731,7 +758,9 @@ int main(int argc, char** argv) {
     STRATA_MPI_CHECK(MPI_Finalize());
     return any_failed;
   } catch (const std::exception& e) {
-    std::cerr << "test_collectives_mpi: " << e.what() << "\n";
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::cerr << "test_collectives_mpi: rank " << rank << ": " << e.what() << "; aborting the job\n" << std::flush;
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }

@@ -1,0 +1,204 @@
+// Every data-parallel strategy against the single-rank step of the same global batch, under mpirun at 1, 2 and
+// 4 ranks (4 as two emulated nodes of two), with gradient accumulation and clipping on: the same loss at every
+// step and the same parameters after three steps. The reference is written here, apart from the trainer: one
+// GPT model over the whole global batch, the global gradient norm, AdamW on every trainable parameter.
+//
+// Tolerance: both sides compute in fp32 and differ only in the order of sums (a gradient summed over ranks
+// and micro-batches against one GEMM over all rows; an allreduce's order): relative differences of losses and
+// gradient norms stay near 1e-6. Adam moves a parameter by lr g / (|g| + eps), so an absolute difference dg
+// of a gradient (fp32 summation noise, about 6e-8 times the sum of the magnitudes it adds: 1e-9 here) moves a
+// parameter by at most lr dg / eps per step. With eps 1e-6 that is 1e-3 * 1e-9 / 1e-6 = 1e-6 per step, 3e-6
+// over three steps (with eps 1e-8 a near-zero gradient moved one parameter by 2e-5). The bounds below (loss
+// 1e-5 relative, norm 1e-4 relative, parameters 2e-5 absolute) leave headroom, while any wrong reduction (a
+// missing rank, a doubled shard, a stale parameter) moves the loss by 1e-3 or more and parameters by lr.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "kernels/layers.h"
+#include "train/data_parallel.h"
+
+namespace strata::train {
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+DataParallelConfig base_config() {
+  DataParallelConfig c;
+  c.model.name = "dp-check";
+  c.model.layers = 2, c.model.hidden = 32, c.model.heads = 4, c.model.kv_heads = 2, c.model.vocab = 64;
+  c.model.max_seq = 16;
+  c.micro_batch = 2, c.seq = 16, c.accumulation = 2;
+  c.lr.max_lr = 1e-3f, c.lr.min_lr = 1e-3f;
+  c.max_grad_norm = 0.5f;
+  c.adamw.weight_decay = 0.1f;
+  c.adamw.eps = 1e-6f;  // bounds how far summation order can move a parameter (see the tolerance above)
+  c.seed = 11;
+  return c;
+}
+
+struct Reference {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+};
+
+// The single-rank step of the same global batch, from the model and kernels alone.
+Reference single_rank(const DataParallelConfig& c, int dp, int steps, const TokenSource& data) {
+  const int rows = dp * c.micro_batch;  // one micro-batch of every rank at once
+  GptCpu model(c.model, rows, c.seq, c.runtime);
+  const ParameterLayout& layout = model.layout();
+  Reference ref;
+  ref.params.assign(layout.total(), 0.0f);
+  init_parameters(c.model, layout, ref.params.data(), c.seed, c.init_std);
+  std::vector<float> grads(layout.total()), m(layout.total(), 0.0f), v(layout.total(), 0.0f);
+  const std::vector<bool> trains = trainable_units(c.model, c.trainable);
+  const std::vector<Slice> units = layout.units();
+  std::vector<int32_t> tokens(static_cast<std::size_t>(rows) * c.seq), targets(tokens.size());
+  const float normaliser = static_cast<float>(rows) * c.accumulation * c.seq;
+  for (int step = 1; step <= steps; ++step) {
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    UnitPointers u = UnitPointers::flat(layout, ref.params.data(), grads.data());
+    for (std::size_t i = 0; i < units.size(); ++i)
+      if (!trains[i]) u.grads[i] = nullptr;
+    double loss = 0;
+    for (int micro = 0; micro < c.accumulation; ++micro) {
+      data.rows(step, static_cast<int64_t>(micro) * rows, rows, c.seq, tokens.data(), targets.data());
+      loss += model.forward(u, tokens.data(), targets.data());
+      model.backward(u, normaliser);
+    }
+    double squares = 0;
+    for (std::size_t i = 0; i < units.size(); ++i)
+      if (trains[i]) squares += layers::squared_norm(grads.data() + units[i].offset, units[i].size, {});
+    const double norm = std::sqrt(squares);
+    layers::AdamWConfig adamw = c.adamw;
+    adamw.learning_rate = learning_rate(c.lr, step);
+    for (std::size_t i = 0; i < units.size(); ++i)
+      if (trains[i])
+        layers::adamw_update(ref.params.data() + units[i].offset, grads.data() + units[i].offset, m.data() + units[i].offset,
+                             v.data() + units[i].offset, units[i].size, adamw, step, layers::clip_scale(norm, c.max_grad_norm), {});
+    ref.losses.push_back(loss / normaliser);
+    ref.norms.push_back(norm);
+  }
+  return ref;
+}
+
+// Layouts of this many ranks: (ranks per emulated node, label).
+std::vector<int> layouts() {
+  const int n = world_size();
+  if (n == 1) return {0};
+  if (n == 2) return {0, 1};  // one node of two; two nodes of one
+  return {2};                 // two ranks per node
+}
+
+void check_every_strategy(const DataParallelConfig& base, const std::vector<Strategy>& strategies, bool overlap) {
+  const int n = world_size(), steps = 3;
+  const auto data = synthetic_tokens(base.model.vocab, 5);
+  const Reference ref = single_rank(base, n, steps, *data);
+  for (int rpn : layouts()) {
+    coll::ProcessGroups groups({1, 1, n}, rpn);
+    for (const Strategy& strategy : strategies) {
+      DataParallelConfig c = base;
+      c.strategy = strategy;
+      c.overlap = overlap;
+      DataParallelTrainer trainer(c, groups, *data);
+      const std::string what = strategy.name() + " rpn " + std::to_string(rpn) + (overlap ? " overlap" : " blocking");
+      for (int step = 1; step <= steps; ++step) {
+        const StepStats stats = trainer.step(step);
+        EXPECT_NEAR(stats.loss, ref.losses[static_cast<std::size_t>(step) - 1], 1e-5 * ref.losses[0]) << what << " step " << step;
+        EXPECT_NEAR(stats.grad_norm, ref.norms[static_cast<std::size_t>(step) - 1], 1e-4 * ref.norms[0]) << what << " step " << step;
+      }
+      const std::vector<float> params = trainer.full_parameters();
+      ASSERT_EQ(params.size(), ref.params.size());
+      double worst = 0;
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < params.size(); ++i)
+        if (std::fabs(params[i] - ref.params[i]) > worst) worst = std::fabs(params[i] - ref.params[i]), at = i;
+      EXPECT_LT(worst, 2e-5) << what << ": parameter " << at << " is " << params[at] << ", the single-rank step's "
+                             << ref.params[at];
+    }
+  }
+}
+
+TEST(DataParallel, EveryStrategyMatchesTheSingleRankStep) {
+  const DataParallelConfig base = base_config();
+  ASSERT_GT(single_rank(base, 1, 1, *synthetic_tokens(64, 5)).norms[0], base.max_grad_norm) << "clipping must be active";
+  check_every_strategy(base, runnable_strategies(), true);
+}
+
+TEST(DataParallel, BlockingCommunicationGivesTheSameSteps) {
+  check_every_strategy(base_config(), {parse_strategy("NNN"), parse_strategy("NIG"), parse_strategy("GGG")}, false);
+}
+
+TEST(DataParallel, PartialTrainingMatchesTheSingleRankStep) {
+  DataParallelConfig c = base_config();
+  c.trainable = parse_trainable("last:1");
+  check_every_strategy(c, {parse_strategy("ING"), parse_strategy("NNG"), parse_strategy("IIG")}, true);
+}
+
+TEST(DataParallel, ModelStateMemoryIsTheFormulasUpToPadding) {
+  const int n = world_size();
+  coll::ProcessGroups groups({1, 1, n}, n >= 4 ? 2 : 0);
+  const auto data = synthetic_tokens(64, 5);
+  for (const Strategy& s : runnable_strategies()) {
+    DataParallelConfig c = base_config();
+    c.strategy = s;
+    DataParallelTrainer trainer(c, groups, *data);
+    const double psi = static_cast<double>(c.model.parameters());
+    const ModelStateMemory formula = model_state_memory(s, psi, psi, groups.dp_intra().size(), n);
+    const MemoryUse used = trainer.memory();
+    // Each of the model's units is padded to a multiple of n elements: at most n - 1 per unit and state.
+    const double slack = 4.0 * (c.model.layers + 2) * n * 3;
+    EXPECT_NEAR(used.params, formula.params, slack) << s.name();
+    EXPECT_NEAR(used.grads, formula.grads, slack) << s.name();
+    EXPECT_NEAR(used.optimizer, formula.optimizer, 2 * slack) << s.name();
+  }
+}
+
+TEST(DataParallel, RefusedStrategiesAndBadTrainableSayWhy) {
+  coll::ProcessGroups groups({1, 1, world_size()}, 0);
+  const auto data = synthetic_tokens(64, 5);
+  DataParallelConfig c = base_config();
+  c.strategy = {Sharding::global, Sharding::none, Sharding::none};
+  try {
+    DataParallelTrainer trainer(c, groups, *data);
+    FAIL() << "GNN was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("GNN is not run"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_trainable("last:0"), std::invalid_argument);
+  EXPECT_THROW(parse_trainable("1.5"), std::invalid_argument);
+  EXPECT_EQ(parse_trainable("0.5").kind, Trainable::Kind::fraction);
+}
+
+}  // namespace
+}  // namespace strata::train
+
+// Rank 0 prints; an exception on one rank ends the job with its message instead of leaving the others waiting.
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  ::testing::InitGoogleTest(&argc, argv);
+  GTEST_FLAG_SET(catch_exceptions, false);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  if (rank != 0) delete listeners.Release(listeners.default_result_printer());
+  int failed = 0;
+  try {
+    failed = RUN_ALL_TESTS() != 0;
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << rank << ": " << e.what() << std::endl;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any && rank == 0) std::cout << "[  FAILED  ] on some rank (see above)\n";
+  MPI_Finalize();
+  return any;
+}
