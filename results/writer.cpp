@@ -110,6 +110,11 @@ ResultsWriter::ResultsWriter(const std::string& path, const std::string& run_id,
   validate_output_path(path);
   if (fs::exists(path)) {
     file_ = h5::open_file(path, true);
+    // The file now holds tables of this minor version; a file of a newer minor keeps its number.
+    auto major = h5::read_int_attr(file_, "schema_version_major");
+    auto minor = h5::read_int_attr(file_, "schema_version_minor");
+    if (major == schema::kVersionMajor && minor.value_or(0) < schema::kVersionMinor)
+      h5::write_attr(file_, "schema_version_minor", static_cast<int64_t>(schema::kVersionMinor));
   } else {
     file_ = h5::create_file(path);
     h5::write_attr(file_, "schema", std::string(schema::kName));

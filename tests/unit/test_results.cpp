@@ -57,7 +57,7 @@ TEST(Results, TableRoundTrip) {
     w.finish(schema::kStatusOk);
   }
   ResultsReader r(path);
-  EXPECT_EQ(r.schema_version(), "1.0");
+  EXPECT_EQ(r.schema_version(), "1.1");
   ASSERT_EQ(r.runs(), std::vector<std::string>{"run-a"});
   auto attrs = r.run_attrs("run-a");
   EXPECT_EQ(attrs["benchmark"], "unit");
@@ -198,4 +198,24 @@ TEST(Results, RefusesATruncatedFileWithoutTouchingIt) {
   EXPECT_THROW(ResultsReader{path}, UsageError);
   EXPECT_THROW(ResultsWriter(path, "run-2", {}), UsageError);
   EXPECT_EQ(read_bytes(path), before);
+}
+
+// Schema 1.1 only adds tables: a 1.0 file still reads, and appending a run to it raises its minor version.
+TEST(Results, ReadsAndExtendsAVersion10File) {
+  TempDir dir;
+  std::string path = dir.file("old.h5");
+  {
+    ResultsWriter w(path, "run-old", {});
+    w.append(sample_table());
+    w.finish(schema::kStatusOk);
+  }
+  { h5::write_attr(h5::open_file(path, true), "schema_version_minor", int64_t{0}); }
+  {
+    ResultsReader old(path);
+    EXPECT_EQ(old.schema_version(), "1.0");
+    EXPECT_EQ(old.table("run-old", "summary").rows(), 3u);
+  }
+  { ResultsWriter w(path, "run-new", {}); }
+  EXPECT_EQ(ResultsReader(path).schema_version(), "1." + std::to_string(schema::kVersionMinor));
+  EXPECT_EQ(ResultsReader(path).table("run-old", "summary").rows(), 3u);
 }
