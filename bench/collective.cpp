@@ -601,6 +601,7 @@ int run_collective(int argc, char** argv) {
     watchdog.arm(o.timeout, "the setup of " + what + " (this rank did not arrive)");
     if (index + 1 == cases.size() && o.inject_hang == run.context().self.rank)
       std::this_thread::sleep_for(std::chrono::duration<double>(o.timeout > 0 ? o.timeout * 20 : 3600));
+    watchdog.wait_for_ranks(o.timeout, what);  // rank 0 names a rank that did not arrive
     watchdog.set_activity(what);
 
     executor->prepare(c, n, group_rank);

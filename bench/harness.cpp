@@ -162,7 +162,8 @@ Run::Run(std::string benchmark, int argc, const char* const* argv, const Harness
 }
 
 Run::~Run() {
-  if (writer_ && !finished_) {
+  std::unique_lock lock(writer_mutex_, std::chrono::seconds(10));
+  if (lock.owns_lock() && writer_ && !finished_) {
     try {
       writer_->finish(g_signal.load() ? schema::kStatusInterrupted : schema::kStatusFailed);
     } catch (...) {
@@ -246,10 +247,15 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
         samples_.set("time", all[static_cast<size_t>(r) * iters + i]);
         samples_.end_row();
       }
-    writer_->append(cases_);
-    writer_->append(samples_);
-    writer_->append(summary_);
-    writer_->flush();
+    {
+      std::lock_guard lock(writer_mutex_);
+      if (!finished_) {
+        writer_->append(cases_);
+        writer_->append(samples_);
+        writer_->append(summary_);
+        writer_->flush();
+      }
+    }
     cases_.clear_rows();
     samples_.clear_rows();
     summary_.clear_rows();
@@ -267,13 +273,16 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
 }
 
 void Run::append_table(const Table& rows) {
-  if (!writer_) return;
+  std::lock_guard lock(writer_mutex_);
+  if (!writer_ || finished_) return;
   writer_->append(rows);
   writer_->flush();
 }
 
 void Run::mark_failed(const std::string& reason) {
-  if (!writer_) return;
+  // Bounded: a main thread stuck inside a write must not keep the job from ending.
+  std::unique_lock lock(writer_mutex_, std::chrono::seconds(10));
+  if (!lock.owns_lock() || !writer_ || finished_) return;
   writer_->set_run_attr("failure", reason);
   writer_->finish(schema::kStatusFailed);
   finished_ = true;
@@ -281,7 +290,8 @@ void Run::mark_failed(const std::string& reason) {
 
 int Run::finish() {
   STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-  if (writer_) writer_->finish(check_failed_ ? schema::kStatusFailed : schema::kStatusOk);
+  std::lock_guard lock(writer_mutex_);
+  if (writer_ && !finished_) writer_->finish(check_failed_ ? schema::kStatusFailed : schema::kStatusOk);
   finished_ = true;
   if (is_root() && !options_.quiet)
     std::fprintf(stderr, "[%s] results: %s (run %s)%s\n", benchmark_.c_str(), output_path_.c_str(), run_id_.c_str(),
@@ -327,17 +337,20 @@ Watchdog::Watchdog(OnExpiry on_expiry) : state_(std::make_unique<State>()) {
     while (!s->stopping) {
       if (s->changed.wait_until(lock, s->deadline) == std::cv_status::timeout &&
           std::chrono::steady_clock::now() >= s->deadline) {
-        std::string message = "rank " + std::to_string(s->rank) + " timed out after " +
-                              format_fixed(s->seconds, 1) + " s in " + s->what;
-        std::fprintf(stderr, "strata: %s; ending the job\n", message.c_str());
-        std::fflush(stderr);
-        if (s->on_expiry) s->on_expiry(message);
-        // Not MPI_Abort: only the main thread may call MPI here. A rank that exits without finalising makes
-        // mpirun and srun end the whole job.
-        std::_Exit(124);
+        expire(*s, "rank " + std::to_string(s->rank) + " timed out after " + format_fixed(s->seconds, 1) +
+                       " s in " + s->what);
       }
     }
   });
+}
+
+void Watchdog::expire(State& s, const std::string& message) {
+  std::fprintf(stderr, "strata: %s; ending the job\n", message.c_str());
+  std::fflush(stderr);
+  if (s.on_expiry) s.on_expiry(message);
+  // Not MPI_Abort: only the main thread may call MPI here. A rank that exits without finalising makes
+  // mpirun and srun end the whole job.
+  std::_Exit(124);
 }
 
 Watchdog::~Watchdog() {
@@ -354,9 +367,10 @@ void Watchdog::arm(double seconds, std::string what) {
     std::lock_guard lock(state_->mutex);
     state_->seconds = seconds;
     state_->what = std::move(what);
+    const double grace = state_->rank == 0 ? 0.0 : std::max(2.0, seconds);
     state_->deadline = seconds > 0 ? std::chrono::steady_clock::now() +
                                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                             std::chrono::duration<double>(seconds))
+                                             std::chrono::duration<double>(seconds + grace))
                                    : std::chrono::steady_clock::time_point::max();
   }
   state_->changed.notify_all();
@@ -368,6 +382,51 @@ void Watchdog::set_activity(std::string what) {
 }
 
 void Watchdog::disarm() { arm(0, ""); }
+
+void Watchdog::wait_for_ranks(double seconds, const std::string& what) {
+  if (seconds <= 0) return;  // no limit: no extra synchronisation in the case
+  std::string activity;
+  {
+    std::lock_guard lock(state_->mutex);
+    activity = state_->what;
+  }
+  // Beside the collectives' own tags (7101 and up), so an arrival can never match one of their receives.
+  constexpr int kTagArrival = 7099;
+  const int rank = world_rank(), size = world_size();
+  if (rank != 0) {
+    int token = 1;
+    STRATA_MPI_CHECK(MPI_Send(&token, 1, MPI_INT, 0, kTagArrival, MPI_COMM_WORLD));
+    STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // this rank's own watchdog stays armed while it waits
+    arm(seconds, activity);
+    return;
+  }
+  // Rank 0 polls, so it learns who is missing; its own watchdog would blame rank 0 and is off meanwhile.
+  disarm();
+  std::vector<int> tokens(static_cast<size_t>(size));
+  std::vector<MPI_Request> requests(static_cast<size_t>(size - 1), MPI_REQUEST_NULL);
+  for (int r = 1; r < size; ++r)
+    STRATA_MPI_CHECK(MPI_Irecv(&tokens[static_cast<size_t>(r)], 1, MPI_INT, r, kTagArrival, MPI_COMM_WORLD,
+                               &requests[static_cast<size_t>(r - 1)]));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                               std::chrono::duration<double>(seconds));
+  std::vector<int> done(requests.size());
+  for (int left = size - 1; left > 0;) {
+    int count = 0;
+    STRATA_MPI_CHECK(MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &count, done.data(),
+                                  MPI_STATUSES_IGNORE));
+    if (count != MPI_UNDEFINED) left -= count;
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      int missing = 1;
+      while (requests[static_cast<size_t>(missing - 1)] == MPI_REQUEST_NULL) ++missing;
+      expire(*state_, "rank " + std::to_string(missing) + " timed out after " + format_fixed(seconds, 1) +
+                          " s in the setup of " + what + " (this rank did not arrive)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  arm(seconds, activity);
+}
 
 int program_main(int argc, char** argv, const char* program, const std::function<int()>& body) {
   run_openblas_on_the_right_core(argv);

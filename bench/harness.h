@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -117,7 +118,8 @@ class Run {
   void append_table(const Table& rows);
 
   bool any_check_failed() const { return check_failed_; }
-  // Rank 0, from any thread: closes the run as failed with the reason (used by the watchdog).
+  // Rank 0, from any thread: closes the run as failed with the reason (used by the watchdog). Later writes
+  // of the main thread are dropped, so the file says why the job ended.
   void mark_failed(const std::string& reason);
   // Collective. Closes the run: status ok, or failed when any output check failed. Returns the exit code.
   int finish();
@@ -132,6 +134,9 @@ class Run {
   std::string output_path_;
   std::string run_id_;
   std::unique_ptr<ResultsWriter> writer_;
+  // Held around every writer call: the watchdog's thread closes the run while the main thread may write,
+  // and HDF5 (serial build) takes one thread at a time. Guards finished_ too.
+  std::timed_mutex writer_mutex_;
   Table cases_{"cases"}, summary_{"summary"}, samples_{"samples"};
   int case_index_ = 0;
   int total_cases_ = 0;
@@ -148,7 +153,9 @@ void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks
 
 // Ends the job when one case takes longer than its limit: a hung collective is reported (what was
 // running, on which rank) instead of waiting forever. Rank 0 first closes its run as failed, with the
-// reason, so the file keeps every completed case. Each rank arms its own watchdog around a case.
+// reason, so the file keeps every completed case. Each rank arms its own watchdog around a case; on ranks
+// other than 0 it fires a grace period later (the larger of 2 s and the limit), so the job's report is
+// rank 0's, the same on stderr and in the file.
 class Watchdog {
  public:
   using OnExpiry = std::function<void(const std::string& message)>;
@@ -159,9 +166,15 @@ class Watchdog {
   void arm(double seconds, std::string what);  // seconds <= 0: disarmed
   void set_activity(std::string what);          // what this rank is doing now; the deadline stays
   void disarm();
+  // Collective over MPI_COMM_WORLD: waits up to `seconds` for every rank to arrive at the start of `what`
+  // (an operation and size). When some rank does not arrive, rank 0 names the first missing one in
+  // "rank R timed out after S s in the setup of WHAT (this rank did not arrive)", on stderr and through
+  // OnExpiry, and ends the job. Once every rank is there, the deadline restarts at `seconds`.
+  void wait_for_ranks(double seconds, const std::string& what);
 
  private:
   struct State;
+  [[noreturn]] static void expire(State& state, const std::string& message);
   std::unique_ptr<State> state_;
 };
 

@@ -6,6 +6,11 @@
 
 namespace strata {
 
+// Seconds on this rank's host steady clock: the clock of the step records' timeline (bench/records.h).
+inline double host_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 class Timer {
  public:
   virtual ~Timer() = default;

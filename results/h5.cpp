@@ -1,6 +1,7 @@
 // Implementation of the HDF5 RAII layer (see h5.h).
 #include "results/h5.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sys/stat.h>
@@ -290,36 +291,51 @@ size_t column_length(const Handle& group, const std::string& name) {
 }
 
 namespace {
+// Selects rows [0, rows) of a 1-D dataset, in the file and in memory.
+struct Prefix {
+  Handle file_space, mem_space;
+};
+Prefix select_prefix(const Handle& dataset, size_t rows) {
+  Handle file_space(STRATA_H5_CHECK(H5Dget_space(dataset.get())), H5Sclose);
+  hsize_t start = 0, count = rows;
+  STRATA_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &count, nullptr));
+  Handle mem_space(STRATA_H5_CHECK(H5Screate_simple(1, &count, nullptr)), H5Sclose);
+  return {std::move(file_space), std::move(mem_space)};
+}
+
 template <typename T>
-std::vector<T> read_numeric(const Handle& group, const std::string& name, hid_t mem_type) {
-  std::vector<T> values(column_length(group, name));
+std::vector<T> read_numeric(const Handle& group, const std::string& name, hid_t mem_type, size_t rows) {
+  std::vector<T> values(std::min(rows, column_length(group, name)));
   if (values.empty()) return values;
   Handle dataset = open_dataset(group, name);
-  STRATA_H5_CHECK(H5Dread(dataset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()));
+  Prefix prefix = select_prefix(dataset, values.size());
+  STRATA_H5_CHECK(H5Dread(dataset.get(), mem_type, prefix.mem_space.get(), prefix.file_space.get(), H5P_DEFAULT,
+                          values.data()));
   return values;
 }
 }  // namespace
 
-std::vector<int64_t> read_int_column(const Handle& group, const std::string& name) {
-  return read_numeric<int64_t>(group, name, H5T_NATIVE_INT64);
+std::vector<int64_t> read_int_column(const Handle& group, const std::string& name, size_t rows) {
+  return read_numeric<int64_t>(group, name, H5T_NATIVE_INT64, rows);
 }
 
-std::vector<double> read_double_column(const Handle& group, const std::string& name) {
-  return read_numeric<double>(group, name, H5T_NATIVE_DOUBLE);
+std::vector<double> read_double_column(const Handle& group, const std::string& name, size_t rows) {
+  return read_numeric<double>(group, name, H5T_NATIVE_DOUBLE, rows);
 }
 
-std::vector<std::string> read_string_column(const Handle& group, const std::string& name) {
-  size_t rows = column_length(group, name);
+std::vector<std::string> read_string_column(const Handle& group, const std::string& name, size_t limit) {
+  size_t rows = std::min(limit, column_length(group, name));
   std::vector<std::string> values;
   if (rows == 0) return values;
   Handle dataset = open_dataset(group, name);
   Handle type = string_type();
   std::vector<char*> pointers(rows, nullptr);
-  STRATA_H5_CHECK(H5Dread(dataset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, pointers.data()));
+  Prefix prefix = select_prefix(dataset, rows);
+  STRATA_H5_CHECK(H5Dread(dataset.get(), type.get(), prefix.mem_space.get(), prefix.file_space.get(), H5P_DEFAULT,
+                          pointers.data()));
   values.reserve(rows);
   for (char* text : pointers) values.emplace_back(text ? text : "");
-  Handle space(STRATA_H5_CHECK(H5Dget_space(dataset.get())), H5Sclose);
-  H5Dvlen_reclaim(type.get(), space.get(), H5P_DEFAULT, pointers.data());
+  H5Dvlen_reclaim(type.get(), prefix.mem_space.get(), H5P_DEFAULT, pointers.data());
   return values;
 }
 

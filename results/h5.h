@@ -5,6 +5,7 @@
 
 #include <hdf5.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -76,9 +77,10 @@ void append_column(const Handle& group, const std::string& name, const std::vect
 void append_column(const Handle& group, const std::string& name, const std::vector<std::string>& values);
 ColumnKind column_kind(const Handle& group, const std::string& name);
 size_t column_length(const Handle& group, const std::string& name);
-std::vector<int64_t> read_int_column(const Handle& group, const std::string& name);
-std::vector<double> read_double_column(const Handle& group, const std::string& name);
-std::vector<std::string> read_string_column(const Handle& group, const std::string& name);
+// Reads the first min(rows, length) values: a reader truncates every column of a table to the same length.
+std::vector<int64_t> read_int_column(const Handle& group, const std::string& name, size_t rows = SIZE_MAX);
+std::vector<double> read_double_column(const Handle& group, const std::string& name, size_t rows = SIZE_MAX);
+std::vector<std::string> read_string_column(const Handle& group, const std::string& name, size_t rows = SIZE_MAX);
 Handle open_dataset(const Handle& group, const std::string& name);
 
 }  // namespace strata::h5

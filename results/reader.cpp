@@ -1,6 +1,9 @@
 // Implementation of the results reader (see reader.h).
 #include "results/reader.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "results/schema.h"
 #include "results/writer.h"
 
@@ -8,7 +11,11 @@ namespace strata {
 
 ResultsReader::ResultsReader(const std::string& path) : path_(path) {
   if (!h5::is_hdf5_file(path)) throw UsageError(path + " is not an HDF5 file (or does not exist)");
-  file_ = h5::open_file(path, false);
+  try {
+    file_ = h5::open_file(path, false);
+  } catch (const RuntimeError&) {
+    throw UsageError(path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
+  }
   version_ = check_strata_file(file_, path);
 }
 
@@ -53,19 +60,24 @@ Table ResultsReader::table(const std::string& run_id, const std::string& name) c
   h5::Handle group = run(run_id);
   if (!h5::exists(group, name)) throw UsageError("run " + run_id + " has no table " + name);
   h5::Handle table_group = h5::open_group(group, name);
+  std::vector<std::string> names = h5::child_names(table_group);
+  // A job killed between two column appends leaves some columns longer than others: the table holds the
+  // rows every column has. The writer sets `rows` after the last column of an append, so it is that length.
+  size_t rows = SIZE_MAX;
+  for (const auto& col_name : names) rows = std::min(rows, h5::column_length(table_group, col_name));
+  if (names.empty()) rows = 0;
+  if (auto recorded = h5::read_int_attr(table_group, "rows"))
+    rows = std::min(rows, static_cast<size_t>(std::max<int64_t>(*recorded, 0)));
   Table table(name);
-  size_t rows = 0;
-  for (const auto& col_name : h5::child_names(table_group)) {
+  for (const auto& col_name : names) {
     h5::Handle dataset = h5::open_dataset(table_group, col_name);
     ColumnKind kind = h5::column_kind(table_group, col_name);
     table.add_column(col_name, kind, h5::read_string_attr(dataset, "units").value_or(""),
                      h5::read_string_attr(dataset, "convention").value_or(""));
     Column& col = table.column(col_name);
-    if (kind == ColumnKind::int64) col.ints = h5::read_int_column(table_group, col_name);
-    if (kind == ColumnKind::float64) col.reals = h5::read_double_column(table_group, col_name);
-    if (kind == ColumnKind::string) col.texts = h5::read_string_column(table_group, col_name);
-    if (rows != 0 && col.size() != rows) throw RuntimeError("table " + name + " has columns of different lengths");
-    rows = col.size();
+    if (kind == ColumnKind::int64) col.ints = h5::read_int_column(table_group, col_name, rows);
+    if (kind == ColumnKind::float64) col.reals = h5::read_double_column(table_group, col_name, rows);
+    if (kind == ColumnKind::string) col.texts = h5::read_string_column(table_group, col_name, rows);
   }
   table.set_rows(rows);
   return table;

@@ -6,7 +6,7 @@ namespace strata::schema {
 
 inline constexpr const char* kName = "strata-results";
 inline constexpr int kVersionMajor = 1;  // a reader refuses files with a newer major version
-inline constexpr int kVersionMinor = 0;  // minor versions only add attributes, columns or tables
+inline constexpr int kVersionMinor = 1;  // minor versions only add attributes, columns or tables
 
 inline constexpr const char* kRunsGroup = "runs";
 inline constexpr const char* kEnvGroup = "env";
@@ -16,6 +16,12 @@ inline constexpr const char* kCases = "cases";
 inline constexpr const char* kSamples = "samples";
 inline constexpr const char* kSummary = "summary";
 inline constexpr const char* kRanks = "ranks";
+// Step records (1.1): what a training step is made of, per rank.
+inline constexpr const char* kClock = "clock";
+inline constexpr const char* kPhases = "phases";
+inline constexpr const char* kEvents = "events";
+inline constexpr const char* kMemory = "memory";
+inline constexpr const char* kMetrics = "metrics";
 
 // Run status values.
 inline constexpr const char* kStatusOk = "ok";

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,6 +69,12 @@ class Table {
     for (auto& col : columns_) col.ints.clear(), col.reals.clear(), col.texts.clear();
     rows_ = 0;
   }
+  // Attributes of the table group, written when the table is created (e.g. `sorted_by`).
+  Table& set_attr(std::string name, std::string value) {
+    attrs_[std::move(name)] = std::move(value);
+    return *this;
+  }
+  const std::map<std::string, std::string>& attrs() const { return attrs_; }
   // For the reader: a table loaded whole.
   void set_rows(size_t rows) { rows_ = rows; }
 
@@ -86,6 +93,7 @@ class Table {
 
   std::string name_;
   std::vector<Column> columns_;
+  std::map<std::string, std::string> attrs_;
   size_t rows_ = 0;
 };
 

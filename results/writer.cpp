@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 
 #include <chrono>
@@ -62,7 +63,13 @@ void validate_output_path(const std::string& path) {
     if (!fs::is_regular_file(status)) throw UsageError("output path " + path + " is not a regular file");
     if (!can_open_for_writing(path)) throw UsageError("output file " + path + " is not writable");
     if (!h5::is_hdf5_file(path)) throw UsageError("output file " + path + " exists and is not an HDF5 file");
-    h5::Handle file = h5::open_file(path, false);
+    // A truncated or otherwise damaged file still carries the HDF5 signature; opening it read-only tells.
+    h5::Handle file;
+    try {
+      file = h5::open_file(path, false);
+    } catch (const RuntimeError&) {
+      throw UsageError("output file " + path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
+    }
     check_strata_file(file, path);
     return;
   }
@@ -99,9 +106,15 @@ std::string new_run_id() {
 ResultsWriter::ResultsWriter(const std::string& path, const std::string& run_id,
                              const std::map<std::string, std::string>& run_attrs)
     : path_(path), run_id_(run_id) {
+  if (const char* kill = std::getenv(kTestKillAfterColumns)) kill_after_columns_ = std::atoll(kill);
   validate_output_path(path);
   if (fs::exists(path)) {
     file_ = h5::open_file(path, true);
+    // The file now holds tables of this minor version; a file of a newer minor keeps its number.
+    auto major = h5::read_int_attr(file_, "schema_version_major");
+    auto minor = h5::read_int_attr(file_, "schema_version_minor");
+    if (major == schema::kVersionMajor && minor.value_or(0) < schema::kVersionMinor)
+      h5::write_attr(file_, "schema_version_minor", static_cast<int64_t>(schema::kVersionMinor));
   } else {
     file_ = h5::create_file(path);
     h5::write_attr(file_, "schema", std::string(schema::kName));
@@ -132,20 +145,35 @@ void ResultsWriter::write_env(const std::map<std::string, std::string>& env) {
 void ResultsWriter::append(const Table& rows) {
   bool fresh = !h5::exists(run_, rows.name());
   h5::Handle group = fresh ? h5::create_group(run_, rows.name()) : h5::open_group(run_, rows.name());
-  for (const Column& col : rows.columns()) {
-    if (fresh) {
+  // Every column exists, empty, before the first rows arrive, and `rows` is set only after the last column
+  // of an append: a job killed in between leaves a table its readers cut to `rows` (SCHEMA.md, Writing).
+  if (fresh) {
+    for (const Column& col : rows.columns()) {
       h5::create_column(group, col.name, col.kind);
       h5::Handle dataset = h5::open_dataset(group, col.name);
       h5::write_attr(dataset, "units", col.units);
       if (!col.convention.empty()) h5::write_attr(dataset, "convention", col.convention);
-    } else if (!h5::exists(group, col.name)) {
-      throw RuntimeError("table " + rows.name() + " gained a column after its first rows: " + col.name);
     }
+    for (const auto& [name, value] : rows.attrs()) h5::write_attr(group, name, value);
+    h5::write_attr(group, "rows", int64_t{0});
+  }
+  for (const Column& col : rows.columns()) {
+    if (!h5::exists(group, col.name))
+      throw RuntimeError("table " + rows.name() + " gained a column after its first rows: " + col.name);
     if (col.kind == ColumnKind::int64) h5::append_column(group, col.name, col.ints);
     if (col.kind == ColumnKind::float64) h5::append_column(group, col.name, col.reals);
     if (col.kind == ColumnKind::string) h5::append_column(group, col.name, col.texts);
+    after_column_append();
   }
   h5::write_attr(group, "rows", static_cast<int64_t>(h5::column_length(group, rows.columns().front().name)));
+}
+
+void ResultsWriter::after_column_append() {
+  if (kill_after_columns_ <= 0 || ++columns_appended_ < kill_after_columns_) return;
+  // The state on disk is then exactly "N columns appended", what a kill between appends leaves once
+  // HDF5's cache has reached the disk; without the flush the test would depend on cache eviction.
+  flush();
+  std::raise(SIGKILL);
 }
 
 void ResultsWriter::flush() { h5::flush(file_); }

@@ -3,6 +3,7 @@
 // append is flushed, so a killed job leaves a readable file with each completed case and an honest status.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -23,6 +24,10 @@ std::string check_strata_file(const h5::Handle& file, const std::string& path);
 std::string new_run_id();
 std::string utc_now_iso();
 
+// Test hook: with this environment variable set to N > 0, the writer flushes and raises SIGKILL after its
+// N-th column append, so a test can kill a real writer between the columns of one table append.
+inline constexpr const char* kTestKillAfterColumns = "STRATA_TEST_KILL_AFTER_COLUMNS";
+
 class ResultsWriter {
  public:
   // Opens (or creates) the file and creates /runs/<run_id> with the given attributes.
@@ -41,8 +46,12 @@ class ResultsWriter {
   void finish(const std::string& status);
 
  private:
+  void after_column_append();
+
   std::string path_;
   std::string run_id_;
+  int64_t kill_after_columns_ = 0;
+  int64_t columns_appended_ = 0;
   h5::Handle file_;
   h5::Handle run_;
 };

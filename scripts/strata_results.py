@@ -4,6 +4,8 @@
     runs = sr.read_runs(["a.h5", "b.h5"])            # one row per run, attributes as columns
     summary = sr.read_table(["a.h5"], "summary")      # rows of every run, run attributes as columns
     units = sr.column_units("a.h5", "summary")        # {"time_rankmax_median": "s", ...}
+    # One run's table, only some columns and rows (reads no more of a large table than it must):
+    ev = sr.read_run_table("a.h5", run_id, "events", columns=["start", "end"], where={"case": 2, "rank": 3})
 
 Files that are not Strata results, or that use a newer major schema version, raise StrataFileError.
 """
@@ -19,6 +21,7 @@ import pandas as pd
 
 SCHEMA_NAME = "strata-results"
 SCHEMA_MAJOR = 1
+SCHEMA_EVENTS = "events"  # the step records' timeline (schema 1.1)
 # Run attributes copied onto every table row (prefixed "run_" where they would clash with a column).
 RUN_COLUMNS = ("benchmark", "status", "start_utc", "end_utc", "launcher", "n_nodes", "n_ranks", "ranks_per_node",
                "slurm_job_id", "command_line")
@@ -87,15 +90,90 @@ def read_runs(paths: str | Iterable[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _column(dataset) -> np.ndarray:
+def _column(dataset, stop: int | None = None, start: int = 0) -> np.ndarray:
+    """Values [start, stop) of a column dataset (strings decoded)."""
+    stop = dataset.shape[0] if stop is None else stop
     if h5py.check_string_dtype(dataset.dtype) is not None:
-        return dataset.asstr()[()]
-    return dataset[()]
+        return dataset.asstr()[start:stop]
+    return dataset[start:stop]
 
 
-def read_table(paths: str | Iterable[str], table: str, benchmark: str | None = None) -> pd.DataFrame:
+def table_rows(group: h5py.Group) -> int:
+    """Rows of a table group every reader agrees on: the `rows` attribute, cut to the shortest column (a job
+    killed between two column appends leaves some columns longer; a writer sets `rows` last)."""
+    lengths = [ds.shape[0] for ds in group.values() if isinstance(ds, h5py.Dataset)]
+    rows = min(lengths) if lengths else 0
+    if "rows" in group.attrs:
+        rows = min(rows, max(int(group.attrs["rows"]), 0))
+    return rows
+
+
+def _sorted_by(group: h5py.Group) -> list[str]:
+    return [c for c in _text(group.attrs.get("sorted_by", "")).split(",") if c]
+
+
+def _equal_range(dataset, lo: int, hi: int, value) -> tuple[int, int]:
+    """[first, last) of `value` in rows [lo, hi) of a column sorted there, by bisection: O(log n) reads of
+    single elements instead of the whole column."""
+    def bisect(strict: bool) -> int:
+        a, b = lo, hi
+        while a < b:
+            mid = (a + b) // 2
+            x = dataset[mid]
+            if x < value or (strict and x == value):
+                a = mid + 1
+            else:
+                b = mid
+        return a
+    return bisect(False), bisect(True)
+
+
+def _select(group: h5py.Group, columns: Iterable[str] | None, where: dict | None) -> dict[str, np.ndarray]:
+    """The chosen columns of a table group for the rows matching `where` ({column: value or list of values}).
+    Leading `where` columns the table is sorted by (its `sorted_by` attribute) narrow the row range by
+    bisection; the rest are read only inside that range and applied as a mask."""
+    rows = table_rows(group)
+    names = [n for n, ds in group.items() if isinstance(ds, h5py.Dataset)]
+    wanted = names if columns is None else list(columns)
+    for name in [*wanted, *(where or {})]:
+        if name not in group:
+            raise KeyError(f"table {group.name} has no column {name!r}; it has {names}")
+    lo, hi = 0, rows
+    rest = dict(where or {})
+    for key in _sorted_by(group):
+        value = rest.get(key)
+        if value is None or isinstance(value, (list, tuple, set, np.ndarray)):
+            break
+        lo, hi = _equal_range(group[key], lo, hi, value)
+        del rest[key]
+    mask = np.ones(hi - lo, dtype=bool)
+    for key, value in rest.items():
+        data = _column(group[key], hi, lo)
+        mask &= np.isin(data, list(value)) if isinstance(value, (list, tuple, set, np.ndarray)) else data == value
+    return {name: _column(group[name], hi, lo)[mask] for name in wanted}
+
+
+def read_run_table(path: str, run_id: str, table: str, columns: Iterable[str] | None = None,
+                   where: dict | None = None) -> pd.DataFrame:
+    """One run's table as a DataFrame: only `columns` (default all), only rows matching `where`
+    ({"rank": 3, "case": [0, 2]}: equality, or membership for a list). Units are in df.attrs["units"]."""
+    with open_file(path) as f:
+        runs = f.get("runs", {})
+        if run_id not in runs:
+            raise StrataFileError(f"{path} has no run {run_id}")
+        if table not in runs[run_id]:
+            raise StrataFileError(f"run {run_id} in {path} has no table {table}")
+        group = runs[run_id][table]
+        frame = pd.DataFrame(_select(group, columns, where))
+        frame.attrs["units"] = {n: _text(group[n].attrs.get("units", "")) for n in frame.columns}
+        return frame
+
+
+def read_table(paths: str | Iterable[str], table: str, benchmark: str | None = None,
+               columns: Iterable[str] | None = None, where: dict | None = None) -> pd.DataFrame:
     """Rows of `table` from every run in `paths` (optionally one benchmark only), with file, run_id and the
-    run attributes in RUN_COLUMNS as extra columns. Units are in df.attrs["units"]."""
+    run attributes in RUN_COLUMNS as extra columns. `columns` and `where` select as in read_run_table.
+    Units are in df.attrs["units"]."""
     frames, units = [], {}
     for path in _paths(paths):
         with open_file(path) as f:
@@ -105,9 +183,9 @@ def read_table(paths: str | Iterable[str], table: str, benchmark: str | None = N
                     continue
                 if table not in group:
                     continue
-                columns = {name: _column(ds) for name, ds in group[table].items()}
-                units.update({name: _text(ds.attrs.get("units", "")) for name, ds in group[table].items()})
-                frame = pd.DataFrame(columns)
+                selected = _select(group[table], columns, where)
+                units.update({name: _text(group[table][name].attrs.get("units", "")) for name in selected})
+                frame = pd.DataFrame(selected)
                 frame.insert(0, "run_id", run_id)
                 frame.insert(0, "file", path)
                 for key in RUN_COLUMNS:
@@ -179,7 +257,7 @@ def run_hosts(path: str, run_id: str) -> list[str]:
         except json.JSONDecodeError:
             hosts = []
         if not hosts and "ranks" in group and "host" in group["ranks"]:
-            hosts = list(dict.fromkeys(_column(group["ranks"]["host"])))
+            hosts = list(dict.fromkeys(_column(group["ranks"]["host"], table_rows(group["ranks"]))))
         return [str(h) for h in hosts]
 
 

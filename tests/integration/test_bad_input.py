@@ -92,3 +92,17 @@ def test_output_newer_major_is_untouched(tmp_path):
     result = run_gemm(["--output", str(target)], tmp_path)
     assert result.returncode == 2 and "newer than this program" in result.stderr
     assert digest(str(target)) == before
+
+
+def test_output_truncated_hdf5_is_untouched(tmp_path):
+    target = tmp_path / "cut.h5"
+    first = run_gemm(["--shapes", "16x16x16", "--output", str(target)], tmp_path)
+    assert first.returncode == 0, first.stderr
+    # Half a file: the HDF5 signature is still there, the objects it points to are not.
+    data = target.read_bytes()
+    target.write_bytes(data[: len(data) // 2])
+    before = digest(str(target))
+    result = run_gemm(["--output", str(target)], tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "damaged HDF5 file" in result.stderr
+    assert digest(str(target)) == before

@@ -190,6 +190,7 @@ def test_bad_files_exit_2(source, tmp_path):
     shutil.copyfile(source, newer)
     with h5py.File(newer, "r+") as f:
         f.attrs["schema_version_major"] = np.int64(2)
+        f.attrs["schema_version_minor"] = np.int64(0)
     for bad, message in ((text, "is not an HDF5 file"), (plain, "not a Strata results file"),
                          (newer, "schema 2.0, newer than this reader"), (tmp_path / "missing.h5", "no such file")):
         for args in ([source, bad], [bad, source]):

@@ -57,7 +57,7 @@ TEST(Results, TableRoundTrip) {
     w.finish(schema::kStatusOk);
   }
   ResultsReader r(path);
-  EXPECT_EQ(r.schema_version(), "1.0");
+  EXPECT_EQ(r.schema_version(), "1.1");
   ASSERT_EQ(r.runs(), std::vector<std::string>{"run-a"});
   auto attrs = r.run_attrs("run-a");
   EXPECT_EQ(attrs["benchmark"], "unit");
@@ -147,4 +147,75 @@ TEST(Results, RunIdsSortByTime) {
   std::string b = new_run_id();
   EXPECT_LT(a, b);
   EXPECT_EQ(a.size(), b.size());
+}
+
+// A job killed between two column appends leaves columns of different lengths: the reader returns the rows
+// of the last complete append, by the `rows` attribute, or by the shortest column where it is missing.
+TEST(Results, ReaderCutsColumnsToTheRowsOfTheLastCompleteAppend) {
+  TempDir dir;
+  std::string path = dir.file("r.h5");
+  std::string run_id = "run-cut";
+  {
+    ResultsWriter w(path, run_id, {});
+    w.append(sample_table());
+  }
+  {
+    // What the writer leaves when it dies after appending one column of a second append.
+    h5::Handle file = h5::open_file(path, true);
+    h5::Handle table = h5::open_group(h5::open_group(h5::open_group(file, schema::kRunsGroup), run_id), "summary");
+    h5::append_column(table, "case", std::vector<int64_t>{7, 8});
+  }
+  Table cut = ResultsReader(path).table(run_id, "summary");
+  EXPECT_EQ(cut.rows(), 3u);
+  EXPECT_EQ(cut.column("case").ints, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(cut.column("label").texts.size(), 3u);
+  {
+    h5::Handle file = h5::open_file(path, true);
+    h5::Handle table = h5::open_group(h5::open_group(h5::open_group(file, schema::kRunsGroup), run_id), "summary");
+    h5::append_column(table, "time", std::vector<double>{7.5});
+    STRATA_H5_CHECK(H5Adelete(table.get(), "rows"));  // as a writer older than this reader may leave it
+  }
+  Table shortest = ResultsReader(path).table(run_id, "summary");
+  EXPECT_EQ(shortest.rows(), 3u);  // label is still 3 long
+  EXPECT_EQ(shortest.column("time").reals.size(), 3u);
+  EXPECT_EQ(shortest.column("case").ints.size(), 3u);
+}
+
+// A truncated HDF5 file keeps its signature but cannot be opened: a usage error, the file untouched.
+TEST(Results, RefusesATruncatedFileWithoutTouchingIt) {
+  TempDir dir;
+  std::string path = dir.file("cut.h5");
+  {
+    ResultsWriter w(path, "run-1", {});
+    w.append(sample_table());
+    w.finish(schema::kStatusOk);
+  }
+  std::string bytes = read_bytes(path);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
+  std::string before = read_bytes(path);
+  ASSERT_TRUE(h5::is_hdf5_file(path));
+  EXPECT_THROW(validate_output_path(path), UsageError);
+  EXPECT_THROW(ResultsReader{path}, UsageError);
+  EXPECT_THROW(ResultsWriter(path, "run-2", {}), UsageError);
+  EXPECT_EQ(read_bytes(path), before);
+}
+
+// Schema 1.1 only adds tables: a 1.0 file still reads, and appending a run to it raises its minor version.
+TEST(Results, ReadsAndExtendsAVersion10File) {
+  TempDir dir;
+  std::string path = dir.file("old.h5");
+  {
+    ResultsWriter w(path, "run-old", {});
+    w.append(sample_table());
+    w.finish(schema::kStatusOk);
+  }
+  { h5::write_attr(h5::open_file(path, true), "schema_version_minor", int64_t{0}); }
+  {
+    ResultsReader old(path);
+    EXPECT_EQ(old.schema_version(), "1.0");
+    EXPECT_EQ(old.table("run-old", "summary").rows(), 3u);
+  }
+  { ResultsWriter w(path, "run-new", {}); }
+  EXPECT_EQ(ResultsReader(path).schema_version(), "1." + std::to_string(schema::kVersionMinor));
+  EXPECT_EQ(ResultsReader(path).table("run-old", "summary").rows(), 3u);
 }
