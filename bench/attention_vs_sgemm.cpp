@@ -8,9 +8,9 @@
 // The cases are timed round-robin, one call of each per repetition, so that a change in machine load
 // during the run lands on the GEMM reference and on the kernels alike instead of skewing their ratio.
 //
-//   attention_vs_sgemm [--seq N] [--heads N] [--dim N] [--reps N] [--smoke]
-// Exits 3 when a ratio misses its target, so a script can tell. --smoke runs a tiny problem (unless sizes are
-// given after it) for the test suite: the checks and the table, without judging the targets.
+//   strata-bench-attention [-s/--seq N] [-H/--heads N] [-D/--dim N] [--reps N] [--smoke]
+// Exits 3 when a ratio misses its target, so a script can tell. --smoke runs a tiny problem (sequence 128, two
+// heads, two rounds) for the test suite: the checks and the table, without judging the targets.
 // The C API is all this program uses; the deprecated C++ bindings do not compile warning-free.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -21,16 +21,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
-#include "kernels/attention.h"
 #include "bench/check.h"
+#include "bench/cli.h"
+#include "kernels/attention.h"
 
 namespace {
 
@@ -44,33 +45,24 @@ struct Settings {
   bool smoke = false;
 };
 
-int parse_positive(const std::string& flag, const char* text) {
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (end == text || *end != '\0' || value <= 0 || value > (1 << 24)) {
-    throw strata::UsageError(flag + " needs a positive integer, got '" + text + "'");
-  }
-  return static_cast<int>(value);
-}
-
-Settings parse(int argc, char** argv) {
-  Settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--smoke") {
-      s.smoke = true, s.seq = 128, s.heads = 2, s.reps = 2;
-      continue;
-    }
-    int* target = flag == "--seq"     ? &s.seq
-                  : flag == "--heads" ? &s.heads
-                  : flag == "--dim"   ? &s.dim
-                  : flag == "--reps"  ? &s.reps
-                                      : nullptr;
-    if (target == nullptr) throw strata::UsageError("unknown flag '" + flag + "' (flags: --seq --heads --dim --reps --smoke)");
-    if (i + 1 == argc) throw strata::UsageError(flag + " needs a value");
-    *target = parse_positive(flag, argv[++i]);
-  }
-  return s;
+// Returns false when --help was asked for.
+bool parse(int argc, char** argv, Settings& s) {
+  strata::Cli cli("strata-bench-attention",
+                  "CPU flash attention against the sgemm rate of its two GEMM shapes; fp32, one thread per rank.");
+  cli.option("seq", 's', "sequence length", s.seq, 1);
+  cli.option("heads", 'H', "heads", s.heads, 1);
+  cli.option("dim", 'D', "head dimension", s.dim, 1);
+  cli.option("reps", 0, "timed rounds of every case", s.reps, 1);
+  cli.flag("smoke", 0, "a tiny problem for the test suite: checks and table, targets not judged", s.smoke);
+  if (!cli.parse(argc, argv)) return false;
+  if (s.smoke) s.seq = 128, s.heads = 2, s.reps = 2;
+  // Beyond this the buffers alone outgrow any machine this runs on; refused before anything is allocated.
+  constexpr int largest = 1 << 24;
+  for (auto [name, value] : {std::pair{"--seq", s.seq}, {"--heads", s.heads}, {"--dim", s.dim}, {"--reps", s.reps}})
+    if (value > largest)
+      throw strata::UsageError(std::string(name) + " must be at most " + std::to_string(largest) + ", got " +
+                               std::to_string(value));
+  return true;
 }
 
 // Uniform in [-1, 1] with exact zeros replaced, so no product in the kernels is trivially zero.
@@ -317,7 +309,8 @@ int run(int argc, char** argv) {
   int rank = 0, ranks = 1;
   STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &ranks));
-  const Settings s = parse(argc, argv);
+  Settings s;
+  if (!parse(argc, argv, s)) return 0;
   // One BLAS thread: the comparison is one core's GEMM against one core's attention.
   openblas_set_num_threads(1);
 

@@ -1,6 +1,11 @@
-// Implementation of the command-line parser (see cli.h).
+// Implementation of the command-line parser (see cli.h) on CLI11.
 #include "bench/cli.h"
 
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -9,7 +14,6 @@
 #include <sstream>
 
 #include "bench/check.h"
-#include "bench/json.h"
 
 namespace strata {
 
@@ -60,19 +64,50 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
+namespace {
+
+// The shortest text that reads back as `value` (0 rather than 0.0 or 0.00000000000000000).
+std::string shortest(double value) {
+  std::array<char, 32> buffer{};
+  auto [end, ec] = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
+  return ec == std::errc() ? std::string(buffer.data(), end) : std::to_string(value);
+}
+
+// A value as the usage shows it: strings without JSON quotes, 0 rather than 0.0.
+std::string plain(const nlohmann::json& value) {
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_number_float()) return shortest(value.get<double>());
+  return value.dump();
+}
+
+}  // namespace
+
 Cli::Cli(std::string program, std::string summary) : program_(std::move(program)), summary_(std::move(summary)) {}
 
+bool Cli::taken(const std::string& long_name) const {
+  return std::any_of(options_.begin(), options_.end(), [&](const Option& o) {
+    return o.long_name == long_name || std::find(o.aliases.begin(), o.aliases.end(), long_name) != o.aliases.end();
+  });
+}
+
+Cli::Option* Cli::find(const std::string& long_name) {
+  for (auto& o : options_)
+    if (o.long_name == long_name) return &o;
+  return nullptr;
+}
+
 void Cli::add(const std::string& long_name, char short_name, const std::string& value_name, const std::string& help,
-              std::function<void(const std::string&)> parse, std::function<std::string()> show) {
-  if (find_long(long_name) || (short_name && find_short(short_name)))
-    throw RuntimeError("option declared twice: --" + long_name);
-  options_.push_back(Option{long_name, short_name, value_name, help, std::move(parse), std::move(show)});
+              std::function<void(const std::string&)> parse, std::function<nlohmann::json()> show) {
+  bool short_taken = short_name && std::any_of(options_.begin(), options_.end(),
+                                               [&](const Option& o) { return o.short_name == short_name; });
+  if (taken(long_name) || short_taken) throw RuntimeError("option declared twice: --" + long_name);
+  options_.push_back(Option{long_name, short_name, value_name, help, std::move(parse), std::move(show), {}});
 }
 
 void Cli::flag(const std::string& long_name, char short_name, const std::string& help, bool& target) {
   add(long_name, short_name, "", help,
       [&target, long_name](const std::string& text) { target = parse_bool(text, "--" + long_name); },
-      [&target] { return std::string(target ? "true" : "false"); });
+      [&target] { return nlohmann::json(target); });
 }
 
 void Cli::option(const std::string& long_name, char short_name, const std::string& help, int& target,
@@ -85,7 +120,7 @@ void Cli::option(const std::string& long_name, char short_name, const std::strin
                            " and 1000000000, got " + text);
         target = static_cast<int>(value);
       },
-      [&target] { return json_number(static_cast<long long>(target)); });
+      [&target] { return nlohmann::json(target); });
 }
 
 void Cli::option(const std::string& long_name, char short_name, const std::string& help, int64_t& target,
@@ -97,7 +132,7 @@ void Cli::option(const std::string& long_name, char short_name, const std::strin
           throw UsageError("--" + long_name + " must be at least " + std::to_string(min_value) + ", got " + text);
         target = value;
       },
-      [&target] { return json_number(static_cast<long long>(target)); });
+      [&target] { return nlohmann::json(target); });
 }
 
 void Cli::option(const std::string& long_name, char short_name, const std::string& help, double& target,
@@ -106,125 +141,128 @@ void Cli::option(const std::string& long_name, char short_name, const std::strin
       [&target, long_name, min_value](const std::string& text) {
         double value = parse_double(text, "--" + long_name);
         if (value < min_value)
-          throw UsageError("--" + long_name + " must be at least " + json_number(min_value) + ", got " + text);
+          throw UsageError("--" + long_name + " must be at least " + shortest(min_value) + ", got " + text);
         target = value;
       },
-      [&target] { return json_number(target); });
+      [&target] { return nlohmann::json(target); });
 }
 
 void Cli::option(const std::string& long_name, char short_name, const std::string& help, std::string& target) {
   add(long_name, short_name, "TEXT", help, [&target](const std::string& text) { target = text; },
-      [&target] { return json_string(target); });
+      [&target] { return nlohmann::json(target); });
 }
 
 void Cli::choice(const std::string& long_name, char short_name, const std::string& help, std::string& target,
                  std::vector<std::string> choices) {
   std::string joined;
   for (const auto& c : choices) joined += (joined.empty() ? "" : "|") + c;
+  // Checked here rather than with CLI::IsMember, whose message names neither the value's option nor the choices
+  // the way the rest of Strata's messages do.
   add(long_name, short_name, joined, help,
       [&target, long_name, choices, joined](const std::string& text) {
-        for (const auto& c : choices)
-          if (c == text) {
-            target = text;
-            return;
-          }
-        throw UsageError("invalid value '" + text + "' for --" + long_name + ": expected one of " + joined);
+        if (std::find(choices.begin(), choices.end(), text) == choices.end())
+          throw UsageError("invalid value '" + text + "' for --" + long_name + ": expected one of " + joined);
+        target = text;
       },
-      [&target] { return json_string(target); });
+      [&target] { return nlohmann::json(target); });
 }
 
 void Cli::alias(const std::string& long_name, const std::string& existing) {
-  if (!find_long(existing)) throw RuntimeError("alias of an undeclared option: --" + existing);
-  aliases_.emplace_back(long_name, existing);
+  Option* option = find(existing);
+  if (!option) throw RuntimeError("alias of an undeclared option: --" + existing);
+  if (taken(long_name)) throw RuntimeError("option declared twice: --" + long_name);
+  option->aliases.push_back(long_name);
 }
 
-const Cli::Option* Cli::find_long(const std::string& name) const {
-  for (const auto& o : options_)
-    if (o.long_name == name) return &o;
-  for (const auto& [alias, existing] : aliases_)
-    if (alias == name) return find_long(existing);
-  return nullptr;
-}
-
-const Cli::Option* Cli::find_short(char name) const {
-  for (const auto& o : options_)
-    if (o.short_name == name) return &o;
-  return nullptr;
+void Cli::build(CLI::App& app) const {
+  app.name(program_);
+  app.description(summary_);
+  // Unknown arguments are collected and reported below in Strata's words rather than as CLI11's ExtrasError.
+  app.allow_extras();
+  app.set_help_flag("-h,--help", "this text");
+  auto formatter = std::make_shared<CLI::Formatter>();
+  formatter->label("Usage", "usage");
+  formatter->label("OPTIONS", "options");
+  formatter->column_width(34);
+  app.formatter(formatter);
+  for (const Option& o : options_) {
+    std::string names = o.short_name ? std::string("-") + o.short_name + ",--" + o.long_name : "--" + o.long_name;
+    for (const auto& alias : o.aliases) names += ",--" + alias;
+    auto parse = o.parse;
+    // Values are applied as they are read, in command-line order (trigger_on_parse), so `--quiet --no-quiet`
+    // ends false and the first bad value on the line is the one reported.
+    if (o.value_name.empty()) {
+      // CLI11 hands a switch "true" or the text after '='; parse_bool judges both. The negation is an option of
+      // its own, hidden (empty group), because CLI11's `!--no-name` shows in the usage as `--no-name{false}`.
+      app.add_flag(names, o.help)->each([parse](const std::string& text) { parse(text); })->trigger_on_parse();
+      std::string negation = "--no-" + o.long_name;
+      app.add_flag(negation)
+          ->group("")
+          ->each([parse, negation](const std::string& text) { parse(parse_bool(text, negation) ? "false" : "true"); })
+          ->trigger_on_parse();
+    } else {
+      app.add_option(names, o.help)
+          ->type_name(o.value_name)
+          ->default_str(plain(o.show()))
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+          ->each([parse](const std::string& text) { parse(text); })
+          ->trigger_on_parse();
+    }
+  }
 }
 
 bool Cli::parse(int argc, const char* const* argv) {
+  // CLI11 reads `--name=` as `--name` and then takes the next argument as the value; Strata reads it as an
+  // empty value (e.g. `--grid-dim=`, the default). CLI11 also wants the arguments last first.
+  std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(usage().c_str(), stdout);
-      return false;
-    }
-    const Option* option = nullptr;
-    std::string value;
-    bool has_value = false;
-    std::string shown = arg;
-    if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
-      std::string name = arg.substr(2);
-      if (auto eq = name.find('='); eq != std::string::npos) {
-        value = name.substr(eq + 1);
-        name = name.substr(0, eq);
-        has_value = true;
-      }
-      shown = "--" + name;
-      option = find_long(name);
-      if (!option && name.rfind("no-", 0) == 0 && !has_value) {
-        const Option* negated = find_long(name.substr(3));
-        if (negated && negated->value_name.empty()) {
-          negated->parse("false");
-          continue;
-        }
-      }
-    } else if (arg.size() >= 2 && arg[0] == '-' && arg[1] != '-') {
-      option = find_short(arg[1]);
-      shown = arg.substr(0, 2);
-      if (arg.size() > 2) {
-        value = arg.substr(2);
-        has_value = true;
-      }
+    if (arg.size() > 3 && arg.rfind("--", 0) == 0 && arg.back() == '=' && arg.find('=') == arg.size() - 1) {
+      args.push_back(arg.substr(0, arg.size() - 1));
+      args.emplace_back();
     } else {
-      throw UsageError("unexpected argument '" + arg + "' (see --help)");
+      args.push_back(std::move(arg));
     }
-    if (!option) throw UsageError("unknown flag " + shown + " (see --help)");
-    if (option->value_name.empty()) {
-      option->parse(has_value ? value : "true");
-      continue;
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) throw UsageError("flag " + shown + " needs a value (" + option->value_name + ")");
-      value = argv[++i];
-    }
-    option->parse(value);
+  }
+  std::reverse(args.begin(), args.end());
+
+  CLI::App app;
+  build(app);
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(usage().c_str(), stdout);
+    return false;
+  } catch (const CLI::ArgumentMismatch& e) {
+    // The only mismatch these declarations allow: a value missing at the end of the line ("--iters: 1 required
+    // N missing").
+    std::string message = e.what();
+    throw UsageError("flag " + message.substr(0, message.find(':')) + " needs a value");
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+  std::vector<std::string> extras = app.remaining();
+  if (!extras.empty()) {
+    const std::string& arg = extras.front();
+    if (arg.rfind("--", 0) == 0 && arg.size() > 2)
+      throw UsageError("unknown flag " + arg.substr(0, arg.find('=')) + " (see --help)");
+    if (arg.size() >= 2 && arg[0] == '-')
+      throw UsageError("unknown flag " + arg.substr(0, 2) + " (see --help)");
+    throw UsageError("unexpected argument '" + arg + "' (see --help)");
   }
   return true;
 }
 
 std::string Cli::usage() const {
-  std::string text = "usage: " + program_ + " [options]\n" + summary_ + "\n\noptions:\n";
-  for (const auto& o : options_) {
-    std::string names = "  ";
-    names += o.short_name ? std::string("-") + o.short_name + ", " : "    ";
-    names += "--" + o.long_name;
-    if (!o.value_name.empty()) names += " " + o.value_name;
-    if (names.size() < 34) names.resize(34, ' ');
-    std::string also;
-    for (const auto& [alias, existing] : aliases_)
-      if (existing == o.long_name) also += (also.empty() ? " (also --" : ", --") + alias;
-    if (!also.empty()) also += ")";
-    text += names + " " + o.help + also + " [" + o.show() + "]\n";
-  }
-  text += "  -h, --help                       this text\n";
-  return text;
+  CLI::App app;
+  build(app);
+  return app.help();
 }
 
 std::string Cli::resolved_json() const {
-  std::vector<std::pair<std::string, std::string>> members;
-  for (const auto& o : options_) members.emplace_back(o.long_name, o.show());
-  return json_object(members);
+  nlohmann::ordered_json resolved = nlohmann::ordered_json::object();
+  for (const auto& o : options_) resolved[o.long_name] = o.show();
+  return resolved.dump();
 }
 
 }  // namespace strata

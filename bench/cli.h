@@ -1,12 +1,23 @@
 // Command-line parsing shared by every Strata program: long and short flags (`--iters 20`, `--iters=20`,
 // `-n 20`), strict number parsing, sizes with K/M/G suffixes, and the resolved configuration as JSON so
 // each run records exactly what it was asked to do. Bad input throws UsageError (exit code 2).
+//
+// The declarations are kept here and a CLI11 application is built from them for each parse and each usage
+// text: aliases are declared after the option they name, and CLI11 cannot add a name to an option it holds,
+// and the usage shows the values current when it is printed.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace CLI {
+class App;
+}
 
 namespace strata {
 
@@ -22,9 +33,9 @@ class Cli {
  public:
   Cli(std::string program, std::string summary);
 
-  // An option with a value. `parse` receives the text; `show` renders the current value as JSON.
+  // An option with a value. `parse` receives the text; `show` gives the current value as JSON.
   void add(const std::string& long_name, char short_name, const std::string& value_name, const std::string& help,
-           std::function<void(const std::string&)> parse, std::function<std::string()> show);
+           std::function<void(const std::string&)> parse, std::function<nlohmann::json()> show);
   // A switch: `--name` sets true, `--name=false` / `--no-name` false.
   void flag(const std::string& long_name, char short_name, const std::string& help, bool& target);
 
@@ -54,11 +65,12 @@ class Cli {
     std::string value_name;  // empty for switches
     std::string help;
     std::function<void(const std::string&)> parse;
-    std::function<std::string()> show;
+    std::function<nlohmann::json()> show;
+    std::vector<std::string> aliases;
   };
-  const Option* find_long(const std::string& name) const;
-  std::vector<std::pair<std::string, std::string>> aliases_;  // alias -> existing
-  const Option* find_short(char name) const;
+  Option* find(const std::string& long_name);
+  bool taken(const std::string& long_name) const;
+  void build(CLI::App& app) const;
 
   std::string program_;
   std::string summary_;

@@ -9,8 +9,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <nlohmann/json.hpp>
+
 #include "bench/cli.h"
-#include "bench/json.h"
 #include "build_info.h"
 #include "git_commit.h"
 #include "kernels/blas.h"
@@ -182,11 +183,11 @@ RunContext collect_context(int argc, const char* const* argv, const std::string&
   a["n_nodes"] = std::to_string(ctx.n_nodes);
   a["n_ranks"] = std::to_string(ctx.n_ranks);
   a["ranks_per_node"] = ctx.ranks_per_node;
-  a["hosts"] = json_array_of_strings(node_hosts);
+  a["hosts"] = nlohmann::json(node_hosts).dump();
 
   auto& e = ctx.env;
-  e["hosts"] = json_array_of_strings(node_hosts);
-  e["load_average_at_start"] = json_array_of_strings(node_loads);  // per node: 1, 5, 15 minutes
+  e["hosts"] = a["hosts"];
+  e["load_average_at_start"] = nlohmann::json(node_loads).dump();  // per node: 1, 5, 15 minutes
   e["cpus_online"] = std::to_string(online);
   e["oversubscribed"] = ctx.oversubscribed ? "yes" : "no";
   e["mpi_library"] = mpi_library_version();
@@ -196,10 +197,10 @@ RunContext collect_context(int argc, const char* const* argv, const std::string&
   e["blas_corename"] = blas::corename();
   e["blas_threads_per_rank"] = std::to_string(blas::threads());
   e["cpu_model"] = ctx.machine.description.cpu.model_name;
-  std::string all_nodes = "[";
+  nlohmann::json all_nodes = nlohmann::json::array();
   for (const std::string& m : machines)
-    if (!m.empty()) all_nodes += (all_nodes.size() > 1 ? "," : "") + m;
-  add_machine_env(e, ctx.machine, ctx.blas_core, all_nodes + "]");
+    if (!m.empty()) all_nodes.push_back(nlohmann::json::parse(m));
+  add_machine_env(e, ctx.machine, ctx.blas_core, all_nodes.dump());
   e["compiler"] = STRATA_BUILD_COMPILER;
   e["cxx_flags"] = STRATA_BUILD_CXX_FLAGS;
   e["build_type"] = STRATA_BUILD_TYPE;

@@ -1,6 +1,8 @@
 // Unit tests of flag parsing, shape parsing and FLOP counts (bench/cli.h, kernels/gemm.h).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "bench/check.h"
 #include "bench/cli.h"
 #include "kernels/gemm.h"
@@ -11,6 +13,16 @@ namespace {
 bool parse(Cli& cli, std::vector<const char*> args) {
   args.insert(args.begin(), "prog");
   return cli.parse(static_cast<int>(args.size()), args.data());
+}
+
+// The UsageError's message, or "no error".
+std::string error_of(Cli& cli, std::vector<const char*> args) {
+  try {
+    parse(cli, args);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no error";
 }
 }  // namespace
 
@@ -32,31 +44,139 @@ TEST(Cli, LongShortAndEqualsForms) {
   EXPECT_TRUE(parse(cli, {"--iters=9", "--no-quiet", "-n3"}));
   EXPECT_EQ(iters, 3);
   EXPECT_FALSE(quiet);
-  EXPECT_EQ(cli.resolved_json(), R"({"iters": 3, "max-time": 0.5, "name": "abc", "quiet": false})");
+  EXPECT_EQ(cli.resolved_json(), R"({"iters":3,"max-time":0.5,"name":"abc","quiet":false})");
 }
 
 TEST(Cli, BadInputNamesTheProblem) {
   int iters = 1;
+  double budget = 0;
+  bool quiet = false;
   std::string backend = "cpu";
   Cli cli("prog", "test");
   cli.option("iters", 'n', "", iters, 1);
+  cli.option("max-time", 0, "", budget, 0.0);
+  cli.flag("quiet", 'q', "", quiet);
   cli.choice("backend", 0, "", backend, {"cpu", "cuda"});
-  auto message = [&](std::vector<const char*> args) {
-    try {
-      parse(cli, args);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto message = [&](std::vector<const char*> args) { return error_of(cli, std::move(args)); };
   EXPECT_NE(message({"--bogus"}).find("unknown flag --bogus"), std::string::npos);
+  EXPECT_NE(message({"--bogus=3"}).find("unknown flag --bogus "), std::string::npos);
   EXPECT_NE(message({"-z"}).find("unknown flag -z"), std::string::npos);
-  EXPECT_NE(message({"--iters"}).find("needs a value"), std::string::npos);
+  EXPECT_NE(message({"--iters"}).find("--iters needs a value"), std::string::npos);
+  EXPECT_NE(message({"-n"}).find("--iters needs a value"), std::string::npos);
   EXPECT_NE(message({"--iters", "ten"}).find("expected an integer"), std::string::npos);
   EXPECT_NE(message({"--iters", "0"}).find("between 1"), std::string::npos);
   EXPECT_NE(message({"--iters", "-3"}).find("between 1"), std::string::npos);
+  EXPECT_NE(message({"--iters=7", "--iters", "0"}).find("between 1"), std::string::npos);
+  EXPECT_NE(message({"--max-time", "-1"}).find("--max-time must be at least 0, got -1"), std::string::npos);
+  EXPECT_NE(message({"--quiet=maybe"}).find("invalid value 'maybe' for --quiet"), std::string::npos);
+  EXPECT_NE(message({"--no-quiet=maybe"}).find("invalid value 'maybe' for --no-quiet"), std::string::npos);
   EXPECT_NE(message({"--backend", "tpu"}).find("expected one of cpu|cuda"), std::string::npos);
-  EXPECT_NE(message({"stray"}).find("unexpected argument"), std::string::npos);
+  EXPECT_NE(message({"--backend=tpu"}).find("invalid value 'tpu' for --backend"), std::string::npos);
+  EXPECT_NE(message({"stray"}).find("unexpected argument 'stray'"), std::string::npos);
+  EXPECT_NE(message({"-q", "false"}).find("unexpected argument 'false'"), std::string::npos);
+}
+
+TEST(Cli, ChoicesAndSwitchesTakeEveryForm) {
+  std::string backend = "cpu";
+  std::string grid_dim = "tp";
+  bool quiet = false;
+  int iters = 1;
+  Cli cli("prog", "test");
+  cli.choice("backend", 'b', "", backend, {"cpu", "cuda"});
+  cli.choice("grid-dim", 0, "", grid_dim, {"", "tp", "pp", "dp"});
+  cli.flag("quiet", 'q', "", quiet);
+  cli.option("iters", 'n', "", iters, 1);
+  EXPECT_TRUE(parse(cli, {"--backend=cuda"}));
+  EXPECT_EQ(backend, "cuda");
+  EXPECT_TRUE(parse(cli, {"-bcpu"}));
+  EXPECT_EQ(backend, "cpu");
+  // An empty value after '=' is a value, not a request to take the next argument.
+  EXPECT_TRUE(parse(cli, {"--grid-dim=", "-n", "4"}));
+  EXPECT_EQ(grid_dim, "");
+  EXPECT_EQ(iters, 4);
+  // The last of several settings of one switch or option wins, whichever spelling each uses.
+  EXPECT_TRUE(parse(cli, {"--quiet", "--no-quiet", "-n", "2", "--iters=5"}));
+  EXPECT_FALSE(quiet);
+  EXPECT_EQ(iters, 5);
+  EXPECT_TRUE(parse(cli, {"--no-quiet", "-q"}));
+  EXPECT_TRUE(quiet);
+  EXPECT_TRUE(parse(cli, {"--quiet=off"}));
+  EXPECT_FALSE(quiet);
+  EXPECT_TRUE(parse(cli, {"--no-quiet=false"}));
+  EXPECT_TRUE(quiet);
+  EXPECT_TRUE(parse(cli, {"-qn6"}));
+  EXPECT_TRUE(quiet);
+  EXPECT_EQ(iters, 6);
+}
+
+TEST(Cli, AliasesTakeEveryFormAndErrorsNameTheOption) {
+  int64_t minbytes = 8;
+  int warmup = 5;
+  Cli cli("prog", "test");
+  cli.option("minbytes", 'b', "", minbytes, 0);
+  cli.option("warmup", 'w', "", warmup, 0);
+  cli.alias("warmup_iters", "warmup");
+  cli.alias("min-bytes", "minbytes");
+  EXPECT_TRUE(parse(cli, {"--warmup_iters=3", "--min-bytes", "64"}));
+  EXPECT_EQ(warmup, 3);
+  EXPECT_EQ(minbytes, 64);
+  EXPECT_TRUE(parse(cli, {"-w", "2", "-b", "16"}));
+  EXPECT_EQ(warmup, 2);
+  EXPECT_EQ(minbytes, 16);
+  EXPECT_NE(error_of(cli, {"--warmup_iters=-1"}).find("--warmup must be between 0"), std::string::npos);
+  EXPECT_NE(error_of(cli, {"--warmup_iters"}).find("--warmup needs a value"), std::string::npos);
+  // Aliases are spellings, not options: the configuration records the declared name only.
+  EXPECT_EQ(nlohmann::json::parse(cli.resolved_json()), nlohmann::json::parse(R"({"minbytes":16,"warmup":2})"));
+  EXPECT_THROW(cli.alias("warmup", "minbytes"), RuntimeError);
+  EXPECT_THROW(cli.alias("w2", "nothing"), RuntimeError);
+}
+
+TEST(Cli, ResolvedJsonRoundTripsInDeclarationOrder) {
+  int iters = 20;
+  int64_t bytes = int64_t{1} << 40;
+  double budget = 0.1;
+  std::string output = "a \"quoted\" path\\with\ttab\nand line";
+  std::string backend = "cpu";
+  bool quiet = true;
+  Cli cli("prog", "test");
+  cli.option("zeta-iters", 'n', "", iters, 1);
+  cli.option("bytes", 0, "", bytes, 0);
+  cli.option("max-time", 0, "", budget, 0.0);
+  cli.option("output", 'O', "", output);
+  cli.choice("backend", 0, "", backend, {"cpu", "cuda"});
+  cli.flag("quiet", 'q', "", quiet);
+  EXPECT_TRUE(parse(cli, {"--backend", "cuda"}));
+  const std::string text = cli.resolved_json();
+  nlohmann::ordered_json resolved = nlohmann::ordered_json::parse(text);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : resolved.items()) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"zeta-iters", "bytes", "max-time", "output", "backend", "quiet"}));
+  EXPECT_EQ(resolved["zeta-iters"].get<int>(), 20);
+  EXPECT_EQ(resolved["bytes"].get<int64_t>(), int64_t{1} << 40);
+  EXPECT_EQ(resolved["max-time"].get<double>(), 0.1);  // exactly: the shortest text that reads back
+  EXPECT_EQ(resolved["output"].get<std::string>(), output);
+  EXPECT_EQ(resolved["backend"].get<std::string>(), "cuda");
+  EXPECT_EQ(resolved["quiet"].get<bool>(), true);
+}
+
+TEST(Cli, UsageListsOptionsWithCurrentValues) {
+  int warmup = 5;
+  std::string backend = "cpu";
+  bool quiet = false;
+  Cli cli("prog", "what the program does");
+  cli.option("warmup", 'w', "untimed iterations", warmup, 0);
+  cli.alias("warmup_iters", "warmup");
+  cli.choice("backend", 0, "where it runs", backend, {"cpu", "cuda"});
+  cli.flag("quiet", 'q', "no progress", quiet);
+  EXPECT_TRUE(parse(cli, {"-w", "9"}));
+  const std::string text = cli.usage();
+  EXPECT_NE(text.find("what the program does"), std::string::npos) << text;
+  EXPECT_NE(text.find("usage: prog [options]"), std::string::npos) << text;
+  EXPECT_NE(text.find("-w,--warmup,--warmup_iters N=9"), std::string::npos) << text;
+  EXPECT_NE(text.find("--backend cpu|cuda=cpu"), std::string::npos) << text;
+  EXPECT_NE(text.find("-q,--quiet "), std::string::npos) << text;
+  EXPECT_EQ(text.find("--no-quiet"), std::string::npos) << text;  // as before: the negation is not listed
+  EXPECT_NE(text.find("-h,--help"), std::string::npos) << text;
 }
 
 TEST(Cli, HelpReturnsFalse) {
