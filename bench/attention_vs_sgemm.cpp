@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/mpi_error.h"
 #include "bench/check.h"
 #include "bench/cli.h"
 #include "kernels/attention.h"
@@ -343,7 +344,7 @@ int main(int argc, char** argv) {
   int code = 0;
   try {
     code = run(argc, argv);
-  } catch (const strata::UsageError& e) {
+  } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "usage error: %s\n", e.what());
     code = 2;
   } catch (const std::exception& e) {

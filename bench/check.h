@@ -1,5 +1,6 @@
-// Error checking shared by every Strata program: each MPI, HDF5, CUDA and NCCL call goes through one of
-// these macros, so a failure names the call, the file and the line instead of a bare error code.
+// The programs' errors and the checks of the GPU libraries they call directly: each CUDA, cuBLAS and NCCL call
+// goes through one of these macros, so a failure names the call, the file and the line instead of a bare error
+// code. MPI calls are checked with STRATA_MPI_CHECK (collectives/mpi_error.h), HDF5 calls inside results/.
 #pragma once
 
 #include <stdexcept>
@@ -7,9 +8,10 @@
 
 namespace strata {
 
-// A problem with what the user asked for (flag, value, path). Programs turn it into exit code 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+// A problem with what the user asked for (flag, value, path). Programs turn it, and the std::invalid_argument
+// that the layers below throw for arguments they refuse, into exit code 2.
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
 };
 
 // A failure of a library or of the machine while running. Programs turn it into exit code 1.
@@ -24,28 +26,6 @@ struct RuntimeError : std::runtime_error {
 }
 
 }  // namespace strata
-
-// MPI: the error string comes from the library. Requires <mpi.h> and MPI_ERRORS_RETURN on the communicator
-// (the harness sets it on MPI_COMM_WORLD).
-#define STRATA_MPI_CHECK(call)                                                    \
-  do {                                                                            \
-    int strata_mpi_rc_ = (call);                                                  \
-    if (strata_mpi_rc_ != MPI_SUCCESS) {                                          \
-      char strata_msg_[MPI_MAX_ERROR_STRING];                                     \
-      int strata_len_ = 0;                                                        \
-      MPI_Error_string(strata_mpi_rc_, strata_msg_, &strata_len_);                \
-      ::strata::fail_call("MPI", #call, __FILE__, __LINE__,                       \
-                          std::string(strata_msg_, static_cast<size_t>(strata_len_))); \
-    }                                                                             \
-  } while (0)
-
-// HDF5: negative herr_t or hid_t means failure; the HDF5 error stack is printed by the library when enabled.
-#define STRATA_H5_CHECK(call)                                                     \
-  ([&]() {                                                                        \
-    auto strata_h5_rc_ = (call);                                                  \
-    if (strata_h5_rc_ < 0) ::strata::fail_call("HDF5", #call, __FILE__, __LINE__, ""); \
-    return strata_h5_rc_;                                                         \
-  }())
 
 #define STRATA_CUDA_CHECK(call)                                                   \
   do {                                                                            \

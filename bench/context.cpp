@@ -1,4 +1,5 @@
 // Implementation of the run context (see context.h).
+#include "collectives/mpi_error.h"
 #include "bench/context.h"
 
 #include <hdf5.h>

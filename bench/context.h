@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/check.h"
 #include "bench/machine.h"
-#include "bench/mpi.h"
+#include "collectives/mpi.h"
 
 namespace strata {
 

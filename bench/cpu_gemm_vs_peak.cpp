@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   strata::run_openblas_on_the_right_core(argv);
   try {
     return run(argc, argv);
-  } catch (const strata::UsageError& e) {
+  } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "strata-bench-cpu-gemm: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {

@@ -5,6 +5,8 @@
 #include <memory>
 
 #include "bench/harness.h"
+#include "bench/shapes.h"
+#include "train/model_config.h"
 #include "kernels/cpu_gemm.h"
 #include "kernels/cuda_info.h"
 #include "kernels/gemm_cpu.h"
@@ -95,8 +97,11 @@ std::vector<GemmCase> plan_cases(const GemmOptions& o, cpu_gemm::Backend fastest
   if (!o.square.empty())
     for (int64_t s : parse_square(o.square)) shapes.emplace_back(gemm::Shape{s, s, s}, "square");
   if (!o.presets.empty())
-    for (const auto& model : split(o.presets, ','))
-      for (const auto& named : gemm::preset_shapes(model, o.tokens, o.tp)) shapes.emplace_back(named.shape, named.source);
+    for (const auto& name : split(o.presets, ',')) {
+      const train::ModelConfig model = train::preset(name);
+      for (const auto& layer : train::layer_gemms(model, o.tokens, o.tp))
+        shapes.emplace_back(gemm::Shape{layer.m, layer.n, layer.k}, name + "/" + layer.name);
+    }
   if (shapes.empty())
     for (int64_t s : parse_square("256:2048")) shapes.emplace_back(gemm::Shape{s, s, s}, "square");
 
@@ -143,7 +148,7 @@ int run_gemm(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
   if (list_presets) {
     if (world_rank() == 0)
-      for (const auto& n : gemm::preset_names()) std::printf("%s\n", n.c_str());
+      for (const auto& n : train::preset_names()) std::printf("%s\n", n.c_str());
     return 0;
   }
   if (o.backend == "cuda" && o.libraries != "auto") throw UsageError("--library applies to the cpu backend only");

@@ -129,7 +129,7 @@ Run::Run(std::string benchmark, int argc, const char* const* argv, const Harness
       writer_ = std::make_unique<ResultsWriter>(output_path_, run_id_, attrs);
       writer_->write_env(context_.env);
       write_ranks_table();
-    } catch (const UsageError& e) {
+    } catch (const std::invalid_argument& e) {
       error = e.what();
     } catch (const std::filesystem::filesystem_error& e) {
       error = std::string("cannot create the results folder: ") + e.what();
@@ -435,7 +435,7 @@ int program_main(int argc, char** argv, const char* program, const std::function
   int rank = world_rank();
   try {
     return body();
-  } catch (const UsageError& e) {
+  } catch (const std::invalid_argument& e) {
     if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, e.what());
     return 2;
   } catch (const Interrupted& i) {

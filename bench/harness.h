@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/check.h"
 #include "bench/cli.h"
 #include "bench/context.h"
-#include "bench/mpi.h"
+#include "collectives/mpi.h"
 #include "bench/stats.h"
 #include "bench/timer.h"
 #include "results/table.h"

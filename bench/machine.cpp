@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "bench/mpi.h"
+#include "collectives/mpi.h"
 #include "build_info.h"
 #include "kernels/blas.h"
 

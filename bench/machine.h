@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "bench/check.h"
 #include "bench/blas_core.h"
 #include "kernels/machine.h"
 

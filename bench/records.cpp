@@ -7,7 +7,7 @@
 
 #include "bench/check.h"
 #include "bench/harness.h"
-#include "bench/mpi.h"
+#include "collectives/mpi.h"
 #include "results/schema.h"
 
 namespace strata {

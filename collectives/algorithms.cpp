@@ -4,6 +4,7 @@
 // ones compose ring passes on the intra-node and inter-node communicators.
 #include "collectives/algorithms.h"
 
+#include <stdexcept>
 #include <algorithm>
 #include <bit>
 #include <climits>
@@ -13,7 +14,7 @@
 #include <numeric>
 #include <string>
 
-#include "bench/check.h"
+#include "collectives/mpi_error.h"
 #include "collectives/layout.h"
 
 namespace strata::coll {
@@ -376,7 +377,7 @@ struct NodeTable {
 
 NodeTable node_table(const Context& ctx, int rank, int n) {
   if (ctx.intra == MPI_COMM_NULL || ctx.inter == MPI_COMM_NULL)
-    throw UsageError("hierarchical algorithms need the intra-node and inter-node communicators");
+    throw std::invalid_argument("hierarchical algorithms need the intra-node and inter-node communicators");
   const std::vector<int> node_ids = node_map(ctx, n);
   std::vector<int> distinct = node_ids;
   std::sort(distinct.begin(), distinct.end());
@@ -398,13 +399,13 @@ NodeTable node_table(const Context& ctx, int rank, int n) {
   const auto [fewest, most] = std::minmax_element(members.begin(), members.end(),
                                                   [](const auto& a, const auto& b) { return a.size() < b.size(); });
   if (fewest->size() != most->size())
-    throw UsageError("hierarchical algorithms need the same number of ranks on every node; nodes hold " +
+    throw std::invalid_argument("hierarchical algorithms need the same number of ranks on every node; nodes hold " +
                      std::to_string(fewest->size()) + " to " + std::to_string(most->size()));
   table.per_node = static_cast<int>(most->size());
   for (const auto& node : members) table.rank_at.insert(table.rank_at.end(), node.begin(), node.end());
   if (comm_size(ctx.intra) != table.per_node || comm_rank(ctx.intra) != table.my_local ||
       comm_size(ctx.inter) != table.nodes || comm_rank(ctx.inter) != table.my_node)
-    throw RuntimeError("the intra and inter communicators do not match the node map (rank " + std::to_string(rank) +
+    throw std::runtime_error("the intra and inter communicators do not match the node map (rank " + std::to_string(rank) +
                        ")");
   return table;
 }
@@ -554,20 +555,20 @@ struct Call {
 
 Call begin_call(Operation operation, Algo algo, const Context& ctx, DataType dtype) {
   if (!is_supported(operation, algo))
-    throw UsageError(std::string(name(operation)) + " has no " + std::string(name(algo)) + " algorithm");
+    throw std::invalid_argument(std::string(name(operation)) + " has no " + std::string(name(algo)) + " algorithm");
   const Call call{ctx.rank >= 0 ? ctx.rank : comm_rank(ctx.comm), ctx.size >= 0 ? ctx.size : comm_size(ctx.comm),
                   size_of(dtype)};
   if (!ctx.node_of_rank.empty() && ctx.node_of_rank.size() != static_cast<std::size_t>(call.n))
-    throw UsageError("the node map has " + std::to_string(ctx.node_of_rank.size()) +
+    throw std::invalid_argument("the node map has " + std::to_string(ctx.node_of_rank.size()) +
                      " entries but the communicator has " + std::to_string(call.n) + " ranks");
   if (algo == Algo::library && ctx.types == nullptr)
-    throw UsageError("the library path needs the MPI types (Context::types)");
+    throw std::invalid_argument("the library path needs the MPI types (Context::types)");
   return call;
 }
 
 int mpi_count(std::size_t count) {
   if (count > static_cast<std::size_t>(INT_MAX))
-    throw UsageError("the MPI library path takes at most " + std::to_string(INT_MAX) + " elements, not " +
+    throw std::invalid_argument("the MPI library path takes at most " + std::to_string(INT_MAX) + " elements, not " +
                      std::to_string(count));
   return static_cast<int>(count);
 }
@@ -758,7 +759,7 @@ Traffic broadcast(Algo algo, const void* sendbuf, void* recvbuf, std::size_t cou
                   const Context& ctx) {
   const Call call = begin_call(Operation::broadcast, algo, ctx, dtype);
   if (root < 0 || root >= call.n)
-    throw UsageError("broadcast root " + std::to_string(root) + " is not a rank of the communicator");
+    throw std::invalid_argument("broadcast root " + std::to_string(root) + " is not a rank of the communicator");
   const std::size_t bytes = count * call.elem_size;
   if (call.rank == root) copy_bytes(recvbuf, sendbuf, bytes);
   Traffic traffic;
@@ -779,7 +780,7 @@ Traffic reduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count,
                int root, const Context& ctx) {
   const Call call = begin_call(Operation::reduce, algo, ctx, dtype);
   if (root < 0 || root >= call.n)
-    throw UsageError("reduce root " + std::to_string(root) + " is not a rank of the communicator");
+    throw std::invalid_argument("reduce root " + std::to_string(root) + " is not a rank of the communicator");
   const bool is_root = call.rank == root;
   const std::size_t bytes = count * call.elem_size;
   Traffic traffic;

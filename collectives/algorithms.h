@@ -70,7 +70,7 @@ struct Context {
 // MPI_COMM_WORLD with the layout's node map and communicators.
 Context world_context(const Layout& layout, const MpiTypes& types);
 
-// Unsupported (operation, algo) pairs and bad arguments throw strata::UsageError.
+// Unsupported (operation, algo) pairs and bad arguments throw std::invalid_argument.
 Traffic allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
                   const Context& ctx);
 // count elements from each rank; recvbuf holds size * count, in rank order.

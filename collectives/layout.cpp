@@ -1,11 +1,12 @@
 // Node layout (real or emulated) and the parallelism grid, built from MPI_COMM_WORLD.
 #include "collectives/layout.h"
 
+#include <stdexcept>
 #include <algorithm>
 #include <charconv>
 #include <utility>
 
-#include "bench/check.h"
+#include "collectives/mpi_error.h"
 
 namespace strata::coll {
 
@@ -20,7 +21,7 @@ namespace {
 
 std::vector<int> emulated_node_of_rank(int ranks_per_node, int size) {
   if (ranks_per_node < 0 || size % ranks_per_node != 0)
-    throw UsageError("ranks per node " + std::to_string(ranks_per_node) + " must be positive and divide the " +
+    throw std::invalid_argument("ranks per node " + std::to_string(ranks_per_node) + " must be positive and divide the " +
                      std::to_string(size) + " ranks of the job");
   std::vector<int> node_of_rank;
   for (int r = 0; r < size; ++r) node_of_rank.push_back(r / ranks_per_node);
@@ -31,7 +32,7 @@ int parse_grid_size(std::string_view key, std::string_view value) {
   int parsed = 0;
   const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parsed);
   if (error != std::errc() || end != value.data() + value.size() || parsed < 1)
-    throw UsageError("grid size " + std::string(key) + "=" + std::string(value) + " is not a positive integer");
+    throw std::invalid_argument("grid size " + std::string(key) + "=" + std::string(value) + " is not a positive integer");
   return parsed;
 }
 
@@ -67,7 +68,7 @@ std::vector<int> Layout::node_of_ranks_in(MPI_Comm comm) const {
 }
 
 GridShape parse_grid(std::string_view spec) {
-  if (spec.empty()) throw UsageError("grid is empty; expected e.g. tp=2,pp=1,dp=2");
+  if (spec.empty()) throw std::invalid_argument("grid is empty; expected e.g. tp=2,pp=1,dp=2");
   GridShape shape;
   bool seen[3] = {false, false, false};
   while (!spec.empty()) {
@@ -76,12 +77,12 @@ GridShape parse_grid(std::string_view spec) {
     spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
     const std::size_t equals = item.find('=');
     if (equals == std::string_view::npos)
-      throw UsageError("grid item '" + std::string(item) + "' is not of the form tp=N, pp=N or dp=N");
+      throw std::invalid_argument("grid item '" + std::string(item) + "' is not of the form tp=N, pp=N or dp=N");
     const std::string_view key = item.substr(0, equals);
     const std::string_view value = item.substr(equals + 1);
     const int which = key == "tp" ? 0 : key == "pp" ? 1 : key == "dp" ? 2 : -1;
-    if (which < 0) throw UsageError("grid key '" + std::string(key) + "' is unknown; expected tp, pp or dp");
-    if (seen[which]) throw UsageError("grid key '" + std::string(key) + "' is given twice");
+    if (which < 0) throw std::invalid_argument("grid key '" + std::string(key) + "' is unknown; expected tp, pp or dp");
+    if (seen[which]) throw std::invalid_argument("grid key '" + std::string(key) + "' is given twice");
     seen[which] = true;
     (which == 0 ? shape.tp : which == 1 ? shape.pp : shape.dp) = parse_grid_size(key, value);
   }
@@ -94,11 +95,11 @@ std::string format_grid(const GridShape& shape) {
 
 Grid::Grid(const GridShape& shape, const Layout& layout) : shape_(shape) {
   if (shape.size() != layout.world_size())
-    throw UsageError("grid " + format_grid(shape) + " needs " + std::to_string(shape.size()) +
+    throw std::invalid_argument("grid " + format_grid(shape) + " needs " + std::to_string(shape.size()) +
                      " ranks but the job has " + std::to_string(layout.world_size()));
   if (const int start = first_tp_group_across_nodes(shape.tp, layout.node_of_rank()); start >= 0) {
     const int node = layout.node_of_rank()[static_cast<std::size_t>(start)];
-    throw UsageError("grid " + format_grid(shape) + ": the TP group of world ranks " + std::to_string(start) + ".." +
+    throw std::invalid_argument("grid " + format_grid(shape) + ": the TP group of world ranks " + std::to_string(start) + ".." +
                      std::to_string(start + shape.tp - 1) + " spans more than one node; tp must divide the ranks " +
                      "per node (node " + std::to_string(node) + " has " + std::to_string(layout.ranks_on_node(node)) +
                      ")");

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "bench/mpi.h"
+#include "collectives/mpi.h"
 
 namespace strata::coll {
 
@@ -19,7 +19,7 @@ using strata::Comm;
 class Layout {
  public:
   // ranks_per_node == 0: real nodes (ranks sharing memory). Otherwise emulated nodes of ranks_per_node
-  // consecutive world ranks; it must divide the world size (strata::UsageError otherwise). Collective over
+  // consecutive world ranks; it must divide the world size (std::invalid_argument otherwise). Collective over
   // MPI_COMM_WORLD.
   explicit Layout(int ranks_per_node = 0);
 
@@ -58,7 +58,7 @@ struct GridShape {
   bool operator==(const GridShape&) const = default;
 };
 
-// "tp=T,pp=P,dp=D" in any order; a size left out is 1. strata::UsageError naming the problem otherwise.
+// "tp=T,pp=P,dp=D" in any order; a size left out is 1. std::invalid_argument naming the problem otherwise.
 GridShape parse_grid(std::string_view spec);
 std::string format_grid(const GridShape& shape);
 

@@ -1,4 +1,4 @@
-// MPI errors of the collectives layer: every MPI call goes through STRATA_COLL_MPI_CHECK, so a failure names
+// MPI errors of the collectives layer: every MPI call goes through STRATA_MPI_CHECK, so a failure names
 // the call, the file and the line, with the library's own error string. Requires MPI_ERRORS_RETURN on the
 // communicator (set on MPI_COMM_WORLD at start-up; split communicators inherit it).
 #pragma once
@@ -17,8 +17,8 @@ struct MpiError : std::runtime_error {
 
 }  // namespace strata::coll
 
-#define STRATA_COLL_MPI_CHECK(call)                                                          \
+#define STRATA_MPI_CHECK(call)                                                          \
   do {                                                                                       \
-    const int strata_coll_rc_ = (call);                                                      \
-    if (strata_coll_rc_ != MPI_SUCCESS) ::strata::coll::throw_mpi_error(strata_coll_rc_, #call, __FILE__, __LINE__); \
+    const int strata_mpi_rc_ = (call);                                                      \
+    if (strata_mpi_rc_ != MPI_SUCCESS) ::strata::coll::throw_mpi_error(strata_mpi_rc_, #call, __FILE__, __LINE__); \
   } while (0)

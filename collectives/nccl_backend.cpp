@@ -4,9 +4,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <stdexcept>
 #include <vector>
 
-#include "bench/check.h"
+#include "collectives/gpu_error.h"
+#include "collectives/mpi_error.h"
 
 namespace strata::coll {
 
@@ -21,7 +23,7 @@ ncclDataType_t nccl_type(DataType dtype) {
     case DataType::float16: return ncclFloat16;
     case DataType::bfloat16: return ncclBfloat16;
   }
-  throw UsageError("datatype not available in NCCL");
+  throw std::invalid_argument("datatype not available in NCCL");
 }
 
 ncclRedOp_t nccl_op(RedOp op) {
@@ -32,7 +34,7 @@ ncclRedOp_t nccl_op(RedOp op) {
     case RedOp::max: return ncclMax;
     case RedOp::avg: return ncclAvg;
   }
-  throw UsageError("reduction not available in NCCL");
+  throw std::invalid_argument("reduction not available in NCCL");
 }
 
 struct NcclCommOwner {
@@ -57,18 +59,18 @@ struct NcclBackend::Impl {
 
 NcclBackend::NcclBackend(MPI_Comm group, int group_index, int device) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
-  STRATA_CUDA_CHECK(cudaSetDevice(device));
-  STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  STRATA_COLL_CUDA_CHECK(cudaSetDevice(device));
+  STRATA_COLL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   int world_rank = 0, world_size = 0;
   STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
   STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
   ncclUniqueId id{};
-  if (world_rank == 0) STRATA_NCCL_CHECK(ncclGetUniqueId(&id));
+  if (world_rank == 0) STRATA_COLL_NCCL_CHECK(ncclGetUniqueId(&id));
   STRATA_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
-  STRATA_NCCL_CHECK(ncclCommInitRank(&s.world.comm, world_size, id, world_rank));
+  STRATA_COLL_NCCL_CHECK(ncclCommInitRank(&s.world.comm, world_size, id, world_rank));
   STRATA_MPI_CHECK(MPI_Comm_rank(group, &s.rank));
   STRATA_MPI_CHECK(MPI_Comm_size(group, &s.size));
-  STRATA_NCCL_CHECK(ncclCommSplit(s.world.comm, group_index, s.rank, &s.group.comm, nullptr));
+  STRATA_COLL_NCCL_CHECK(ncclCommSplit(s.world.comm, group_index, s.rank, &s.group.comm, nullptr));
 }
 
 NcclBackend::~NcclBackend() = default;
@@ -83,53 +85,53 @@ void NcclBackend::run(Operation operation, const void* sendbuf, void* recvbuf, s
   const std::size_t elem = size_of(dtype);
   switch (operation) {
     case Operation::allreduce:
-      STRATA_NCCL_CHECK(ncclAllReduce(sendbuf, recvbuf, count, type, nccl_op(op), comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclAllReduce(sendbuf, recvbuf, count, type, nccl_op(op), comm, s.stream));
       break;
     case Operation::allgather:
-      STRATA_NCCL_CHECK(ncclAllGather(sendbuf, recvbuf, count, type, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclAllGather(sendbuf, recvbuf, count, type, comm, s.stream));
       break;
     case Operation::reduce_scatter:
-      STRATA_NCCL_CHECK(ncclReduceScatter(sendbuf, recvbuf, count, type, nccl_op(op), comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclReduceScatter(sendbuf, recvbuf, count, type, nccl_op(op), comm, s.stream));
       break;
     case Operation::broadcast:
-      STRATA_NCCL_CHECK(ncclBroadcast(sendbuf, recvbuf, count, type, root, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclBroadcast(sendbuf, recvbuf, count, type, root, comm, s.stream));
       break;
     case Operation::reduce:
-      STRATA_NCCL_CHECK(ncclReduce(sendbuf, recvbuf, count, type, nccl_op(op), root, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclReduce(sendbuf, recvbuf, count, type, nccl_op(op), root, comm, s.stream));
       break;
     case Operation::alltoall:
       // NCCL has no alltoall: grouped sends and receives, as nccl-tests does.
-      STRATA_NCCL_CHECK(ncclGroupStart());
+      STRATA_COLL_NCCL_CHECK(ncclGroupStart());
       for (int peer = 0; peer < s.size; ++peer) {
-        STRATA_NCCL_CHECK(ncclSend(static_cast<const char*>(sendbuf) + peer * count * elem, count, type, peer, comm, s.stream));
-        STRATA_NCCL_CHECK(ncclRecv(static_cast<char*>(recvbuf) + peer * count * elem, count, type, peer, comm, s.stream));
+        STRATA_COLL_NCCL_CHECK(ncclSend(static_cast<const char*>(sendbuf) + peer * count * elem, count, type, peer, comm, s.stream));
+        STRATA_COLL_NCCL_CHECK(ncclRecv(static_cast<char*>(recvbuf) + peer * count * elem, count, type, peer, comm, s.stream));
       }
-      STRATA_NCCL_CHECK(ncclGroupEnd());
+      STRATA_COLL_NCCL_CHECK(ncclGroupEnd());
       break;
     case Operation::sendrecv:
-      STRATA_NCCL_CHECK(ncclGroupStart());
-      STRATA_NCCL_CHECK(ncclSend(sendbuf, count, type, (s.rank + 1) % s.size, comm, s.stream));
-      STRATA_NCCL_CHECK(ncclRecv(recvbuf, count, type, (s.rank - 1 + s.size) % s.size, comm, s.stream));
-      STRATA_NCCL_CHECK(ncclGroupEnd());
+      STRATA_COLL_NCCL_CHECK(ncclGroupStart());
+      STRATA_COLL_NCCL_CHECK(ncclSend(sendbuf, count, type, (s.rank + 1) % s.size, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclRecv(recvbuf, count, type, (s.rank - 1 + s.size) % s.size, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclGroupEnd());
       break;
   }
 }
 
-void NcclBackend::synchronize() { STRATA_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+void NcclBackend::synchronize() { STRATA_COLL_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
 void* NcclBackend::device_alloc(std::size_t bytes) {
   void* p = nullptr;
-  STRATA_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
+  STRATA_COLL_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
   impl_->allocations.push_back(p);
   return p;
 }
 
 void NcclBackend::copy_to_device(void* device, const void* host, std::size_t bytes) {
-  if (bytes) STRATA_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+  if (bytes) STRATA_COLL_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
 }
 
 void NcclBackend::copy_to_host(void* host, const void* device, std::size_t bytes) {
-  if (bytes) STRATA_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+  if (bytes) STRATA_COLL_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
 }
 
 }  // namespace strata::coll

@@ -37,7 +37,7 @@ struct Channel {
 void post_send(Requests& q, const Channel& ch, const std::byte* buf, std::size_t bytes, int peer) {
   for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += kMaxPiece) {
     const int piece = static_cast<int>(std::min(kMaxPiece, bytes - offset));
-    STRATA_COLL_MPI_CHECK(MPI_Isend(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, &q.list.emplace_back()));
+    STRATA_MPI_CHECK(MPI_Isend(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, &q.list.emplace_back()));
     if (bytes == 0) break;
   }
   if (ch.traffic) {
@@ -49,7 +49,7 @@ void post_send(Requests& q, const Channel& ch, const std::byte* buf, std::size_t
 void post_recv(Requests& q, const Channel& ch, std::byte* buf, std::size_t bytes, int peer) {
   for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += kMaxPiece) {
     const int piece = static_cast<int>(std::min(kMaxPiece, bytes - offset));
-    STRATA_COLL_MPI_CHECK(MPI_Irecv(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, &q.list.emplace_back()));
+    STRATA_MPI_CHECK(MPI_Irecv(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, &q.list.emplace_back()));
     if (bytes == 0) break;
   }
 }
@@ -165,8 +165,8 @@ void require(bool condition, const std::string& message) {
 
 Group::Group(std::string name, Comm comm, std::vector<int> node_of_rank, const MpiTypes& types)
     : name_(std::move(name)), comm_(std::move(comm)), node_of_rank_(std::move(node_of_rank)), types_(types) {
-  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
-  STRATA_COLL_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
+  STRATA_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
+  STRATA_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
   if (static_cast<int>(node_of_rank_.size()) != size_)
     throw std::invalid_argument("group " + name_ + ": node map of " + std::to_string(node_of_rank_.size()) +
                                 " ranks for " + std::to_string(size_));
@@ -179,13 +179,13 @@ Group::Group(std::string name, Comm comm, std::vector<int> node_of_rank, const M
   int local = 0;
   for (int r = 0; r < rank_; ++r) local += node_of_rank_[static_cast<std::size_t>(r)] == my_node;
   MPI_Comm intra = MPI_COMM_NULL, inter = MPI_COMM_NULL;
-  STRATA_COLL_MPI_CHECK(MPI_Comm_split(comm_.get(), my_node, rank_, &intra));
+  STRATA_MPI_CHECK(MPI_Comm_split(comm_.get(), my_node, rank_, &intra));
   intra_ = Comm(intra);
-  STRATA_COLL_MPI_CHECK(MPI_Comm_split(comm_.get(), local, my_node, &inter));
+  STRATA_MPI_CHECK(MPI_Comm_split(comm_.get(), local, my_node, &inter));
   inter_ = Comm(inter);
   intra_nodes_.assign(static_cast<std::size_t>(per_node[my_node]), my_node);
   int inter_size = 0;
-  STRATA_COLL_MPI_CHECK(MPI_Comm_size(inter_.get(), &inter_size));
+  STRATA_MPI_CHECK(MPI_Comm_size(inter_.get(), &inter_size));
   inter_nodes_.resize(static_cast<std::size_t>(inter_size));
   std::iota(inter_nodes_.begin(), inter_nodes_.end(), 1'000'000);  // all distinct: every message crosses nodes
   send_sequence_.assign(static_cast<std::size_t>(size_), 0);
@@ -216,7 +216,7 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
   const int tag = next_collective_tag();
   if (algo == Algo::library) {
     MPI_Request request;
-    STRATA_COLL_MPI_CHECK(MPI_Iallreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
+    STRATA_MPI_CHECK(MPI_Iallreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
                                          types_.datatype(dtype), types_.op(dtype, op), comm_.get(), &request));
     return Work::start([&](Traffic*) {
       return library_then(request, op == RedOp::avg ? out : nullptr, count, dtype, size_, nullptr, nullptr, 0);
@@ -239,8 +239,8 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
   // Hierarchical: reduce-scatter in the node, allreduce of my shard across nodes, allgather in the node.
   const int per_node = static_cast<int>(intra_nodes_.size());
   int local = 0, node_position = 0;
-  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
-  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
   auto scratch = std::make_shared<Scratch>((count / static_cast<std::size_t>(per_node) + 1) * size_of(dtype));
   return Work::start(
       [&](Traffic* traffic) {
@@ -278,7 +278,7 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
     auto scratch = std::make_shared<Scratch>(in_place ? total : 0);
     if (in_place) std::memcpy(scratch->get(), in, total);
     MPI_Request request;
-    STRATA_COLL_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? scratch->get() : in, out, static_cast<int>(recvcount),
+    STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? scratch->get() : in, out, static_cast<int>(recvcount),
                                                     types_.datatype(dtype), types_.op(dtype, op), comm_.get(), &request));
     return Work::start(
         [&](Traffic*) { return library_then(request, op == RedOp::avg ? out : nullptr, recvcount, dtype, size_, nullptr, nullptr, 0); },
@@ -308,8 +308,8 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
   // reduce-scatter over the nodes then finishes.
   const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
   int local = 0, node_position = 0;
-  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
-  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
   std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
   auto scratch = std::make_shared<Scratch>(total + block_bytes * static_cast<std::size_t>(nodes));
   std::byte* work = scratch->get();
@@ -346,7 +346,7 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
   const int tag = next_collective_tag();
   if (algo == Algo::library) {
     MPI_Request request;
-    STRATA_COLL_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_.datatype(dtype),
+    STRATA_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_.datatype(dtype),
                                          recvbuf, static_cast<int>(count), types_.datatype(dtype), comm_.get(), &request));
     return Work::start([&](Traffic*) { return library_then(request, nullptr, 0, dtype, size_, nullptr, nullptr, 0); });
   }
@@ -361,8 +361,8 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
   // then back to group-rank order.
   const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
   int local = 0, node_position = 0;
-  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
-  STRATA_COLL_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
   std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
   auto scratch = std::make_shared<Scratch>(block_bytes * static_cast<std::size_t>(n));
   std::byte* work = scratch->get();
@@ -393,7 +393,7 @@ Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, i
   const int tag = next_collective_tag();
   if (algo == Algo::library) {
     MPI_Request request;
-    STRATA_COLL_MPI_CHECK(MPI_Ibcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get(), &request));
+    STRATA_MPI_CHECK(MPI_Ibcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get(), &request));
     return Work::start([&](Traffic*) { return library_then(request, nullptr, 0, dtype, size_, nullptr, nullptr, 0); });
   }
   return Work::start([&](Traffic* traffic) {
@@ -462,7 +462,7 @@ ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const st
   const std::vector<int>& world_nodes = layout.node_of_rank();
 
   MPI_Comm dup = MPI_COMM_NULL;
-  STRATA_COLL_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+  STRATA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
   world_ = std::make_unique<Group>("world", Comm(dup), world_nodes, *types_);
   // A dimension's group: the world ranks that differ from mine in that coordinate only.
   auto dimension_group = [&](int d, const char* name) {
@@ -470,7 +470,7 @@ ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const st
     std::vector<int> nodes;
     for (int k = 0; k < sizes[d]; ++k) nodes.push_back(world_nodes[static_cast<std::size_t>(base + k * stride_[d])]);
     MPI_Comm comm = MPI_COMM_NULL;
-    STRATA_COLL_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, base, index_[d], &comm));
+    STRATA_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, base, index_[d], &comm));
     return std::make_unique<Group>(name, Comm(comm), std::move(nodes), *types_);
   };
   tp_ = dimension_group(0, "tp");
@@ -491,9 +491,9 @@ ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const st
     if (index == local) inter_nodes.push_back(node);
   }
   MPI_Comm intra = MPI_COMM_NULL, inter = MPI_COMM_NULL;
-  STRATA_COLL_MPI_CHECK(MPI_Comm_split(dp_->comm(), my_node, dp_->rank(), &intra));
+  STRATA_MPI_CHECK(MPI_Comm_split(dp_->comm(), my_node, dp_->rank(), &intra));
   dp_intra_ = std::make_unique<Group>("dp_intra", Comm(intra), std::move(intra_nodes), *types_);
-  STRATA_COLL_MPI_CHECK(MPI_Comm_split(dp_->comm(), local, dp_->rank(), &inter));
+  STRATA_MPI_CHECK(MPI_Comm_split(dp_->comm(), local, dp_->rank(), &inter));
   dp_inter_ = std::make_unique<Group>("dp_inter", Comm(inter), std::move(inter_nodes), *types_);
 }
 

@@ -2,13 +2,14 @@
 // MPI datatypes and ops that let the MPI library reduce the same types.
 #include "collectives/types.h"
 
+#include <stdexcept>
 #include <algorithm>
 #include <bit>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 
-#include "bench/check.h"
+#include "collectives/mpi_error.h"
 
 namespace strata::coll {
 

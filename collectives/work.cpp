@@ -24,7 +24,7 @@ Traffic& Traffic::operator+=(const Traffic& other) {
 bool Requests::await_ready() {
   if (list.empty()) return true;
   int complete = 0;
-  STRATA_COLL_MPI_CHECK(MPI_Testall(static_cast<int>(list.size()), list.data(), &complete, MPI_STATUSES_IGNORE));
+  STRATA_MPI_CHECK(MPI_Testall(static_cast<int>(list.size()), list.data(), &complete, MPI_STATUSES_IGNORE));
   return complete != 0;
 }
 
@@ -45,7 +45,7 @@ bool Work::test() {
   Scheduler& s = state_->scheduler;
   int complete = 1;
   if (s.waiting && !s.waiting->empty())
-    STRATA_COLL_MPI_CHECK(
+    STRATA_MPI_CHECK(
         MPI_Testall(static_cast<int>(s.waiting->size()), s.waiting->data(), &complete, MPI_STATUSES_IGNORE));
   if (!complete) return false;
   s.waiting = nullptr;

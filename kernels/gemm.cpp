@@ -3,8 +3,6 @@
 
 #include <cmath>
 
-#include "bench/check.h"
-#include "bench/cli.h"
 
 namespace strata::gemm {
 
@@ -38,56 +36,6 @@ int input_bytes(DType dtype) {
 }
 
 int output_bytes(DType dtype) { return dtype == DType::fp8_e4m3 ? 2 : input_bytes(dtype); }
-
-Shape parse_shape(const std::string& text) {
-  std::vector<std::string> parts = split(text, 'x');
-  if (parts.size() != 3) throw UsageError("malformed shape '" + text + "': expected MxNxK, e.g. 4096x4096x4096");
-  Shape s;
-  int64_t* fields[3] = {&s.m, &s.n, &s.k};
-  const char* names[3] = {"M", "N", "K"};
-  for (int i = 0; i < 3; ++i) {
-    *fields[i] = parse_int(parts[static_cast<size_t>(i)], std::string(names[i]) + " of shape '" + text + "'");
-    if (*fields[i] <= 0) throw UsageError("shape '" + text + "': " + names[i] + " must be positive");
-    if (*fields[i] > (int64_t{1} << 20)) throw UsageError("shape '" + text + "': " + names[i] + " is too large");
-  }
-  return s;
-}
-
-namespace {
-struct Model {
-  const char* name;
-  int64_t hidden;
-};
-// GPT-2 (Radford et al. 2019) and GPT-3 (Brown et al. 2020) hidden sizes; the MLP is 4x hidden.
-constexpr Model kModels[] = {{"gpt2-small", 768},  {"gpt2-medium", 1024}, {"gpt2-large", 1280},
-                             {"gpt2-xl", 1600},    {"gpt3-1.3b", 2048},   {"gpt3-2.7b", 2560},
-                             {"gpt3-6.7b", 4096},  {"gpt3-13b", 5120},    {"gpt3-175b", 12288}};
-}  // namespace
-
-std::vector<std::string> preset_names() {
-  std::vector<std::string> names;
-  for (const auto& m : kModels) names.emplace_back(m.name);
-  return names;
-}
-
-std::vector<NamedShape> preset_shapes(const std::string& model, int64_t tokens, int tp) {
-  if (tokens <= 0) throw UsageError("--tokens must be positive");
-  if (tp <= 0) throw UsageError("--tp must be positive");
-  for (const auto& m : kModels) {
-    if (model != m.name) continue;
-    int64_t h = m.hidden;
-    if ((3 * h) % tp || h % tp || (4 * h) % tp)
-      throw UsageError("tensor-parallel degree " + std::to_string(tp) + " does not divide the layers of " + model);
-    std::string p = model + "/";
-    return {{p + "qkv", {tokens, 3 * h / tp, h}},
-            {p + "attn_out", {tokens, h, h / tp}},
-            {p + "mlp_up", {tokens, 4 * h / tp, h}},
-            {p + "mlp_down", {tokens, h, 4 * h / tp}}};
-  }
-  std::string known;
-  for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-  throw UsageError("unknown preset '" + model + "' (known: " + known + ")");
-}
 
 Precision precision(DType dtype) {
   const double u32 = std::ldexp(1.0, -24), u64 = std::ldexp(1.0, -53);

@@ -24,20 +24,6 @@ struct Shape {
   std::string text() const { return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k); }
 };
 
-// "4096x4096x4096" -> {4096, 4096, 4096}; throws UsageError naming the problem for malformed or
-// non-positive sizes.
-Shape parse_shape(const std::string& text);
-
-// Shapes of a GPT-style transformer layer's four linear layers for `tokens` tokens (batch x sequence),
-// with tensor parallelism `tp` splitting them as Megatron-LM does (column-parallel QKV and MLP up,
-// row-parallel attention output and MLP down).
-struct NamedShape {
-  std::string source;  // e.g. "gpt3-1.3b/qkv"
-  Shape shape;
-};
-std::vector<std::string> preset_names();
-std::vector<NamedShape> preset_shapes(const std::string& model, int64_t tokens, int tp);
-
 // Unit roundoff of the arithmetic a dtype's GEMM uses, for the reference check's tolerance.
 struct Precision {
   double input;       // rounding applied to inputs inside the GEMM (tf32), 0 when inputs are used exactly

@@ -3,15 +3,15 @@
 
 #include <limits>
 
-#include "bench/check.h"
+#include <stdexcept>
 
 namespace strata::gemm {
 
 CpuGemm::CpuGemm(Shape shape, DType dtype, uint64_t seed, cpu_gemm::Backend library)
     : shape_(shape), dtype_(dtype), library_(library) {
-  if (!cpu_gemm::available(library)) throw UsageError("CPU GEMM library " + cpu_gemm::name(library) + " is not built");
+  if (!cpu_gemm::available(library)) throw std::invalid_argument("CPU GEMM library " + cpu_gemm::name(library) + " is not built");
   if (dtype == DType::fp64 && !cpu_gemm::supports_fp64(library))
-    throw UsageError("dtype fp64 is not available on " + cpu_gemm::name(library) + " (fp64: openblas)");
+    throw std::invalid_argument("dtype fp64 is not available on " + cpu_gemm::name(library) + " (fp64: openblas)");
   size_t a = static_cast<size_t>(shape.m * shape.k), w = static_cast<size_t>(shape.n * shape.k),
          c = static_cast<size_t>(shape.m * shape.n);
   if (dtype == DType::fp32) {
@@ -23,7 +23,7 @@ CpuGemm::CpuGemm(Shape shape, DType dtype, uint64_t seed, cpu_gemm::Backend libr
     fill_uniform(a64_.data(), a, seed);
     fill_uniform(w64_.data(), w, seed + 1);
   } else {
-    throw UsageError("dtype " + name(dtype) + " is not available on the cpu backend (cpu: fp32, fp64)");
+    throw std::invalid_argument("dtype " + name(dtype) + " is not available on the cpu backend (cpu: fp32, fp64)");
   }
   poison_output();
 }

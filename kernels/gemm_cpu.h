@@ -13,7 +13,7 @@ namespace strata::gemm {
 
 class CpuGemm {
  public:
-  // Throws UsageError for dtypes the CPU backend or the library lacks.
+  // Throws std::invalid_argument for dtypes the CPU backend or the library lacks.
   CpuGemm(Shape shape, DType dtype, uint64_t seed, cpu_gemm::Backend library = cpu_gemm::Backend::openblas);
   void run();
   // Fills C with NaN, so a check after run() proves every sampled element was written.

@@ -76,14 +76,14 @@ Handle file_access_v110() {
 Handle create_file(const std::string& path) {
   Handle fapl = file_access_v110();
   hid_t file = H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get());
-  if (file < 0) throw RuntimeError("cannot create HDF5 file " + path);
+  if (file < 0) throw ResultsError("cannot create HDF5 file " + path);
   return Handle(file, H5Fclose);
 }
 
 Handle open_file(const std::string& path, bool writable) {
   Handle fapl = file_access_v110();
   hid_t file = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, fapl.get());
-  if (file < 0) throw RuntimeError("cannot open HDF5 file " + path);
+  if (file < 0) throw ResultsError("cannot open HDF5 file " + path);
   return Handle(file, H5Fclose);
 }
 
@@ -99,7 +99,7 @@ Handle create_group(const Handle& parent, const std::string& name) {
 
 Handle open_group(const Handle& parent, const std::string& name) {
   hid_t group = H5Gopen2(parent.get(), name.c_str(), H5P_DEFAULT);
-  if (group < 0) throw RuntimeError("HDF5 group not found: " + name);
+  if (group < 0) throw ResultsError("HDF5 group not found: " + name);
   return Handle(group, H5Gclose);
 }
 
@@ -267,7 +267,7 @@ void append_column(const Handle& group, const std::string& name, const std::vect
 
 Handle open_dataset(const Handle& group, const std::string& name) {
   hid_t dataset = H5Dopen2(group.get(), name.c_str(), H5P_DEFAULT);
-  if (dataset < 0) throw RuntimeError("HDF5 dataset not found: " + name);
+  if (dataset < 0) throw ResultsError("HDF5 dataset not found: " + name);
   return Handle(dataset, H5Dclose);
 }
 
@@ -278,7 +278,7 @@ ColumnKind column_kind(const Handle& group, const std::string& name) {
     case H5T_INTEGER: return ColumnKind::int64;
     case H5T_FLOAT: return ColumnKind::float64;
     case H5T_STRING: return ColumnKind::string;
-    default: throw RuntimeError("column " + name + " has a type Strata does not read");
+    default: throw ResultsError("column " + name + " has a type Strata does not read");
   }
 }
 

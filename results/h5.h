@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench/check.h"
+#include "results/error.h"
 
 namespace strata::h5 {
 

@@ -10,11 +10,11 @@
 namespace strata {
 
 ResultsReader::ResultsReader(const std::string& path) : path_(path) {
-  if (!h5::is_hdf5_file(path)) throw UsageError(path + " is not an HDF5 file (or does not exist)");
+  if (!h5::is_hdf5_file(path)) throw BadResultsFile(path + " is not an HDF5 file (or does not exist)");
   try {
     file_ = h5::open_file(path, false);
-  } catch (const RuntimeError&) {
-    throw UsageError(path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
+  } catch (const ResultsError&) {
+    throw BadResultsFile(path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
   }
   version_ = check_strata_file(file_, path);
 }
@@ -26,7 +26,7 @@ std::vector<std::string> ResultsReader::runs() const {
 
 h5::Handle ResultsReader::run(const std::string& run_id) const {
   h5::Handle runs = h5::open_group(file_, schema::kRunsGroup);
-  if (!h5::exists(runs, run_id)) throw UsageError(path_ + " has no run " + run_id);
+  if (!h5::exists(runs, run_id)) throw BadResultsFile(path_ + " has no run " + run_id);
   return h5::open_group(runs, run_id);
 }
 
@@ -58,7 +58,7 @@ std::vector<std::string> ResultsReader::tables(const std::string& run_id) const 
 
 Table ResultsReader::table(const std::string& run_id, const std::string& name) const {
   h5::Handle group = run(run_id);
-  if (!h5::exists(group, name)) throw UsageError("run " + run_id + " has no table " + name);
+  if (!h5::exists(group, name)) throw BadResultsFile("run " + run_id + " has no table " + name);
   h5::Handle table_group = h5::open_group(group, name);
   std::vector<std::string> names = h5::child_names(table_group);
   // A job killed between two column appends leaves some columns longer than others: the table holds the

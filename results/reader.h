@@ -1,5 +1,5 @@
 // Reads Strata results files back into tables: what later benchmarks and the projection build on.
-// Refuses files that are not Strata results or that use a newer major schema version (UsageError).
+// Refuses files that are not Strata results or that use a newer major schema version (BadResultsFile).
 #pragma once
 
 #include <map>

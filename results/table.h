@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "bench/check.h"
+#include "results/error.h"
 #include "results/h5.h"
 
 namespace strata {
@@ -36,14 +36,14 @@ class Table {
 
   const std::string& name() const { return name_; }
   Table& add_column(std::string name, ColumnKind kind, std::string units, std::string convention = "") {
-    if (has_column(name)) throw RuntimeError("table " + name_ + ": column declared twice: " + name);
+    if (has_column(name)) throw ResultsError("table " + name_ + ": column declared twice: " + name);
     columns_.push_back(Column{std::move(name), kind, std::move(units), std::move(convention), {}, {}, {}});
     return *this;
   }
   bool has_column(std::string_view name) const { return find(name) != nullptr; }
   const Column& column(std::string_view name) const {
     const Column* found = find(name);
-    if (!found) throw RuntimeError("table " + name_ + " has no column " + std::string(name));
+    if (!found) throw ResultsError("table " + name_ + " has no column " + std::string(name));
     return *found;
   }
   Column& column(std::string_view name) { return const_cast<Column&>(std::as_const(*this).column(name)); }
@@ -62,7 +62,7 @@ class Table {
   void end_row() {
     ++rows_;
     for (const auto& col : columns_)
-      if (col.size() != rows_) throw RuntimeError("table " + name_ + ": column " + col.name + " not set in row " + std::to_string(rows_ - 1));
+      if (col.size() != rows_) throw ResultsError("table " + name_ + ": column " + col.name + " not set in row " + std::to_string(rows_ - 1));
   }
   size_t rows() const { return rows_; }
   void clear_rows() {
@@ -86,8 +86,8 @@ class Table {
   }
   Column& push(std::string_view name, ColumnKind kind) {
     Column& col = column(name);
-    if (col.kind != kind) throw RuntimeError("table " + name_ + ": column " + col.name + " set with the wrong type");
-    if (col.size() != rows_) throw RuntimeError("table " + name_ + ": column " + col.name + " set twice in one row");
+    if (col.kind != kind) throw ResultsError("table " + name_ + ": column " + col.name + " set with the wrong type");
+    if (col.size() != rows_) throw ResultsError("table " + name_ + ": column " + col.name + " set twice in one row");
     return col;
   }
 

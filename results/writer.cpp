@@ -41,42 +41,42 @@ bool can_create_in(const fs::path& folder) {
 std::string check_strata_file(const h5::Handle& file, const std::string& path) {
   auto name = h5::read_string_attr(file, "schema");
   if (!name || *name != schema::kName)
-    throw UsageError(path + " is an HDF5 file but not a Strata results file (no schema=\"" +
+    throw BadResultsFile(path + " is an HDF5 file but not a Strata results file (no schema=\"" +
                      std::string(schema::kName) + "\" attribute)");
   auto major = h5::read_int_attr(file, "schema_version_major");
   auto minor = h5::read_int_attr(file, "schema_version_minor");
-  if (!major || !minor) throw UsageError(path + " is a Strata file without a schema version");
+  if (!major || !minor) throw BadResultsFile(path + " is a Strata file without a schema version");
   std::string version = std::to_string(*major) + "." + std::to_string(*minor);
   if (*major > schema::kVersionMajor)
-    throw UsageError(path + " uses Strata results schema " + version + ", newer than this program's " +
+    throw BadResultsFile(path + " uses Strata results schema " + version + ", newer than this program's " +
                      std::to_string(schema::kVersionMajor) + "." + std::to_string(schema::kVersionMinor) +
                      ": use a newer Strata");
   return version;
 }
 
 void validate_output_path(const std::string& path) {
-  if (path.empty()) throw UsageError("output path is empty");
+  if (path.empty()) throw BadResultsFile("output path is empty");
   std::error_code ec;
   fs::file_status status = fs::status(path, ec);
-  if (fs::is_directory(status)) throw UsageError("output path " + path + " is a directory, not a file");
+  if (fs::is_directory(status)) throw BadResultsFile("output path " + path + " is a directory, not a file");
   if (fs::exists(status)) {
-    if (!fs::is_regular_file(status)) throw UsageError("output path " + path + " is not a regular file");
-    if (!can_open_for_writing(path)) throw UsageError("output file " + path + " is not writable");
-    if (!h5::is_hdf5_file(path)) throw UsageError("output file " + path + " exists and is not an HDF5 file");
+    if (!fs::is_regular_file(status)) throw BadResultsFile("output path " + path + " is not a regular file");
+    if (!can_open_for_writing(path)) throw BadResultsFile("output file " + path + " is not writable");
+    if (!h5::is_hdf5_file(path)) throw BadResultsFile("output file " + path + " exists and is not an HDF5 file");
     // A truncated or otherwise damaged file still carries the HDF5 signature; opening it read-only tells.
     h5::Handle file;
     try {
       file = h5::open_file(path, false);
-    } catch (const RuntimeError&) {
-      throw UsageError("output file " + path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
+    } catch (const ResultsError&) {
+      throw BadResultsFile("output file " + path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
     }
     check_strata_file(file, path);
     return;
   }
   fs::path parent = fs::path(path).parent_path();
   if (parent.empty()) parent = ".";
-  if (!fs::is_directory(parent, ec)) throw UsageError("output folder " + parent.string() + " does not exist");
-  if (!can_create_in(parent)) throw UsageError("output folder " + parent.string() + " is not writable");
+  if (!fs::is_directory(parent, ec)) throw BadResultsFile("output folder " + parent.string() + " does not exist");
+  if (!can_create_in(parent)) throw BadResultsFile("output folder " + parent.string() + " is not writable");
 }
 
 std::string utc_now_iso() {
@@ -124,7 +124,7 @@ ResultsWriter::ResultsWriter(const std::string& path, const std::string& run_id,
     h5::create_group(file_, schema::kRunsGroup);
   }
   h5::Handle runs = h5::open_group(file_, schema::kRunsGroup);
-  if (h5::exists(runs, run_id)) throw RuntimeError("run " + run_id + " already exists in " + path);
+  if (h5::exists(runs, run_id)) throw ResultsError("run " + run_id + " already exists in " + path);
   run_ = h5::create_group(runs, run_id);
   for (const auto& [name, value] : run_attrs) h5::write_attr(run_, name, value);
   h5::write_attr(run_, "status", std::string(schema::kStatusInterrupted));
@@ -159,7 +159,7 @@ void ResultsWriter::append(const Table& rows) {
   }
   for (const Column& col : rows.columns()) {
     if (!h5::exists(group, col.name))
-      throw RuntimeError("table " + rows.name() + " gained a column after its first rows: " + col.name);
+      throw ResultsError("table " + rows.name() + " gained a column after its first rows: " + col.name);
     if (col.kind == ColumnKind::int64) h5::append_column(group, col.name, col.ints);
     if (col.kind == ColumnKind::float64) h5::append_column(group, col.name, col.reals);
     if (col.kind == ColumnKind::string) h5::append_column(group, col.name, col.texts);

@@ -13,10 +13,10 @@
 namespace strata {
 
 // Checks that `path` can take a new run without harm: a missing file in a writable folder, or an existing,
-// writable Strata file of a major version this program understands. Throws UsageError naming the problem.
+// writable Strata file of a major version this program understands. Throws BadResultsFile naming the problem.
 void validate_output_path(const std::string& path);
 
-// Refuses files that are not HDF5, not Strata results, or of a newer major version (UsageError).
+// Refuses files that are not HDF5, not Strata results, or of a newer major version (BadResultsFile).
 // Returns "major.minor".
 std::string check_strata_file(const h5::Handle& file, const std::string& path);
 

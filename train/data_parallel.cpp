@@ -102,14 +102,14 @@ struct DataParallelTrainer::Impl {
     if (c.accumulation < 1) throw std::invalid_argument("accumulation must be at least 1 micro-batch");
     n = dp.size(), m = intra.size(), g = inter.size(), local = intra.rank(), node = inter.rank();
     int fewest = m, most = m;
-    STRATA_COLL_MPI_CHECK(MPI_Allreduce(&m, &fewest, 1, MPI_INT, MPI_MIN, dp.comm()));
-    STRATA_COLL_MPI_CHECK(MPI_Allreduce(&m, &most, 1, MPI_INT, MPI_MAX, dp.comm()));
+    STRATA_MPI_CHECK(MPI_Allreduce(&m, &fewest, 1, MPI_INT, MPI_MIN, dp.comm()));
+    STRATA_MPI_CHECK(MPI_Allreduce(&m, &most, 1, MPI_INT, MPI_MAX, dp.comm()));
     if (fewest != most || m * g != n)
       throw std::invalid_argument("data-parallel ranks are spread unevenly over the groups (" + std::to_string(fewest) +
                                   " to " + std::to_string(most) + " per group): every group needs the same size");
     my_piece = local * g + node;
     MPI_Comm ordered = MPI_COMM_NULL;
-    STRATA_COLL_MPI_CHECK(MPI_Comm_split(dp.comm(), 0, my_piece, &ordered));
+    STRATA_MPI_CHECK(MPI_Comm_split(dp.comm(), 0, my_piece, &ordered));
     std::vector<int> piece_nodes(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) piece_nodes[static_cast<std::size_t>(r)] = r % g;  // piece l g + k lives on node k
     pieces = std::make_unique<coll::Group>("dp_by_piece", coll::Comm(ordered), std::move(piece_nodes), groups.types());

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%s\n", out.dump().c_str());
     return 0;
-  } catch (const strata::UsageError& e) {
+  } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "strata-test-read-table: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {

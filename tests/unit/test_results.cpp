@@ -96,7 +96,7 @@ TEST(Results, AppendingARunLeavesEarlierRunsIntact) {
   EXPECT_EQ(r.run_attrs("run-2")["status"], "interrupted");
   Table after = r.table("run-1", "summary");
   EXPECT_EQ(after.column("time").reals, before.column("time").reals);
-  EXPECT_THROW(ResultsWriter(path, "run-1", {}), RuntimeError);  // run ids are never reused
+  EXPECT_THROW(ResultsWriter(path, "run-1", {}), std::runtime_error);  // run ids are never reused
 }
 
 TEST(Results, RefusesFilesItMustNotTouch) {
@@ -104,8 +104,8 @@ TEST(Results, RefusesFilesItMustNotTouch) {
   std::string text = dir.file("notes.txt");
   std::ofstream(text) << "not hdf5";
   std::string text_before = read_bytes(text);
-  EXPECT_THROW(validate_output_path(text), UsageError);
-  EXPECT_THROW(ResultsReader{text}, UsageError);
+  EXPECT_THROW(validate_output_path(text), std::invalid_argument);
+  EXPECT_THROW(ResultsReader{text}, std::invalid_argument);
   EXPECT_EQ(read_bytes(text), text_before);
 
   std::string foreign = dir.file("foreign.h5");
@@ -114,7 +114,7 @@ TEST(Results, RefusesFilesItMustNotTouch) {
   try {
     validate_output_path(foreign);
     FAIL() << "accepted a non-Strata HDF5 file";
-  } catch (const UsageError& e) {
+  } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("not a Strata results file"), std::string::npos);
   }
   EXPECT_EQ(read_bytes(foreign), foreign_before);
@@ -130,15 +130,15 @@ TEST(Results, RefusesFilesItMustNotTouch) {
   try {
     ResultsReader r(newer);
     FAIL() << "read a newer major version";
-  } catch (const UsageError& e) {
+  } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("newer than this program"), std::string::npos);
   }
-  EXPECT_THROW(ResultsWriter(newer, "x", {}), UsageError);
+  EXPECT_THROW(ResultsWriter(newer, "x", {}), std::invalid_argument);
   EXPECT_EQ(read_bytes(newer), newer_before);
 
-  EXPECT_THROW(validate_output_path(dir.path.string()), UsageError);                  // a directory
-  EXPECT_THROW(validate_output_path(dir.file("missing/dir/r.h5")), UsageError);       // no such folder
-  EXPECT_THROW(validate_output_path(""), UsageError);
+  EXPECT_THROW(validate_output_path(dir.path.string()), std::invalid_argument);                  // a directory
+  EXPECT_THROW(validate_output_path(dir.file("missing/dir/r.h5")), std::invalid_argument);       // no such folder
+  EXPECT_THROW(validate_output_path(""), std::invalid_argument);
 }
 
 TEST(Results, RunIdsSortByTime) {
@@ -194,9 +194,9 @@ TEST(Results, RefusesATruncatedFileWithoutTouchingIt) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
   std::string before = read_bytes(path);
   ASSERT_TRUE(h5::is_hdf5_file(path));
-  EXPECT_THROW(validate_output_path(path), UsageError);
-  EXPECT_THROW(ResultsReader{path}, UsageError);
-  EXPECT_THROW(ResultsWriter(path, "run-2", {}), UsageError);
+  EXPECT_THROW(validate_output_path(path), std::invalid_argument);
+  EXPECT_THROW(ResultsReader{path}, std::invalid_argument);
+  EXPECT_THROW(ResultsWriter(path, "run-2", {}), std::invalid_argument);
   EXPECT_EQ(read_bytes(path), before);
 }
 

@@ -111,15 +111,15 @@ TEST(TokenFile, ReadsLlmcFilesAndRefusesBadOnes) {
   ASSERT_EQ(tokens.size(), 10u);
   EXPECT_EQ(tokens[9], 63);
   write(12345, 1, 10, 10);
-  EXPECT_THROW(read_token_file(path), UsageError);
+  EXPECT_THROW(read_token_file(path), std::invalid_argument);
   write(20240520, 1, 10, 4);
   try {
     read_token_file(path);
     FAIL();
-  } catch (const UsageError& e) {
+  } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("declares 10 tokens but holds 4"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(read_token_file(path + ".missing"), UsageError);
+  EXPECT_THROW(read_token_file(path + ".missing"), std::invalid_argument);
   std::remove(path.c_str());
 }
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench/check.h"
+#include "collectives/mpi_error.h"
 
 namespace strata {
 

@@ -1,5 +1,5 @@
 // Implementation of the MPI helpers (see mpi.h).
-#include "bench/mpi.h"
+#include "collectives/mpi.h"
 
 #include <algorithm>
 
