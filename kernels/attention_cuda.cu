@@ -38,9 +38,10 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <stdexcept>
 #include <vector>
 
-#include "bench/check.h"
+#include "kernels/error.h"
 #include "kernels/cuda_handles.h"
 #include "kernels/gemm_check.h"
 
@@ -793,12 +794,12 @@ UnfusedProducts unfused_products(const Shape& shape, cudaDataType_t dtype, float
 
 LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
-  STRATA_CUBLAS_CHECK(
+  STRATA_KERNEL_CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   LayoutPtr owner(layout);
-  STRATA_CUBLAS_CHECK(
+  STRATA_KERNEL_CUBLAS_CHECK(
       cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                        sizeof stride));
   return owner;
 }
@@ -809,28 +810,28 @@ class LtProduct {
   LtProduct(cublasLtHandle_t handle, const RowMajorProduct& p, cudaDataType_t in_type, int batch) : spec_(p) {
     const ColumnMajorCall call = column_major(p);
     cublasLtMatmulDesc_t op = nullptr;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     op_.reset(op);
-    STRATA_CUBLAS_CHECK(
+    STRATA_KERNEL_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &call.op_first, sizeof call.op_first));
-    STRATA_CUBLAS_CHECK(
+    STRATA_KERNEL_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &call.op_second, sizeof call.op_second));
     first_ = make_layout(in_type, call.first_rows, call.first_cols, p.ldb, batch, p.stride_b);
     second_ = make_layout(in_type, call.second_rows, call.second_cols, p.lda, batch, p.stride_a);
     out_ = make_layout(p.c_type, call.out_rows, call.out_cols, p.ldc, batch, p.stride_c);
 
     cublasLtMatmulPreference_t preference = nullptr;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
     std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference_owner(preference);
     size_t workspace = kLtWorkspaceBytes;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &workspace, sizeof workspace));
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, first_.get(), second_.get(), out_.get(),
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, first_.get(), second_.get(), out_.get(),
                                                        out_.get(), preference, 1, &result, &returned));
     if (returned == 0)
-      throw UsageError(std::string("cuBLASLt has no algorithm for the unfused attention product ") + p.label +
+      throw std::invalid_argument(std::string("cuBLASLt has no algorithm for the unfused attention product ") + p.label +
                        " (" + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) +
                        ", batch " + std::to_string(batch) + ") on this GPU");
     algo_ = result.algo;
@@ -838,7 +839,7 @@ class LtProduct {
 
   void run(cublasLtHandle_t handle, void* workspace, cudaStream_t stream) const {
     const float beta = 0.0f;
-    STRATA_CUBLAS_CHECK(cublasLtMatmul(handle, op_.get(), &spec_.alpha, spec_.b, first_.get(), spec_.a,
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmul(handle, op_.get(), &spec_.alpha, spec_.b, first_.get(), spec_.a,
                                        second_.get(), &beta, spec_.c, out_.get(), spec_.c, out_.get(), &algo_,
                                        workspace, kLtWorkspaceBytes, stream));
   }
@@ -996,7 +997,7 @@ void launch_row_dot(const Problem& s) {
                                                           static_cast<const T*>(s.o.get()),
                                                           static_cast<float*>(s.delta.get()), rows,
                                                           s.shape.head_dim);
-  STRATA_CUDA_CHECK(cudaGetLastError());
+  STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
@@ -1006,7 +1007,7 @@ void launch_scale_convert(const Problem& s) {
   scale_convert_kernel<T><<<blocks, kRowThreads, 0, s.stream>>>(static_cast<const float*>(s.dq_accum.get()),
                                                                 static_cast<T*>(s.dq.get()), s.q_count,
                                                                 s.params.scale);
-  STRATA_CUDA_CHECK(cudaGetLastError());
+  STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
@@ -1015,7 +1016,7 @@ void launch_softmax(const Problem& s) {
   softmax_rows_kernel<T><<<static_cast<unsigned>(s.lse_count), kRowThreads, 0, s.stream>>>(
       static_cast<const float*>(s.scores.get()), static_cast<T*>(s.probs.get()), static_cast<float*>(s.lse.get()),
       sh.seq_q, sh.seq_kv, sh.causal ? 1 : 0, sh.seq_kv - sh.seq_q);
-  STRATA_CUDA_CHECK(cudaGetLastError());
+  STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
@@ -1023,7 +1024,7 @@ void launch_softmax_grad(const Problem& s) {
   softmax_grad_kernel<T><<<static_cast<unsigned>(s.lse_count), kRowThreads, 0, s.stream>>>(
       static_cast<const T*>(s.probs.get()), static_cast<const float*>(s.scores.get()),
       static_cast<const float*>(s.delta.get()), static_cast<T*>(s.dscores.get()), s.shape.seq_kv);
-  STRATA_CUDA_CHECK(cudaGetLastError());
+  STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -1031,18 +1032,18 @@ void launch_softmax_grad(const Problem& s) {
 struct Attention::State : Problem {};
 
 Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) : state_(std::make_unique<State>()) {
-  if (std::string problem = validate(shape, dtype, impl); !problem.empty()) throw UsageError(problem);
+  if (std::string problem = validate(shape, dtype, impl); !problem.empty()) throw std::invalid_argument(problem);
   State& s = *state_;
   s.shape = shape;
   s.dtype = dtype;
   s.impl = impl;
-  STRATA_CUDA_CHECK(cudaGetDevice(&s.device));
+  STRATA_KERNEL_CUDA_CHECK(cudaGetDevice(&s.device));
   int major = 0;
-  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device));
+  STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device));
   if (major < 8)  // mma.sync with bf16, ldmatrix and cp.async, and the sm_80/sm_90 build itself
-    throw UsageError("gpu attention needs compute capability 8.0 or newer (device " + std::to_string(s.device) +
+    throw std::invalid_argument("gpu attention needs compute capability 8.0 or newer (device " + std::to_string(s.device) +
                      " has " + std::to_string(major) + ".x)");
-  STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
 
   s.q_count = q_elements(shape);
   s.kv_count = kv_elements(shape);
@@ -1061,7 +1062,11 @@ Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) 
     const std::vector<uint16_t> bits =
         dtype == DType::fp16 ? to_storage<__half>(values) : to_storage<__nv_bfloat16>(values);
     DeviceBuffer buffer = device_alloc(bits.size() * sizeof(uint16_t));
-    STRATA_CUDA_CHECK(cudaMemcpy(buffer.get(), bits.data(), bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    // On the work stream, waited for: the kernels run on a non-blocking stream that does not order itself
+    // after the legacy stream, and `bits` is freed when this returns.
+    STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), bits.data(), bits.size() * sizeof(uint16_t),
+                                             cudaMemcpyHostToDevice, s.stream));
+    STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
     return buffer;
   };
   s.q = upload(s.host_q);
@@ -1084,15 +1089,15 @@ Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) 
     else
       shape.head_dim == 64 ? select_flash<__nv_bfloat16, 64>(s) : select_flash<__nv_bfloat16, 128>(s);
     int optin = 0;
-    STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device));
+    STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device));
     const size_t needed = std::max(s.forward_smem, s.backward_smem);
     if (static_cast<size_t>(optin) < needed)
-      throw UsageError("flash attention needs " + std::to_string(needed) +
+      throw std::invalid_argument("flash attention needs " + std::to_string(needed) +
                        " bytes of shared memory per block; device " + std::to_string(s.device) + " allows " +
                        std::to_string(optin));
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(s.forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    STRATA_KERNEL_CUDA_CHECK(cudaFuncSetAttribute(s.forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(s.forward_smem)));
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(s.backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    STRATA_KERNEL_CUDA_CHECK(cudaFuncSetAttribute(s.backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(s.backward_smem)));
     FlashParams& p = s.params;
     p.q = s.q.get();
@@ -1121,7 +1126,7 @@ Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) 
     s.dscores = device_alloc(s.score_count * 2);
     s.lt_workspace = device_alloc(kLtWorkspaceBytes);
     cublasLtHandle_t handle = nullptr;
-    STRATA_CUBLAS_CHECK(cublasLtCreate(&handle));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtCreate(&handle));
     s.lt.reset(handle);
 
     const UnfusedProducts u =
@@ -1144,7 +1149,7 @@ void Attention::forward() {
   if (s.impl == Impl::flash) {
     const unsigned blocks = static_cast<unsigned>(ceil_div(sh.seq_q, kFwdRows) * sh.batch * sh.heads_q);
     s.forward_kernel<<<blocks, kThreads, s.forward_smem, s.stream>>>(s.params);
-    STRATA_CUDA_CHECK(cudaGetLastError());
+    STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
     return;
   }
   void* workspace = s.lt_workspace.get();
@@ -1158,10 +1163,10 @@ void Attention::backward() {
   const Shape& sh = s.shape;
   s.dtype == DType::fp16 ? launch_row_dot<__half>(s) : launch_row_dot<__nv_bfloat16>(s);
   if (s.impl == Impl::flash) {
-    STRATA_CUDA_CHECK(cudaMemsetAsync(s.dq_accum.get(), 0, s.q_count * sizeof(float), s.stream));
+    STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dq_accum.get(), 0, s.q_count * sizeof(float), s.stream));
     const unsigned blocks = static_cast<unsigned>(ceil_div(sh.seq_kv, kBwdKeys) * sh.batch * sh.heads_kv);
     s.backward_kernel<<<blocks, kThreads, s.backward_smem, s.stream>>>(s.params);
-    STRATA_CUDA_CHECK(cudaGetLastError());
+    STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
     s.dtype == DType::fp16 ? launch_scale_convert<__half>(s) : launch_scale_convert<__nv_bfloat16>(s);
     return;
   }
@@ -1185,20 +1190,20 @@ Impl Attention::impl() const { return state_->impl; }
 
 void Attention::read_forward(std::vector<float>& o, std::vector<float>& lse) const {
   const State& s = *state_;
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   std::vector<uint16_t> bits(s.q_count);
-  STRATA_CUDA_CHECK(cudaMemcpy(bits.data(), s.o.get(), bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(bits.data(), s.o.get(), bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
   o = widen(s.dtype, bits);
   lse.resize(s.lse_count);
-  STRATA_CUDA_CHECK(cudaMemcpy(lse.data(), s.lse.get(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(lse.data(), s.lse.get(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 void Attention::read_backward(std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv) const {
   const State& s = *state_;
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   auto read = [&](const DeviceBuffer& buffer, size_t count) {
     std::vector<uint16_t> bits(count);
-    STRATA_CUDA_CHECK(cudaMemcpy(bits.data(), buffer.get(), count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(bits.data(), buffer.get(), count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     return widen(s.dtype, bits);
   };
   dq = read(s.dq, s.q_count);
@@ -1209,12 +1214,12 @@ void Attention::read_backward(std::vector<float>& dq, std::vector<float>& dk, st
 void Attention::poison_outputs() {
   State& s = *state_;
   // 0xFF bytes are NaN in fp32, fp16 and bf16.
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.o.get(), 0xFF, s.q_count * 2, s.stream));
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.lse.get(), 0xFF, s.lse_count * sizeof(float), s.stream));
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dq.get(), 0xFF, s.q_count * 2, s.stream));
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dk.get(), 0xFF, s.kv_count * 2, s.stream));
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dv.get(), 0xFF, s.kv_count * 2, s.stream));
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.o.get(), 0xFF, s.q_count * 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.lse.get(), 0xFF, s.lse_count * sizeof(float), s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dq.get(), 0xFF, s.q_count * 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dk.get(), 0xFF, s.kv_count * 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dv.get(), 0xFF, s.kv_count * 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
 std::string Attention::description() const {
@@ -1316,9 +1321,9 @@ void gradient_bounds(const Shape& slice, const std::vector<double>& q, const std
 CheckReport check(const Attention& attention, bool backward, int batch, int kv_head) {
   const Shape& s = attention.shape();
   if (batch < 0 || batch >= s.batch)
-    throw UsageError("check: batch " + std::to_string(batch) + " out of range [0, " + std::to_string(s.batch) + ")");
+    throw std::invalid_argument("check: batch " + std::to_string(batch) + " out of range [0, " + std::to_string(s.batch) + ")");
   if (kv_head < 0 || kv_head >= s.heads_kv)
-    throw UsageError("check: kv_head " + std::to_string(kv_head) + " out of range [0, " +
+    throw std::invalid_argument("check: kv_head " + std::to_string(kv_head) + " out of range [0, " +
                      std::to_string(s.heads_kv) + ")");
   const int group = s.heads_q / s.heads_kv;
   const Shape slice{1, group, 1, s.seq_q, s.seq_kv, s.head_dim, s.causal};
