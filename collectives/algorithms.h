@@ -59,6 +59,11 @@ struct Context {
   int size = -1;
   // Broadcast and reduce chains forward in pieces of this size, so every link of the chain is busy at once.
   std::size_t segment_bytes = std::size_t{128} << 10;
+  // Set when the buffers are device memory (a CUDA-aware MPI library): the copy the library path makes
+  // between the caller's buffers (broadcast out of place on the root, reduce_scatter in place) goes through
+  // it, since the host cannot touch device memory. Strata's own algorithms and the host-side finish of avg
+  // work on host memory, so with it set they are refused (UsageError). Null: host buffers.
+  void (*device_copy)(void* dst, const void* src, std::size_t bytes) = nullptr;
 };
 
 // MPI_COMM_WORLD with the layout's node map and communicators.
