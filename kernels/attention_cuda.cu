@@ -16,12 +16,8 @@
 //             no atomics on dK/dV), recomputing P^T from lse. dS^T goes through shared memory so the block
 //             can form dQ = dS K for the query tile, which is added with fp32 atomics into a (B, Hq, Sq, D)
 //             float buffer and converted (times the softmax scale) by a last small kernel.
-// MMA fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane/4, t = lane%4:
-//   A (16x16, row): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-//   B (16x8, col):  b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
-//   C (16x8):       c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
-// ldmatrix.x4: lanes 8i..8i+7 address the rows of matrix i, and register i of every lane receives matrix i
-// as (row g, cols 2t..2t+1), or with .trans as (rows 2t..2t+1, col g).
+// The fragment and ldmatrix index maps, tile sizes and shared-memory footprints are in flash_layout.h, where
+// the host tests check them; names, parsing and validation are in attention_cuda_host.cpp.
 #include "kernels/attention_cuda.h"
 
 #include <cublasLt.h>
@@ -42,6 +38,7 @@
 #include <vector>
 
 #include "kernels/error.h"
+#include "kernels/flash_layout.h"
 #include "kernels/cuda_handles.h"
 #include "kernels/gemm_check.h"
 
@@ -179,6 +176,16 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The A fragment of one 16-wide k slice from the accumulators of its two 8-wide halves (see flash_layout.h).
+template <typename T>
+__device__ __forceinline__ void a_from_accumulators(uint32_t (&a)[4], const float (&even)[4], const float (&odd)[4]) {
+#pragma unroll
+  for (int reg = 0; reg < 4; ++reg) {
+    const float(&c)[4] = layout::c_from_a_tile(reg) == 0 ? even : odd;
+    a[reg] = pack2<T>(c[layout::c_from_a_index(reg, 0)], c[layout::c_from_a_index(reg, 1)]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Flash kernels.
 
@@ -200,27 +207,10 @@ struct FlashParams {
   float scale_log2;   // scale * log2(e): exp(scale*s) == exp2(scale_log2*s)
 };
 
-constexpr int kFwdRows = 64;   // Br: query rows per block, 16 per warp
-constexpr int kFwdKeys = 64;   // Bc: keys per tile
-constexpr int kBwdKeys = 64;   // Bc: keys per block, 16 per warp
-constexpr int kThreads = 128;  // 4 warps
-
-// The backward's query tile: 32 rows at D=128 keep dK, dV (128 fp32 per thread together), S^T and dP^T within
-// the register file; D=64 affords 64.
-template <int D>
-__host__ __device__ constexpr int bwd_rows() { return D == 128 ? 32 : 64; }
-
-template <int D>
-constexpr size_t fwd_smem_bytes() {
-  return static_cast<size_t>(kFwdRows + 4 * kFwdKeys) * (D + 8) * 2;  // Q, K[2], V[2]
-}
-template <int D>
-constexpr size_t bwd_smem_bytes() {
-  constexpr int br = bwd_rows<D>();
-  return static_cast<size_t>(2 * kBwdKeys + 4 * br) * (D + 8) * 2  // K, V, Q[2], dO[2]
-         + static_cast<size_t>(kBwdKeys) * (br + 8) * 2            // dS^T
-         + static_cast<size_t>(4 * br) * sizeof(float);            // lse[2], delta[2]
-}
+using layout::kBwdKeys;
+using layout::kFwdKeys;
+using layout::kFwdRows;
+using layout::kThreads;
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) {
@@ -233,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   // Sub-matrix of an ldmatrix.x4 that this lane addresses, and its row inside it.
-  const int mat = lane / 8, mat_row = lane % 8;
+  const layout::Element down = layout::x4_down_first(lane), across = layout::x4_across_first(lane);
 
   // The last query tiles come first in the grid: under a causal mask they see the most keys, and starting
   // the longest blocks first evens out the tail.
@@ -266,7 +256,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
   uint32_t qf[D / 16][4];  // this warp's 16 query rows as A fragments, one per 16-wide slice of D
 #pragma unroll
   for (int kt = 0; kt < D / 16; ++kt)
-    ldmatrix_x4(qf[kt], sQ + (warp * 16 + (mat & 1) * 8 + mat_row) * LD + kt * 16 + (mat >> 1) * 8);
+    ldmatrix_x4(qf[kt], sQ + (warp * 16 + down.row) * LD + kt * 16 + down.col);
 
   float acc[D / 8][4];  // O rows g and g+8 of this warp, unnormalised
 #pragma unroll
@@ -295,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
 #pragma unroll
       for (int nt2 = 0; nt2 < Bc / 16; ++nt2) {
         uint32_t kb[4];  // b0, b1 of key tile 2*nt2, then of 2*nt2+1
-        ldmatrix_x4(kb, cK + (nt2 * 16 + (mat >> 1) * 8 + mat_row) * LD + kt * 16 + (mat & 1) * 8);
+        ldmatrix_x4(kb, cK + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
         mma_16816<T>(s[2 * nt2], qf[kt], kb[0], kb[1]);
         mma_16816<T>(s[2 * nt2 + 1], qf[kt], kb[2], kb[3]);
       }
@@ -346,13 +336,12 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
     // stays in registers; V's rows are the reduction dimension, hence ldmatrix.trans.
 #pragma unroll
     for (int kt = 0; kt < Bc / 16; ++kt) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * kt][0], s[2 * kt][1]), pack2<T>(s[2 * kt][2], s[2 * kt][3]),
-                              pack2<T>(s[2 * kt + 1][0], s[2 * kt + 1][1]),
-                              pack2<T>(s[2 * kt + 1][2], s[2 * kt + 1][3])};
+      uint32_t pa[4];
+      a_from_accumulators<T>(pa, s[2 * kt], s[2 * kt + 1]);
 #pragma unroll
       for (int dt2 = 0; dt2 < D / 16; ++dt2) {
         uint32_t vb[4];  // b0, b1 of D tile 2*dt2, then of 2*dt2+1
-        ldmatrix_x4_trans(vb, cV + (kt * 16 + (mat & 1) * 8 + mat_row) * LD + dt2 * 16 + (mat >> 1) * 8);
+        ldmatrix_x4_trans(vb, cV + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
         mma_16816<T>(acc[2 * dt2], pa, vb[0], vb[1]);
         mma_16816<T>(acc[2 * dt2 + 1], pa, vb[2], vb[3]);
       }
@@ -393,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p) {
-  constexpr int Bc = kBwdKeys, Br = bwd_rows<D>(), LD = D + 8, LDS = Br + 8;
+  constexpr int Bc = kBwdKeys, Br = layout::bwd_rows(D), LD = D + 8, LDS = Br + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);  // (Bc, LD)
   T* sV = sK + Bc * LD;                      // (Bc, LD)
@@ -405,7 +394,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
-  const int mat = lane / 8, mat_row = lane % 8;
+  const layout::Element down = layout::x4_down_first(lane), across = layout::x4_across_first(lane);
 
   // The first key tiles come first in the grid: under a causal mask they are seen by the most queries.
   const int kv_heads_total = p.batch * p.heads_kv;
@@ -481,13 +470,13 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
 #pragma unroll
     for (int kt = 0; kt < D / 16; ++kt) {
       uint32_t ka[4], va[4];
-      ldmatrix_x4(ka, sK + (warp * 16 + (mat & 1) * 8 + mat_row) * LD + kt * 16 + (mat >> 1) * 8);
-      ldmatrix_x4(va, sV + (warp * 16 + (mat & 1) * 8 + mat_row) * LD + kt * 16 + (mat >> 1) * 8);
+      ldmatrix_x4(ka, sK + (warp * 16 + down.row) * LD + kt * 16 + down.col);
+      ldmatrix_x4(va, sV + (warp * 16 + down.row) * LD + kt * 16 + down.col);
 #pragma unroll
       for (int nt2 = 0; nt2 < Br / 16; ++nt2) {
         uint32_t qb[4], ob[4];
-        ldmatrix_x4(qb, cQ + (nt2 * 16 + (mat >> 1) * 8 + mat_row) * LD + kt * 16 + (mat & 1) * 8);
-        ldmatrix_x4(ob, cdO + (nt2 * 16 + (mat >> 1) * 8 + mat_row) * LD + kt * 16 + (mat & 1) * 8);
+        ldmatrix_x4(qb, cQ + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
+        ldmatrix_x4(ob, cdO + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
         mma_16816<T>(st[2 * nt2], ka, qb[0], qb[1]);
         mma_16816<T>(st[2 * nt2 + 1], ka, qb[2], qb[3]);
         mma_16816<T>(dpt[2 * nt2], va, ob[0], ob[1]);
@@ -515,17 +504,15 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
     // the query rows of dO and Q are the reduction dimension, hence ldmatrix.trans.
 #pragma unroll
     for (int kt = 0; kt < Br / 16; ++kt) {
-      const uint32_t pa[4] = {pack2<T>(st[2 * kt][0], st[2 * kt][1]), pack2<T>(st[2 * kt][2], st[2 * kt][3]),
-                              pack2<T>(st[2 * kt + 1][0], st[2 * kt + 1][1]),
-                              pack2<T>(st[2 * kt + 1][2], st[2 * kt + 1][3])};
-      const uint32_t da[4] = {pack2<T>(dpt[2 * kt][0], dpt[2 * kt][1]), pack2<T>(dpt[2 * kt][2], dpt[2 * kt][3]),
-                              pack2<T>(dpt[2 * kt + 1][0], dpt[2 * kt + 1][1]),
-                              pack2<T>(dpt[2 * kt + 1][2], dpt[2 * kt + 1][3])};
+      uint32_t pa[4];
+      a_from_accumulators<T>(pa, st[2 * kt], st[2 * kt + 1]);
+      uint32_t da[4];
+      a_from_accumulators<T>(da, dpt[2 * kt], dpt[2 * kt + 1]);
 #pragma unroll
       for (int dt2 = 0; dt2 < D / 16; ++dt2) {
         uint32_t ob[4], qb[4];
-        ldmatrix_x4_trans(ob, cdO + (kt * 16 + (mat & 1) * 8 + mat_row) * LD + dt2 * 16 + (mat >> 1) * 8);
-        ldmatrix_x4_trans(qb, cQ + (kt * 16 + (mat & 1) * 8 + mat_row) * LD + dt2 * 16 + (mat >> 1) * 8);
+        ldmatrix_x4_trans(ob, cdO + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
+        ldmatrix_x4_trans(qb, cQ + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
         mma_16816<T>(dv[2 * dt2], pa, ob[0], ob[1]);
         mma_16816<T>(dv[2 * dt2 + 1], pa, ob[2], ob[3]);
         mma_16816<T>(dk[2 * dt2], da, qb[0], qb[1]);
@@ -546,7 +533,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
     // dQ (Br x D) += dS (Br x Bc) K (Bc x D), split over the warps as 16-row tiles x column ranges. dS is
     // stored transposed, so its A fragments come from ldmatrix.trans; K's rows are the reduction dimension.
     constexpr int kRowTiles = Br / 16;
-    constexpr int kCols = D / (4 / kRowTiles);  // columns of dQ per warp: 64 in both configurations
+    constexpr int kCols = layout::bwd_dq_cols(D);  // columns of dQ per warp: 64 in both configurations
     const int mt = warp % kRowTiles, c0 = (warp / kRowTiles) * kCols;
     float dq[kCols / 8][4];
 #pragma unroll
@@ -554,11 +541,11 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
 #pragma unroll
     for (int kt = 0; kt < Bc / 16; ++kt) {
       uint32_t sa[4];
-      ldmatrix_x4_trans(sa, sdS + (kt * 16 + (mat >> 1) * 8 + mat_row) * LDS + mt * 16 + (mat & 1) * 8);
+      ldmatrix_x4_trans(sa, sdS + (kt * 16 + across.row) * LDS + mt * 16 + across.col);
 #pragma unroll
       for (int dt2 = 0; dt2 < kCols / 16; ++dt2) {
         uint32_t kb[4];
-        ldmatrix_x4_trans(kb, sK + (kt * 16 + (mat & 1) * 8 + mat_row) * LD + c0 + dt2 * 16 + (mat >> 1) * 8);
+        ldmatrix_x4_trans(kb, sK + (kt * 16 + down.row) * LD + c0 + dt2 * 16 + down.col);
         mma_16816<T>(dq[2 * dt2], sa, kb[0], kb[1]);
         mma_16816<T>(dq[2 * dt2 + 1], sa, kb[2], kb[3]);
       }
@@ -887,64 +874,11 @@ std::vector<float> widen(DType dtype, const std::vector<uint16_t>& bits) {
 
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF; }
 
-double rows_of(const Shape& s) { return static_cast<double>(s.batch) * s.heads_q * s.seq_q; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 using FlashKernel = void (*)(FlashParams);
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------------------
-// Names and validation.
-
-std::string name(Impl impl) { return impl == Impl::flash ? "flash" : "unfused"; }
-std::string name(DType dtype) { return dtype == DType::bf16 ? "bf16" : "fp16"; }
-
-std::optional<Impl> parse_impl(const std::string& text) {
-  if (text == "unfused") return Impl::unfused;
-  if (text == "flash") return Impl::flash;
-  return std::nullopt;
-}
-
-std::optional<DType> parse_dtype(const std::string& text) {
-  if (text == "fp16") return DType::fp16;
-  if (text == "bf16") return DType::bf16;
-  return std::nullopt;
-}
-
-std::size_t unfused_workspace_bytes(const Shape& s) {
-  const double bytes = static_cast<double>(s.batch) * s.heads_q * s.seq_q * s.seq_kv * 8.0;
-  return bytes >= static_cast<double>(std::numeric_limits<std::size_t>::max() / 2)
-             ? std::numeric_limits<std::size_t>::max()
-             : static_cast<std::size_t>(bytes);
-}
-
-std::string validate(const Shape& s, DType dtype, Impl impl) {
-  if (dtype != DType::fp16 && dtype != DType::bf16) return "unknown dtype (the gpu kernels take fp16 or bf16)";
-  if (impl != Impl::unfused && impl != Impl::flash) return "unknown attention implementation (unfused or flash)";
-  if (std::string problem = attention::validate(s); !problem.empty()) return problem;
-  // Row-wise kernels and the flash grids index blocks with int.
-  if (rows_of(s) > INT_MAX) return "batch * heads_q * seq_q exceeds the int range of the gpu kernels' grids";
-  if (impl == Impl::flash) {
-    if (s.head_dim != 64 && s.head_dim != 128)
-      return "flash attention supports head_dim 64 and 128 only (got " + std::to_string(s.head_dim) + ")";
-    if (static_cast<double>(ceil_div(s.seq_q, kFwdRows)) * s.batch * s.heads_q > INT_MAX ||
-        static_cast<double>(ceil_div(s.seq_kv, kBwdKeys)) * s.batch * s.heads_kv > INT_MAX)
-      return "flash attention grid exceeds the int range";
-  } else {
-    const std::size_t bytes = unfused_workspace_bytes(s);
-    if (bytes > kUnfusedWorkspaceLimitBytes) {
-      char text[200];
-      std::snprintf(text, sizeof text,
-                    "unfused attention materialises batch*heads_q*seq_q*seq_kv scores: %.2f GiB of workspace "
-                    "exceeds its %.0f GiB limit (use flash)",
-                    static_cast<double>(bytes) / (1u << 30),
-                    static_cast<double>(kUnfusedWorkspaceLimitBytes) / (1u << 30));
-      return text;
-    }
-  }
-  return "";
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // Attention.
@@ -984,9 +918,9 @@ template <typename T, int D>
 void select_flash(Problem& s) {
   s.forward_kernel = flash_forward_kernel<T, D>;
   s.backward_kernel = flash_backward_kernel<T, D>;
-  s.forward_smem = fwd_smem_bytes<D>();
-  s.backward_smem = bwd_smem_bytes<D>();
-  s.backward_rows = bwd_rows<D>();
+  s.forward_smem = layout::fwd_smem_bytes(D);
+  s.backward_smem = layout::bwd_smem_bytes(D);
+  s.backward_rows = layout::bwd_rows(D);
 }
 
 template <typename T>
