@@ -1,8 +1,5 @@
-// Implementation of the cuBLASLt GEMM backend (see gemm_cuda.h).
-//
-// Row-major C = A W^T is computed as the column-major product C^T (N, M) = W (N, K) . A^T (K, M):
-// W's row-major storage is a column-major (K, N) matrix used transposed, A's is a column-major (K, M)
-// matrix used as is. That is cuBLASLt's "TN" layout, the one FP8 requires.
+// Implementation of the cuBLASLt GEMM backend (see gemm_cuda.h). The mapping of row-major C = A W^T onto
+// cuBLASLt's column-major product is lt_layout() (gemm_layout.h), tested in the CPU build.
 #include "kernels/gemm_cuda.h"
 
 #include <cublasLt.h>
@@ -20,6 +17,7 @@
 #include "kernels/error.h"
 #include "kernels/cuda_handles.h"
 #include "kernels/cuda_info.h"
+#include "kernels/gemm_layout.h"
 
 namespace strata::gemm {
 
@@ -151,9 +149,10 @@ CudaGemm::CudaGemm(Shape shape, DType dtype, uint64_t seed, int device) : impl_(
   cublasLtMatmulDesc_t op = nullptr;
   STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
   s.op.reset(op);
-  cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof transposed));
-  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain));
+  const LtLayout lt = lt_layout(shape);
+  cublasOperation_t op_a = lt.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = lt.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   if (dtype == DType::fp8_e4m3) {
     // FP8 takes per-tensor scales as device pointers; ours are 1 (inputs already in range).
     s.scale = device_alloc(sizeof(float));
@@ -165,12 +164,14 @@ CudaGemm::CudaGemm(Shape shape, DType dtype, uint64_t seed, int device) : impl_(
     STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale, sizeof scale));
   }
   cublasLtMatrixLayout_t layout = nullptr;
-  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, in_type, k, n, static_cast<int64_t>(k)));  // W
-  s.w_layout.reset(layout);
-  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, in_type, k, m, static_cast<int64_t>(k)));  // A
-  s.a_layout.reset(layout);
-  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, out_type, n, m, static_cast<int64_t>(n)));  // C^T
-  s.c_layout.reset(layout);
+  auto create = [&layout](cudaDataType_t type, const ColumnMajor& c) {
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(c.rows),
+                                                          static_cast<uint64_t>(c.cols), c.ld));
+    return LayoutPtr(layout);
+  };
+  s.w_layout = create(in_type, lt.a);
+  s.a_layout = create(in_type, lt.b);
+  s.c_layout = create(out_type, lt.d);
 
   cublasLtMatmulPreference_t preference = nullptr;
   STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
