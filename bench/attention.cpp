@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 
 #include "bench/harness.h"
 #include "kernels/attention.h"
@@ -14,6 +15,7 @@
 #ifdef STRATA_HAVE_CUDA
 #include "bench/timer_cuda.h"
 #include "kernels/attention_cuda.h"
+#include "kernels/gemm_cuda.h"
 #include "kernels/cuda_info.h"
 #endif
 
@@ -222,12 +224,23 @@ struct GpuWorkload final : Workload {
   }
 };
 
-std::unique_ptr<Workload> gpu_workload(const Case& c, uint64_t seed) { return std::make_unique<GpuWorkload>(c, seed); }
+std::unique_ptr<Workload> gpu_workload(const Case& c, uint64_t seed) {
+  try {
+    return std::make_unique<GpuWorkload>(c, seed);
+  } catch (const std::invalid_argument& e) {  // the kernels' word for a request this device cannot serve
+    throw UsageError(e.what());
+  }
+}
 #else
 std::unique_ptr<Workload> gpu_workload(const Case&, uint64_t) {
   throw UsageError("--backend cuda: this strata-attention was built without CUDA");
 }
 #endif
+
+struct PeakOfCase {
+  double flops = 0;    // per rank; 0 when unknown
+  std::string source;  // GPU only
+};
 
 int run_attention(int argc, char** argv) {
   HarnessOptions h;
@@ -256,13 +269,14 @@ int run_attention(int argc, char** argv) {
                      "thread per kernel thread");
 
   std::string device = "cpu";
+  int gpu = -1;
   if (o.backend == "cuda") {
 #ifdef STRATA_HAVE_CUDA
     int gpus = cuda::device_count(), fewest = 0;
     STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
     if (fewest == 0) throw UsageError("--backend cuda: no CUDA device is visible to every rank");
     Comm node = split_shared_memory(MPI_COMM_WORLD);
-    const int gpu = node.rank() % gpus;  // one GPU per local rank
+    gpu = node.rank() % gpus;  // one GPU per local rank
     cuda::set_device(gpu);
     device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu);
 #else
@@ -285,8 +299,20 @@ int run_attention(int argc, char** argv) {
   run.summary()
       .add_column("check_rel_l2", ColumnKind::float64, "1", "worst relative L2 error against float64, over ranks and outputs");
 
-  // The CPU's measured FP32 peak; the GPU's tensor-core peak is stored as 0 (unknown).
-  const double peak_per_rank = o.backend == "cpu" ? run.context().machine.description.fp32.per_rank(o.threads) : 0.0;
+  // The CPU's measured FP32 peak; on the GPU the tensor-core peak of the case's dtype that GEMM uses (0 where
+  // the table has no figure), since the attention kernels run on the same tensor cores.
+  auto peak_of = [&](const std::string& dtype) -> PeakOfCase {
+    if (o.backend == "cpu") return {run.context().machine.description.fp32.per_rank(o.threads), ""};
+#ifdef STRATA_HAVE_CUDA
+    const gemm::GpuPeak peak = gemm::gpu_peak(gpu, dtype == "fp16" ? gemm::DType::fp16 : gemm::DType::bf16);
+    return {peak.flops, peak.source};
+#else
+    (void)dtype;
+    (void)gpu;
+    return {0.0, ""};
+#endif
+  };
+  std::string gpu_peak_source;
   ConsoleTable table({{"impl", 5}, {"pass", 6}, {"causal", 6}, {"B", 3}, {"Hq", 4}, {"Hkv", 4}, {"Sq", 6}, {"Skv", 6},
                       {"D", 4}, {"time(ms)", 10}, {"GFLOP/s/rank", 12}, {"GFLOP/s(all)", 12}, {"%peak", 6}, {"rel_l2", 9}});
   if (run.is_root()) {
@@ -305,6 +331,9 @@ int run_attention(int argc, char** argv) {
     const Shape& s = c.shape;
     const uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
     const bool has_bwd = c.pass != "fwd";
+    const PeakOfCase peak = peak_of(c.dtype);
+    const double peak_per_rank = peak.flops;
+    if (!peak.source.empty()) gpu_peak_source = peak.source;
     std::unique_ptr<Workload> work = o.backend == "cpu" ? cpu_workload(c, seed, kernel_options) : gpu_workload(c, seed);
     // Untimed check on poisoned outputs; the backward pass needs the forward's O and lse anyway.
     work->forward();
@@ -355,6 +384,8 @@ int run_attention(int argc, char** argv) {
   if (run.is_root()) {
     if (o.backend == "cpu")
       std::printf("# %%peak per rank: %s\n", peak_source(run.context().machine.description.fp32, o.threads).c_str());
+    else if (!gpu_peak_source.empty())
+      std::printf("# %%peak per rank (last case): %s\n", gpu_peak_source.c_str());
     std::printf("# results: %s\n", run.output_path().c_str());
   }
   return run.finish();

@@ -511,7 +511,13 @@ int run_collective(int argc, char** argv) {
     STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
     if (fewest == 0) throw UsageError("--backend nccl: no CUDA device is visible to every rank");
     Comm node = split_shared_memory(MPI_COMM_WORLD);
-    int gpu = node.rank() % gpus;
+    // NCCL refuses two ranks of one communicator on one device, and shared GPUs would not measure the network.
+    int crowded = node.size() > gpus ? 1 : 0, any_crowded = 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(&crowded, &any_crowded, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any_crowded)
+      throw UsageError("--backend nccl: one GPU per rank, but a node runs more ranks than it has visible GPUs (" +
+                       std::to_string(node.size()) + " ranks, " + std::to_string(gpus) + " GPUs here)");
+    int gpu = node.rank();
     executor = std::make_unique<NcclExecutor>(group.comm, group.index, gpu);
     device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu);
 #else
@@ -550,6 +556,9 @@ int run_collective(int argc, char** argv) {
     ctx.size = group_size;
     ctx.ring_segment_bytes = static_cast<size_t>(segment_bytes);
     ctx.max_message_bytes = static_cast<size_t>(max_message_bytes);
+#ifdef STRATA_HAVE_CUDA
+    if (o.device_buffers) ctx.device_copy = &cuda::copy_on_device;  // the library path's copies between buffers
+#endif
     executor = std::make_unique<MpiExecutor>(ctx, o.device_buffers);
   }
 

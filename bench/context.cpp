@@ -16,6 +16,7 @@
 #include "build_info.h"
 #include "git_commit.h"
 #include "kernels/blas.h"
+#include "collectives/nccl_backend.h"
 #include "kernels/cuda_info.h"
 
 extern char** environ;
@@ -211,6 +212,7 @@ RunContext collect_context(int argc, const char* const* argv, const std::string&
 #ifdef STRATA_HAVE_CUDA
   e["cuda_architectures"] = STRATA_BUILD_CUDA_ARCHITECTURES;
   for (const auto& [name, value] : cuda::versions()) e[name] = value;
+  e["nccl"] = coll::nccl_version();
 #else
   e["cuda_runtime"] = "not built";
 #endif

@@ -3,6 +3,7 @@
 // and aggregate FLOP/s and the fraction of peak, and checks every case against a higher-precision reference.
 #include <cstdio>
 #include <memory>
+#include <stdexcept>
 
 #include "bench/harness.h"
 #include "bench/shapes.h"
@@ -224,7 +225,11 @@ int run_gemm(int argc, char** argv) {
               peak.per_rank(h.blas_threads), peak_source(peak, h.blas_threads)};
     } else {
 #ifdef STRATA_HAVE_CUDA
-      gpu = std::make_unique<gemm::CudaGemm>(c.shape, c.dtype, seed, device);
+      try {
+        gpu = std::make_unique<gemm::CudaGemm>(c.shape, c.dtype, seed, device);
+      } catch (const std::invalid_argument& e) {  // the kernels' word for a request this device cannot serve
+        throw UsageError(e.what());
+      }
       gpu_timer = make_cuda_event_timer(gpu->stream());
       gemm::GpuPeak peak = gemm::gpu_peak(device, c.dtype);
       work = {[&] { gpu->run(); }, [&] { gpu->poison_output(); },

@@ -563,7 +563,25 @@ Call begin_call(Operation operation, Algo algo, const Context& ctx, DataType dty
                      " entries but the communicator has " + std::to_string(call.n) + " ranks");
   if (algo == Algo::library && ctx.types == nullptr)
     throw std::invalid_argument("the library path needs the MPI types (Context::types)");
+  if (ctx.device_copy != nullptr && algo != Algo::library)
+    throw std::invalid_argument(std::string(name(algo)) + " " + std::string(name(operation)) +
+                     " works on host memory; device buffers take the library algorithm");
   return call;
+}
+
+// avg is finished on the host (MPI has no average), which device buffers do not allow.
+void refuse_device_avg(const Context& ctx, RedOp op) {
+  if (ctx.device_copy != nullptr && op == RedOp::avg)
+    throw std::invalid_argument("avg is finished on the host; device buffers take sum, prod, min or max");
+}
+
+// A copy between the caller's buffers on the library path, where they may be device memory.
+void copy_caller_bytes(const Context& ctx, void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  if (ctx.device_copy != nullptr)
+    ctx.device_copy(dst, src, bytes);
+  else
+    std::memmove(dst, src, bytes);
 }
 
 int mpi_count(std::size_t count) {
@@ -640,6 +658,7 @@ Context world_context(const Layout& layout, const MpiTypes& types) {
 Traffic allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
                   const Context& ctx) {
   const Call call = begin_call(Operation::allreduce, algo, ctx, dtype);
+  refuse_device_avg(ctx, op);
   Traffic traffic;
   if (algo == Algo::library) {
     STRATA_MPI_CHECK(MPI_Allreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, mpi_count(count),
@@ -695,6 +714,7 @@ Traffic allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t cou
 Traffic reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
                        RedOp op, const Context& ctx) {
   const Call call = begin_call(Operation::reduce_scatter, algo, ctx, dtype);
+  refuse_device_avg(ctx, op);
   const std::size_t block = recvcount * call.elem_size;
   const std::size_t total = block * static_cast<std::size_t>(call.n);
   const bool in_place = bytes_of(recvbuf) == bytes_of(sendbuf) + static_cast<std::size_t>(call.rank) * block;
@@ -707,7 +727,7 @@ Traffic reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_
     STRATA_MPI_CHECK(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : sendbuf, in_place ? in_place_input : recvbuf,
                                               mpi_count(recvcount), ctx.types->datatype(dtype),
                                               ctx.types->op(dtype, op), ctx.comm));
-    if (in_place) copy_bytes(recvbuf, in_place_input, block);
+    if (in_place) copy_caller_bytes(ctx, recvbuf, in_place_input, block);
   } else if (algo == Algo::hierarchical) {
     hierarchical_reduce_scatter(ctx, node_table(ctx, call.rank, call.n), bytes_of(sendbuf), bytes_of(recvbuf), block,
                                 reduction, traffic);
@@ -761,7 +781,7 @@ Traffic broadcast(Algo algo, const void* sendbuf, void* recvbuf, std::size_t cou
   if (root < 0 || root >= call.n)
     throw std::invalid_argument("broadcast root " + std::to_string(root) + " is not a rank of the communicator");
   const std::size_t bytes = count * call.elem_size;
-  if (call.rank == root) copy_bytes(recvbuf, sendbuf, bytes);
+  if (call.rank == root) copy_caller_bytes(ctx, recvbuf, sendbuf, bytes);
   Traffic traffic;
   if (algo == Algo::library) {
     STRATA_MPI_CHECK(MPI_Bcast(recvbuf, mpi_count(count), ctx.types->datatype(dtype), root, ctx.comm));
@@ -779,6 +799,7 @@ Traffic broadcast(Algo algo, const void* sendbuf, void* recvbuf, std::size_t cou
 Traffic reduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
                int root, const Context& ctx) {
   const Call call = begin_call(Operation::reduce, algo, ctx, dtype);
+  refuse_device_avg(ctx, op);
   if (root < 0 || root >= call.n)
     throw std::invalid_argument("reduce root " + std::to_string(root) + " is not a rank of the communicator");
   const bool is_root = call.rank == root;

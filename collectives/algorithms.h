@@ -65,6 +65,11 @@ struct Context {
   // MPI counts are int: larger messages go as several pieces of at most this many bytes (capped at INT_MAX).
   // Tests set it small so the splitting runs on small buffers.
   std::size_t max_message_bytes = std::size_t{1} << 30;
+  // Set when the buffers are device memory (a CUDA-aware MPI library): the copy the library path makes
+  // between the caller's buffers (broadcast out of place on the root, reduce_scatter in place) goes through
+  // it, since the host cannot touch device memory. Strata's own algorithms and the host-side finish of avg
+  // work on host memory, so with it set they are refused (std::invalid_argument). Null: host buffers.
+  void (*device_copy)(void* dst, const void* src, std::size_t bytes) = nullptr;
 };
 
 // MPI_COMM_WORLD with the layout's node map and communicators.

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "collectives/gpu_error.h"
@@ -37,30 +39,78 @@ ncclRedOp_t nccl_op(RedOp op) {
   throw std::invalid_argument("reduction not available in NCCL");
 }
 
+// Teardown cannot throw: a failure there is reported and the rest is still released.
+void report_teardown(const char* call, const char* detail) {
+  std::fprintf(stderr, "strata: NCCL backend teardown: %s failed: %s\n", call, detail);
+}
+
 struct NcclCommOwner {
   ncclComm_t comm = nullptr;
+  NcclCommOwner() = default;
+  NcclCommOwner(const NcclCommOwner&) = delete;
+  NcclCommOwner& operator=(const NcclCommOwner&) = delete;
+  // Finalize flushes the communicator's outstanding work before destroy frees its resources.
   ~NcclCommOwner() {
-    if (comm) ncclCommDestroy(comm);
+    if (!comm) return;
+    if (ncclResult_t rc = ncclCommFinalize(comm); rc != ncclSuccess) report_teardown("ncclCommFinalize", ncclGetErrorString(rc));
+    if (ncclResult_t rc = ncclCommDestroy(comm); rc != ncclSuccess) report_teardown("ncclCommDestroy", ncclGetErrorString(rc));
   }
 };
 
 }  // namespace
 
+// Members are destroyed in reverse order: the communicators go before the buffers and the stream they use.
 struct NcclBackend::Impl {
-  NcclCommOwner world, group;
-  cudaStream_t stream = nullptr;
+  struct Resources {
+    cudaStream_t stream = nullptr;
+    std::vector<void*> allocations;
+    void* scratch = nullptr;
+    std::size_t scratch_bytes = 0;
+    Resources() = default;
+    Resources(const Resources&) = delete;
+    Resources& operator=(const Resources&) = delete;
+    ~Resources() {
+      for (void* p : allocations)
+        if (cudaError_t rc = cudaFree(p); rc != cudaSuccess) report_teardown("cudaFree", cudaGetErrorString(rc));
+      if (scratch)
+        if (cudaError_t rc = cudaFree(scratch); rc != cudaSuccess) report_teardown("cudaFree", cudaGetErrorString(rc));
+      if (stream)
+        if (cudaError_t rc = cudaStreamDestroy(stream); rc != cudaSuccess)
+          report_teardown("cudaStreamDestroy", cudaGetErrorString(rc));
+    }
+  };
+  Resources resources;
+  NcclCommOwner world, group;  // split from world, so destroyed first
   int rank = 0, size = 1;
-  std::vector<void*> allocations;
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  // Nothing may still run on the stream when the communicators and buffers go.
   ~Impl() {
-    for (void* p : allocations) cudaFree(p);
-    if (stream) cudaStreamDestroy(stream);
+    if (resources.stream)
+      if (cudaError_t rc = cudaStreamSynchronize(resources.stream); rc != cudaSuccess)
+        report_teardown("cudaStreamSynchronize", cudaGetErrorString(rc));
+  }
+
+  void* scratch(std::size_t bytes) {
+    if (bytes > resources.scratch_bytes) {
+      // The old scratch may still be read by enqueued work.
+      STRATA_COLL_CUDA_CHECK(cudaStreamSynchronize(resources.stream));
+      if (resources.scratch) STRATA_COLL_CUDA_CHECK(cudaFree(resources.scratch));
+      resources.scratch = nullptr;
+      resources.scratch_bytes = 0;
+      STRATA_COLL_CUDA_CHECK(cudaMalloc(&resources.scratch, bytes));
+      resources.scratch_bytes = bytes;
+    }
+    return resources.scratch;
   }
 };
 
 NcclBackend::NcclBackend(MPI_Comm group, int group_index, int device) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   STRATA_COLL_CUDA_CHECK(cudaSetDevice(device));
-  STRATA_COLL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  STRATA_COLL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.resources.stream, cudaStreamNonBlocking));
   int world_rank = 0, world_size = 0;
   STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
   STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
@@ -73,9 +123,20 @@ NcclBackend::NcclBackend(MPI_Comm group, int group_index, int device) : impl_(st
   STRATA_COLL_NCCL_CHECK(ncclCommSplit(s.world.comm, group_index, s.rank, &s.group.comm, nullptr));
 }
 
+NcclBackend::NcclBackend(int device) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  STRATA_COLL_CUDA_CHECK(cudaSetDevice(device));
+  STRATA_COLL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.resources.stream, cudaStreamNonBlocking));
+  ncclUniqueId id{};
+  STRATA_COLL_NCCL_CHECK(ncclGetUniqueId(&id));
+  STRATA_COLL_NCCL_CHECK(ncclCommInitRank(&s.group.comm, 1, id, 0));
+  s.rank = 0;
+  s.size = 1;
+}
+
 NcclBackend::~NcclBackend() = default;
 
-void* NcclBackend::stream() const { return impl_->stream; }
+void* NcclBackend::stream() const { return impl_->resources.stream; }
 
 void NcclBackend::run(Operation operation, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
                       RedOp op, int root) {
@@ -83,55 +144,75 @@ void NcclBackend::run(Operation operation, const void* sendbuf, void* recvbuf, s
   ncclComm_t comm = s.group.comm;
   ncclDataType_t type = nccl_type(dtype);
   const std::size_t elem = size_of(dtype);
+  // The input copied to scratch on the stream, for operations whose sends and receives would share a buffer.
+  auto stage = [&s](const void* input, std::size_t bytes) -> const void* {
+    if (bytes == 0) return input;
+    void* scratch = s.scratch(bytes);
+    STRATA_COLL_CUDA_CHECK(cudaMemcpyAsync(scratch, input, bytes, cudaMemcpyDeviceToDevice, s.resources.stream));
+    return scratch;
+  };
   switch (operation) {
     case Operation::allreduce:
-      STRATA_COLL_NCCL_CHECK(ncclAllReduce(sendbuf, recvbuf, count, type, nccl_op(op), comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclAllReduce(sendbuf, recvbuf, count, type, nccl_op(op), comm, s.resources.stream));
       break;
     case Operation::allgather:
-      STRATA_COLL_NCCL_CHECK(ncclAllGather(sendbuf, recvbuf, count, type, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclAllGather(sendbuf, recvbuf, count, type, comm, s.resources.stream));
       break;
     case Operation::reduce_scatter:
-      STRATA_COLL_NCCL_CHECK(ncclReduceScatter(sendbuf, recvbuf, count, type, nccl_op(op), comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclReduceScatter(sendbuf, recvbuf, count, type, nccl_op(op), comm, s.resources.stream));
       break;
     case Operation::broadcast:
-      STRATA_COLL_NCCL_CHECK(ncclBroadcast(sendbuf, recvbuf, count, type, root, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclBroadcast(sendbuf, recvbuf, count, type, root, comm, s.resources.stream));
       break;
     case Operation::reduce:
-      STRATA_COLL_NCCL_CHECK(ncclReduce(sendbuf, recvbuf, count, type, nccl_op(op), root, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclReduce(sendbuf, recvbuf, count, type, nccl_op(op), root, comm, s.resources.stream));
       break;
     case Operation::alltoall:
       // NCCL has no alltoall: grouped sends and receives, as nccl-tests does.
+      if (sendbuf == recvbuf) sendbuf = stage(sendbuf, static_cast<std::size_t>(s.size) * count * elem);
       STRATA_COLL_NCCL_CHECK(ncclGroupStart());
       for (int peer = 0; peer < s.size; ++peer) {
-        STRATA_COLL_NCCL_CHECK(ncclSend(static_cast<const char*>(sendbuf) + peer * count * elem, count, type, peer, comm, s.stream));
-        STRATA_COLL_NCCL_CHECK(ncclRecv(static_cast<char*>(recvbuf) + peer * count * elem, count, type, peer, comm, s.stream));
+        STRATA_COLL_NCCL_CHECK(ncclSend(static_cast<const char*>(sendbuf) + peer * count * elem, count, type, peer, comm, s.resources.stream));
+        STRATA_COLL_NCCL_CHECK(ncclRecv(static_cast<char*>(recvbuf) + peer * count * elem, count, type, peer, comm, s.resources.stream));
       }
       STRATA_COLL_NCCL_CHECK(ncclGroupEnd());
       break;
     case Operation::sendrecv:
+      if (sendbuf == recvbuf) sendbuf = stage(sendbuf, count * elem);
       STRATA_COLL_NCCL_CHECK(ncclGroupStart());
-      STRATA_COLL_NCCL_CHECK(ncclSend(sendbuf, count, type, (s.rank + 1) % s.size, comm, s.stream));
-      STRATA_COLL_NCCL_CHECK(ncclRecv(recvbuf, count, type, (s.rank - 1 + s.size) % s.size, comm, s.stream));
+      STRATA_COLL_NCCL_CHECK(ncclSend(sendbuf, count, type, (s.rank + 1) % s.size, comm, s.resources.stream));
+      STRATA_COLL_NCCL_CHECK(ncclRecv(recvbuf, count, type, (s.rank - 1 + s.size) % s.size, comm, s.resources.stream));
       STRATA_COLL_NCCL_CHECK(ncclGroupEnd());
       break;
   }
 }
 
-void NcclBackend::synchronize() { STRATA_COLL_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+void NcclBackend::synchronize() { STRATA_COLL_CUDA_CHECK(cudaStreamSynchronize(impl_->resources.stream)); }
 
 void* NcclBackend::device_alloc(std::size_t bytes) {
   void* p = nullptr;
   STRATA_COLL_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
-  impl_->allocations.push_back(p);
+  impl_->resources.allocations.push_back(p);
   return p;
 }
 
 void NcclBackend::copy_to_device(void* device, const void* host, std::size_t bytes) {
-  if (bytes) STRATA_COLL_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+  if (bytes == 0) return;
+  STRATA_COLL_CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, impl_->resources.stream));
+  STRATA_COLL_CUDA_CHECK(cudaStreamSynchronize(impl_->resources.stream));
 }
 
 void NcclBackend::copy_to_host(void* host, const void* device, std::size_t bytes) {
-  if (bytes) STRATA_COLL_CUDA_CHECK(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+  if (bytes == 0) return;
+  STRATA_COLL_CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, impl_->resources.stream));
+  STRATA_COLL_CUDA_CHECK(cudaStreamSynchronize(impl_->resources.stream));
+}
+
+std::string nccl_version() {
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return "none";
+  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100);
 }
 
 }  // namespace strata::coll

@@ -16,12 +16,8 @@
 //             no atomics on dK/dV), recomputing P^T from lse. dS^T goes through shared memory so the block
 //             can form dQ = dS K for the query tile, which is added with fp32 atomics into a (B, Hq, Sq, D)
 //             float buffer and converted (times the softmax scale) by a last small kernel.
-// MMA fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), with g = lane/4, t = lane%4:
-//   A (16x16, row): a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
-//   B (16x8, col):  b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g)
-//   C (16x8):       c0,c1 (g, 2t..2t+1), c2,c3 (g+8, 2t..2t+1)
-// ldmatrix.x4: lanes 8i..8i+7 address the rows of matrix i, and register i of every lane receives matrix i
-// as (row g, cols 2t..2t+1), or with .trans as (rows 2t..2t+1, col g).
+// The fragment and ldmatrix index maps, tile sizes and shared-memory footprints are in flash_layout.h, where
+// the host tests check them; names, parsing and validation are in attention_cuda_host.cpp.
 #include "kernels/attention_cuda.h"
 
 #include <cublasLt.h>
@@ -39,9 +35,11 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <stdexcept>
 #include <vector>
 
-#include "bench/check.h"
+#include "kernels/error.h"
+#include "kernels/flash_layout.h"
 #include "kernels/cuda_handles.h"
 #include "kernels/gemm_check.h"
 
@@ -179,6 +177,16 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The A fragment of one 16-wide k slice from the accumulators of its two 8-wide halves (see flash_layout.h).
+template <typename T>
+__device__ __forceinline__ void a_from_accumulators(uint32_t (&a)[4], const float (&even)[4], const float (&odd)[4]) {
+#pragma unroll
+  for (int reg = 0; reg < 4; ++reg) {
+    const float(&c)[4] = layout::c_from_a_tile(reg) == 0 ? even : odd;
+    a[reg] = pack2<T>(c[layout::c_from_a_index(reg, 0)], c[layout::c_from_a_index(reg, 1)]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Flash kernels.
 
@@ -200,27 +208,10 @@ struct FlashParams {
   float scale_log2;   // scale * log2(e): exp(scale*s) == exp2(scale_log2*s)
 };
 
-constexpr int kFwdRows = 64;   // Br: query rows per block, 16 per warp
-constexpr int kFwdKeys = 64;   // Bc: keys per tile
-constexpr int kBwdKeys = 64;   // Bc: keys per block, 16 per warp
-constexpr int kThreads = 128;  // 4 warps
-
-// The backward's query tile: 32 rows at D=128 keep dK, dV (128 fp32 per thread together), S^T and dP^T within
-// the register file; D=64 affords 64.
-template <int D>
-__host__ __device__ constexpr int bwd_rows() { return D == 128 ? 32 : 64; }
-
-template <int D>
-constexpr size_t fwd_smem_bytes() {
-  return static_cast<size_t>(kFwdRows + 4 * kFwdKeys) * (D + 8) * 2;  // Q, K[2], V[2]
-}
-template <int D>
-constexpr size_t bwd_smem_bytes() {
-  constexpr int br = bwd_rows<D>();
-  return static_cast<size_t>(2 * kBwdKeys + 4 * br) * (D + 8) * 2  // K, V, Q[2], dO[2]
-         + static_cast<size_t>(kBwdKeys) * (br + 8) * 2            // dS^T
-         + static_cast<size_t>(4 * br) * sizeof(float);            // lse[2], delta[2]
-}
+using layout::kBwdKeys;
+using layout::kFwdKeys;
+using layout::kFwdRows;
+using layout::kThreads;
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) {
@@ -233,7 +224,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
   // Sub-matrix of an ldmatrix.x4 that this lane addresses, and its row inside it.
-  const int mat = lane / 8, mat_row = lane % 8;
+  const layout::Element down = layout::x4_down_first(lane), across = layout::x4_across_first(lane);
 
   // The last query tiles come first in the grid: under a causal mask they see the most keys, and starting
   // the longest blocks first evens out the tail.
@@ -266,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
   uint32_t qf[D / 16][4];  // this warp's 16 query rows as A fragments, one per 16-wide slice of D
 #pragma unroll
   for (int kt = 0; kt < D / 16; ++kt)
-    ldmatrix_x4(qf[kt], sQ + (warp * 16 + (mat & 1) * 8 + mat_row) * LD + kt * 16 + (mat >> 1) * 8);
+    ldmatrix_x4(qf[kt], sQ + (warp * 16 + down.row) * LD + kt * 16 + down.col);
 
   float acc[D / 8][4];  // O rows g and g+8 of this warp, unnormalised
 #pragma unroll
@@ -295,7 +286,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
 #pragma unroll
       for (int nt2 = 0; nt2 < Bc / 16; ++nt2) {
         uint32_t kb[4];  // b0, b1 of key tile 2*nt2, then of 2*nt2+1
-        ldmatrix_x4(kb, cK + (nt2 * 16 + (mat >> 1) * 8 + mat_row) * LD + kt * 16 + (mat & 1) * 8);
+        ldmatrix_x4(kb, cK + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
         mma_16816<T>(s[2 * nt2], qf[kt], kb[0], kb[1]);
         mma_16816<T>(s[2 * nt2 + 1], qf[kt], kb[2], kb[3]);
       }
@@ -346,13 +337,12 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
     // stays in registers; V's rows are the reduction dimension, hence ldmatrix.trans.
 #pragma unroll
     for (int kt = 0; kt < Bc / 16; ++kt) {
-      const uint32_t pa[4] = {pack2<T>(s[2 * kt][0], s[2 * kt][1]), pack2<T>(s[2 * kt][2], s[2 * kt][3]),
-                              pack2<T>(s[2 * kt + 1][0], s[2 * kt + 1][1]),
-                              pack2<T>(s[2 * kt + 1][2], s[2 * kt + 1][3])};
+      uint32_t pa[4];
+      a_from_accumulators<T>(pa, s[2 * kt], s[2 * kt + 1]);
 #pragma unroll
       for (int dt2 = 0; dt2 < D / 16; ++dt2) {
         uint32_t vb[4];  // b0, b1 of D tile 2*dt2, then of 2*dt2+1
-        ldmatrix_x4_trans(vb, cV + (kt * 16 + (mat & 1) * 8 + mat_row) * LD + dt2 * 16 + (mat >> 1) * 8);
+        ldmatrix_x4_trans(vb, cV + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
         mma_16816<T>(acc[2 * dt2], pa, vb[0], vb[1]);
         mma_16816<T>(acc[2 * dt2 + 1], pa, vb[2], vb[3]);
       }
@@ -393,7 +383,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p) {
-  constexpr int Bc = kBwdKeys, Br = bwd_rows<D>(), LD = D + 8, LDS = Br + 8;
+  constexpr int Bc = kBwdKeys, Br = layout::bwd_rows(D), LD = D + 8, LDS = Br + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);  // (Bc, LD)
   T* sV = sK + Bc * LD;                      // (Bc, LD)
@@ -405,7 +395,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane / 4, t = lane % 4;
-  const int mat = lane / 8, mat_row = lane % 8;
+  const layout::Element down = layout::x4_down_first(lane), across = layout::x4_across_first(lane);
 
   // The first key tiles come first in the grid: under a causal mask they are seen by the most queries.
   const int kv_heads_total = p.batch * p.heads_kv;
@@ -481,13 +471,13 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
 #pragma unroll
     for (int kt = 0; kt < D / 16; ++kt) {
       uint32_t ka[4], va[4];
-      ldmatrix_x4(ka, sK + (warp * 16 + (mat & 1) * 8 + mat_row) * LD + kt * 16 + (mat >> 1) * 8);
-      ldmatrix_x4(va, sV + (warp * 16 + (mat & 1) * 8 + mat_row) * LD + kt * 16 + (mat >> 1) * 8);
+      ldmatrix_x4(ka, sK + (warp * 16 + down.row) * LD + kt * 16 + down.col);
+      ldmatrix_x4(va, sV + (warp * 16 + down.row) * LD + kt * 16 + down.col);
 #pragma unroll
       for (int nt2 = 0; nt2 < Br / 16; ++nt2) {
         uint32_t qb[4], ob[4];
-        ldmatrix_x4(qb, cQ + (nt2 * 16 + (mat >> 1) * 8 + mat_row) * LD + kt * 16 + (mat & 1) * 8);
-        ldmatrix_x4(ob, cdO + (nt2 * 16 + (mat >> 1) * 8 + mat_row) * LD + kt * 16 + (mat & 1) * 8);
+        ldmatrix_x4(qb, cQ + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
+        ldmatrix_x4(ob, cdO + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
         mma_16816<T>(st[2 * nt2], ka, qb[0], qb[1]);
         mma_16816<T>(st[2 * nt2 + 1], ka, qb[2], qb[3]);
         mma_16816<T>(dpt[2 * nt2], va, ob[0], ob[1]);
@@ -515,17 +505,15 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
     // the query rows of dO and Q are the reduction dimension, hence ldmatrix.trans.
 #pragma unroll
     for (int kt = 0; kt < Br / 16; ++kt) {
-      const uint32_t pa[4] = {pack2<T>(st[2 * kt][0], st[2 * kt][1]), pack2<T>(st[2 * kt][2], st[2 * kt][3]),
-                              pack2<T>(st[2 * kt + 1][0], st[2 * kt + 1][1]),
-                              pack2<T>(st[2 * kt + 1][2], st[2 * kt + 1][3])};
-      const uint32_t da[4] = {pack2<T>(dpt[2 * kt][0], dpt[2 * kt][1]), pack2<T>(dpt[2 * kt][2], dpt[2 * kt][3]),
-                              pack2<T>(dpt[2 * kt + 1][0], dpt[2 * kt + 1][1]),
-                              pack2<T>(dpt[2 * kt + 1][2], dpt[2 * kt + 1][3])};
+      uint32_t pa[4];
+      a_from_accumulators<T>(pa, st[2 * kt], st[2 * kt + 1]);
+      uint32_t da[4];
+      a_from_accumulators<T>(da, dpt[2 * kt], dpt[2 * kt + 1]);
 #pragma unroll
       for (int dt2 = 0; dt2 < D / 16; ++dt2) {
         uint32_t ob[4], qb[4];
-        ldmatrix_x4_trans(ob, cdO + (kt * 16 + (mat & 1) * 8 + mat_row) * LD + dt2 * 16 + (mat >> 1) * 8);
-        ldmatrix_x4_trans(qb, cQ + (kt * 16 + (mat & 1) * 8 + mat_row) * LD + dt2 * 16 + (mat >> 1) * 8);
+        ldmatrix_x4_trans(ob, cdO + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
+        ldmatrix_x4_trans(qb, cQ + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
         mma_16816<T>(dv[2 * dt2], pa, ob[0], ob[1]);
         mma_16816<T>(dv[2 * dt2 + 1], pa, ob[2], ob[3]);
         mma_16816<T>(dk[2 * dt2], da, qb[0], qb[1]);
@@ -546,7 +534,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
     // dQ (Br x D) += dS (Br x Bc) K (Bc x D), split over the warps as 16-row tiles x column ranges. dS is
     // stored transposed, so its A fragments come from ldmatrix.trans; K's rows are the reduction dimension.
     constexpr int kRowTiles = Br / 16;
-    constexpr int kCols = D / (4 / kRowTiles);  // columns of dQ per warp: 64 in both configurations
+    constexpr int kCols = layout::bwd_dq_cols(D);  // columns of dQ per warp: 64 in both configurations
     const int mt = warp % kRowTiles, c0 = (warp / kRowTiles) * kCols;
     float dq[kCols / 8][4];
 #pragma unroll
@@ -554,11 +542,11 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
 #pragma unroll
     for (int kt = 0; kt < Bc / 16; ++kt) {
       uint32_t sa[4];
-      ldmatrix_x4_trans(sa, sdS + (kt * 16 + (mat >> 1) * 8 + mat_row) * LDS + mt * 16 + (mat & 1) * 8);
+      ldmatrix_x4_trans(sa, sdS + (kt * 16 + across.row) * LDS + mt * 16 + across.col);
 #pragma unroll
       for (int dt2 = 0; dt2 < kCols / 16; ++dt2) {
         uint32_t kb[4];
-        ldmatrix_x4_trans(kb, sK + (kt * 16 + (mat & 1) * 8 + mat_row) * LD + c0 + dt2 * 16 + (mat >> 1) * 8);
+        ldmatrix_x4_trans(kb, sK + (kt * 16 + down.row) * LD + c0 + dt2 * 16 + down.col);
         mma_16816<T>(dq[2 * dt2], sa, kb[0], kb[1]);
         mma_16816<T>(dq[2 * dt2 + 1], sa, kb[2], kb[3]);
       }
@@ -794,12 +782,12 @@ UnfusedProducts unfused_products(const Shape& shape, cudaDataType_t dtype, float
 
 LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld, int batch, int64_t stride) {
   cublasLtMatrixLayout_t layout = nullptr;
-  STRATA_CUBLAS_CHECK(
+  STRATA_KERNEL_CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   LayoutPtr owner(layout);
-  STRATA_CUBLAS_CHECK(
+  STRATA_KERNEL_CUBLAS_CHECK(
       cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                        sizeof stride));
   return owner;
 }
@@ -810,28 +798,28 @@ class LtProduct {
   LtProduct(cublasLtHandle_t handle, const RowMajorProduct& p, cudaDataType_t in_type, int batch) : spec_(p) {
     const ColumnMajorCall call = column_major(p);
     cublasLtMatmulDesc_t op = nullptr;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     op_.reset(op);
-    STRATA_CUBLAS_CHECK(
+    STRATA_KERNEL_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &call.op_first, sizeof call.op_first));
-    STRATA_CUBLAS_CHECK(
+    STRATA_KERNEL_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &call.op_second, sizeof call.op_second));
     first_ = make_layout(in_type, call.first_rows, call.first_cols, p.ldb, batch, p.stride_b);
     second_ = make_layout(in_type, call.second_rows, call.second_cols, p.lda, batch, p.stride_a);
     out_ = make_layout(p.c_type, call.out_rows, call.out_cols, p.ldc, batch, p.stride_c);
 
     cublasLtMatmulPreference_t preference = nullptr;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
     std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference_owner(preference);
     size_t workspace = kLtWorkspaceBytes;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &workspace, sizeof workspace));
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
-    STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, first_.get(), second_.get(), out_.get(),
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, first_.get(), second_.get(), out_.get(),
                                                        out_.get(), preference, 1, &result, &returned));
     if (returned == 0)
-      throw UsageError(std::string("cuBLASLt has no algorithm for the unfused attention product ") + p.label +
+      throw std::invalid_argument(std::string("cuBLASLt has no algorithm for the unfused attention product ") + p.label +
                        " (" + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" + std::to_string(p.k) +
                        ", batch " + std::to_string(batch) + ") on this GPU");
     algo_ = result.algo;
@@ -839,7 +827,7 @@ class LtProduct {
 
   void run(cublasLtHandle_t handle, void* workspace, cudaStream_t stream) const {
     const float beta = 0.0f;
-    STRATA_CUBLAS_CHECK(cublasLtMatmul(handle, op_.get(), &spec_.alpha, spec_.b, first_.get(), spec_.a,
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmul(handle, op_.get(), &spec_.alpha, spec_.b, first_.get(), spec_.a,
                                        second_.get(), &beta, spec_.c, out_.get(), spec_.c, out_.get(), &algo_,
                                        workspace, kLtWorkspaceBytes, stream));
   }
@@ -887,64 +875,11 @@ std::vector<float> widen(DType dtype, const std::vector<uint16_t>& bits) {
 
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF; }
 
-double rows_of(const Shape& s) { return static_cast<double>(s.batch) * s.heads_q * s.seq_q; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 using FlashKernel = void (*)(FlashParams);
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------------------
-// Names and validation.
-
-std::string name(Impl impl) { return impl == Impl::flash ? "flash" : "unfused"; }
-std::string name(DType dtype) { return dtype == DType::bf16 ? "bf16" : "fp16"; }
-
-std::optional<Impl> parse_impl(const std::string& text) {
-  if (text == "unfused") return Impl::unfused;
-  if (text == "flash") return Impl::flash;
-  return std::nullopt;
-}
-
-std::optional<DType> parse_dtype(const std::string& text) {
-  if (text == "fp16") return DType::fp16;
-  if (text == "bf16") return DType::bf16;
-  return std::nullopt;
-}
-
-std::size_t unfused_workspace_bytes(const Shape& s) {
-  const double bytes = static_cast<double>(s.batch) * s.heads_q * s.seq_q * s.seq_kv * 8.0;
-  return bytes >= static_cast<double>(std::numeric_limits<std::size_t>::max() / 2)
-             ? std::numeric_limits<std::size_t>::max()
-             : static_cast<std::size_t>(bytes);
-}
-
-std::string validate(const Shape& s, DType dtype, Impl impl) {
-  if (dtype != DType::fp16 && dtype != DType::bf16) return "unknown dtype (the gpu kernels take fp16 or bf16)";
-  if (impl != Impl::unfused && impl != Impl::flash) return "unknown attention implementation (unfused or flash)";
-  if (std::string problem = attention::validate(s); !problem.empty()) return problem;
-  // Row-wise kernels and the flash grids index blocks with int.
-  if (rows_of(s) > INT_MAX) return "batch * heads_q * seq_q exceeds the int range of the gpu kernels' grids";
-  if (impl == Impl::flash) {
-    if (s.head_dim != 64 && s.head_dim != 128)
-      return "flash attention supports head_dim 64 and 128 only (got " + std::to_string(s.head_dim) + ")";
-    if (static_cast<double>(ceil_div(s.seq_q, kFwdRows)) * s.batch * s.heads_q > INT_MAX ||
-        static_cast<double>(ceil_div(s.seq_kv, kBwdKeys)) * s.batch * s.heads_kv > INT_MAX)
-      return "flash attention grid exceeds the int range";
-  } else {
-    const std::size_t bytes = unfused_workspace_bytes(s);
-    if (bytes > kUnfusedWorkspaceLimitBytes) {
-      char text[200];
-      std::snprintf(text, sizeof text,
-                    "unfused attention materialises batch*heads_q*seq_q*seq_kv scores: %.2f GiB of workspace "
-                    "exceeds its %.0f GiB limit (use flash)",
-                    static_cast<double>(bytes) / (1u << 30),
-                    static_cast<double>(kUnfusedWorkspaceLimitBytes) / (1u << 30));
-      return text;
-    }
-  }
-  return "";
-}
 
 // ---------------------------------------------------------------------------------------------------------
 // Attention.
@@ -984,9 +919,9 @@ template <typename T, int D>
 void select_flash(Problem& s) {
   s.forward_kernel = flash_forward_kernel<T, D>;
   s.backward_kernel = flash_backward_kernel<T, D>;
-  s.forward_smem = fwd_smem_bytes<D>();
-  s.backward_smem = bwd_smem_bytes<D>();
-  s.backward_rows = bwd_rows<D>();
+  s.forward_smem = layout::fwd_smem_bytes(D);
+  s.backward_smem = layout::bwd_smem_bytes(D);
+  s.backward_rows = layout::bwd_rows(D);
 }
 
 template <typename T>
@@ -997,7 +932,7 @@ void launch_row_dot(const Problem& s) {
                                                           static_cast<const T*>(s.o.get()),
                                                           static_cast<float*>(s.delta.get()), rows,
                                                           s.shape.head_dim);
-  STRATA_CUDA_CHECK(cudaGetLastError());
+  STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
@@ -1007,7 +942,7 @@ void launch_scale_convert(const Problem& s) {
   scale_convert_kernel<T><<<blocks, kRowThreads, 0, s.stream>>>(static_cast<const float*>(s.dq_accum.get()),
                                                                 static_cast<T*>(s.dq.get()), s.q_count,
                                                                 s.params.scale);
-  STRATA_CUDA_CHECK(cudaGetLastError());
+  STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
@@ -1016,7 +951,7 @@ void launch_softmax(const Problem& s) {
   softmax_rows_kernel<T><<<static_cast<unsigned>(s.lse_count), kRowThreads, 0, s.stream>>>(
       static_cast<const float*>(s.scores.get()), static_cast<T*>(s.probs.get()), static_cast<float*>(s.lse.get()),
       sh.seq_q, sh.seq_kv, sh.causal ? 1 : 0, sh.seq_kv - sh.seq_q);
-  STRATA_CUDA_CHECK(cudaGetLastError());
+  STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
@@ -1024,7 +959,7 @@ void launch_softmax_grad(const Problem& s) {
   softmax_grad_kernel<T><<<static_cast<unsigned>(s.lse_count), kRowThreads, 0, s.stream>>>(
       static_cast<const T*>(s.probs.get()), static_cast<const float*>(s.scores.get()),
       static_cast<const float*>(s.delta.get()), static_cast<T*>(s.dscores.get()), s.shape.seq_kv);
-  STRATA_CUDA_CHECK(cudaGetLastError());
+  STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -1032,18 +967,18 @@ void launch_softmax_grad(const Problem& s) {
 struct Attention::State : Problem {};
 
 Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) : state_(std::make_unique<State>()) {
-  if (std::string problem = validate(shape, dtype, impl); !problem.empty()) throw UsageError(problem);
+  if (std::string problem = validate(shape, dtype, impl); !problem.empty()) throw std::invalid_argument(problem);
   State& s = *state_;
   s.shape = shape;
   s.dtype = dtype;
   s.impl = impl;
-  STRATA_CUDA_CHECK(cudaGetDevice(&s.device));
+  STRATA_KERNEL_CUDA_CHECK(cudaGetDevice(&s.device));
   int major = 0;
-  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device));
+  STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device));
   if (major < 8)  // mma.sync with bf16, ldmatrix and cp.async, and the sm_80/sm_90 build itself
-    throw UsageError("gpu attention needs compute capability 8.0 or newer (device " + std::to_string(s.device) +
+    throw std::invalid_argument("gpu attention needs compute capability 8.0 or newer (device " + std::to_string(s.device) +
                      " has " + std::to_string(major) + ".x)");
-  STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
 
   s.q_count = q_elements(shape);
   s.kv_count = kv_elements(shape);
@@ -1062,7 +997,11 @@ Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) 
     const std::vector<uint16_t> bits =
         dtype == DType::fp16 ? to_storage<__half>(values) : to_storage<__nv_bfloat16>(values);
     DeviceBuffer buffer = device_alloc(bits.size() * sizeof(uint16_t));
-    STRATA_CUDA_CHECK(cudaMemcpy(buffer.get(), bits.data(), bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    // On the work stream, waited for: the kernels run on a non-blocking stream that does not order itself
+    // after the legacy stream, and `bits` is freed when this returns.
+    STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), bits.data(), bits.size() * sizeof(uint16_t),
+                                             cudaMemcpyHostToDevice, s.stream));
+    STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
     return buffer;
   };
   s.q = upload(s.host_q);
@@ -1085,15 +1024,15 @@ Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) 
     else
       shape.head_dim == 64 ? select_flash<__nv_bfloat16, 64>(s) : select_flash<__nv_bfloat16, 128>(s);
     int optin = 0;
-    STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device));
+    STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device));
     const size_t needed = std::max(s.forward_smem, s.backward_smem);
     if (static_cast<size_t>(optin) < needed)
-      throw UsageError("flash attention needs " + std::to_string(needed) +
+      throw std::invalid_argument("flash attention needs " + std::to_string(needed) +
                        " bytes of shared memory per block; device " + std::to_string(s.device) + " allows " +
                        std::to_string(optin));
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(s.forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    STRATA_KERNEL_CUDA_CHECK(cudaFuncSetAttribute(s.forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(s.forward_smem)));
-    STRATA_CUDA_CHECK(cudaFuncSetAttribute(s.backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    STRATA_KERNEL_CUDA_CHECK(cudaFuncSetAttribute(s.backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(s.backward_smem)));
     FlashParams& p = s.params;
     p.q = s.q.get();
@@ -1122,7 +1061,7 @@ Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) 
     s.dscores = device_alloc(s.score_count * 2);
     s.lt_workspace = device_alloc(kLtWorkspaceBytes);
     cublasLtHandle_t handle = nullptr;
-    STRATA_CUBLAS_CHECK(cublasLtCreate(&handle));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtCreate(&handle));
     s.lt.reset(handle);
 
     const UnfusedProducts u =
@@ -1145,7 +1084,7 @@ void Attention::forward() {
   if (s.impl == Impl::flash) {
     const unsigned blocks = static_cast<unsigned>(ceil_div(sh.seq_q, kFwdRows) * sh.batch * sh.heads_q);
     s.forward_kernel<<<blocks, kThreads, s.forward_smem, s.stream>>>(s.params);
-    STRATA_CUDA_CHECK(cudaGetLastError());
+    STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
     return;
   }
   void* workspace = s.lt_workspace.get();
@@ -1159,10 +1098,10 @@ void Attention::backward() {
   const Shape& sh = s.shape;
   s.dtype == DType::fp16 ? launch_row_dot<__half>(s) : launch_row_dot<__nv_bfloat16>(s);
   if (s.impl == Impl::flash) {
-    STRATA_CUDA_CHECK(cudaMemsetAsync(s.dq_accum.get(), 0, s.q_count * sizeof(float), s.stream));
+    STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dq_accum.get(), 0, s.q_count * sizeof(float), s.stream));
     const unsigned blocks = static_cast<unsigned>(ceil_div(sh.seq_kv, kBwdKeys) * sh.batch * sh.heads_kv);
     s.backward_kernel<<<blocks, kThreads, s.backward_smem, s.stream>>>(s.params);
-    STRATA_CUDA_CHECK(cudaGetLastError());
+    STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
     s.dtype == DType::fp16 ? launch_scale_convert<__half>(s) : launch_scale_convert<__nv_bfloat16>(s);
     return;
   }
@@ -1186,20 +1125,20 @@ Impl Attention::impl() const { return state_->impl; }
 
 void Attention::read_forward(std::vector<float>& o, std::vector<float>& lse) const {
   const State& s = *state_;
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   std::vector<uint16_t> bits(s.q_count);
-  STRATA_CUDA_CHECK(cudaMemcpy(bits.data(), s.o.get(), bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(bits.data(), s.o.get(), bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
   o = widen(s.dtype, bits);
   lse.resize(s.lse_count);
-  STRATA_CUDA_CHECK(cudaMemcpy(lse.data(), s.lse.get(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(lse.data(), s.lse.get(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 void Attention::read_backward(std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv) const {
   const State& s = *state_;
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   auto read = [&](const DeviceBuffer& buffer, size_t count) {
     std::vector<uint16_t> bits(count);
-    STRATA_CUDA_CHECK(cudaMemcpy(bits.data(), buffer.get(), count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(bits.data(), buffer.get(), count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     return widen(s.dtype, bits);
   };
   dq = read(s.dq, s.q_count);
@@ -1210,19 +1149,19 @@ void Attention::read_backward(std::vector<float>& dq, std::vector<float>& dk, st
 void Attention::poison_outputs() {
   State& s = *state_;
   // 0xFF bytes are NaN in fp32, fp16 and bf16.
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.o.get(), 0xFF, s.q_count * 2, s.stream));
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.lse.get(), 0xFF, s.lse_count * sizeof(float), s.stream));
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dq.get(), 0xFF, s.q_count * 2, s.stream));
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dk.get(), 0xFF, s.kv_count * 2, s.stream));
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.dv.get(), 0xFF, s.kv_count * 2, s.stream));
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.o.get(), 0xFF, s.q_count * 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.lse.get(), 0xFF, s.lse_count * sizeof(float), s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dq.get(), 0xFF, s.q_count * 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dk.get(), 0xFF, s.kv_count * 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dv.get(), 0xFF, s.kv_count * 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
 void Attention::corrupt_output(size_t element) {
   State& s = *state_;
   if (element >= s.q_count) throw std::out_of_range("corrupt_output: element beyond O");
-  STRATA_CUDA_CHECK(cudaMemsetAsync(static_cast<unsigned char*>(static_cast<void*>(s.o.get())) + element * 2, 0x7F, 2, s.stream));
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(static_cast<unsigned char*>(static_cast<void*>(s.o.get())) + element * 2, 0x7F, 2, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
 std::string Attention::description() const {
@@ -1324,9 +1263,9 @@ void gradient_bounds(const Shape& slice, const std::vector<double>& q, const std
 CheckReport check(const Attention& attention, bool backward, int batch, int kv_head) {
   const Shape& s = attention.shape();
   if (batch < 0 || batch >= s.batch)
-    throw UsageError("check: batch " + std::to_string(batch) + " out of range [0, " + std::to_string(s.batch) + ")");
+    throw std::invalid_argument("check: batch " + std::to_string(batch) + " out of range [0, " + std::to_string(s.batch) + ")");
   if (kv_head < 0 || kv_head >= s.heads_kv)
-    throw UsageError("check: kv_head " + std::to_string(kv_head) + " out of range [0, " +
+    throw std::invalid_argument("check: kv_head " + std::to_string(kv_head) + " out of range [0, " +
                      std::to_string(s.heads_kv) + ")");
   const int group = s.heads_q / s.heads_kv;
   const Shape slice{1, group, 1, s.seq_q, s.seq_kv, s.head_dim, s.causal};

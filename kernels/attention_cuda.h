@@ -39,7 +39,7 @@ std::string validate(const Shape& shape, DType dtype, Impl impl);
 // as stored, so a check compares against exactly what the GPU computed from.
 class Attention {
  public:
-  // Throws UsageError when validate() rejects the request or the device is older than compute capability 8.0.
+  // Throws std::invalid_argument when validate() rejects the request or the device is older than compute capability 8.0.
   Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed);
   ~Attention();
   Attention(const Attention&) = delete;
@@ -89,7 +89,7 @@ struct CheckReport {
 // differences within a float64 bound on the rounding of dS in the dtype: their terms cancel (each row's dS sums
 // to zero), so rows that see few keys carry rounding that is large beside their own value and the tensor RMS.
 // Reads the outputs of the last forward() (and backward() when `backward`), which must have run. Throws
-// UsageError when batch or kv_head is out of range.
+// std::invalid_argument when batch or kv_head is out of range.
 CheckReport check(const Attention& attention, bool backward, int batch, int kv_head);
 
 }  // namespace strata::attention::gpu

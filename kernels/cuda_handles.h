@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "bench/check.h"
+#include "kernels/error.h"
 
 namespace strata::cuda {
 
@@ -20,7 +20,7 @@ using DeviceBuffer = std::unique_ptr<void, DeviceDeleter>;
 
 inline DeviceBuffer device_alloc(std::size_t bytes) {
   void* p = nullptr;
-  STRATA_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
+  STRATA_KERNEL_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
   return DeviceBuffer(p);
 }
 

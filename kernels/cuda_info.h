@@ -9,7 +9,8 @@
 namespace strata::cuda {
 
 int device_count();  // 0 when there is no driver or no GPU
-// Runtime, driver, cuBLASLt and NCCL versions ("none" where unavailable).
+// Runtime, driver and cuBLASLt versions, and the device count ("none" where unavailable). NCCL's version is
+// the collectives' (coll::nccl_version).
 std::map<std::string, std::string> versions();
 std::string device_name(int device);
 // Compute capability as major * 10 + minor (90 for H100).
@@ -32,5 +33,7 @@ class DeviceMemory {
 };
 void copy_to_device(void* device, const void* host, std::size_t bytes);
 void copy_to_host(void* host, const void* device, std::size_t bytes);
+// Device to device, finished on return; the ranges must not overlap.
+void copy_on_device(void* dst, const void* src, std::size_t bytes);
 
 }  // namespace strata::cuda

@@ -26,3 +26,12 @@ struct KernelError : std::runtime_error {
     if (strata_kernel_rc_ != cudaSuccess)                                                      \
       ::strata::throw_kernel_error("CUDA", #call, __FILE__, __LINE__, cudaGetErrorString(strata_kernel_rc_)); \
   } while (0)
+
+// For sources that use cuBLASLt (needs <cublasLt.h>): names the call, file, line and cuBLAS's status string.
+#define STRATA_KERNEL_CUBLAS_CHECK(call)                                                       \
+  do {                                                                                         \
+    const cublasStatus_t strata_kernel_status_ = (call);                                       \
+    if (strata_kernel_status_ != CUBLAS_STATUS_SUCCESS)                                        \
+      ::strata::throw_kernel_error("cuBLAS", #call, __FILE__, __LINE__,                        \
+                                   cublasLtGetStatusString(strata_kernel_status_));             \
+  } while (0)

@@ -1,8 +1,5 @@
-// Implementation of the cuBLASLt GEMM backend (see gemm_cuda.h).
-//
-// Row-major C = A W^T is computed as the column-major product C^T (N, M) = W (N, K) . A^T (K, M):
-// W's row-major storage is a column-major (K, N) matrix used transposed, A's is a column-major (K, M)
-// matrix used as is. That is cuBLASLt's "TN" layout, the one FP8 requires.
+// Implementation of the cuBLASLt GEMM backend (see gemm_cuda.h). The mapping of row-major C = A W^T onto
+// cuBLASLt's column-major product is lt_layout() (gemm_layout.h), tested in the CPU build.
 #include "kernels/gemm_cuda.h"
 
 #include <cublasLt.h>
@@ -14,11 +11,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
-#include "bench/check.h"
+#include "kernels/error.h"
 #include "kernels/cuda_handles.h"
 #include "kernels/cuda_info.h"
+#include "kernels/gemm_layout.h"
 
 namespace strata::gemm {
 
@@ -42,7 +41,7 @@ cudaDataType_t input_type(DType d) {
     case DType::fp16: return CUDA_R_16F;
     case DType::bf16: return CUDA_R_16BF;
     case DType::fp8_e4m3: return CUDA_R_8F_E4M3;
-    default: throw UsageError("dtype " + name(d) + " is not available on the cuda backend");
+    default: throw std::invalid_argument("dtype " + name(d) + " is not available on the cuda backend");
   }
 }
 
@@ -122,10 +121,10 @@ CudaGemm::CudaGemm(Shape shape, DType dtype, uint64_t seed, int device) : impl_(
   s.device = device;
   cudaDataType_t in_type = input_type(dtype), out_type = output_type(dtype);
   if (dtype == DType::fp8_e4m3 && cuda::compute_capability(device) < 89)
-    throw UsageError("dtype fp8 needs a GPU of compute capability 8.9 or newer; " + cuda::device_name(device) +
+    throw std::invalid_argument("dtype fp8 needs a GPU of compute capability 8.9 or newer; " + cuda::device_name(device) +
                      " has " + std::to_string(cuda::compute_capability(device)));
   cuda::set_device(device);
-  STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
 
   const size_t m = static_cast<size_t>(shape.m), n = static_cast<size_t>(shape.n), k = static_cast<size_t>(shape.k);
   s.host_a.resize(m * k);
@@ -137,55 +136,65 @@ CudaGemm::CudaGemm(Shape shape, DType dtype, uint64_t seed, int device) : impl_(
   s.w = device_alloc(w_bytes.size());
   s.c = device_alloc(m * n * static_cast<size_t>(output_bytes(dtype)));
   s.workspace = device_alloc(kWorkspaceBytes);
-  STRATA_CUDA_CHECK(cudaMemcpy(s.a.get(), a_bytes.data(), a_bytes.size(), cudaMemcpyHostToDevice));
-  STRATA_CUDA_CHECK(cudaMemcpy(s.w.get(), w_bytes.data(), w_bytes.size(), cudaMemcpyHostToDevice));
+  // On the work stream, waited for: cuBLASLt runs on a non-blocking stream that does not order itself after
+  // the legacy stream, and the host bytes are freed when the constructor returns.
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(s.a.get(), a_bytes.data(), a_bytes.size(), cudaMemcpyHostToDevice, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(s.w.get(), w_bytes.data(), w_bytes.size(), cudaMemcpyHostToDevice, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 
   cublasLtHandle_t handle = nullptr;
-  STRATA_CUBLAS_CHECK(cublasLtCreate(&handle));
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtCreate(&handle));
   s.handle.reset(handle);
   cublasComputeType_t compute = dtype == DType::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   cublasLtMatmulDesc_t op = nullptr;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F));
   s.op.reset(op);
-  cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof transposed));
-  STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain));
+  const LtLayout lt = lt_layout(shape);
+  cublasOperation_t op_a = lt.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = lt.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
   if (dtype == DType::fp8_e4m3) {
     // FP8 takes per-tensor scales as device pointers; ours are 1 (inputs already in range).
     s.scale = device_alloc(sizeof(float));
     float one = 1.0f;
-    STRATA_CUDA_CHECK(cudaMemcpy(s.scale.get(), &one, sizeof one, cudaMemcpyHostToDevice));
+    STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(s.scale.get(), &one, sizeof one, cudaMemcpyHostToDevice, s.stream));
+    STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
     void* scale = s.scale.get();
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale, sizeof scale));
-    STRATA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale, sizeof scale));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale, sizeof scale));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale, sizeof scale));
   }
   cublasLtMatrixLayout_t layout = nullptr;
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, in_type, k, n, static_cast<int64_t>(k)));  // W
-  s.w_layout.reset(layout);
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, in_type, k, m, static_cast<int64_t>(k)));  // A
-  s.a_layout.reset(layout);
-  STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, out_type, n, m, static_cast<int64_t>(n)));  // C^T
-  s.c_layout.reset(layout);
+  auto create = [&layout](cudaDataType_t type, const ColumnMajor& c) {
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(c.rows),
+                                                          static_cast<uint64_t>(c.cols), c.ld));
+    return LayoutPtr(layout);
+  };
+  s.w_layout = create(in_type, lt.a);
+  s.a_layout = create(in_type, lt.b);
+  s.c_layout = create(out_type, lt.d);
 
   cublasLtMatmulPreference_t preference = nullptr;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference_owner(preference);
   size_t workspace = kWorkspaceBytes;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace, sizeof workspace));
   cublasLtMatmulHeuristicResult_t results[8] = {};
   int returned = 0;
-  STRATA_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, s.w_layout.get(), s.a_layout.get(),
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, op, s.w_layout.get(), s.a_layout.get(),
                                                      s.c_layout.get(), s.c_layout.get(), preference, 8, results,
                                                      &returned));
   if (returned == 0)
-    throw UsageError("cuBLASLt has no algorithm for " + name(dtype) + " " + shape.text() + " on this GPU");
+    throw std::invalid_argument("cuBLASLt has no algorithm for " + name(dtype) + " " + shape.text() + " on this GPU");
   s.algo = results[0].algo;
   int algo_id = 0, tile = 0, stages = 0;
   size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&s.algo, CUBLASLT_ALGO_CONFIG_ID, &algo_id, sizeof algo_id, &written);
-  cublasLtMatmulAlgoConfigGetAttribute(&s.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written);
-  cublasLtMatmulAlgoConfigGetAttribute(&s.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written);
+  STRATA_KERNEL_CUBLAS_CHECK(
+      cublasLtMatmulAlgoConfigGetAttribute(&s.algo, CUBLASLT_ALGO_CONFIG_ID, &algo_id, sizeof algo_id, &written));
+  STRATA_KERNEL_CUBLAS_CHECK(
+      cublasLtMatmulAlgoConfigGetAttribute(&s.algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &written));
+  STRATA_KERNEL_CUBLAS_CHECK(
+      cublasLtMatmulAlgoConfigGetAttribute(&s.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &written));
   s.algo_text = "cuBLASLt heuristic 1 of " + std::to_string(returned) + ": algo " + std::to_string(algo_id) +
                 ", tile " + std::to_string(tile) + ", stages " + std::to_string(stages);
   poison_output();
@@ -195,7 +204,7 @@ CudaGemm::~CudaGemm() = default;
 
 void CudaGemm::run() {
   Impl& s = *impl_;
-  STRATA_CUBLAS_CHECK(cublasLtMatmul(s.handle.get(), s.op.get(), &s.alpha, s.w.get(), s.w_layout.get(), s.a.get(),
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmul(s.handle.get(), s.op.get(), &s.alpha, s.w.get(), s.w_layout.get(), s.a.get(),
                                      s.a_layout.get(), &s.beta, s.c.get(), s.c_layout.get(), s.c.get(),
                                      s.c_layout.get(), &s.algo, s.workspace.get(), kWorkspaceBytes, s.stream));
 }
@@ -203,9 +212,9 @@ void CudaGemm::run() {
 void CudaGemm::poison_output() {
   Impl& s = *impl_;
   // 0xFF bytes are NaN in fp32, fp16 and bf16.
-  STRATA_CUDA_CHECK(cudaMemsetAsync(s.c.get(), 0xFF,
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.c.get(), 0xFF,
                                     static_cast<size_t>(s.shape.m * s.shape.n) * output_bytes(s.dtype), s.stream));
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
 void CudaGemm::corrupt_output() {
@@ -213,15 +222,15 @@ void CudaGemm::corrupt_output() {
   // 0x7F bytes: about 3.4e38 in fp32 and bf16, NaN in fp16; wrong for every output dtype.
   const size_t elem = static_cast<size_t>(output_bytes(s.dtype));
   auto* last = static_cast<unsigned char*>(static_cast<void*>(s.c.get())) + static_cast<size_t>(s.shape.m * s.shape.n - 1) * elem;
-  STRATA_CUDA_CHECK(cudaMemsetAsync(last, 0x7F, elem, s.stream));
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(last, 0x7F, elem, s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
 
 CheckResult CudaGemm::check(int samples, uint64_t seed) const {
   const Impl& s = *impl_;
-  STRATA_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   std::vector<unsigned char> c(static_cast<size_t>(s.shape.m * s.shape.n) * output_bytes(s.dtype));
-  STRATA_CUDA_CHECK(cudaMemcpy(c.data(), s.c.get(), c.size(), cudaMemcpyDeviceToHost));
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(c.data(), s.c.get(), c.size(), cudaMemcpyDeviceToHost));
   const int64_t k = s.shape.k, n = s.shape.n;
   GemmView view{s.shape,
                 [&](int64_t i, int64_t kk) { return static_cast<double>(s.host_a[static_cast<size_t>(i * k + kk)]); },
@@ -250,8 +259,8 @@ GpuPeak gpu_peak(int device, DType dtype) {
     return peak;
   }
   int sms = 0, clock_khz = 0;
-  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  STRATA_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+  STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
   peak.flops = sms * (clock_khz * 1e3) * per_sm;
   peak.source = std::to_string(sms) + " SMs x " + std::to_string(clock_khz / 1000) + " MHz (max SM clock) x " +
                 std::to_string(static_cast<int>(per_sm)) + " " + name(dtype) + " FLOP/clock/SM (sm_" +

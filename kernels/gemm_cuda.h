@@ -14,7 +14,8 @@ namespace strata::gemm {
 
 class CudaGemm {
  public:
-  // Throws UsageError for dtypes the device lacks.
+  // Throws std::invalid_argument for dtypes the device lacks (fp8 before compute capability 8.9) and shapes
+  // cuBLASLt has no algorithm for; KernelError when CUDA or cuBLASLt fails.
   CudaGemm(Shape shape, DType dtype, uint64_t seed, int device);
   ~CudaGemm();
   CudaGemm(const CudaGemm&) = delete;

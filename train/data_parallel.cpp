@@ -72,11 +72,23 @@ struct DataParallelTrainer::Impl {
     bool trains = false;
     std::size_t param_at = 0, grad_at = 0, opt_at = 0;  // offsets in the persistent stores
   };
-  // An operation in flight and what follows it once it completes (a second phase, or bookkeeping).
+  // An operation in flight and the local bookkeeping that follows its completion (never a collective: ranks
+  // see completions at different times, and every rank must start the collectives of a communicator in the
+  // same order).
   struct InFlight {
     coll::Work work;
-    std::function<coll::Work()> then;
+    std::function<void()> then;
   };
+  // A reduction in two phases. The second phase starts at a point every rank reaches in the same order: a
+  // fixed number of hooks after the first (waiting for the first there if it is not done), or at the end.
+  struct Chain {
+    coll::Work first;
+    std::function<void()> then;          // local bookkeeping once the first phase is done
+    std::function<coll::Work()> second;  // the next collective; may return a completed Work
+    long start_second_at = 0;            // hook count
+    bool first_done = false;
+  };
+  static constexpr long kSecondPhaseDelay = 2;  // hooks: long enough to overlap, short enough to bound memory
 
   DataParallelConfig c;
   coll::Group& dp;
@@ -90,6 +102,8 @@ struct DataParallelTrainer::Impl {
   std::vector<float> params, grads, adam_m, adam_v;
   std::vector<std::vector<float>> gathered, unit_grads, reduced;  // transient, per unit
   std::vector<InFlight> in_flight;
+  std::vector<Chain> chains;  // in creation order
+  long hooks_seen = 0;
   std::vector<int32_t> tokens, targets;
   double transient_bytes = 0, peak_transient_bytes = 0, exposed = 0;
   coll::Traffic traffic;
@@ -179,12 +193,15 @@ struct DataParallelTrainer::Impl {
     std::vector<float>().swap(buffer);
   }
 
-  void launch(coll::Work work, std::function<coll::Work()> then = {}) {
+  void launch(coll::Work work, std::function<void()> then = {}) {
     in_flight.push_back({std::move(work), std::move(then)});
     if (!c.overlap) wait_all();
   }
-  // Tests every operation in flight once; a completed one runs what follows it, whose next phase (if any)
-  // joins the end of the list.
+  void launch_chain(coll::Work first, std::function<void()> then, std::function<coll::Work()> second) {
+    chains.push_back({std::move(first), std::move(then), std::move(second), hooks_seen + kSecondPhaseDelay, false});
+    if (!c.overlap) wait_all();
+  }
+  // Tests every operation in flight once and runs the bookkeeping of those that completed.
   void progress() {
     for (std::size_t i = 0; i < in_flight.size();) {
       if (!in_flight[i].work.test()) {
@@ -194,16 +211,40 @@ struct DataParallelTrainer::Impl {
       InFlight done = std::move(in_flight[i]);
       in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
       traffic += done.work.traffic();
-      if (!done.then) continue;
-      coll::Work next = done.then();
-      if (next.done())
-        traffic += next.traffic();
-      else
-        in_flight.push_back({std::move(next), {}});
+      if (done.then) done.then();
     }
+    for (Chain& chain : chains)
+      if (!chain.first_done && chain.first.test()) finish_first(chain);
+  }
+  void finish_first(Chain& chain) {
+    chain.first_done = true;
+    traffic += chain.first.traffic();
+    if (chain.then) chain.then();
+  }
+  // Starts, in creation order, the second phases due by now (`all`: every one), waiting for first phases.
+  void start_second_phases(bool all) {
+    std::size_t started = 0;
+    for (Chain& chain : chains) {
+      if (!all && chain.start_second_at > hooks_seen) break;  // created in order, so due in order
+      // progress() finishes the first phase (its bookkeeping runs once, there).
+      wait_until([&] { return chain.first_done; });
+      if (chain.second) {
+        coll::Work next = chain.second();
+        if (!next.done()) in_flight.push_back({std::move(next), {}});
+      }
+      ++started;
+    }
+    chains.erase(chains.begin(), chains.begin() + static_cast<std::ptrdiff_t>(started));
+  }
+  // Every hook of the model is a point all ranks pass in the same order.
+  void at_hook() {
+    ++hooks_seen;
+    start_second_phases(false);
+    progress();
   }
   void wait_all() {
     const auto start = Clock::now();
+    start_second_phases(true);
     while (!in_flight.empty()) progress();
     exposed += since(start);
   }
@@ -221,10 +262,7 @@ struct DataParallelTrainer::Impl {
     coll::Group& group = c.strategy.params == Sharding::intra ? intra : *pieces;
     gather_state[u] = Gathered::arriving;
     launch(group.allgather(c.comm_algo, mine, gathered[u].data(), held(unit, c.strategy.params), DataType::float32),
-           [this, u] {
-             gather_state[u] = Gathered::ready;
-             return coll::Work();
-           });
+           [this, u] { gather_state[u] = Gathered::ready; });
   }
 
   void need_params(std::size_t u) {
@@ -272,7 +310,7 @@ struct DataParallelTrainer::Impl {
     if (gs == Sharding::none) {  // intra reduce-scatter first; then across nodes
       allocate(reduced[u], unit.piece_i);
       coll::Work first = intra.reduce_scatter(c.comm_algo, store, reduced[u].data(), unit.piece_i, DataType::float32, RedOp::sum);
-      launch(std::move(first), [this, u] { return across_nodes(u, reduced[u].data()); });
+      launch_chain(std::move(first), {}, [this, u] { return across_nodes(u, reduced[u].data()); });
       return coll::Work();
     }
     if (gs == Sharding::intra) return across_nodes(u, store);
@@ -308,15 +346,18 @@ struct DataParallelTrainer::Impl {
     }
     coll::Work work = group.reduce_scatter(c.comm_algo, unit_grads[u].data(), out, count, DataType::float32, RedOp::sum);
     reducing[u] = true;
-    launch(std::move(work), [this, u, micro, last, count, store, out] {
+    auto then = [this, u, micro, count, store, out] {
       reducing[u] = false;
       release(unit_grads[u]);
       if (micro > 0) {
         for (std::size_t i = 0; i < count; ++i) store[i] += out[i];
         release(reduced[u]);
       }
-      return last ? reduce_for_optimizer(u) : coll::Work();
-    });
+    };
+    if (last && gs == Sharding::intra)
+      launch_chain(std::move(work), then, [this, u] { return reduce_for_optimizer(u); });
+    else
+      launch(std::move(work), then);
   }
 
   // Where the optimizer's shard of unit u lives in the gradient buffers after the last reduction.
@@ -378,7 +419,7 @@ struct DataParallelTrainer::Impl {
       LayerHooks hooks;
       hooks.before_forward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
-        progress();
+        at_hook();
         need_params(u);
         point(u);
         if (c.overlap) start_gather(u + 1);  // the next unit arrives while this one computes
@@ -388,7 +429,7 @@ struct DataParallelTrainer::Impl {
       };
       hooks.before_backward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
-        progress();
+        at_hook();
         if (u >= 1 && u <= static_cast<std::size_t>(L)) {
           need_params(u);
           point(u);
@@ -407,7 +448,7 @@ struct DataParallelTrainer::Impl {
           if (u >= 1) drop_params(u);
           gradients_ready(u, micro, last);
         }
-        progress();
+        at_hook();
       };
       auto exposed_before = exposed;
       auto start = Clock::now();

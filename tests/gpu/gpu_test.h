@@ -42,6 +42,9 @@ class DeviceArray {
   std::size_t size() const { return size_; }
   void upload(const std::vector<T>& host) {
     STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    // A pageable upload may return before its DMA lands, and the tests' streams are non-blocking (not ordered
+    // after the legacy stream): wait, so the next kernel reads what was uploaded.
+    STRATA_KERNEL_CUDA_CHECK(cudaDeviceSynchronize());
   }
   // Synchronous: waits for all work on the device first.
   std::vector<T> download() const {

@@ -431,6 +431,47 @@ TEST(Algorithms, SendrecvMatchesLibrary) {
   check_operation(Operation::sendrecv, flat_algos(Operation::sendrecv), plain_world_context());
 }
 
+// Device buffers: the library path's copies between the caller's buffers go through Context::device_copy (a
+// host memmove on device pointers would fault), and the paths that need host memory are refused.
+std::size_t device_copies = 0;
+void counting_copy(void* dst, const void* src, std::size_t bytes) {
+  ++device_copies;
+  std::memmove(dst, src, bytes);
+}
+
+TEST(Algorithms, DeviceBuffersCopyThroughTheRuntimeHook) {
+  Context ctx = plain_world_context();
+  ctx.device_copy = &counting_copy;
+  const int rank = world_rank(), n = world_size();
+  const std::size_t count = 5;
+
+  // Broadcast out of place: the root's copy of its input into its output is the hook's.
+  device_copies = 0;
+  std::vector<int32_t> send(count), recv(count, -1);
+  for (std::size_t i = 0; i < count; ++i) send[i] = static_cast<int32_t>(100 + i);
+  broadcast(Algo::library, send.data(), recv.data(), count, DataType::int32, 0, ctx);
+  for (std::size_t i = 0; i < count; ++i) EXPECT_EQ(recv[i], static_cast<int32_t>(100 + i));
+  EXPECT_EQ(device_copies, rank == 0 ? 1u : 0u);
+
+  // Reduce-scatter in place: MPI leaves the block at the start of the buffer, the hook moves it to rank's.
+  device_copies = 0;
+  std::vector<int32_t> buffer(count * static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<int32_t>(i) + rank;
+  int32_t* mine = buffer.data() + static_cast<std::size_t>(rank) * count;
+  reduce_scatter(Algo::library, buffer.data(), mine, count, DataType::int32, RedOp::sum, ctx);
+  const int32_t rank_sum = n * (n - 1) / 2;
+  for (std::size_t i = 0; i < count; ++i)
+    EXPECT_EQ(mine[i], n * static_cast<int32_t>(static_cast<std::size_t>(rank) * count + i) + rank_sum) << i;
+  EXPECT_EQ(device_copies, rank == 0 ? 0u : 1u);  // rank 0's block is already in place
+
+  // Strata's own algorithms and avg work on host memory.
+  EXPECT_THROW(allreduce(Algo::ring, send.data(), recv.data(), count, DataType::int32, RedOp::sum, ctx), std::invalid_argument);
+  EXPECT_THROW(broadcast(Algo::recursive_doubling, send.data(), recv.data(), count, DataType::int32, 0, ctx),
+               std::invalid_argument);
+  EXPECT_THROW(allreduce(Algo::library, send.data(), recv.data(), count, DataType::int32, RedOp::avg, ctx),
+               std::invalid_argument);
+}
+
 // Algorithms must use ranks of the communicator they are given, never world ranks: run every operation on
 // halves of the job whose rank order is the reverse of the world's.
 TEST(Algorithms, MatchLibraryOnASubCommunicator) {

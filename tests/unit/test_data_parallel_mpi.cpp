@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "kernels/layers.h"
@@ -40,6 +41,7 @@ DataParallelConfig base_config() {
   c.adamw.weight_decay = 0.1f;
   c.adamw.eps = 1e-6f;  // bounds how far summation order can move a parameter (see the tolerance above)
   c.seed = 11;
+  if (const char* algo = std::getenv("STRATA_TEST_COMM_ALGO")) c.comm_algo = *coll::parse_algo(algo);
   return c;
 }
 
@@ -103,6 +105,9 @@ void check_every_strategy(const DataParallelConfig& base, const std::vector<Stra
   for (int rpn : layouts()) {
     coll::ProcessGroups groups({1, 1, n}, rpn);
     for (const Strategy& strategy : strategies) {
+      // STRATA_TEST_STRATEGIES=NII,GGG narrows a run to those, for debugging one strategy.
+      if (const char* only = std::getenv("STRATA_TEST_STRATEGIES"); only && std::string(only).find(strategy.name()) == std::string::npos)
+        continue;
       DataParallelConfig c = base;
       c.strategy = strategy;
       c.overlap = overlap;

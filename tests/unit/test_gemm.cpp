@@ -9,6 +9,7 @@
 #include "kernels/blas.h"
 #include "kernels/gemm_check.h"
 #include "kernels/gemm_cpu.h"
+#include "kernels/gemm_layout.h"
 
 using namespace strata;
 using namespace strata::gemm;
@@ -74,3 +75,48 @@ TEST(GemmCheck, ToleranceIsTightForFp32) {
   p.c[0] = p.c[0] * 1.001f + 1e-3f;
   EXPECT_EQ(p.check(8).wrong, 1);
 }
+
+namespace strata::gemm {
+namespace {
+
+// cuBLASLt's column-major D = op(A) op(B), run on the host over the bytes Strata hands it (row-major A and W),
+// must be row-major C = A W^T: the layout mapping of the CUDA GEMM, checked where no GPU is needed.
+TEST(GemmLayout, ColumnMajorProductIsTheRowMajorLinearLayer) {
+  for (const Shape shape : {Shape{3, 5, 7}, Shape{1, 9, 2}, Shape{8, 1, 1}}) {
+    const LtLayout lt = lt_layout(shape);
+    std::vector<double> a(static_cast<size_t>(shape.m * shape.k)), w(static_cast<size_t>(shape.n * shape.k));
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<double>(i % 7) - 3;
+    for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<double>(i % 5) - 2;
+    // Element (r, c) of a column-major matrix, and of op() of it.
+    auto element = [](const std::vector<double>& data, const ColumnMajor& l, int64_t r, int64_t c) {
+      EXPECT_LT(r, l.rows);
+      EXPECT_LT(c, l.cols);
+      return data[static_cast<size_t>(c * l.ld + r)];
+    };
+    auto op = [&](const std::vector<double>& data, const ColumnMajor& l, bool t, int64_t r, int64_t c) {
+      return t ? element(data, l, c, r) : element(data, l, r, c);
+    };
+    const int64_t inner = lt.transpose_a ? lt.a.rows : lt.a.cols;
+    ASSERT_EQ(inner, shape.k);
+    ASSERT_EQ(lt.transpose_b ? lt.b.cols : lt.b.rows, inner);
+    std::vector<double> d(static_cast<size_t>(lt.d.ld * lt.d.cols), 0.0);
+    ASSERT_EQ(d.size(), static_cast<size_t>(shape.m * shape.n));  // exactly C's bytes
+    for (int64_t r = 0; r < lt.d.rows; ++r)
+      for (int64_t c = 0; c < lt.d.cols; ++c) {
+        double sum = 0;
+        for (int64_t kk = 0; kk < inner; ++kk)
+          sum += op(w, lt.a, lt.transpose_a, r, kk) * op(a, lt.b, lt.transpose_b, kk, c);
+        d[static_cast<size_t>(c * lt.d.ld + r)] = sum;
+      }
+    for (int64_t i = 0; i < shape.m; ++i)
+      for (int64_t j = 0; j < shape.n; ++j) {
+        double want = 0;
+        for (int64_t kk = 0; kk < shape.k; ++kk)
+          want += a[static_cast<size_t>(i * shape.k + kk)] * w[static_cast<size_t>(j * shape.k + kk)];
+        EXPECT_EQ(d[static_cast<size_t>(i * shape.n + j)], want) << shape.text() << " (" << i << ", " << j << ")";
+      }
+  }
+}
+
+}  // namespace
+}  // namespace strata::gemm

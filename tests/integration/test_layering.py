@@ -1,0 +1,90 @@
+"""Dependencies point down: bench -> train -> kernels, collectives; results stands alone. Every #include of
+every source under the lower layers is checked against what its layer may use, and so are the libraries
+each layer's CMake targets link."""
+from __future__ import annotations
+
+import os
+import re
+
+from conftest import ROOT
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
+SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh")
+
+# What each layer must not include: other layers above or beside it, and the libraries it must not know.
+MPI = re.compile(r"^mpi\.h$")
+NCCL = re.compile(r"^nccl\.h$")
+HDF5 = re.compile(r"^(hdf5\.h|H5[A-Za-z_]*\.h)$")
+FORBIDDEN = {
+    "kernels": {"bench/": None, "collectives/": None, "results/": None, "train/": None, "MPI": MPI, "NCCL": NCCL,
+                "HDF5": HDF5},
+    "collectives": {"bench/": None, "results/": None, "train/": None, "HDF5": HDF5},
+    "results": {"bench/": None, "kernels/": None, "collectives/": None, "train/": None},
+    "train": {"bench/": None, "results/": None, "HDF5": HDF5},
+}
+
+
+def violations(layer: str, path: str, text: str) -> list[str]:
+    found = []
+    for header in INCLUDE.findall(text):
+        for what, pattern in FORBIDDEN[layer].items():
+            bad = pattern.match(header) if pattern else header.startswith(what)
+            if bad:
+                found.append(f"{path}: {layer}/ includes {header} ({what} is not for {layer}/)")
+    return found
+
+
+def layer_sources(layer: str):
+    folder = os.path.join(ROOT, layer)
+    for directory, _, files in os.walk(folder):
+        for name in sorted(files):
+            if name.endswith(SOURCES):
+                path = os.path.join(directory, name)
+                with open(path, encoding="utf-8") as f:
+                    yield os.path.relpath(path, ROOT), f.read()
+
+
+def test_every_layer_includes_only_what_it_may():
+    problems = []
+    for layer in FORBIDDEN:
+        for path, text in layer_sources(layer):
+            problems += violations(layer, path, text)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_check_itself_catches_each_kind_of_violation():
+    assert violations("kernels", "k.cpp", '#include "bench/check.h"\n')
+    assert violations("kernels", "k.cpp", "#include <mpi.h>\n")
+    assert violations("kernels", "k.cu", "#  include <nccl.h>\n")
+    assert violations("collectives", "c.cpp", "#include <H5Fpublic.h>\n")
+    assert violations("results", "r.cpp", '#include "collectives/types.h"\n')
+    assert violations("train", "t.cpp", '#include "bench/harness.h"\n')
+    assert not violations("train", "t.cpp", '#include "kernels/linear.h"\n#include "collectives/work.h"\n')
+    assert not violations("kernels", "k.cpp", "#include <cblas.h>\n// #include is fine in prose: mpi.h\n")
+
+
+def cmake_target_links() -> dict[str, str]:
+    with open(os.path.join(ROOT, "CMakeLists.txt"), encoding="utf-8") as f:
+        text = f.read()
+    links: dict[str, str] = {}
+    for target, body in re.findall(r"target_link_libraries\((\w+)\s+(?:PUBLIC|PRIVATE|INTERFACE)?([^)]*)\)", text):
+        links[target] = links.get(target, "") + " " + body
+    return links
+
+
+def test_cmake_targets_follow_the_layers():
+    links = cmake_target_links()
+    forbidden = {
+        "strata_kernels": ["MPI::", "HDF5", "NCCL", "strata_results", "strata_collectives", "strata_harness", "strata_train"],
+        "strata_collectives": ["HDF5", "strata_results", "strata_harness", "strata_train"],
+        "strata_results": ["strata_kernels", "strata_collectives", "strata_harness", "strata_train", "MPI::"],
+        "strata_train": ["HDF5", "strata_results", "strata_harness"],
+        "strata_kernels_cuda": ["MPI::", "HDF5", "NCCL", "strata_collectives", "strata_harness"],
+    }
+    problems = []
+    for target, bad in forbidden.items():
+        if target == "strata_kernels_cuda" and target not in links:
+            continue  # declared only where CUDA is found
+        assert target in links, f"CMakeLists.txt has no target {target}"
+        problems += [f"{target} links {b}" for b in bad if b in links[target]]
+    assert not problems, "\n".join(problems)
