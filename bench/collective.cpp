@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "bench/harness.h"
+#include "collectives/process_group.h"
 #include "collectives/algorithms.h"
 #include "collectives/check.h"
 #include "collectives/layout.h"
@@ -301,10 +302,11 @@ void append_group_rows(Run& run, const CaseResult& r, const std::vector<int>& gr
 
 // --mixed: an allreduce in every TP group and a reduce-scatter in every DP group at the same time (the
 // overlap of tensor-parallel and data-parallel traffic in a training step), each also alone, through the
-// library's non-blocking collectives. Each operation's time runs from the common start to its completion.
+// process groups' non-blocking operations (collectives/process_group.h), the code the training step runs.
+// Each operation's time runs from the common start to the moment this rank sees it complete; both are tested
+// in turn, as the step progresses its operations.
 int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, const Cli& cli,
-              const coll::Layout& layout, const coll::Grid& grid, const coll::MpiTypes& types,
-              const std::vector<size_t>& sizes) {
+              const coll::Layout& layout, const coll::Grid& grid, Algo algo, const std::vector<size_t>& sizes) {
   const DataType dtype = coll::parse_datatype(split(o.datatypes, ',').front()).value_or(DataType::float32);
   const size_t elem = coll::size_of(dtype);
   const int tp = grid.shape().tp, dp = grid.shape().dp;
@@ -321,6 +323,7 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
     table.print_header();
   }
   int tp_rank = grid.tp_index(), dp_rank = grid.dp_index();
+  coll::ProcessGroups groups(grid.shape(), layout.emulated() ? layout.world_size() / layout.node_count() : 0);
   for (size_t bytes : sizes) {
     Counts ar = counts_for(Operation::allreduce, bytes, elem, tp), rs = counts_for(Operation::reduce_scatter, bytes, elem, dp);
     const coll::CheckSpec ar_spec{Operation::allreduce, dtype, RedOp::sum};
@@ -328,29 +331,21 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
     std::vector<unsigned char> ar_in = coll::check_inputs(ar_spec, ar, tp_rank);
     std::vector<unsigned char> rs_in = coll::check_inputs(rs_spec, rs, dp_rank);
     std::vector<unsigned char> ar_out(ar.recv_elems * elem + 1), rs_out(rs.recv_elems * elem + 1);
-    MPI_Datatype type = types.datatype(dtype);
-    MPI_Op sum = types.op(dtype, RedOp::sum);
-    auto start_ar = [&](MPI_Request* q) {
-      STRATA_MPI_CHECK(MPI_Iallreduce(ar_in.data(), ar_out.data(), static_cast<int>(ar.count), type, sum, grid.tp(), q));
-    };
-    auto start_rs = [&](MPI_Request* q) {
-      STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(rs_in.data(), rs_out.data(), static_cast<int>(rs.count), type, sum, grid.dp(), q));
-    };
     // Times both (or one) from a common start: element 0 the allreduce, 1 the reduce-scatter.
     auto timed = [&](bool with_ar, bool with_rs) {
-      MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
       double done[2] = {0, 0};
       STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
       auto begin = std::chrono::steady_clock::now();
-      if (with_ar) start_ar(&requests[0]);
-      if (with_rs) start_rs(&requests[1]);
-      for (int left = int(with_ar) + int(with_rs); left > 0;) {
-        int index = MPI_UNDEFINED;
-        STRATA_MPI_CHECK(MPI_Waitany(2, requests, &index, MPI_STATUS_IGNORE));
-        if (index == MPI_UNDEFINED) break;
-        done[index] = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-        --left;
-      }
+      coll::Work work[2];
+      if (with_ar) work[0] = groups.tp().allreduce(algo, ar_in.data(), ar_out.data(), ar.count, dtype, RedOp::sum);
+      if (with_rs) work[1] = groups.dp().reduce_scatter(algo, rs_in.data(), rs_out.data(), rs.count, dtype, RedOp::sum);
+      bool pending[2] = {with_ar, with_rs};
+      while (pending[0] || pending[1])
+        for (int k = 0; k < 2; ++k)
+          if (pending[k] && work[k].test()) {
+            done[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+            pending[k] = false;
+          }
       return std::pair{done[0], done[1]};
     };
     watchdog.arm(o.timeout, "mixed allreduce/reduce_scatter " + std::to_string(bytes) + " B");
@@ -379,7 +374,7 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
       bool concurrent = row.with[0] != 0;
       CaseResult r = run.record(*row.samples, row.wrong, std::string(row.op) + " " + row.kind + (concurrent ? " concurrent" : " alone") + " " + std::to_string(row.n->size_bytes) + " B",
           [&](Table& t) {
-            t.set("backend", "mpi").set("operation", row.op).set("algo", "library").set("mode", "blocking")
+            t.set("backend", "mpi").set("operation", row.op).set("algo", std::string(coll::name(algo))).set("mode", "blocking")
                 .set("ops_per_sample", 1).set("dtype", std::string(coll::name(dtype))).set("redop", "sum").set("root", -1)
                 .set("in_place", 0).set("count", row.n->count).set("size_bytes", double(row.n->size_bytes))
                 .set("bytes_per_rank", double(row.n->bytes_per_rank)).set("group_kind", row.kind)
@@ -483,6 +478,11 @@ int run_collective(int argc, char** argv) {
   if (max_message_bytes <= 0 || max_message_bytes > INT_MAX)
     throw UsageError("--max-message-bytes must be in 1.." + std::to_string(INT_MAX) + ", got " + o.max_message_bytes);
   if (o.mixed && o.grid.empty()) throw UsageError("--mixed needs --grid");
+  if (o.mixed && o.backend != "mpi")
+    throw UsageError("--mixed runs on the MPI process groups; with --backend " + o.backend + " it is not available");
+  if (o.mixed && (algos.size() != 1 || !coll::Group::supports(Operation::allreduce, algos.front()) ||
+                  !coll::Group::supports(Operation::reduce_scatter, algos.front())))
+    throw UsageError("--mixed takes one algorithm of the process groups: library, ring or hierarchical");
   if (!o.grid_dim.empty() && o.grid.empty()) throw UsageError("--grid-dim needs --grid");
   if (!o.grid.empty() && o.group != "world") throw UsageError("--group and --grid exclude each other; use --grid-dim");
 
@@ -574,7 +574,7 @@ int run_collective(int argc, char** argv) {
           for (Algo a : algos)
             for (bool in_place : placements)
               if (coll::is_supported(op, a)) cases.push_back({op, a, d, r, is_reduction(op), bytes, in_place});
-  if (o.mixed) return run_mixed(argc, argv, h, o, cli, layout, *grid, types, sizes);
+  if (o.mixed) return run_mixed(argc, argv, h, o, cli, layout, *grid, algos.front(), sizes);
 
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), device);
   run.set_case_count(static_cast<int>(cases.size()));

@@ -129,6 +129,25 @@ def test_mixed_pattern_reports_slowdown(tmp_path):
     assert (alone["slowdown_vs_alone"] == 1.0).all()
 
 
+def test_mixed_pattern_runs_on_the_process_groups_with_any_of_their_algorithms(tmp_path):
+    result, out = collective(4, ["--grid", "tp=2,dp=2", "--ranks-per-node", "2", "--mixed", "-a", "hierarchical",
+                                 "-b", "16K", "-e", "16K", "-n", "2"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = sr.read_cases_with_summary(str(out))
+    assert len(data) == 4 and (data["wrong_elements"] == 0).all()
+    assert set(data["algo"]) == {"hierarchical"}
+    for args, message in ((["--backend", "nccl"], "--mixed runs on the MPI process groups"),
+                          (["-a", "recursive_doubling"], "--mixed takes one algorithm of the process groups"),
+                          (["-a", "library,ring"], "--mixed takes one algorithm of the process groups")):
+        bad = tmp_path / "bad.h5"
+        result, _ = collective(4, ["--grid", "tp=2,dp=2", "--mixed", *args, "--output", str(bad)], tmp_path)
+        if "built without" in result.stderr:
+            continue
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert not bad.exists()
+
+
 def test_timeout_fires_on_an_injected_hang(tmp_path):
     result, out = collective(3, ["-b", "1K", "-e", "4K", "-n", "2", "--timeout", "3", "--inject-hang", "1"],
                              tmp_path, timeout=120)
