@@ -18,6 +18,7 @@
 #include "bench/blas_core.h"
 #include "bench/check.h"
 #include "bench/cli.h"
+#include "bench/stats.h"
 #include "kernels/blas.h"
 #include "kernels/cpu_features.h"
 #include "kernels/cpu_gemm.h"
@@ -86,10 +87,7 @@ ChildRate child_rate(int64_t size, const std::string& coretype) {
   return result;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+double median(std::vector<double> v) { return summarize(std::move(v)).median; }
 
 int run(int argc, char** argv) {
   int64_t size = 2048;

@@ -1,8 +1,6 @@
 // Implementation of the measured CPU peak (see cpu_peak.h).
 #include "kernels/cpu_peak.h"
-
-#include <pthread.h>
-#include <sched.h>
+#include "kernels/cpu_threads.h"
 
 #include <algorithm>
 #include <barrier>
@@ -171,13 +169,6 @@ double seconds_of(long iterations, double (*run)(long), double* checksum) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-void pin_this_thread(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof set, &set);  // best effort: an unpinned thread still counts
-}
-
 // Iterations that take about `seconds` on this core, from a short timed run (after one untimed run that
 // brings the vector unit up to speed).
 long calibrate(const FmaKernel& kernel, double seconds) {
@@ -190,13 +181,6 @@ long calibrate(const FmaKernel& kernel, double seconds) {
     t = seconds_of(probe, kernel.run, &checksum);
   }
   return std::max(1L, static_cast<long>(static_cast<double>(probe) * seconds / t));
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 }  // namespace

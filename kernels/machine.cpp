@@ -1,5 +1,6 @@
 // Implementation of the machine measurement (see machine.h).
 #include "kernels/machine.h"
+#include "kernels/cpu_threads.h"
 
 #include <algorithm>
 #include <chrono>
@@ -24,8 +25,7 @@ double measure_gemm_rate(cpu_gemm::Backend backend, int64_t size, int trials) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     rates.push_back(2.0 * static_cast<double>(size) * static_cast<double>(size) * static_cast<double>(size) / seconds);
   }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  return median(rates);
 }
 
 MachineDescription measure_machine(const MachineOptions& options) {

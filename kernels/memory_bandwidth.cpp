@@ -1,8 +1,6 @@
 // Implementation of the STREAM-style bandwidth measurement (see memory_bandwidth.h).
 #include "kernels/memory_bandwidth.h"
-
-#include <pthread.h>
-#include <sched.h>
+#include "kernels/cpu_threads.h"
 
 #include <algorithm>
 #include <barrier>
@@ -45,18 +43,6 @@ void copy(const double* __restrict a, double* __restrict c, size_t begin, size_t
 void triad(double* __restrict a, const double* __restrict b, const double* __restrict c, double s, size_t begin,
            size_t end) {
   for (size_t i = begin; i < end; ++i) a[i] = b[i] + s * c[i];
-}
-
-void pin_this_thread(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 }  // namespace
