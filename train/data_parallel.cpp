@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "collectives/mpi_error.h"
+#include "train/memory.h"
 
 namespace strata::train {
 
@@ -59,10 +60,45 @@ float learning_rate(const LrSchedule& s, int64_t step) {
   return s.min_lr + static_cast<float>(0.5 * (1 + std::cos(std::numbers::pi * progress))) * (s.max_lr - s.min_lr);
 }
 
+const char* name(CommTier tier) {
+  switch (tier) {
+    case CommTier::intra: return "intra";
+    case CommTier::inter: return "inter";
+    case CommTier::global: return "global";
+  }
+  return "?";
+}
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+// Seconds on the host steady clock (the clock of the timeline, and of bench/timer.h's host_now()).
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Transient buffers of the step (gathered units, per-micro-batch gradients, reduction targets) come from here:
+// page-aligned, allocated the first time a size is asked for and reused after, so a step allocates nothing once
+// the first one is done. What the pool holds is the most that were in use at once.
+class BufferPool {
+ public:
+  TrackedBuffer<float> take(std::size_t floats) {
+    for (std::size_t i = 0; i < free_.size(); ++i)
+      if (free_[i].size() == floats) {
+        TrackedBuffer<float> buffer = std::move(free_[i]);
+        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+        buffer.fill(0.0f);
+        return buffer;
+      }
+    held_bytes_ += 4.0 * static_cast<double>(floats);
+    return TrackedBuffer<float>(MemoryCategory::comm_buffers, floats);
+  }
+  void give(TrackedBuffer<float>& buffer) {
+    if (!buffer.empty()) free_.push_back(std::move(buffer));
+  }
+  double held_bytes() const { return held_bytes_; }
+
+ private:
+  std::vector<TrackedBuffer<float>> free_;
+  double held_bytes_ = 0;
+};
 
 }  // namespace
 
@@ -75,16 +111,24 @@ struct DataParallelTrainer::Impl {
   // An operation in flight and the local bookkeeping that follows its completion (never a collective: ranks
   // see completions at different times, and every rank must start the collectives of a communicator in the
   // same order).
-  struct InFlight {
+  // A collective of the step with what the records need: its tier, a name for the timeline, when it started.
+  struct Op {
     coll::Work work;
+    CommTier tier = CommTier::global;
+    std::string what;
+    double bytes = 0, start = 0;
+    bool tracked = false;  // false: nothing was launched (a completed Work)
+  };
+  struct InFlight {
+    Op op;
     std::function<void()> then;
   };
   // A reduction in two phases. The second phase starts at a point every rank reaches in the same order: a
   // fixed number of hooks after the first (waiting for the first there if it is not done), or at the end.
   struct Chain {
-    coll::Work first;
-    std::function<void()> then;          // local bookkeeping once the first phase is done
-    std::function<coll::Work()> second;  // the next collective; may return a completed Work
+    Op first;
+    std::function<void()> then;  // local bookkeeping once the first phase is done
+    std::function<Op()> second;  // the next collective; may return a completed one
     long start_second_at = 0;            // hook count
     bool first_done = false;
   };
@@ -99,14 +143,20 @@ struct DataParallelTrainer::Impl {
   GptCpu model;
   int n = 1, m = 1, g = 1, local = 0, node = 0, my_piece = 0;
   std::vector<Unit> units;
-  std::vector<float> params, grads, adam_m, adam_v;
-  std::vector<std::vector<float>> gathered, unit_grads, reduced;  // transient, per unit
+  TrackedBuffer<float> params, grads, adam_m, adam_v;
+  std::vector<TrackedBuffer<float>> gathered, unit_grads, reduced;  // transient, per unit, from the pool
+  BufferPool pool;
+  std::size_t lowest_trainable = 0;  // the backward pass stops at this unit
   std::vector<InFlight> in_flight;
   std::vector<Chain> chains;  // in creation order
   long hooks_seen = 0;
   std::vector<int32_t> tokens, targets;
-  double transient_bytes = 0, peak_transient_bytes = 0, exposed = 0;
+  double exposed = 0;
   coll::Traffic traffic;
+  std::array<TierComm, kCommTiers> comm{};
+  std::array<int, kCommTiers> tier_in_flight{};
+  std::array<double, kCommTiers> tier_busy_since{};
+  std::vector<TimelineEvent>* timeline = nullptr;  // the current step's, when recorded
 
   Impl(const DataParallelConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
       : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), data(source),
@@ -146,10 +196,13 @@ struct DataParallelTrainer::Impl {
       }
       units.push_back(unit);
     }
-    params.assign(param_total, 0.0f);
-    grads.assign(grad_total, 0.0f);
-    adam_m.assign(opt_total, 0.0f);
-    adam_v.assign(opt_total, 0.0f);
+    params = TrackedBuffer<float>(MemoryCategory::parameters, param_total);
+    grads = TrackedBuffer<float>(MemoryCategory::gradients, grad_total);
+    adam_m = TrackedBuffer<float>(MemoryCategory::optimizer, opt_total);
+    adam_v = TrackedBuffer<float>(MemoryCategory::optimizer, opt_total);
+    lowest_trainable = units.size();
+    for (std::size_t u = units.size(); u-- > 0;)
+      if (units[u].trains) lowest_trainable = u;
     gathered.resize(units.size());
     gather_state.assign(units.size(), Gathered::absent);
     reducing.assign(units.size(), false);
@@ -182,43 +235,56 @@ struct DataParallelTrainer::Impl {
   }
 
   // ---- transient buffers and operations in flight -------------------------------------------------------
-  void allocate(std::vector<float>& buffer, std::size_t floats) {
-    if (!buffer.empty()) return;
-    buffer.assign(floats, 0.0f);
-    transient_bytes += 4.0 * static_cast<double>(floats);
-    peak_transient_bytes = std::max(peak_transient_bytes, transient_bytes);
+  void allocate(TrackedBuffer<float>& buffer, std::size_t floats) {
+    if (buffer.empty()) buffer = pool.take(floats);
   }
-  void release(std::vector<float>& buffer) {
-    transient_bytes -= 4.0 * static_cast<double>(buffer.size());
-    std::vector<float>().swap(buffer);
+  void release(TrackedBuffer<float>& buffer) { pool.give(buffer); }
+
+  // Starts the bookkeeping of a collective just launched on `group`.
+  Op track(coll::Group& group, std::string what, std::size_t floats, coll::Work work) {
+    Op op{std::move(work), &group == &intra ? CommTier::intra : &group == &inter ? CommTier::inter : CommTier::global,
+          std::move(what), 4.0 * static_cast<double>(floats), now(), true};
+    const auto t = static_cast<std::size_t>(op.tier);
+    if (tier_in_flight[t]++ == 0) tier_busy_since[t] = op.start;
+    ++comm[t].operations;
+    return op;
+  }
+  // Its completion, seen by a test (or at once when it was done at launch).
+  void finished(Op& op) {
+    if (!op.tracked) return;
+    const double end = now();
+    const auto t = static_cast<std::size_t>(op.tier);
+    if (--tier_in_flight[t] == 0) comm[t].busy_seconds += end - tier_busy_since[t];
+    traffic += op.work.traffic();
+    if (timeline) timeline->push_back({op.what, "comm", name(op.tier), op.start, end, op.bytes});
   }
 
-  void launch(coll::Work work, std::function<void()> then = {}) {
-    in_flight.push_back({std::move(work), std::move(then)});
+  void launch(Op op, std::function<void()> then = {}) {
+    in_flight.push_back({std::move(op), std::move(then)});
     if (!c.overlap) wait_all();
   }
-  void launch_chain(coll::Work first, std::function<void()> then, std::function<coll::Work()> second) {
+  void launch_chain(Op first, std::function<void()> then, std::function<Op()> second) {
     chains.push_back({std::move(first), std::move(then), std::move(second), hooks_seen + kSecondPhaseDelay, false});
     if (!c.overlap) wait_all();
   }
   // Tests every operation in flight once and runs the bookkeeping of those that completed.
   void progress() {
     for (std::size_t i = 0; i < in_flight.size();) {
-      if (!in_flight[i].work.test()) {
+      if (!in_flight[i].op.work.test()) {
         ++i;
         continue;
       }
       InFlight done = std::move(in_flight[i]);
       in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
-      traffic += done.work.traffic();
+      finished(done.op);
       if (done.then) done.then();
     }
     for (Chain& chain : chains)
-      if (!chain.first_done && chain.first.test()) finish_first(chain);
+      if (!chain.first_done && chain.first.work.test()) finish_first(chain);
   }
   void finish_first(Chain& chain) {
     chain.first_done = true;
-    traffic += chain.first.traffic();
+    finished(chain.first);
     if (chain.then) chain.then();
   }
   // Starts, in creation order, the second phases due by now (`all`: every one), waiting for first phases.
@@ -229,8 +295,11 @@ struct DataParallelTrainer::Impl {
       // progress() finishes the first phase (its bookkeeping runs once, there).
       wait_until([&] { return chain.first_done; });
       if (chain.second) {
-        coll::Work next = chain.second();
-        if (!next.done()) in_flight.push_back({std::move(next), {}});
+        Op next = chain.second();
+        if (next.work.done())
+          finished(next);
+        else
+          in_flight.push_back({std::move(next), {}});
       }
       ++started;
     }
@@ -243,10 +312,8 @@ struct DataParallelTrainer::Impl {
     progress();
   }
   void wait_all() {
-    const auto start = Clock::now();
     start_second_phases(true);
-    while (!in_flight.empty()) progress();
-    exposed += since(start);
+    wait_until([&] { return in_flight.empty(); });
   }
 
   // ---- parameters: gathered before use when sharded ------------------------------------------------------
@@ -261,7 +328,8 @@ struct DataParallelTrainer::Impl {
     const float* mine = params.data() + unit.param_at;
     coll::Group& group = c.strategy.params == Sharding::intra ? intra : *pieces;
     gather_state[u] = Gathered::arriving;
-    launch(group.allgather(c.comm_algo, mine, gathered[u].data(), held(unit, c.strategy.params), DataType::float32),
+    launch(track(group, "allgather params " + std::to_string(u), unit.padded,
+                 group.allgather(c.comm_algo, mine, gathered[u].data(), held(unit, c.strategy.params), DataType::float32)),
            [this, u] { gather_state[u] = Gathered::ready; });
   }
 
@@ -279,9 +347,19 @@ struct DataParallelTrainer::Impl {
   // Progresses the operations in flight until `done` holds; the time is communication the step waited for.
   template <typename Done>
   void wait_until(Done done) {
-    const auto start = Clock::now();
-    while (!done()) progress();
-    exposed += since(start);
+    double last = now();
+    while (!done()) {
+      std::array<bool, kCommTiers> waiting_on{};
+      int tiers = 0;
+      for (int t = 0; t < kCommTiers; ++t)
+        if ((waiting_on[static_cast<std::size_t>(t)] = tier_in_flight[static_cast<std::size_t>(t)] > 0)) ++tiers;
+      progress();
+      const double t_now = now(), waited = t_now - last;
+      last = t_now;
+      exposed += waited;
+      for (std::size_t t = 0; t < waiting_on.size(); ++t)
+        if (waiting_on[t]) comm[t].exposed_seconds += waited / tiers;
+    }
   }
 
   const float* unit_params(std::size_t u) const {
@@ -301,29 +379,33 @@ struct DataParallelTrainer::Impl {
   }
 
   // The reduction that turns what the grads store holds into the optimizer's shard, at the last micro-batch.
-  coll::Work reduce_for_optimizer(std::size_t u) {
+  Op reduce_for_optimizer(std::size_t u) {
     const Unit& unit = units[u];
     const Sharding gs = c.strategy.grads, os = c.strategy.optimizer;
     float* store = grads.data() + unit.grad_at;
     if (gs == Sharding::none && os == Sharding::none)
-      return dp.allreduce(c.comm_algo, store, store, unit.padded, DataType::float32, RedOp::sum);
+      return track(dp, "allreduce grads " + std::to_string(u), unit.padded,
+                   dp.allreduce(c.comm_algo, store, store, unit.padded, DataType::float32, RedOp::sum));
     if (gs == Sharding::none) {  // intra reduce-scatter first; then across nodes
       allocate(reduced[u], unit.piece_i);
-      coll::Work first = intra.reduce_scatter(c.comm_algo, store, reduced[u].data(), unit.piece_i, DataType::float32, RedOp::sum);
+      Op first = track(intra, "reduce_scatter grads " + std::to_string(u), unit.padded,
+                       intra.reduce_scatter(c.comm_algo, store, reduced[u].data(), unit.piece_i, DataType::float32, RedOp::sum));
       launch_chain(std::move(first), {}, [this, u] { return across_nodes(u, reduced[u].data()); });
-      return coll::Work();
+      return Op{};
     }
     if (gs == Sharding::intra) return across_nodes(u, store);
-    return coll::Work();  // G: the global shard is final after every micro-batch
+    return Op{};  // G: the global shard is final after every micro-batch
   }
   // The intra piece at `piece` (summed within the node) summed over the nodes: whole for O = I, my global
   // piece (in place, at node * piece_g) for O = G.
-  coll::Work across_nodes(std::size_t u, float* piece) {
+  Op across_nodes(std::size_t u, float* piece) {
     const Unit& unit = units[u];
     if (c.strategy.optimizer == Sharding::intra)
-      return inter.allreduce(c.comm_algo, piece, piece, unit.piece_i, DataType::float32, RedOp::sum);
-    return inter.reduce_scatter(c.comm_algo, piece, piece + static_cast<std::size_t>(node) * unit.piece_g, unit.piece_g,
-                                DataType::float32, RedOp::sum);
+      return track(inter, "allreduce grads " + std::to_string(u), unit.piece_i,
+                   inter.allreduce(c.comm_algo, piece, piece, unit.piece_i, DataType::float32, RedOp::sum));
+    return track(inter, "reduce_scatter grads " + std::to_string(u), unit.piece_i,
+                 inter.reduce_scatter(c.comm_algo, piece, piece + static_cast<std::size_t>(node) * unit.piece_g,
+                                      unit.piece_g, DataType::float32, RedOp::sum));
   }
 
   void gradients_ready(std::size_t u, int micro, bool last) {
@@ -344,7 +426,8 @@ struct DataParallelTrainer::Impl {
       allocate(reduced[u], count);
       out = reduced[u].data();
     }
-    coll::Work work = group.reduce_scatter(c.comm_algo, unit_grads[u].data(), out, count, DataType::float32, RedOp::sum);
+    Op work = track(group, "reduce_scatter grads " + std::to_string(u), unit.padded,
+                    group.reduce_scatter(c.comm_algo, unit_grads[u].data(), out, count, DataType::float32, RedOp::sum));
     reducing[u] = true;
     auto then = [this, u, micro, count, store, out] {
       reducing[u] = false;
@@ -384,13 +467,17 @@ struct DataParallelTrainer::Impl {
     const Sharding ps = c.strategy.params, os = c.strategy.optimizer;
     float* held_params = params.data() + unit.param_at;
     if (ps == os) return;
+    const std::string what = "allgather params " + std::to_string(u);
     if (ps == Sharding::none && os == Sharding::intra)
-      launch(intra.allgather(c.comm_algo, held_params + piece_offset(unit, os), held_params, unit.piece_i, DataType::float32));
+      launch(track(intra, what, unit.padded,
+                   intra.allgather(c.comm_algo, held_params + piece_offset(unit, os), held_params, unit.piece_i, DataType::float32)));
     else if (ps == Sharding::none)
-      launch(pieces->allgather(c.comm_algo, held_params + piece_offset(unit, os), held_params, unit.piece_g, DataType::float32));
+      launch(track(*pieces, what, unit.padded,
+                   pieces->allgather(c.comm_algo, held_params + piece_offset(unit, os), held_params, unit.piece_g, DataType::float32)));
     else  // P = I, O = G: the inter ranks rebuild the intra piece from their global pieces
-      launch(inter.allgather(c.comm_algo, held_params + static_cast<std::size_t>(node) * unit.piece_g, held_params,
-                             unit.piece_g, DataType::float32));
+      launch(track(inter, what, unit.piece_i,
+                   inter.allgather(c.comm_algo, held_params + static_cast<std::size_t>(node) * unit.piece_g, held_params,
+                                   unit.piece_g, DataType::float32)));
   }
 
   double allreduce_sum(coll::Group& group, double value) {
@@ -401,9 +488,19 @@ struct DataParallelTrainer::Impl {
   // ---- the step -----------------------------------------------------------------------------------------
   StepStats step(int64_t step_index) {
     StepStats stats;
-    const auto step_start = Clock::now();
+    const double step_start = now();
     exposed = 0;
     traffic = {};
+    comm = {};
+    timeline = c.record_timeline ? &stats.timeline : nullptr;
+    // Time of a compute phase without the waits inside it, and its interval on the timeline.
+    auto compute_phase = [&](const char* what, double& seconds, const auto& body) {
+      const double exposed_before = exposed, start = now();
+      body();
+      const double end = now();
+      seconds += end - start - (exposed - exposed_before);
+      if (timeline) timeline->push_back({what, "compute", "", start, end, 0});
+    };
     const int L = c.model.layers;
     const std::size_t U = units.size();
     const float normaliser = static_cast<float>(static_cast<double>(n) * c.accumulation * c.micro_batch * c.seq);
@@ -434,7 +531,7 @@ struct DataParallelTrainer::Impl {
           need_params(u);
           point(u);
         }
-        if (c.overlap && u >= 2) start_gather(u - 1);
+        if (c.overlap && u >= 2 && u - 1 >= lowest_trainable) start_gather(u - 1);  // the pass stops at the lowest
         if (units[u].trains) pointers.grads[u] = unit_grad_buffer(u);
         if (u == static_cast<std::size_t>(L) + 1 && units[0].trains) pointers.grads[0] = unit_grad_buffer(0);  // the head writes dwte
       };
@@ -450,25 +547,20 @@ struct DataParallelTrainer::Impl {
         }
         at_hook();
       };
-      auto exposed_before = exposed;
-      auto start = Clock::now();
-      loss_sum += model.forward(pointers, tokens.data(), targets.data(), hooks);
-      stats.forward_seconds += since(start) - (exposed - exposed_before);
+      compute_phase("forward", stats.forward_seconds,
+                    [&] { loss_sum += model.forward(pointers, tokens.data(), targets.data(), hooks); });
       // Frozen units have no gradient buffer, so the model computes none for them; sharded gradients get a
       // buffer per unit from the hooks, as the unit's backward starts.
       for (std::size_t u = 0; u < U; ++u)
         pointers.grads[u] = !units[u].trains                         ? nullptr
                             : c.strategy.grads == Sharding::none     ? grads.data() + units[u].grad_at
                                                                      : UnitPointers::pending();
-      exposed_before = exposed;
-      start = Clock::now();
-      model.backward(pointers, normaliser, hooks);
-      stats.backward_seconds += since(start) - (exposed - exposed_before);
+      compute_phase("backward", stats.backward_seconds, [&] { model.backward(pointers, normaliser, hooks); });
     }
     wait_all();
 
     // Global gradient norm over the optimizer's shards (distinct within the group that partitions them).
-    const auto optimizer_start = Clock::now();
+    const double optimizer_start = now(), exposed_before_optimizer = exposed;
     double squares = 0;
     for (std::size_t u = 0; u < U; ++u)
       if (units[u].trains) squares += layers::squared_norm(optimizer_grads(u), held(units[u], c.strategy.optimizer), {});
@@ -490,13 +582,19 @@ struct DataParallelTrainer::Impl {
       release(reduced[u]);
       drop_params(u);  // units gathered ahead and never read (frozen layers below the backward's end)
     }
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    stats.optimizer_seconds = since(optimizer_start);
+    grads.fill(0.0f);
+    const double optimizer_end = now();
+    stats.optimizer_seconds = optimizer_end - optimizer_start - (exposed - exposed_before_optimizer);
+    if (timeline) timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
 
     stats.loss = allreduce_sum(dp, loss_sum) / normaliser;
     stats.exposed_comm_seconds = exposed;
+    stats.comm = comm;
     stats.traffic = traffic;
-    stats.seconds = since(step_start);
+    stats.seconds = now() - step_start;
+    stats.idle_seconds = std::max(0.0, stats.seconds - stats.forward_seconds - stats.backward_seconds -
+                                           stats.optimizer_seconds - stats.exposed_comm_seconds);
+    timeline = nullptr;
     return stats;
   }
 
@@ -538,7 +636,8 @@ MemoryUse DataParallelTrainer::memory() const {
   use.grads = 4.0 * static_cast<double>(impl_->grads.size());
   use.optimizer = 4.0 * static_cast<double>(impl_->adam_m.size() + impl_->adam_v.size());
   use.activations = 4.0 * static_cast<double>(impl_->model.activation_floats());
-  use.comm_buffers = impl_->peak_transient_bytes;
+  use.workspace = 4.0 * static_cast<double>(impl_->model.workspace_floats());
+  use.comm_buffers = impl_->pool.held_bytes();
   return use;
 }
 

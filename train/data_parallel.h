@@ -18,6 +18,7 @@
 // operations in flight between units (collectives/work.h), and the step waits for what is left at the end.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -67,11 +68,39 @@ struct DataParallelConfig {
   CpuRuntime runtime;
   uint64_t seed = 1;
   float init_std = 0.02f;
+  bool record_timeline = false;
 };
 
-// Bytes each category holds on this rank, as allocated (the peak of transient buffers).
+// Bytes each category holds on this rank, as allocated: the model states, the model's activations and
+// workspace, and the pool of communication buffers (gathered units, per-micro-batch gradients, reduction
+// targets), which holds the most that were in use at once.
 struct MemoryUse {
-  double params = 0, grads = 0, optimizer = 0, activations = 0, comm_buffers = 0;
+  double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, comm_buffers = 0;
+};
+
+// Where a collective of the step runs: inside a group (a node), across groups (same local index), or over all
+// data-parallel ranks.
+enum class CommTier { intra, inter, global };
+inline constexpr int kCommTiers = 3;
+const char* name(CommTier tier);  // "intra", "inter", "global"
+
+// Communication of one tier in a step. busy: time with at least one of its collectives in flight, from the
+// start to the first test that saw it done (so rounded up to the next point where progress is made); exposed:
+// the step's waits for collectives, each moment split evenly over the tiers that had one in flight; hidden =
+// busy - exposed, never below zero.
+struct TierComm {
+  double busy_seconds = 0, exposed_seconds = 0;
+  int operations = 0;
+  double hidden_seconds() const { return busy_seconds > exposed_seconds ? busy_seconds - exposed_seconds : 0; }
+};
+
+// One interval of the step on this rank, on the host steady clock (seconds since its epoch).
+struct TimelineEvent {
+  std::string operation;  // "forward", "backward", "optimizer", "allgather params 3", ...
+  std::string stream;     // "compute" or "comm"
+  std::string group;      // "intra", "inter", "global"; "" for compute
+  double start = 0, end = 0;
+  double bytes = 0;  // the collective's buffer: what each rank contributes or receives whole
 };
 
 struct StepStats {
@@ -79,9 +108,14 @@ struct StepStats {
   double grad_norm = 0;  // global, before clipping
   float lr = 0;
   double seconds = 0;
+  // Compute phases exclude the waits for communication inside them; idle is what the phases do not cover
+  // (reading data, the loss and norm reductions of a few bytes).
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
   double exposed_comm_seconds = 0;  // waiting for collectives that were not done
-  coll::Traffic traffic;            // bytes this rank sent in the step
+  double idle_seconds = 0;
+  std::array<TierComm, kCommTiers> comm;
+  coll::Traffic traffic;  // bytes this rank sent in the step (Strata's own algorithms count them; library: 0)
+  std::vector<TimelineEvent> timeline;  // when DataParallelConfig::record_timeline
 };
 
 class DataParallelTrainer {

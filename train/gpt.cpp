@@ -183,9 +183,9 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime)
   per_layer_ = LayerActs(N, C, Q, KV, F, static_cast<std::size_t>(model.heads)).size;
   for (int l = 0; l < model.layers; ++l) layer_base_.push_back(static_cast<std::size_t>(l) * per_layer_);
   head_base_ = static_cast<std::size_t>(model.layers) * per_layer_;
-  activations_.assign(head_base_ + HeadActs(N, C, static_cast<std::size_t>(model.vocab)).size, 0.0f);
+  activations_ = TrackedBuffer<float>(MemoryCategory::activations, head_base_ + HeadActs(N, C, static_cast<std::size_t>(model.vocab)).size);
   // Frozen units' layer-norm gradients land in a region after the scratch and are never read.
-  scratch_.assign(Scratch(N, C, Q, KV, F).size + 2 * C, 0.0f);
+  scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, C, Q, KV, F).size + 2 * C);
 }
 
 float* UnitPointers::pending() {

@@ -18,6 +18,7 @@
 #include "kernels/attention.h"
 #include "kernels/cpu_gemm.h"
 #include "kernels/layers.h"
+#include "train/memory.h"
 #include "train/model_config.h"
 
 namespace strata::train {
@@ -93,7 +94,8 @@ class GptCpu {
   const ParameterLayout& layout() const { return layout_; }
   int batch() const { return batch_; }
   int seq() const { return seq_; }
-  std::size_t activation_floats() const { return activations_.size() + scratch_.size(); }
+  std::size_t activation_floats() const { return activations_.size(); }  // kept for the backward pass
+  std::size_t workspace_floats() const { return scratch_.size(); }     // gradients of activations, reused per layer
 
   // tokens, targets (B, T). Returns the summed loss of the rows whose target counts (target >= 0); the caller
   // divides by the tokens of the whole (global) batch, the normaliser it then passes to backward.
@@ -121,8 +123,8 @@ class GptCpu {
   layers::CpuOptions cpu_;
   attention::CpuOptions attention_options_;
   attention::Shape attention_shape_;
-  std::vector<float> activations_;  // per layer, and the head's
-  std::vector<float> scratch_;      // gradients of activations, reused by every layer
+  TrackedBuffer<float> activations_;  // per layer, and the head's
+  TrackedBuffer<float> scratch_;      // gradients of activations, reused by every layer (workspace)
   std::vector<std::size_t> layer_base_;
   std::size_t per_layer_ = 0, head_base_ = 0;
   std::vector<int32_t> tokens_, targets_;

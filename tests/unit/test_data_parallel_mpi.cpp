@@ -20,6 +20,8 @@
 
 #include "kernels/layers.h"
 #include "train/data_parallel.h"
+#include "train/memory.h"
+#include "train/step_formulas.h"
 
 namespace strata::train {
 namespace {
@@ -162,6 +164,71 @@ TEST(DataParallel, ModelStateMemoryIsTheFormulasUpToPadding) {
     EXPECT_NEAR(used.params, formula.params, slack) << s.name();
     EXPECT_NEAR(used.grads, formula.grads, slack) << s.name();
     EXPECT_NEAR(used.optimizer, formula.optimizer, 2 * slack) << s.name();
+  }
+}
+
+// On Strata's ring the step counts every byte it sends; they must be the formula's, per tier, for every strategy,
+// with accumulation and with part of the model frozen (the backward pass then stops early and gathers less).
+TEST(DataParallel, BytesPerTierAreTheFormulasOnRings) {
+  const int n = world_size();
+  coll::ProcessGroups groups({1, 1, n}, n >= 4 ? 2 : 0);
+  const DataParallelShape shape = data_parallel_shape(groups);
+  const auto data = synthetic_tokens(64, 5);
+  for (const char* trainable : {"all", "last:1"})
+    for (const Strategy& s : runnable_strategies()) {
+      DataParallelConfig c = base_config();
+      c.strategy = s, c.comm_algo = coll::Algo::ring, c.trainable = parse_trainable(trainable);
+      DataParallelTrainer trainer(c, groups, *data);
+      const StepStats stats = trainer.step(1);
+      const coll::Traffic formula = expected_traffic(c.model, c.trainable, s, shape, c.accumulation);
+      EXPECT_DOUBLE_EQ(stats.traffic.intra_bytes, formula.intra_bytes) << s.name() << " " << trainable;
+      EXPECT_DOUBLE_EQ(stats.traffic.inter_bytes, formula.inter_bytes) << s.name() << " " << trainable;
+      if (n > 1) {
+        EXPECT_GT(formula.intra_bytes + formula.inter_bytes, 0) << s.name();
+      }
+    }
+}
+
+// Activations and workspace are what the formulas count; the pool of communication buffers stays within the
+// estimate's bound and is reused (a second step allocates nothing); the timeline and the tier figures agree.
+TEST(DataParallel, MemoryTimelineAndTiersAreConsistent) {
+  const int n = world_size();
+  coll::ProcessGroups groups({1, 1, n}, n >= 4 ? 2 : 0);
+  const DataParallelShape shape = data_parallel_shape(groups);
+  const auto data = synthetic_tokens(64, 5);
+  for (const char* name : {"NNN", "NIG", "GGG", "ING"}) {
+    DataParallelConfig c = base_config();
+    c.strategy = parse_strategy(name), c.record_timeline = true;
+    DataParallelTrainer trainer(c, groups, *data);
+    const MemoryFigures before = memory_current();
+    trainer.step(1);
+    const MemoryFigures after_first = memory_current();
+    const StepStats stats = trainer.step(2);
+    EXPECT_EQ(memory_current()[MemoryCategory::comm_buffers], after_first[MemoryCategory::comm_buffers]) << name;
+    const MemoryUse used = trainer.memory(), estimate = memory_estimate(c, shape);
+    EXPECT_DOUBLE_EQ(used.activations, estimate.activations) << name;
+    EXPECT_DOUBLE_EQ(used.workspace, estimate.workspace) << name;
+    EXPECT_LE(used.comm_buffers, estimate.comm_buffers) << name;
+    EXPECT_EQ(after_first[MemoryCategory::comm_buffers] - before[MemoryCategory::comm_buffers], used.comm_buffers) << name;
+    int forward = 0, comm_events = 0, operations = 0;
+    for (const TimelineEvent& e : stats.timeline) {
+      EXPECT_LE(e.start, e.end) << e.operation;
+      forward += e.operation == "forward";
+      comm_events += e.stream == "comm";
+    }
+    for (const TierComm& tier : stats.comm) {
+      operations += tier.operations;
+      EXPECT_GE(tier.busy_seconds, 0);
+      EXPECT_LE(tier.exposed_seconds, stats.exposed_comm_seconds + 1e-9);
+    }
+    EXPECT_EQ(forward, c.accumulation) << name;
+    EXPECT_EQ(comm_events, operations) << name;
+    if (n > 1) {
+      EXPECT_GT(operations, 0) << name;
+    }
+    const double phases = stats.forward_seconds + stats.backward_seconds + stats.optimizer_seconds +
+                          stats.exposed_comm_seconds + stats.idle_seconds;
+    EXPECT_NEAR(phases, stats.seconds, 1e-6 + 1e-3 * stats.seconds) << name;
   }
 }
 

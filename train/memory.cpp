@@ -1,0 +1,79 @@
+// Process-wide memory counters of the training step (see memory.h).
+#include "train/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace strata::train {
+
+namespace {
+
+constexpr std::size_t kPage = 4096;
+
+// Bytes as atomics: the step allocates from one thread, but a reader (a watchdog, a test) may look at any time.
+struct Counters {
+  std::array<std::atomic<std::size_t>, kMemoryCategories> current{};
+  std::array<std::atomic<std::size_t>, kMemoryCategories> peak{};
+};
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+MemoryFigures read(const std::array<std::atomic<std::size_t>, kMemoryCategories>& values) {
+  MemoryFigures f;
+  for (std::size_t i = 0; i < f.bytes.size(); ++i) f.bytes[i] = static_cast<double>(values[i].load());
+  return f;
+}
+
+}  // namespace
+
+std::string_view name(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::parameters: return "parameters";
+    case MemoryCategory::gradients: return "gradients";
+    case MemoryCategory::optimizer: return "optimizer";
+    case MemoryCategory::activations: return "activations";
+    case MemoryCategory::comm_buffers: return "comm_buffers";
+    case MemoryCategory::workspace: return "workspace";
+  }
+  return "?";
+}
+
+double MemoryFigures::total() const {
+  double sum = 0;
+  for (double b : bytes) sum += b;
+  return sum;
+}
+
+MemoryFigures memory_current() { return read(counters().current); }
+MemoryFigures memory_peak() { return read(counters().peak); }
+void reset_memory_peaks() {
+  for (int i = 0; i < kMemoryCategories; ++i) counters().peak[static_cast<std::size_t>(i)] = counters().current[static_cast<std::size_t>(i)].load();
+}
+
+namespace detail {
+
+void* tracked_allocate(MemoryCategory category, std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const std::size_t rounded = (bytes + kPage - 1) / kPage * kPage;
+  void* memory = std::aligned_alloc(kPage, rounded);
+  if (!memory) throw std::bad_alloc();
+  std::memset(memory, 0, bytes);
+  const auto i = static_cast<std::size_t>(category);
+  const std::size_t now = counters().current[i] += bytes;
+  std::size_t peak = counters().peak[i].load();
+  while (now > peak && !counters().peak[i].compare_exchange_weak(peak, now)) {
+  }
+  return memory;
+}
+
+void tracked_free(MemoryCategory category, void* memory, std::size_t bytes) {
+  std::free(memory);
+  counters().current[static_cast<std::size_t>(category)] -= bytes;
+}
+
+}  // namespace detail
+
+}  // namespace strata::train

@@ -1,0 +1,107 @@
+// The step's expected traffic and memory (see step_formulas.h).
+#include "train/step_formulas.h"
+
+#include <algorithm>
+
+#include "train/gpt.h"
+
+namespace strata::train {
+
+DataParallelShape data_parallel_shape(coll::ProcessGroups& groups) {
+  DataParallelShape s;
+  coll::Group& dp = groups.dp();
+  s.n = dp.size(), s.m = groups.dp_intra().size(), s.g = groups.dp_inter().size();
+  const std::vector<int>& nodes = dp.node_of_rank();
+  if (!nodes.empty() && s.n > 1)
+    s.dp_hop_crosses_nodes = nodes[static_cast<std::size_t>(dp.rank())] != nodes[static_cast<std::size_t>((dp.rank() + 1) % s.n)];
+  return s;
+}
+
+namespace {
+
+// Bytes one rank sends in a ring collective over k ranks of a buffer of `bytes`.
+double ring_bytes(int k, double bytes, bool allreduce) {
+  return (allreduce ? 2.0 : 1.0) * (k - 1) / k * bytes;
+}
+
+std::size_t padded(std::size_t size, int n) {
+  return (size + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+}
+
+}  // namespace
+
+coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& trainable, const Strategy& s,
+                               const DataParallelShape& shape, int accumulation) {
+  const int n = shape.n, m = shape.m, g = shape.g;
+  coll::Traffic t;
+  // One collective on a group: intra, inter, or global (ordered by piece: every hop crosses nodes when g > 1),
+  // or the data-parallel ring in rank order.
+  enum class On { intra, inter, global, dp };
+  auto add = [&](On on, double bytes, bool allreduce, double times = 1) {
+    const int k = on == On::intra ? m : on == On::inter ? g : n;
+    const bool crosses = on == On::inter || (on == On::global && g > 1) || (on == On::dp && shape.dp_hop_crosses_nodes);
+    (crosses ? t.inter_bytes : t.intra_bytes) += times * ring_bytes(k, bytes, allreduce);
+  };
+  auto on = [](Sharding sharding) { return sharding == Sharding::intra ? On::intra : On::global; };
+
+  const std::vector<Slice> units = ParameterLayout(model).units();
+  const std::vector<bool> trains = trainable_units(model, trainable);
+  std::size_t lowest = units.size();
+  for (std::size_t u = units.size(); u-- > 0;)
+    if (trains[u]) lowest = u;
+  const std::size_t L = static_cast<std::size_t>(model.layers);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const double unit = 4.0 * static_cast<double>(padded(units[u].size, n)), piece_i = unit / m;
+    if (s.params != Sharding::none) {
+      const bool backward_gathers = u >= 1 && u <= L && lowest < units.size() && u >= lowest;
+      add(on(s.params), unit, false, accumulation * (backward_gathers ? 2 : 1));
+    }
+    if (!trains[u]) continue;
+    if (s.grads != Sharding::none) add(on(s.grads), unit, false, accumulation);
+    if (s.grads == Sharding::none && s.optimizer == Sharding::none) {
+      add(On::dp, unit, true);
+    } else if (s.grads != Sharding::global) {
+      if (s.grads == Sharding::none) add(On::intra, unit, false);
+      add(On::inter, piece_i, s.optimizer == Sharding::intra);
+    }
+    if (s.params != s.optimizer) {
+      if (s.params == Sharding::intra) add(On::inter, piece_i, false);
+      else add(on(s.optimizer), unit, false);
+    }
+  }
+  return t;
+}
+
+double activation_bytes(const ModelConfig& model, int micro_batch, int seq) {
+  const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, Q = model.qkv_channels(),
+               KV = static_cast<double>(model.kv_heads) * model.head_dim(), F = model.mlp(), a = model.heads;
+  return 4 * N * (model.layers * (9 * C + Q + 2 * KV + 2 * F + a + 4) + 2 * C + model.vocab + 6);
+}
+
+double workspace_bytes(const ModelConfig& model, int micro_batch, int seq) {
+  const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, Q = model.qkv_channels(),
+               KV = static_cast<double>(model.kv_heads) * model.head_dim(), F = model.mlp();
+  return 4 * N * (6 * C + Q + 2 * KV + 2 * F) + 8 * C;
+}
+
+MemoryUse memory_estimate(const DataParallelConfig& c, const DataParallelShape& shape) {
+  const std::vector<Slice> units = ParameterLayout(c.model).units();
+  const std::vector<bool> trains = trainable_units(c.model, c.trainable);
+  double trainable = 0, largest = 0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    if (trains[u]) trainable += static_cast<double>(units[u].size);
+    largest = std::max(largest, 4.0 * static_cast<double>(padded(units[u].size, shape.n)));
+  }
+  const ModelStateMemory states = model_state_memory(c.strategy, static_cast<double>(c.model.parameters()), trainable,
+                                                     shape.m, shape.n, kFp32States);
+  MemoryUse use;
+  use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
+  use.activations = activation_bytes(c.model, c.micro_batch, c.seq);
+  use.workspace = workspace_bytes(c.model, c.micro_batch, c.seq);
+  if (c.strategy.params != Sharding::none) use.comm_buffers += 4 * largest;
+  if (c.strategy.grads != Sharding::none) use.comm_buffers += 3 * largest;
+  if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) use.comm_buffers += 4 * trainable / shape.m;
+  return use;
+}
+
+}  // namespace strata::train
