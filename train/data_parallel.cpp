@@ -486,13 +486,13 @@ struct DataParallelTrainer::Impl {
   }
 
   // ---- the step -----------------------------------------------------------------------------------------
-  StepStats step(int64_t step_index) {
+  StepStats step(int64_t step_index, bool record_timeline) {
     StepStats stats;
     const double step_start = now();
     exposed = 0;
     traffic = {};
     comm = {};
-    timeline = c.record_timeline ? &stats.timeline : nullptr;
+    timeline = record_timeline ? &stats.timeline : nullptr;
     // Time of a compute phase without the waits inside it, and its interval on the timeline.
     auto compute_phase = [&](const char* what, double& seconds, const auto& body) {
       const double exposed_before = exposed, start = now();
@@ -623,9 +623,9 @@ DataParallelTrainer::DataParallelTrainer(const DataParallelConfig& config, coll:
 
 DataParallelTrainer::~DataParallelTrainer() = default;
 
-StepStats DataParallelTrainer::step(int64_t step) {
+StepStats DataParallelTrainer::step(int64_t step, bool record_timeline) {
   if (step < 1) throw std::invalid_argument("steps count from 1");
-  return impl_->step(step);
+  return impl_->step(step, record_timeline || impl_->c.record_timeline);
 }
 
 std::vector<float> DataParallelTrainer::full_parameters() { return impl_->full_parameters(); }

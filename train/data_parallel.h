@@ -127,8 +127,9 @@ class DataParallelTrainer {
   DataParallelTrainer(const DataParallelTrainer&) = delete;
   DataParallelTrainer& operator=(const DataParallelTrainer&) = delete;
 
-  // One optimizer step (step >= 1). Collective over the data-parallel group.
-  StepStats step(int64_t step);
+  // One optimizer step (step >= 1). Collective over the data-parallel group. The timeline is recorded when
+  // asked here or by the configuration.
+  StepStats step(int64_t step, bool record_timeline = false);
   // Every parameter, on every rank (collective): for checks against the single-rank step.
   std::vector<float> full_parameters();
   MemoryUse memory() const;
