@@ -99,7 +99,7 @@ MemoryUse memory_estimate(const DataParallelConfig& c, const DataParallelShape& 
   use.activations = activation_bytes(c.model, c.micro_batch, c.seq);
   use.workspace = workspace_bytes(c.model, c.micro_batch, c.seq);
   if (c.strategy.params != Sharding::none) use.comm_buffers += 4 * largest;
-  if (c.strategy.grads != Sharding::none) use.comm_buffers += 3 * largest;
+  if (c.strategy.grads != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) use.comm_buffers += 4 * trainable / shape.m;
   return use;
 }

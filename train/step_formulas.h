@@ -47,9 +47,11 @@ double activation_bytes(const ModelConfig& model, int micro_batch, int seq);
 double workspace_bytes(const ModelConfig& model, int micro_batch, int seq);
 
 // What a rank is expected to hold, per category, before anything is allocated. Model states follow
-// model_state_memory (fp32: 4, 4, 8 bytes); communication buffers are a bound: four units when parameters
-// are gathered (this one, the next, the embeddings and the final norm), three when gradients are reduced per
-// micro-batch, and Ψ'/m when an unsharded gradient is first reduce-scattered inside the node.
+// model_state_memory (fp32: 4, 4, 8 bytes); activations and workspace the formulas above; communication
+// buffers are a bound, in units of the largest padded unit: four when parameters are gathered (this unit, the
+// next, the embeddings and the final norm), four more when gradients are reduced per micro-batch (the unit
+// being written, those still being reduced, their reduction targets), and Ψ'/m when an unsharded gradient is
+// first reduce-scattered inside the node.
 MemoryUse memory_estimate(const DataParallelConfig& config, const DataParallelShape& shape);
 
 }  // namespace strata::train
