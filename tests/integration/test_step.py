@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import strata_results as sr
-from conftest import digest, mpirun, program
+from conftest import SCRIPTS, digest, mpirun, program
 
 TINY = ["--model", "tiny", "--seq", "32", "--micro-batch", "2", "--accumulation", "2", "-q"]
 STRATEGIES = ["NNN", "NNI", "NIG", "IIG", "ING", "GGG"]
@@ -162,3 +164,15 @@ def test_a_token_beyond_the_vocabulary_is_named(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "300" in result.stderr and "vocab" in result.stderr
     assert not os.path.exists(tmp_path / "x.h5")
+
+
+def test_report_draws_the_step_section(four_ranks, tmp_path):
+    path, _, _ = four_ranks
+    result = subprocess.run([sys.executable, os.path.join(SCRIPTS, "strata-report"), path, "--out", str(tmp_path), "--quiet"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    report = (tmp_path / "report.md").read_text()
+    assert "## Training step (strata-step)" in report
+    for name in ("step_phases.png", "step_memory.png", "step_bytes.png", "step_timeline.png"):
+        assert (tmp_path / name).stat().st_size > 10_000, name
+        assert f"]({name})" in report
