@@ -6,6 +6,8 @@
                              [--multi-node-hosts h1,h2]
   check_results.py volume FILE --tx BYTES --rx BYTES      veth counters grew by at least the bytes the
                                                           two-node allreduce cases must have moved
+  check_results.py step-volume FILE --tx BYTES --rx BYTES the link carried what strata-step's ring collectives
+                                                          counted across nodes (and not far more)
   check_results.py merged OUT IN...                       every run of every IN is in OUT, unchanged
 
 Prints one line saying what was found; exit status 0 when every check holds, 1 otherwise.
@@ -118,6 +120,34 @@ def check_volume(args) -> list[str]:
     return problems
 
 
+def check_step_volume(args) -> list[str]:
+    """strata-step on Strata's ring counts the bytes each rank sends across nodes per step (the `sent_inter`
+    metric, equal to the formula); every step sends the same, so the job moved that times the steps it ran
+    (warm-up included) over the link. Other traffic (start-up, the results gathered to rank 0, headers) may
+    add to it, within a bound."""
+    problems, total = [], 0.0
+    for run_id in sr.run_ids(args.file):
+        steps_untimed = int(sr.config(args.file, run_id).get("warmup", 0))
+        summary = sr.read_run_table(args.file, run_id, "summary")
+        cases = sr.read_run_table(args.file, run_id, "cases")
+        for row in cases.merge(summary, on="case").itertuples():
+            if abs(row.sent_inter - row.sent_inter_formula) > 1e-9 * max(1.0, row.sent_inter_formula):
+                problems.append(f"{row.strategy}: sent_inter {row.sent_inter:.0f} B per rank, formula {row.sent_inter_formula:.0f}")
+        metrics = sr.read_run_table(args.file, run_id, "metrics", where={"metric": "sent_inter"})
+        for (case, rank), group in metrics.groupby(["case", "rank"]):
+            total += float(group["value"].sum()) + steps_untimed * float(group["value"].iloc[0])
+    moved = args.tx + args.rx
+    print(f"{os.path.basename(args.file)}: the steps' ring collectives sent {total / 1e6:.2f} MB across nodes; "
+          f"veth counters grew by tx {args.tx / 1e6:.2f} MB + rx {args.rx / 1e6:.2f} MB")
+    if total <= 0:
+        problems.append("no bytes across nodes recorded")
+    if moved < total:
+        problems.append(f"the link carried {moved} B < {total:.0f} B")
+    if moved > 1.5 * total + 16e6:
+        problems.append(f"the link carried {moved} B, far above the steps' {total:.0f} B")
+    return problems
+
+
 def check_merged(args) -> list[str]:
     problems, count = [], 0
     with h5py.File(args.out, "r") as out:
@@ -146,12 +176,17 @@ def main() -> int:
     volume.add_argument("file")
     volume.add_argument("--tx", type=int, required=True)
     volume.add_argument("--rx", type=int, required=True)
+    step_volume = sub.add_parser("step-volume")
+    step_volume.add_argument("file")
+    step_volume.add_argument("--tx", type=int, required=True)
+    step_volume.add_argument("--rx", type=int, required=True)
     merged = sub.add_parser("merged")
     merged.add_argument("out")
     merged.add_argument("inputs", nargs="+")
     args = parser.parse_args()
     try:
-        problems = {"runs": check_runs, "volume": check_volume, "merged": check_merged}[args.command](args)
+        problems = {"runs": check_runs, "volume": check_volume, "step-volume": check_step_volume,
+                    "merged": check_merged}[args.command](args)
     except (OSError, KeyError, sr.StrataFileError) as error:
         problems = [f"cannot read the results: {error}"]
     for problem in problems:

@@ -12,7 +12,7 @@ set -euo pipefail
 TEST_NAME=two-node
 source "$(dirname "$0")/lib.sh"
 
-CHECKS=(two-node-slurm two-node-srun two-node-sweep two-node-sweep-traffic)
+CHECKS=(two-node-slurm two-node-srun two-node-sweep two-node-sweep-traffic two-node-step two-node-step-traffic)
 reason=$(missing_prerequisites)
 [ -n "$reason" ] || reason=$(netns_prerequisites)
 [ -z "$reason" ] || skip_all "$reason" "${CHECKS[@]}" two-node-cleanup
@@ -105,5 +105,41 @@ else
   else
     report FAIL two-node-sweep "sbatch --parsable refused collective-sweep.sbatch"
     report SKIP two-node-sweep-traffic "the sweep was not submitted"
+  fi
+fi
+
+# ---- (c) the training-step sweep: strategies across the two nodes, bytes on the link against the formula ----
+if [ ! -x "$BUILD/strata-step" ]; then
+  report SKIP two-node-step "$BUILD/strata-step is not built"
+  report SKIP two-node-step-traffic "$BUILD/strata-step is not built"
+else
+  read -r tx0 rx0 < <(veth_bytes)
+  if id=$(STRATA_RANKS_PER_NODE=2 STRATA_STRATEGIES=NNN,NIG,ING,GGG STRATA_ITERS=3 STRATA_WARMUP=1 \
+          STRATA_STEP_ARGS="--model tiny --seq 32 --micro-batch 2 --accumulation 2 --comm-algo ring -q" \
+          submit --time=5 --nodes=2 "$REPO/scripts/slurm/step.sbatch"); then
+    file=results/step-$id.h5
+    if ! wait_job "$id" "$JOB_LIMIT"; then
+      report FAIL two-node-step "job $id did not finish in the time allowed; cancelled"
+      report SKIP two-node-step-traffic "the step sweep did not finish"
+    elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
+      report FAIL two-node-step "job $id ended as: $states; $(tail_of "strata-step-$id.out")"
+      report SKIP two-node-step-traffic "the step sweep failed"
+    else
+      read -r tx1 rx1 < <(veth_bytes)
+      if out=$($CHECK runs "$file" --runs 1 --benchmarks strata-step --job-id "$id" --launcher srun --n-nodes 2 \
+                 --n-ranks 4 --hosts strata-a,strata-b 2>&1); then
+        report PASS two-node-step "job $id: $out"
+      else
+        report FAIL two-node-step "job $id: $out"
+      fi
+      if out=$($CHECK step-volume "$file" --tx $((tx1 - tx0)) --rx $((rx1 - rx0)) 2>&1); then
+        report PASS two-node-step-traffic "$out"
+      else
+        report FAIL two-node-step-traffic "$out"
+      fi
+    fi
+  else
+    report FAIL two-node-step "sbatch --parsable refused step.sbatch"
+    report SKIP two-node-step-traffic "the step sweep was not submitted"
   fi
 fi

@@ -21,7 +21,8 @@ CHECKS = {
     "single-node": ["single-node-slurm", "single-node-suite", "single-node-suite-array", "single-node-sweep",
                     "single-node-sweep-array", "single-node-multi-gpu", "single-node-multi-gpu-launch",
                     "single-node-cleanup"],
-    "two-node": ["two-node-slurm", "two-node-srun", "two-node-sweep", "two-node-sweep-traffic", "two-node-cleanup"],
+    "two-node": ["two-node-slurm", "two-node-srun", "two-node-sweep", "two-node-sweep-traffic", "two-node-step",
+                 "two-node-step-traffic", "two-node-cleanup"],
     "two-host-mpirun": ["two-host-mpirun", "two-host-mpirun-traffic", "two-host-mpirun-cleanup"],
 }
 LIMIT = 420  # seconds per script; each bounds its jobs to 300 s in all (STRATA_CLUSTER_TIME_LIMIT)
