@@ -53,6 +53,9 @@ bench: build
 	$(BUILD)/strata-bench-attention || missed=1; \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
 	  $(BUILD)/strata-bench-attention || missed=1; \
+	$(BUILD)/strata-bench-step || missed=1; \
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
+	  $(BUILD)/strata-bench-step || missed=1; \
 	exit $$missed
 
 micro: build

@@ -1,0 +1,274 @@
+// Benchmark: the training step against its own parts, measured side by side in one run.
+//
+// 1. One rank, a GPT-2-124M-shaped model at a CPU-sized batch: the step (forward, backward, AdamW through the
+//    data-parallel trainer at one rank) against the sum of the same kernels timed alone on buffers of the
+//    same shapes: every linear GEMM (forward, input and weight gradients), attention forward and backward,
+//    layer norms, GELU, residuals, the LM head and its loss, the embeddings, AdamW. The step adds only glue
+//    (head permutes, zeroing, hooks). Target: step <= 1.3x the sum.
+// 2. The same world at every rank (run under mpirun -np 2): DP (ZeRO-0) against ZeRO-1, 2, 3 and the PaRO
+//    strategy NIG at the same global batch, Strata's ring: step-time ratios to DP, the fraction of the step
+//    spent waiting for communication, and the ring formula's bytes per rank beside them. No target: the figures
+//    say what sharding costs here.
+// Rounds interleave the step and the kernels (part 1) and the strategies (part 2); medians are quoted.
+//
+//   strata-bench-step [--model NAME] [--seq N] [--micro-batch N] [--rounds N] [--smoke]
+// Exits 3 when part 1 misses its target; --smoke runs the tiny model for the test suite, not judged.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/check.h"
+#include "bench/cli.h"
+#include "collectives/mpi_error.h"
+#include "collectives/process_group.h"
+#include "kernels/attention.h"
+#include "kernels/layers.h"
+#include "kernels/linear.h"
+#include "train/data.h"
+#include "train/data_parallel.h"
+#include "train/step_formulas.h"
+
+namespace {
+
+using namespace strata;
+using namespace strata::train;
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float scale = 0.02f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// The kernels of one training step of `model` on `rows` = B T tokens, each a call on buffers of its shapes,
+// in the order and count the model makes them.
+struct StepKernels {
+  std::vector<std::pair<std::string, std::function<void()>>> calls;
+  std::vector<std::vector<float>> buffers;
+  std::vector<int32_t> tokens;
+
+  float* buffer(std::size_t n, std::mt19937& rng) {
+    buffers.push_back(random_floats(n, rng));
+    return buffers.back().data();
+  }
+
+  StepKernels(const ModelConfig& m, int batch, int seq, cpu_gemm::Backend library) {
+    std::mt19937 rng(7);
+    const std::size_t B = static_cast<std::size_t>(batch), T = static_cast<std::size_t>(seq), N = B * T;
+    const std::size_t C = static_cast<std::size_t>(m.hidden), Q = static_cast<std::size_t>(m.qkv_channels()),
+                      F = static_cast<std::size_t>(m.mlp()), V = static_cast<std::size_t>(m.vocab);
+    const layers::CpuOptions cpu{};
+    const attention::Shape shape{batch, m.heads, m.kv_heads, seq, seq, m.head_dim(), true};
+    float* x = buffer(N * std::max(F, Q), rng);
+    float* y = buffer(N * std::max({F, Q, V}), rng);
+    float* dx = buffer(N * std::max(F, Q), rng);
+    float* dy = buffer(N * std::max({F, Q, V}), rng);
+    float* w = buffer(std::max({F * C, Q * C, V * C}), rng);
+    float* dw = buffer(std::max({F * C, Q * C, V * C}), rng);
+    float* bias = buffer(std::max({F, Q, C}), rng);
+    float* dbias = buffer(std::max({F, Q, C}), rng);
+    float* stats = buffer(4 * N, rng);  // layer norm: mean, rstd; loss: losses and 3N row statistics
+    float* q = buffer(attention::q_elements(shape), rng);
+    float* k = buffer(attention::kv_elements(shape), rng);
+    float* v = buffer(attention::kv_elements(shape), rng);
+    float* o = buffer(attention::q_elements(shape), rng);
+    float* lse = buffer(attention::lse_elements(shape), rng);
+    float* d_o = buffer(attention::q_elements(shape), rng);
+    float* dq = buffer(attention::q_elements(shape), rng);
+    float* dk = buffer(attention::kv_elements(shape), rng);
+    float* dv = buffer(attention::kv_elements(shape), rng);
+    float* wpe = buffer(static_cast<std::size_t>(m.max_seq) * C, rng);
+    tokens.resize(N);
+    for (std::size_t i = 0; i < N; ++i) tokens[i] = static_cast<int32_t>(rng() % V);
+    // The loss's inputs are logits of a trained-looking scale, so the softmax does real work.
+    attention::flash_forward(shape, q, k, v, o, lse, {});  // lse of these q, k for the backward calls
+    auto linear_calls = [&](const char* name, std::size_t in, std::size_t out) {
+      const linear::Dims d{static_cast<int64_t>(N), static_cast<int64_t>(in), static_cast<int64_t>(out)};
+      calls.emplace_back(std::string(name) + " fwd", [=] { linear::forward(library, d, y, x, w, bias); });
+      calls.emplace_back(std::string(name) + " dx", [=] { linear::backward_input(library, d, dx, dy, w, false); });
+      calls.emplace_back(std::string(name) + " dw", [=] { linear::backward_weight(library, d, dw, dbias, dy, x, true); });
+    };
+    calls.emplace_back("embedding fwd", [=, this] { layers::embedding_forward(y, tokens.data(), w, wpe, B, T, C, V, cpu); });
+    for (int l = 0; l < m.layers; ++l) {
+      for (int norm = 0; norm < 2; ++norm) {
+        calls.emplace_back("layernorm fwd", [=] { layers::layernorm_forward(y, stats, stats + N, x, bias, dbias, N, C, cpu); });
+        calls.emplace_back("layernorm bwd", [=] { layers::layernorm_backward(dx, dw, dbias, dy, x, bias, stats, stats + N, N, C, cpu); });
+        calls.emplace_back("residual fwd", [=] { layers::residual_forward(y, x, dx, N * C, cpu); });
+        calls.emplace_back("residual bwd", [=] { layers::accumulate(dx, dy, N * C, cpu); });
+      }
+      linear_calls("qkv", C, Q);
+      calls.emplace_back("attention fwd", [=] { attention::flash_forward(shape, q, k, v, o, lse, {}); });
+      calls.emplace_back("attention bwd", [=] { attention::flash_backward(shape, q, k, v, o, d_o, lse, dq, dk, dv, {}); });
+      linear_calls("attn_proj", C, C);
+      linear_calls("fc", C, F);
+      calls.emplace_back("gelu fwd", [=] { layers::gelu_forward(y, x, N * F, cpu); });
+      calls.emplace_back("gelu bwd", [=] { layers::gelu_backward(dx, x, dy, N * F, cpu); });
+      linear_calls("fc_proj", F, C);
+    }
+    calls.emplace_back("layernorm fwd", [=] { layers::layernorm_forward(y, stats, stats + N, x, bias, dbias, N, C, cpu); });
+    calls.emplace_back("layernorm bwd", [=] { layers::layernorm_backward(dx, dw, dbias, dy, x, bias, stats, stats + N, N, C, cpu); });
+    {
+      const linear::Dims d{static_cast<int64_t>(N), static_cast<int64_t>(C), static_cast<int64_t>(V)};
+      calls.emplace_back("lm_head fwd", [=] { linear::forward(library, d, y, x, w, nullptr); });
+      calls.emplace_back("cross_entropy", [=, this] {
+        layers::softmax_cross_entropy(stats, dy, stats + N, y, tokens.data(), static_cast<float>(N), layers::whole_vocab(N, V), cpu);
+      });
+      calls.emplace_back("lm_head dx", [=] { linear::backward_input(library, d, dx, dy, w, false); });
+      calls.emplace_back("lm_head dw", [=] { linear::backward_weight(library, d, dw, nullptr, dy, x, true); });
+    }
+    calls.emplace_back("embedding bwd", [=, this] { layers::embedding_backward(dw, wpe, dy, tokens.data(), B, T, C, cpu); });
+    const std::size_t psi = static_cast<std::size_t>(m.parameters());
+    float* params = buffer(psi, rng);
+    float* grads = buffer(psi, rng);
+    float* adam_m = buffer(psi, rng);
+    float* adam_v = buffer(psi, rng);
+    for (std::size_t i = 0; i < psi; ++i) adam_v[i] = adam_v[i] * adam_v[i];
+    calls.emplace_back("adamw", [=] {
+      layers::AdamWConfig adamw;
+      adamw.weight_decay = 0.1f;
+      layers::adamw_update(params, grads, adam_m, adam_v, psi, adamw, 1, 1.0f, {});
+    });
+  }
+
+  double run_all() {
+    double total = 0;
+    for (auto& [name, call] : calls) {
+      const double start = now();
+      call();
+      total += now() - start;
+    }
+    return total;
+  }
+};
+
+struct Settings {
+  std::string model = "gpt2-124m";
+  int seq = 128, micro_batch = 2, rounds = 5;
+  bool smoke = false;
+};
+
+int run(int argc, char** argv) {
+  Settings s;
+  Cli cli("strata-bench-step", "The training step against its kernels timed alone; DP against ZeRO and PaRO.");
+  cli.option("model", 'm', "model preset", s.model);
+  cli.option("seq", 's', "sequence length", s.seq, 1);
+  cli.option("micro-batch", 'b', "rows per rank", s.micro_batch, 1);
+  cli.option("rounds", 'r', "interleaved rounds (medians are quoted)", s.rounds, 1);
+  cli.flag("smoke", 0, "the tiny model for the test suite: checks and table, targets not judged", s.smoke);
+  if (!cli.parse(argc, argv)) return 0;
+  if (s.smoke) s.model = "tiny", s.seq = 32, s.rounds = 2;
+  int rank = 0, world = 1;
+  STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  const ModelConfig model = preset(s.model);
+  const cpu_gemm::Backend library = cpu_gemm::available(cpu_gemm::Backend::onednn) ? cpu_gemm::Backend::onednn
+                                                                                    : cpu_gemm::Backend::openblas;
+  const int group_size = world >= 4 ? 2 : 0;
+  coll::ProcessGroups groups({1, 1, world}, group_size);
+  const auto data = synthetic_tokens(model.vocab, 1);
+  DataParallelConfig base;
+  base.model = model, base.micro_batch = s.micro_batch, base.seq = s.seq, base.runtime.library = library;
+  base.comm_algo = coll::Algo::ring;
+
+  if (world == 1) {  // ---- 1: the step against its kernels timed alone ----
+    DataParallelTrainer trainer(base, groups, *data);
+    StepKernels kernels(model, s.micro_batch, s.seq, library);
+    std::printf("# strata-bench-step (1 rank): %s, micro-batch %d x seq %d, %s GEMMs, one thread; %d rounds, step and "
+                "kernels interleaved, medians\n", model.name.c_str(), s.micro_batch, s.seq, cpu_gemm::name(library).c_str(),
+                s.rounds);
+    std::fflush(stdout);
+    trainer.step(1);
+    kernels.run_all();  // warm-up of both
+    std::vector<double> steps, sums;
+    for (int r = 0; r < s.rounds; ++r) {
+      const double start = now();
+      trainer.step(r + 2);
+      steps.push_back(now() - start);
+      sums.push_back(kernels.run_all());
+    }
+    const double ratio = median(steps) / median(sums);
+    const double target = 1.3;
+    std::printf("  step %.1f ms, its %zu kernels alone %.1f ms: step / sum %.3f  <= %.2f %s\n", median(steps) * 1e3,
+                kernels.calls.size(), median(sums) * 1e3, ratio, target,
+                s.smoke ? "(smoke: not judged)" : ratio <= target ? "PASS" : "MISS");
+    return !s.smoke && ratio > target ? 3 : 0;
+  }
+
+  // ---- 2: DP against ZeRO-1/2/3 and NIG at the same global batch ----
+  const char* names[] = {"NNN", "NNG", "NGG", "GGG", "NIG"};
+  std::vector<std::unique_ptr<DataParallelTrainer>> trainers;
+  for (const char* name : names) {
+    DataParallelConfig c = base;
+    c.strategy = parse_strategy(name);
+    trainers.push_back(std::make_unique<DataParallelTrainer>(c, groups, *data));
+  }
+  const DataParallelShape shape = data_parallel_shape(groups);
+  if (rank == 0) {
+    std::printf("# strata-bench-step (%d ranks as %d group(s) of %d): %s, micro-batch %d x seq %d per rank, Strata's ring; "
+                "%d rounds, strategies interleaved; step: median of the per-step max over ranks\n",
+                world, shape.g, shape.m, model.name.c_str(), s.micro_batch, s.seq, s.rounds);
+    std::printf("# %-4s %10s %8s %9s %14s %14s %14s %14s\n", "", "step(ms)", "vs DP", "exposed", "sent intra", "formula",
+                "sent inter", "formula");
+    std::fflush(stdout);
+  }
+  std::vector<std::vector<double>> steps(trainers.size()), exposed(trainers.size());
+  std::vector<coll::Traffic> sent(trainers.size());
+  for (auto& t : trainers) t->step(1);
+  for (int r = 0; r < s.rounds; ++r)
+    for (std::size_t i = 0; i < trainers.size(); ++i) {
+      STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+      const double start = now();
+      const StepStats stats = trainers[i]->step(r + 2);
+      double took = now() - start, slowest = 0;
+      STRATA_MPI_CHECK(MPI_Allreduce(&took, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+      steps[i].push_back(slowest);
+      exposed[i].push_back(stats.exposed_comm_seconds);
+      sent[i] = stats.traffic;
+    }
+  int wrong = 0;  // the ring counts what the formula says, or the figures beside it mean nothing
+  for (std::size_t i = 0; i < trainers.size(); ++i) {
+    const coll::Traffic formula = expected_traffic(model, {}, parse_strategy(names[i]), shape, 1);
+    wrong += sent[i].intra_bytes != formula.intra_bytes || sent[i].inter_bytes != formula.inter_bytes;
+    const double step = median(steps[i]), dp = median(steps[0]);
+    if (rank == 0)
+      std::printf("  %-4s %10.1f %8.3f %8.1f%% %12.2f MB %12.2f MB %12.2f MB %12.2f MB\n", names[i], step * 1e3, step / dp,
+                  100 * median(exposed[i]) / step, sent[i].intra_bytes / 1e6, formula.intra_bytes / 1e6,
+                  sent[i].inter_bytes / 1e6, formula.inter_bytes / 1e6);
+  }
+  if (rank == 0) std::printf("# exposed: rank 0's median wait for collectives over the step; sent: rank 0, bytes per step\n");
+  if (wrong) {
+    std::fprintf(stderr, "strata-bench-step: rank %d: %d strategies sent other bytes than the formula\n", rank, wrong);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int code = 0;
+  try {
+    code = run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata-bench-step: error: %s\n", e.what());
+    code = 1;
+  }
+  MPI_Finalize();
+  return code;
+}
