@@ -9,14 +9,16 @@
 #include <memory>
 #include <stdexcept>
 
+#include "bench/axes.h"
 #include "bench/harness.h"
 #include "kernels/attention.h"
 #include "kernels/gemm_check.h"
 #ifdef STRATA_HAVE_CUDA
+#include "bench/attention_cases.h"
 #include "bench/timer_cuda.h"
 #include "kernels/attention_cuda.h"
-#include "kernels/gemm_cuda.h"
 #include "kernels/cuda_info.h"
+#include "kernels/gemm_cuda.h"
 #endif
 
 namespace {
@@ -54,7 +56,18 @@ std::vector<int> int_list(const std::string& text, const char* what) {
   return out;
 }
 
-std::vector<Case> plan_cases(const Options& o) {
+// The case of one point of the axes.
+Case case_of(const AxisPoint& p) {
+  const Shape shape{static_cast<int>(p.integer("batch")), static_cast<int>(p.integer("heads_q")),
+                    static_cast<int>(p.integer("heads_kv")), static_cast<int>(p.integer("seq_q")),
+                    static_cast<int>(p.integer("seq_kv")), static_cast<int>(p.integer("head_dim")),
+                    p.integer("causal") != 0};
+  return {shape, p.text("impl"), p.text("pass"), p.text("dtype")};
+}
+
+// The cases: the product of the axes, the head dimension turning slowest and the dtype fastest. The key/value
+// sequence lengths are an axis of their own when --seq-kv is given, and otherwise step with --seq.
+Axes plan_cases(const Options& o) {
   const bool cpu = o.backend == "cpu";
   for (const auto& d : split(o.dtype, ','))
     if (cpu ? d != "fp32" : (d != "fp16" && d != "bf16"))
@@ -63,35 +76,46 @@ std::vector<Case> plan_cases(const Options& o) {
   std::vector<int> seqs = int_list(o.seq, "--seq");
   std::vector<int> seqs_kv = o.seq_kv.empty() ? std::vector<int>{} : int_list(o.seq_kv, "--seq-kv");
   std::vector<int> dims = int_list(o.dims, "--dim");
-  std::vector<bool> causal;
-  if (o.causal != "yes") causal.push_back(false);
-  if (o.causal != "no") causal.push_back(true);
+  std::vector<int64_t> causal;
+  if (o.causal != "yes") causal.push_back(0);
+  if (o.causal != "no") causal.push_back(1);
   std::vector<std::string> impls = split(o.impls, ','), passes = split(o.passes, ',');
   for (const auto& i : impls)
     if (cpu ? (i != "flash" && i != "naive") : (i != "flash" && i != "unfused"))
       throw UsageError("unknown implementation '" + i + "' (" + (cpu ? "cpu: flash, naive" : "cuda: flash, unfused") + ")");
   for (const auto& p : passes)
     if (p != "fwd" && p != "bwd" && p != "fwdbwd") throw UsageError("unknown pass '" + p + "' (fwd, bwd, fwdbwd)");
-  std::vector<Case> cases;
-  for (int d : dims)
-    for (size_t si = 0; si < seqs.size(); ++si)
-      for (int skv : seqs_kv.empty() ? std::vector<int>{seqs[si]} : seqs_kv)
-        for (bool c : causal)
-          for (const auto& pass : passes)
-            for (const auto& impl : impls)
-              for (const auto& dtype : split(o.dtype, ',')) {
-                Shape s{o.batch, o.heads, o.kv_heads ? o.kv_heads : o.heads, seqs[si], skv, d, c};
-                if (std::string problem = attention::validate(s); !problem.empty()) throw UsageError(problem);
+
+  const int kv_heads = o.kv_heads ? o.kv_heads : o.heads;
+  Axes axes;
+  axes.add("backend", std::vector<std::string>{o.backend})
+      .add("batch", std::vector<int64_t>{o.batch})
+      .add("heads_q", std::vector<int64_t>{o.heads})
+      .add("heads_kv", std::vector<int64_t>{kv_heads})
+      .add("threads", std::vector<int64_t>{o.threads})
+      .add("head_dim", std::vector<int64_t>(dims.begin(), dims.end()));
+  if (seqs_kv.empty()) {
+    std::vector<std::vector<AxisValue>> pairs;
+    for (int q : seqs) pairs.push_back({int64_t{q}, int64_t{q}});
+    axes.add_zipped({{"seq_q", "1"}, {"seq_kv", "1"}}, pairs);
+  } else {
+    axes.add("seq_q", std::vector<int64_t>(seqs.begin(), seqs.end()))
+        .add("seq_kv", std::vector<int64_t>(seqs_kv.begin(), seqs_kv.end()));
+  }
+  axes.add("causal", causal).add("pass", passes).add("impl", impls).add("dtype", split(o.dtype, ','));
+
+  for (const AxisPoint& point : axes.product()) {
+    const Case c = case_of(point);
+    if (std::string problem = attention::validate(c.shape); !problem.empty()) throw UsageError(problem);
 #ifdef STRATA_HAVE_CUDA
-                if (!cpu) {
-                  std::string problem = attention::gpu::validate(s, *attention::gpu::parse_dtype(dtype),
-                                                                 *attention::gpu::parse_impl(impl));
-                  if (!problem.empty()) throw UsageError(problem);
-                }
+    if (!cpu) {
+      std::string problem = attention::gpu::validate(c.shape, *attention::gpu::parse_dtype(c.dtype),
+                                                     *attention::gpu::parse_impl(c.impl));
+      if (!problem.empty()) throw UsageError(problem);
+    }
 #endif
-                cases.push_back({s, impl, pass, dtype});
-              }
-  return cases;
+  }
+  return axes;
 }
 
 // One case's tensors, filled with random values (never zeros) and outputs poisoned before the check.
@@ -263,7 +287,8 @@ int run_attention(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
   if (o.impls.empty()) o.impls = o.backend == "cpu" ? "flash,naive" : "flash,unfused";
   if (o.dtype.empty()) o.dtype = o.backend == "cpu" ? "fp32" : "bf16";
-  std::vector<Case> cases = plan_cases(o);
+  const Axes axes = plan_cases(o);
+  const std::vector<AxisPoint> points = axes.product();
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe: the kernels hold BLAS to one "
                      "thread per kernel thread");
@@ -284,14 +309,9 @@ int run_attention(int argc, char** argv) {
 #endif
   }
   Run run("strata-attention", argc, argv, h, cli.resolved_json(), device);
-  run.set_case_count(static_cast<int>(cases.size()));
+  run.set_case_count(static_cast<int>(points.size()));
+  axes.declare_columns(run.cases());
   run.cases()
-      .add_column("backend", ColumnKind::string, "").add_column("impl", ColumnKind::string, "")
-      .add_column("pass", ColumnKind::string, "").add_column("dtype", ColumnKind::string, "")
-      .add_column("causal", ColumnKind::int64, "1").add_column("batch", ColumnKind::int64, "1")
-      .add_column("heads_q", ColumnKind::int64, "1").add_column("heads_kv", ColumnKind::int64, "1")
-      .add_column("seq_q", ColumnKind::int64, "1").add_column("seq_kv", ColumnKind::int64, "1")
-      .add_column("head_dim", ColumnKind::int64, "1").add_column("threads", ColumnKind::int64, "1")
       .add_column("flop", ColumnKind::float64, "FLOP",
                   "flash-attention convention: fwd 4*b*hq*sq*skv*d, half when causal; bwd 2.5x fwd; per rank")
       .add_column("bytes", ColumnKind::float64, "B", "tensors read once and written once, per rank");
@@ -326,8 +346,8 @@ int run_attention(int argc, char** argv) {
   attention::CpuOptions kernel_options;
   kernel_options.threads = o.threads;
   const int rank = run.context().self.rank;
-  for (size_t index = 0; index < cases.size(); ++index) {
-    const Case& c = cases[index];
+  for (size_t index = 0; index < points.size(); ++index) {
+    const Case c = case_of(points[index]);
     const Shape& s = c.shape;
     const uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
     const bool has_bwd = c.pass != "fwd";
@@ -361,10 +381,8 @@ int run_attention(int argc, char** argv) {
                   s.causal ? " causal" : "", s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_kv, s.head_dim);
     CaseResult r = run.record(samples, check.bad, label,
         [&](Table& row) {
-          row.set("backend", o.backend).set("impl", c.impl).set("pass", c.pass).set("dtype", c.dtype)
-              .set("causal", s.causal ? 1 : 0).set("batch", s.batch).set("heads_q", s.heads_q)
-              .set("heads_kv", s.heads_kv).set("seq_q", s.seq_q).set("seq_kv", s.seq_kv).set("head_dim", s.head_dim)
-              .set("threads", o.threads).set("flop", flop).set("bytes", bytes);
+          axes.fill(row, points[index]);
+          row.set("flop", flop).set("bytes", bytes);
         },
         [&](Table& row, const CaseResult& res) {
           set_flop_rates(row, flop, res, ranks, peak_per_rank);

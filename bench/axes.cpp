@@ -51,9 +51,25 @@ std::string AxisPoint::label() const {
 }
 
 Axes& Axes::add_axis(std::string name, std::string units, std::vector<AxisValue> values) {
-  for (const Axis& a : axes_)
-    if (a.name == name) throw std::invalid_argument("axis " + name + " declared twice");
-  axes_.push_back({std::move(name), std::move(units), std::move(values)});
+  std::vector<std::vector<AxisValue>> steps;
+  for (AxisValue& v : values) steps.push_back({std::move(v)});
+  return add_zipped({{std::move(name), std::move(units)}}, std::move(steps));
+}
+
+Axes& Axes::add_zipped(std::vector<AxisColumn> columns, std::vector<std::vector<AxisValue>> tuples) {
+  for (const AxisColumn& c : columns)
+    for (const Axis& a : axes_)
+      for (const AxisColumn& other : a.columns)
+        if (other.name == c.name) throw std::invalid_argument("axis " + c.name + " declared twice");
+  for (const auto& tuple : tuples) {
+    if (tuple.size() != columns.size())
+      throw std::invalid_argument("axis " + columns.front().name + ": a tuple of " + std::to_string(tuple.size()) +
+                                  " values for " + std::to_string(columns.size()) + " columns");
+    for (std::size_t c = 0; c < columns.size(); ++c)
+      if (tuple[c].index() != tuples.front()[c].index())
+        throw std::invalid_argument("axis " + columns[c].name + " mixes value kinds");
+  }
+  axes_.push_back({std::move(columns), std::move(tuples)});
   return *this;
 }
 
@@ -71,7 +87,7 @@ Axes& Axes::add(std::string name, std::vector<std::string> values) {
 
 std::size_t Axes::size() const {
   std::size_t n = 1;
-  for (const Axis& a : axes_) n *= a.values.size();
+  for (const Axis& a : axes_) n *= a.steps.size();
   return n;
 }
 
@@ -81,10 +97,12 @@ std::vector<AxisPoint> Axes::product() const {
   std::vector<std::size_t> index(axes_.size(), 0);
   for (std::size_t count = 0; count < size(); ++count) {
     AxisPoint p;
-    for (std::size_t a = 0; a < axes_.size(); ++a) p.values_.emplace_back(axes_[a].name, axes_[a].values[index[a]]);
+    for (std::size_t a = 0; a < axes_.size(); ++a)
+      for (std::size_t c = 0; c < axes_[a].columns.size(); ++c)
+        p.values_.emplace_back(axes_[a].columns[c].name, axes_[a].steps[index[a]][c]);
     points.push_back(std::move(p));
     for (std::size_t a = axes_.size(); a-- > 0;) {  // odometer: the last axis turns fastest
-      if (++index[a] < axes_[a].values.size()) break;
+      if (++index[a] < axes_[a].steps.size()) break;
       index[a] = 0;
     }
   }
@@ -93,11 +111,13 @@ std::vector<AxisPoint> Axes::product() const {
 
 void Axes::declare_columns(Table& cases) const {
   for (const Axis& a : axes_) {
-    const AxisValue& first = a.values.empty() ? AxisValue{std::string()} : a.values.front();
-    const ColumnKind kind = std::holds_alternative<int64_t>(first)  ? ColumnKind::int64
-                            : std::holds_alternative<double>(first) ? ColumnKind::float64
-                                                                    : ColumnKind::string;
-    cases.add_column(a.name, kind, a.units, "parameter axis");
+    for (std::size_t c = 0; c < a.columns.size(); ++c) {
+      const AxisValue& first = a.steps.empty() ? AxisValue{std::string()} : a.steps.front()[c];
+      const ColumnKind kind = std::holds_alternative<int64_t>(first)  ? ColumnKind::int64
+                              : std::holds_alternative<double>(first) ? ColumnKind::float64
+                                                                      : ColumnKind::string;
+      cases.add_column(a.columns[c].name, kind, a.columns[c].units, "parameter axis");
+    }
   }
 }
 

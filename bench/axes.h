@@ -4,6 +4,7 @@
 //
 //   Axes axes;
 //   axes.add("dtype", {"fp32", "fp64"}).add("size", {256, 512, 1024}, "1");
+//   axes.add_zipped({{"m", "1"}, {"n", "1"}}, {{64, 32}, {128, 96}});  // columns that step together
 //   axes.declare_columns(run.cases());
 //   for (const AxisPoint& point : axes.product()) { ... point.text("dtype") ... point.integer("size") ... }
 //   ... fill_case: axes.fill(row, point);
@@ -35,11 +36,21 @@ class AxisPoint {
   std::vector<std::pair<std::string, AxisValue>> values_;
 };
 
+// One column of a zipped axis: its name and units.
+struct AxisColumn {
+  std::string name;
+  std::string units;
+};
+
 class Axes {
  public:
   Axes& add(std::string name, std::vector<int64_t> values, std::string units = "1");
   Axes& add(std::string name, std::vector<double> values, std::string units);
   Axes& add(std::string name, std::vector<std::string> values);
+  // Several columns that step together as one axis: each tuple holds one value per column (a column's kind is
+  // that of its value in the first tuple; every tuple must match it). For values that are not independent,
+  // such as the M, N, K of a list of shapes.
+  Axes& add_zipped(std::vector<AxisColumn> columns, std::vector<std::vector<AxisValue>> tuples);
   // Every combination, the last axis varying fastest. Empty when any axis has no value.
   std::vector<AxisPoint> product() const;
   std::size_t size() const;
@@ -48,9 +59,8 @@ class Axes {
 
  private:
   struct Axis {
-    std::string name;
-    std::string units;
-    std::vector<AxisValue> values;
+    std::vector<AxisColumn> columns;
+    std::vector<std::vector<AxisValue>> steps;  // one value per column in each
   };
   Axes& add_axis(std::string name, std::string units, std::vector<AxisValue> values);
   std::vector<Axis> axes_;

@@ -1,16 +1,18 @@
 // strata-gemm: matrix multiplication throughput, every rank at once, on the CPU (CBLAS) or GPU (cuBLASLt).
 // C (M, N) = A (M, K) W (N, K)^T, the layout of a transformer's linear layer. FLOPs = 2MNK. Reports per-rank
 // and aggregate FLOP/s and the fraction of peak, and checks every case against a higher-precision reference.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
 
+#include "bench/axes.h"
+#include "bench/gemm_cases.h"
 #include "bench/harness.h"
 #include "bench/shapes.h"
-#include "train/model_config.h"
 #include "kernels/cpu_gemm.h"
 #include "kernels/cuda_info.h"
-#include "kernels/gemm_cpu.h"
+#include "train/model_config.h"
 #ifdef STRATA_HAVE_CUDA
 #include "bench/timer_cuda.h"
 #include "kernels/gemm_cuda.h"
@@ -32,13 +34,6 @@ struct GemmOptions {
   int tp = 1;
   int check_samples = 64;
   int64_t seed = 1;
-};
-
-struct GemmCase {
-  gemm::Shape shape;
-  std::string source;  // "explicit", "square" or "<model>/<layer>"
-  DType dtype;
-  cpu_gemm::Backend library = cpu_gemm::Backend::openblas;  // cpu backend only
 };
 
 // --library: "auto" is the machine's fastest FP32 library (OpenBLAS for fp64, which oneDNN lacks); "all" is
@@ -80,8 +75,15 @@ std::vector<int64_t> parse_square(const std::string& text) {
   return sizes;
 }
 
-std::vector<GemmCase> plan_cases(const GemmOptions& o, cpu_gemm::Backend fastest) {
-  std::vector<DType> dtypes;
+// The cases: the product of the axes backend, dtype, library and shape (M, N, K and where the shape came from,
+// stepping together), less the (dtype, library) pairs --library does not give that dtype.
+struct GemmCases {
+  Axes axes;
+  std::vector<AxisPoint> points;
+};
+
+GemmCases plan_cases(const GemmOptions& o, cpu_gemm::Backend fastest) {
+  std::vector<std::string> dtypes;
   for (const auto& text : split(o.dtypes, ',')) {
     auto d = gemm::parse_dtype(text);
     if (!d) throw UsageError("unknown dtype '" + text + "' (fp32, fp64, tf32, fp16, bf16, fp8)");
@@ -90,28 +92,48 @@ std::vector<GemmCase> plan_cases(const GemmOptions& o, cpu_gemm::Backend fastest
       throw UsageError("dtype " + text + " is not available on the cpu backend (cpu: fp32, fp64)");
     if (o.backend == "cuda" && *d == DType::fp64)
       throw UsageError("dtype fp64 is not available on the cuda backend (cuda: fp32, tf32, fp16, bf16, fp8)");
-    dtypes.push_back(*d);
+    dtypes.push_back(gemm::name(*d));
   }
-  std::vector<std::pair<gemm::Shape, std::string>> shapes;
+  std::vector<std::vector<AxisValue>> shapes;  // (m, n, k, source): "explicit", "square" or "<model>/<layer>"
+  auto add_shape = [&shapes](const gemm::Shape& s, const std::string& source) {
+    shapes.push_back({s.m, s.n, s.k, source});
+  };
   if (!o.shapes.empty())
-    for (const auto& text : split(o.shapes, ',')) shapes.emplace_back(gemm::parse_shape(text), "explicit");
+    for (const auto& text : split(o.shapes, ',')) add_shape(gemm::parse_shape(text), "explicit");
   if (!o.square.empty())
-    for (int64_t s : parse_square(o.square)) shapes.emplace_back(gemm::Shape{s, s, s}, "square");
+    for (int64_t s : parse_square(o.square)) add_shape({s, s, s}, "square");
   if (!o.presets.empty())
     for (const auto& name : split(o.presets, ',')) {
       const train::ModelConfig model = train::preset(name);
       for (const auto& layer : train::layer_gemms(model, o.tokens, o.tp))
-        shapes.emplace_back(gemm::Shape{layer.m, layer.n, layer.k}, name + "/" + layer.name);
+        add_shape({layer.m, layer.n, layer.k}, name + "/" + layer.name);
     }
   if (shapes.empty())
-    for (int64_t s : parse_square("256:2048")) shapes.emplace_back(gemm::Shape{s, s, s}, "square");
+    for (int64_t s : parse_square("256:2048")) add_shape({s, s, s}, "square");
 
-  std::vector<GemmCase> cases;
-  for (DType d : dtypes) {
-    std::vector<cpu_gemm::Backend> libraries =
-        o.backend == "cpu" ? libraries_for(o.libraries, d, fastest) : std::vector{cpu_gemm::Backend::openblas};
-    for (cpu_gemm::Backend library : libraries)
-      for (const auto& [shape, source] : shapes) cases.push_back({shape, source, d, library});
+  // Each dtype's libraries; the axis holds their union in the order first named.
+  std::vector<std::vector<std::string>> libraries_of;
+  std::vector<std::string> libraries;
+  for (const auto& d : dtypes) {
+    libraries_of.emplace_back();
+    const std::vector<cpu_gemm::Backend> chosen =
+        o.backend == "cpu" ? libraries_for(o.libraries, *gemm::parse_dtype(d), fastest) : std::vector<cpu_gemm::Backend>{};
+    for (cpu_gemm::Backend b : chosen) libraries_of.back().push_back(cpu_gemm::name(b));
+    if (o.backend != "cpu") libraries_of.back().push_back("cublaslt");
+    for (const auto& name : libraries_of.back())
+      if (std::find(libraries.begin(), libraries.end(), name) == libraries.end()) libraries.push_back(name);
+  }
+
+  GemmCases cases;
+  cases.axes.add("backend", std::vector<std::string>{o.backend})
+      .add("dtype", dtypes)
+      .add("library", libraries)
+      .add_zipped({{"m", "1"}, {"n", "1"}, {"k", "1"}, {"shape_source", ""}}, shapes);
+  for (AxisPoint& point : cases.axes.product()) {
+    const auto d = std::find(dtypes.begin(), dtypes.end(), point.text("dtype")) - dtypes.begin();
+    const auto& allowed = libraries_of[static_cast<size_t>(d)];
+    if (std::find(allowed.begin(), allowed.end(), point.text("library")) != allowed.end())
+      cases.points.push_back(std::move(point));
   }
   return cases;
 }
@@ -175,16 +197,10 @@ int run_gemm(int argc, char** argv) {
 
   Run run("strata-gemm", argc, argv, h, cli.resolved_json(), device_text);
   const MachineDescription& machine = run.context().machine.description;
-  std::vector<GemmCase> cases = plan_cases(o, machine.default_gemm);
-  run.set_case_count(static_cast<int>(cases.size()));
+  const GemmCases cases = plan_cases(o, machine.default_gemm);
+  run.set_case_count(static_cast<int>(cases.points.size()));
+  cases.axes.declare_columns(run.cases());
   run.cases()
-      .add_column("backend", ColumnKind::string, "")
-      .add_column("library", ColumnKind::string, "", "cpu: the GEMM library (openblas, onednn); cuda: cublaslt")
-      .add_column("dtype", ColumnKind::string, "")
-      .add_column("m", ColumnKind::int64, "1")
-      .add_column("n", ColumnKind::int64, "1")
-      .add_column("k", ColumnKind::int64, "1")
-      .add_column("shape_source", ColumnKind::string, "")
       .add_column("flop", ColumnKind::float64, "FLOP", "2MNK per GEMM per rank")
       .add_column("bytes", ColumnKind::float64, "B", "A, W read once and C written once, per GEMM per rank");
   add_flop_rate_columns(run.summary(), "2MNK");
@@ -206,8 +222,11 @@ int run_gemm(int argc, char** argv) {
   }
 
   HostTimer host_timer;
-  for (size_t index = 0; index < cases.size(); ++index) {
-    const GemmCase& c = cases[index];
+  for (size_t index = 0; index < cases.points.size(); ++index) {
+    const AxisPoint& point = cases.points[index];
+    const gemm::Shape shape{point.integer("m"), point.integer("n"), point.integer("k")};
+    const DType dtype = *gemm::parse_dtype(point.text("dtype"));
+    const std::string& library = point.text("library");
     uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
     Workload work;
     std::unique_ptr<gemm::CpuGemm> cpu;
@@ -216,22 +235,23 @@ int run_gemm(int argc, char** argv) {
     std::unique_ptr<Timer> gpu_timer;
 #endif
     if (o.backend == "cpu") {
-      cpu = std::make_unique<gemm::CpuGemm>(c.shape, c.dtype, seed, c.library);
-      const PeakFigure& peak = c.dtype == DType::fp64 ? machine.fp64 : machine.fp32;
+      const cpu_gemm::Backend backend = *cpu_gemm::parse_backend(library);
+      cpu = std::make_unique<gemm::CpuGemm>(shape, dtype, seed, backend);
+      const PeakFigure& peak = dtype == DType::fp64 ? machine.fp64 : machine.fp32;
       work = {[&] { cpu->run(); }, [&] { cpu->poison_output(); },
               [&](int n, uint64_t s) { return cpu->check(n, s); }, [&] { cpu->corrupt_output(); }, &host_timer,
-              std::string(c.dtype == DType::fp32 ? "sgemm " : "dgemm ") + cpu_gemm::library(c.library) + " (" +
-                  cpu_gemm::kernel(c.library) + ")",
+              std::string(dtype == DType::fp32 ? "sgemm " : "dgemm ") + cpu_gemm::library(backend) + " (" +
+                  cpu_gemm::kernel(backend) + ")",
               peak.per_rank(h.blas_threads), peak_source(peak, h.blas_threads)};
     } else {
 #ifdef STRATA_HAVE_CUDA
       try {
-        gpu = std::make_unique<gemm::CudaGemm>(c.shape, c.dtype, seed, device);
+        gpu = std::make_unique<gemm::CudaGemm>(shape, dtype, seed, device);
       } catch (const std::invalid_argument& e) {  // the kernels' word for a request this device cannot serve
         throw UsageError(e.what());
       }
       gpu_timer = make_cuda_event_timer(gpu->stream());
-      gemm::GpuPeak peak = gemm::gpu_peak(device, c.dtype);
+      gemm::GpuPeak peak = gemm::gpu_peak(device, dtype);
       work = {[&] { gpu->run(); }, [&] { gpu->poison_output(); },
               [&](int n, uint64_t s) { return gpu->check(n, s); }, [&] { gpu->corrupt_output(); }, gpu_timer.get(), gpu->algorithm(), peak.flops,
               peak.source};
@@ -246,17 +266,16 @@ int run_gemm(int argc, char** argv) {
     double worst = allreduce_max(MPI_COMM_WORLD, check.worst_ratio);
     std::vector<double> samples = run.measure(*work.timer, work.run);
 
-    const double flop = c.shape.flops();
-    const double bytes = static_cast<double>(c.shape.m * c.shape.k + c.shape.n * c.shape.k) * gemm::input_bytes(c.dtype) +
-                         static_cast<double>(c.shape.m * c.shape.n) * gemm::output_bytes(c.dtype);
+    const double flop = shape.flops();
+    const double bytes = static_cast<double>(shape.m * shape.k + shape.n * shape.k) * gemm::input_bytes(dtype) +
+                         static_cast<double>(shape.m * shape.n) * gemm::output_bytes(dtype);
     const int ranks = run.context().n_ranks;
-    std::string label = gemm::name(c.dtype) + " " + c.shape.text();
+    std::string label = gemm::name(dtype) + " " + shape.text();
     CaseResult result = run.record(
         samples, check.wrong, label,
         [&](Table& t) {
-          t.set("backend", o.backend).set("library", o.backend == "cpu" ? cpu_gemm::name(c.library) : "cublaslt");
-          t.set("dtype", gemm::name(c.dtype)).set("m", c.shape.m).set("n", c.shape.n);
-          t.set("k", c.shape.k).set("shape_source", c.source).set("flop", flop).set("bytes", bytes);
+          cases.axes.fill(t, point);
+          t.set("flop", flop).set("bytes", bytes);
         },
         [&](Table& t, const CaseResult& r) {
           set_flop_rates(t, flop, r, ranks, work.peak_per_rank);
@@ -265,8 +284,8 @@ int run_gemm(int argc, char** argv) {
         });
     if (run.is_root()) {
       double per_rank = flop / result.rankmean.median;
-      table.print_row({o.backend, o.backend == "cpu" ? cpu_gemm::name(c.library) : "cublaslt", gemm::name(c.dtype), std::to_string(c.shape.m), std::to_string(c.shape.n),
-                       std::to_string(c.shape.k), c.source, format_fixed(result.rankmax.median * 1e3, 3),
+      table.print_row({o.backend, library, gemm::name(dtype), std::to_string(shape.m), std::to_string(shape.n),
+                       std::to_string(shape.k), point.text("shape_source"), format_fixed(result.rankmax.median * 1e3, 3),
                        format_fixed(per_rank / 1e9, 1), format_fixed(ranks * flop / result.rankmax.median / 1e9, 1),
                        work.peak_per_rank > 0 ? format_fixed(100 * per_rank / work.peak_per_rank, 1) : "n/a",
                        worst <= 1 ? "ok" : "FAIL"});

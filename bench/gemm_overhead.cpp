@@ -10,7 +10,7 @@
 
 #include "bench/harness.h"
 #include "kernels/blas.h"
-#include "kernels/gemm_cpu.h"
+#include "bench/gemm_cases.h"
 
 namespace {
 

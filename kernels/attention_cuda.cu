@@ -17,7 +17,8 @@
 //             can form dQ = dS K for the query tile, which is added with fp32 atomics into a (B, Hq, Sq, D)
 //             float buffer and converted (times the softmax scale) by a last small kernel.
 // The fragment and ldmatrix index maps, tile sizes and shared-memory footprints are in flash_layout.h, where
-// the host tests check them; names, parsing and validation are in attention_cuda_host.cpp.
+// the host tests check them; names, parsing, validation, the workspace layout and the check against float64 are
+// in attention_cuda_host.cpp.
 #include "kernels/attention_cuda.h"
 
 #include <cublasLt.h>
@@ -26,34 +27,27 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <stdexcept>
 #include <cstring>
-#include <limits>
+#include <initializer_list>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <stdexcept>
 #include <vector>
 
+#include "kernels/cuda_handles.h"
 #include "kernels/error.h"
 #include "kernels/flash_layout.h"
-#include "kernels/cuda_handles.h"
-#include "kernels/gemm_check.h"
 
 namespace strata::attention::gpu {
 
 namespace {
 
-using cuda::DeviceBuffer;
-using cuda::LayoutDeleter;
 using cuda::LayoutPtr;
-using cuda::LtHandleDeleter;
 using cuda::MatmulDescDeleter;
 using cuda::PreferenceDeleter;
-using cuda::device_alloc;
 
 // ---------------------------------------------------------------------------------------------------------
 // Device helpers.
@@ -696,8 +690,6 @@ __global__ void __launch_bounds__(kRowThreads) softmax_grad_kernel(const T* prob
 
 
 
-constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
-
 // A strided-batched product written row-major, as the attention formulas read:
 //   C (m, n) = alpha op(A) op(B),  op(A) (m, k), op(B) (k, n), each matrix row-major with its leading dimension.
 // trans_a means A is stored (k, m); trans_b means B is stored (n, k).
@@ -795,7 +787,7 @@ LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t l
 // One RowMajorProduct as a cuBLASLt matmul with its algorithm chosen once, by the heuristic.
 class LtProduct {
  public:
-  LtProduct(cublasLtHandle_t handle, const RowMajorProduct& p, cudaDataType_t in_type, int batch) : spec_(p) {
+  LtProduct(cublasLtHandle_t handle, const RowMajorProduct& p, cudaDataType_t in_type, int batch) : alpha_(p.alpha) {
     const ColumnMajorCall call = column_major(p);
     cublasLtMatmulDesc_t op = nullptr;
     STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -811,7 +803,7 @@ class LtProduct {
     cublasLtMatmulPreference_t preference = nullptr;
     STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
     std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter> preference_owner(preference);
-    size_t workspace = kLtWorkspaceBytes;
+    size_t workspace = kUnfusedCublasLtBytes;
     STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &workspace, sizeof workspace));
     cublasLtMatmulHeuristicResult_t result{};
@@ -825,23 +817,23 @@ class LtProduct {
     algo_ = result.algo;
   }
 
-  void run(cublasLtHandle_t handle, void* workspace, cudaStream_t stream) const {
+  // `call` is the planned product with the pointers of this call.
+  void run(cublasLtHandle_t handle, const RowMajorProduct& call, void* workspace, cudaStream_t stream) const {
     const float beta = 0.0f;
-    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmul(handle, op_.get(), &spec_.alpha, spec_.b, first_.get(), spec_.a,
-                                       second_.get(), &beta, spec_.c, out_.get(), spec_.c, out_.get(), &algo_,
-                                       workspace, kLtWorkspaceBytes, stream));
+    STRATA_KERNEL_CUBLAS_CHECK(cublasLtMatmul(handle, op_.get(), &alpha_, call.b, first_.get(), call.a, second_.get(),
+                                              &beta, call.c, out_.get(), call.c, out_.get(), &algo_, workspace,
+                                              kUnfusedCublasLtBytes, stream));
   }
 
  private:
-  RowMajorProduct spec_;
+  float alpha_ = 1.0f;
   std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter> op_;
   LayoutPtr first_, second_, out_;
   cublasLtMatmulAlgo_t algo_{};
 };
 
-// Rounds `values` to the dtype in place and returns the stored bits, so the host copy is what the GPU reads.
 template <typename T>
-std::vector<uint16_t> to_storage(std::vector<float>& values) {
+std::vector<uint16_t> round_to(std::vector<float>& values) {
   std::vector<uint16_t> bits(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     if constexpr (std::is_same_v<T, __half>) {
@@ -856,6 +848,8 @@ std::vector<uint16_t> to_storage(std::vector<float>& values) {
   }
   return bits;
 }
+
+}  // namespace
 
 std::vector<float> widen(DType dtype, const std::vector<uint16_t>& bits) {
   std::vector<float> out(bits.size());
@@ -873,6 +867,12 @@ std::vector<float> widen(DType dtype, const std::vector<uint16_t>& bits) {
   return out;
 }
 
+std::vector<uint16_t> to_storage(DType dtype, std::vector<float>& values) {
+  return dtype == DType::fp16 ? round_to<__half>(values) : round_to<__nv_bfloat16>(values);
+}
+
+namespace {
+
 cudaDataType_t cuda_type(DType dtype) { return dtype == DType::fp16 ? CUDA_R_16F : CUDA_R_16BF; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -881,42 +881,30 @@ using FlashKernel = void (*)(FlashParams);
 
 }  // namespace
 
+
 // ---------------------------------------------------------------------------------------------------------
-// Attention.
+// Plan.
 
 namespace {
 
-// Everything one Attention owns. Lives outside the class so the launch helpers below can take it.
-struct Problem {
+// Everything a Plan holds. Lives outside the class so the launch helpers below can take it.
+struct PlanState {
   Shape shape;
   DType dtype = DType::fp16;
   Impl impl = Impl::flash;
-  int device = 0;
-  cudaStream_t stream = nullptr;
-  size_t q_count = 0, kv_count = 0, lse_count = 0, score_count = 0;
-  std::vector<float> host_q, host_k, host_v, host_do;  // inputs as stored, widened
-  DeviceBuffer q, k, v, d_o, o, lse, dq, dk, dv, delta;
+  WorkspaceLayout layout;
+  float scale = 1.0f;
   // flash
-  DeviceBuffer dq_accum;
-  FlashParams params{};
   FlashKernel forward_kernel = nullptr, backward_kernel = nullptr;
   size_t forward_smem = 0, backward_smem = 0;
   int backward_rows = 0;
-  // unfused
-  DeviceBuffer scores, probs, dscores, lt_workspace;
-  std::unique_ptr<cublasLtContext, LtHandleDeleter> lt;
+  // unfused: S, O in the forward; dV, dP, dQ, dK in the backward
+  cuda::LtHandle lt;
   std::vector<LtProduct> forward_products, backward_products;
-
-  ~Problem() {
-    if (stream) {
-      cudaStreamSynchronize(stream);  // no throwing from a destructor; a failure here resurfaces elsewhere
-      cudaStreamDestroy(stream);
-    }
-  }
 };
 
 template <typename T, int D>
-void select_flash(Problem& s) {
+void select_flash(PlanState& s) {
   s.forward_kernel = flash_forward_kernel<T, D>;
   s.backward_kernel = flash_backward_kernel<T, D>;
   s.forward_smem = layout::fwd_smem_bytes(D);
@@ -924,247 +912,203 @@ void select_flash(Problem& s) {
   s.backward_rows = layout::bwd_rows(D);
 }
 
+// The shape's part of the flash kernels' parameters; the call fills in the pointers.
+FlashParams flash_params(const PlanState& s) {
+  const Shape& shape = s.shape;
+  FlashParams p{};
+  p.batch = shape.batch;
+  p.heads_q = shape.heads_q;
+  p.heads_kv = shape.heads_kv;
+  p.group = shape.heads_q / shape.heads_kv;
+  p.seq_q = shape.seq_q;
+  p.seq_kv = shape.seq_kv;
+  p.causal = shape.causal ? 1 : 0;
+  p.causal_offset = shape.seq_kv - shape.seq_q;
+  p.scale = s.scale;
+  p.scale_log2 = s.scale * kLog2e;
+  return p;
+}
+
+void require_workspace(const PlanState& s, const Workspace& workspace) {
+  if (workspace.data == nullptr || workspace.bytes < s.layout.bytes)
+    throw std::invalid_argument("attention workspace of " + std::to_string(workspace.bytes) + " bytes; " +
+                                name(s.impl) + " needs " + std::to_string(s.layout.bytes) + " (workspace_bytes())");
+  if (reinterpret_cast<uintptr_t>(workspace.data) % 256 != 0)
+    throw std::invalid_argument("attention workspace is not 256-byte aligned");
+}
+
+void require_aligned(const PlanState& s, std::initializer_list<const void*> tensors) {
+  const uintptr_t alignment = s.impl == Impl::unfused ? 256 : 16;
+  for (const void* t : tensors) {
+    if (t == nullptr) throw std::invalid_argument("attention tensor pointer is null");
+    if (reinterpret_cast<uintptr_t>(t) % alignment != 0)
+      throw std::invalid_argument(name(s.impl) + " attention needs tensors aligned to " + std::to_string(alignment) +
+                                  " bytes");
+  }
+}
+
 template <typename T>
-void launch_row_dot(const Problem& s) {
-  const long long rows = static_cast<long long>(s.lse_count);
+void launch_row_dot(const Shape& shape, const void* d_o, const void* o, float* delta, cudaStream_t stream) {
+  const long long rows = static_cast<long long>(lse_elements(shape));
   const unsigned blocks = static_cast<unsigned>(ceil_div(rows, kRowThreads / 32));
-  row_dot_kernel<T><<<blocks, kRowThreads, 0, s.stream>>>(static_cast<const T*>(s.d_o.get()),
-                                                          static_cast<const T*>(s.o.get()),
-                                                          static_cast<float*>(s.delta.get()), rows,
-                                                          s.shape.head_dim);
+  row_dot_kernel<T><<<blocks, kRowThreads, 0, stream>>>(static_cast<const T*>(d_o), static_cast<const T*>(o), delta,
+                                                        rows, shape.head_dim);
   STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
-void launch_scale_convert(const Problem& s) {
-  const int64_t wanted = ceil_div(static_cast<int64_t>(s.q_count), kRowThreads);
+void launch_scale_convert(const float* in, void* out, size_t count, float scale, cudaStream_t stream) {
+  const int64_t wanted = ceil_div(static_cast<int64_t>(count), kRowThreads);
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(wanted, 65536));  // grid-stride beyond
-  scale_convert_kernel<T><<<blocks, kRowThreads, 0, s.stream>>>(static_cast<const float*>(s.dq_accum.get()),
-                                                                static_cast<T*>(s.dq.get()), s.q_count,
-                                                                s.params.scale);
+  scale_convert_kernel<T><<<blocks, kRowThreads, 0, stream>>>(in, static_cast<T*>(out), count, scale);
   STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
-void launch_softmax(const Problem& s) {
-  const Shape& sh = s.shape;
-  softmax_rows_kernel<T><<<static_cast<unsigned>(s.lse_count), kRowThreads, 0, s.stream>>>(
-      static_cast<const float*>(s.scores.get()), static_cast<T*>(s.probs.get()), static_cast<float*>(s.lse.get()),
-      sh.seq_q, sh.seq_kv, sh.causal ? 1 : 0, sh.seq_kv - sh.seq_q);
+void launch_softmax(const Shape& shape, const float* scores, void* probs, float* lse, cudaStream_t stream) {
+  softmax_rows_kernel<T><<<static_cast<unsigned>(lse_elements(shape)), kRowThreads, 0, stream>>>(
+      scores, static_cast<T*>(probs), lse, shape.seq_q, shape.seq_kv, shape.causal ? 1 : 0,
+      shape.seq_kv - shape.seq_q);
   STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
-void launch_softmax_grad(const Problem& s) {
-  softmax_grad_kernel<T><<<static_cast<unsigned>(s.lse_count), kRowThreads, 0, s.stream>>>(
-      static_cast<const T*>(s.probs.get()), static_cast<const float*>(s.scores.get()),
-      static_cast<const float*>(s.delta.get()), static_cast<T*>(s.dscores.get()), s.shape.seq_kv);
+void launch_softmax_grad(const Shape& shape, const void* probs, const float* dprobs, const float* delta,
+                         void* dscores, cudaStream_t stream) {
+  softmax_grad_kernel<T><<<static_cast<unsigned>(lse_elements(shape)), kRowThreads, 0, stream>>>(
+      static_cast<const T*>(probs), dprobs, delta, static_cast<T*>(dscores), shape.seq_kv);
   STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
-struct Attention::State : Problem {};
+struct Plan::State : PlanState {};
 
-Attention::Attention(const Shape& shape, DType dtype, Impl impl, uint64_t seed) : state_(std::make_unique<State>()) {
+Plan::Plan(const Shape& shape, DType dtype, Impl impl) : state_(std::make_unique<State>()) {
   if (std::string problem = validate(shape, dtype, impl); !problem.empty()) throw std::invalid_argument(problem);
   State& s = *state_;
   s.shape = shape;
   s.dtype = dtype;
   s.impl = impl;
-  STRATA_KERNEL_CUDA_CHECK(cudaGetDevice(&s.device));
-  int major = 0;
-  STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s.device));
+  s.layout = workspace_layout(shape, dtype, impl);
+  s.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  int device = 0, major = 0;
+  STRATA_KERNEL_CUDA_CHECK(cudaGetDevice(&device));
+  STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major < 8)  // mma.sync with bf16, ldmatrix and cp.async, and the sm_80/sm_90 build itself
-    throw std::invalid_argument("gpu attention needs compute capability 8.0 or newer (device " + std::to_string(s.device) +
-                     " has " + std::to_string(major) + ".x)");
-  STRATA_KERNEL_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-
-  s.q_count = q_elements(shape);
-  s.kv_count = kv_elements(shape);
-  s.lse_count = lse_elements(shape);
-  s.score_count = s.lse_count * static_cast<size_t>(shape.seq_kv);
-
-  s.host_q.resize(s.q_count);
-  s.host_k.resize(s.kv_count);
-  s.host_v.resize(s.kv_count);
-  s.host_do.resize(s.q_count);
-  gemm::fill_uniform(s.host_q.data(), s.host_q.size(), seed);
-  gemm::fill_uniform(s.host_k.data(), s.host_k.size(), seed + 1);
-  gemm::fill_uniform(s.host_v.data(), s.host_v.size(), seed + 2);
-  gemm::fill_uniform(s.host_do.data(), s.host_do.size(), seed + 3);
-  auto upload = [&](std::vector<float>& values) {
-    const std::vector<uint16_t> bits =
-        dtype == DType::fp16 ? to_storage<__half>(values) : to_storage<__nv_bfloat16>(values);
-    DeviceBuffer buffer = device_alloc(bits.size() * sizeof(uint16_t));
-    // On the work stream, waited for: the kernels run on a non-blocking stream that does not order itself
-    // after the legacy stream, and `bits` is freed when this returns.
-    STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(buffer.get(), bits.data(), bits.size() * sizeof(uint16_t),
-                                             cudaMemcpyHostToDevice, s.stream));
-    STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-    return buffer;
-  };
-  s.q = upload(s.host_q);
-  s.k = upload(s.host_k);
-  s.v = upload(s.host_v);
-  s.d_o = upload(s.host_do);
-  s.o = device_alloc(s.q_count * 2);
-  s.dq = device_alloc(s.q_count * 2);
-  s.dk = device_alloc(s.kv_count * 2);
-  s.dv = device_alloc(s.kv_count * 2);
-  s.lse = device_alloc(s.lse_count * sizeof(float));
-  s.delta = device_alloc(s.lse_count * sizeof(float));
-
-  const int group = shape.heads_q / shape.heads_kv;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+    throw std::invalid_argument("gpu attention needs compute capability 8.0 or newer (device " + std::to_string(device) +
+                                " has " + std::to_string(major) + ".x)");
   if (impl == Impl::flash) {
-    s.dq_accum = device_alloc(s.q_count * sizeof(float));
     if (dtype == DType::fp16)
       shape.head_dim == 64 ? select_flash<__half, 64>(s) : select_flash<__half, 128>(s);
     else
       shape.head_dim == 64 ? select_flash<__nv_bfloat16, 64>(s) : select_flash<__nv_bfloat16, 128>(s);
     int optin = 0;
-    STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, s.device));
+    STRATA_KERNEL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     const size_t needed = std::max(s.forward_smem, s.backward_smem);
     if (static_cast<size_t>(optin) < needed)
       throw std::invalid_argument("flash attention needs " + std::to_string(needed) +
-                       " bytes of shared memory per block; device " + std::to_string(s.device) + " allows " +
-                       std::to_string(optin));
+                                  " bytes of shared memory per block; device " + std::to_string(device) + " allows " +
+                                  std::to_string(optin));
     STRATA_KERNEL_CUDA_CHECK(cudaFuncSetAttribute(s.forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(s.forward_smem)));
+                                                  static_cast<int>(s.forward_smem)));
     STRATA_KERNEL_CUDA_CHECK(cudaFuncSetAttribute(s.backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(s.backward_smem)));
-    FlashParams& p = s.params;
-    p.q = s.q.get();
-    p.k = s.k.get();
-    p.v = s.v.get();
-    p.d_o = s.d_o.get();
-    p.o = s.o.get();
-    p.lse = static_cast<float*>(s.lse.get());
-    p.delta = static_cast<const float*>(s.delta.get());
-    p.dq_accum = static_cast<float*>(s.dq_accum.get());
-    p.dk = s.dk.get();
-    p.dv = s.dv.get();
-    p.batch = shape.batch;
-    p.heads_q = shape.heads_q;
-    p.heads_kv = shape.heads_kv;
-    p.group = group;
-    p.seq_q = shape.seq_q;
-    p.seq_kv = shape.seq_kv;
-    p.causal = shape.causal ? 1 : 0;
-    p.causal_offset = shape.seq_kv - shape.seq_q;
-    p.scale = scale;
-    p.scale_log2 = scale * kLog2e;
-  } else {
-    s.scores = device_alloc(s.score_count * sizeof(float));
-    s.probs = device_alloc(s.score_count * 2);
-    s.dscores = device_alloc(s.score_count * 2);
-    s.lt_workspace = device_alloc(kLtWorkspaceBytes);
-    cublasLtHandle_t handle = nullptr;
-    STRATA_KERNEL_CUBLAS_CHECK(cublasLtCreate(&handle));
-    s.lt.reset(handle);
-
-    const UnfusedProducts u =
-        unfused_products(shape, cuda_type(dtype), scale,
-                         {s.q.get(), s.k.get(), s.v.get(), s.d_o.get(), s.o.get(), s.dq.get(), s.dk.get(),
-                          s.dv.get(), s.scores.get(), s.probs.get(), s.dscores.get()});
-    for (const RowMajorProduct* p : {&u.s, &u.o})
-      s.forward_products.emplace_back(handle, *p, cuda_type(dtype), u.batch);
-    for (const RowMajorProduct* p : {&u.dv, &u.dp, &u.dq, &u.dk})
-      s.backward_products.emplace_back(handle, *p, cuda_type(dtype), u.batch);
+                                                  static_cast<int>(s.backward_smem)));
+    return;
   }
-  poison_outputs();
+  cublasLtHandle_t handle = nullptr;
+  STRATA_KERNEL_CUBLAS_CHECK(cublasLtCreate(&handle));
+  s.lt.reset(handle);
+  // The layouts and algorithms depend on the shape alone; each call supplies its pointers.
+  const UnfusedProducts u = unfused_products(shape, cuda_type(dtype), s.scale, UnfusedBuffers{});
+  for (const RowMajorProduct* p : {&u.s, &u.o}) s.forward_products.emplace_back(handle, *p, cuda_type(dtype), u.batch);
+  for (const RowMajorProduct* p : {&u.dv, &u.dp, &u.dq, &u.dk})
+    s.backward_products.emplace_back(handle, *p, cuda_type(dtype), u.batch);
 }
 
-Attention::~Attention() = default;
+Plan::~Plan() = default;
 
-void Attention::forward() {
-  State& s = *state_;
+void Plan::forward(const ForwardTensors& t, const Workspace& workspace, Stream stream) const {
+  const State& s = *state_;
+  require_workspace(s, workspace);
+  require_aligned(s, {t.q, t.k, t.v, t.o, t.lse});
   const Shape& sh = s.shape;
   if (s.impl == Impl::flash) {
+    FlashParams p = flash_params(s);
+    p.q = t.q;
+    p.k = t.k;
+    p.v = t.v;
+    p.o = t.o;
+    p.lse = t.lse;
     const unsigned blocks = static_cast<unsigned>(ceil_div(sh.seq_q, kFwdRows) * sh.batch * sh.heads_q);
-    s.forward_kernel<<<blocks, kThreads, s.forward_smem, s.stream>>>(s.params);
+    s.forward_kernel<<<blocks, kThreads, s.forward_smem, stream>>>(p);
     STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  void* workspace = s.lt_workspace.get();
-  s.forward_products[0].run(s.lt.get(), workspace, s.stream);
-  s.dtype == DType::fp16 ? launch_softmax<__half>(s) : launch_softmax<__nv_bfloat16>(s);
-  s.forward_products[1].run(s.lt.get(), workspace, s.stream);
+  auto* base = static_cast<unsigned char*>(workspace.data);
+  float* scores = reinterpret_cast<float*>(base + s.layout.scores);
+  void* probs = base + s.layout.probs;
+  const UnfusedProducts u =
+      unfused_products(sh, cuda_type(s.dtype), s.scale,
+                       {t.q, t.k, t.v, nullptr, t.o, nullptr, nullptr, nullptr, scores, probs, nullptr});
+  void* lt_workspace = base + s.layout.cublaslt;
+  s.forward_products[0].run(s.lt.get(), u.s, lt_workspace, stream);
+  s.dtype == DType::fp16 ? launch_softmax<__half>(sh, scores, probs, t.lse, stream)
+                         : launch_softmax<__nv_bfloat16>(sh, scores, probs, t.lse, stream);
+  s.forward_products[1].run(s.lt.get(), u.o, lt_workspace, stream);
 }
 
-void Attention::backward() {
-  State& s = *state_;
+void Plan::backward(const BackwardTensors& t, const Workspace& workspace, Stream stream) const {
+  const State& s = *state_;
+  require_workspace(s, workspace);
+  require_aligned(s, {t.q, t.k, t.v, t.o, t.d_o, t.lse, t.dq, t.dk, t.dv});
   const Shape& sh = s.shape;
-  s.dtype == DType::fp16 ? launch_row_dot<__half>(s) : launch_row_dot<__nv_bfloat16>(s);
+  auto* base = static_cast<unsigned char*>(workspace.data);
+  float* delta = reinterpret_cast<float*>(base + s.layout.delta);
+  s.dtype == DType::fp16 ? launch_row_dot<__half>(sh, t.d_o, t.o, delta, stream)
+                         : launch_row_dot<__nv_bfloat16>(sh, t.d_o, t.o, delta, stream);
   if (s.impl == Impl::flash) {
-    STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dq_accum.get(), 0, s.q_count * sizeof(float), s.stream));
+    float* dq_accum = reinterpret_cast<float*>(base + s.layout.dq_accum);
+    const size_t q_count = q_elements(sh);
+    STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, q_count * sizeof(float), stream));
+    FlashParams p = flash_params(s);
+    p.q = t.q;
+    p.k = t.k;
+    p.v = t.v;
+    p.d_o = t.d_o;
+    p.lse = const_cast<float*>(t.lse);  // the backward kernel only reads it
+    p.delta = delta;
+    p.dq_accum = dq_accum;
+    p.dk = t.dk;
+    p.dv = t.dv;
     const unsigned blocks = static_cast<unsigned>(ceil_div(sh.seq_kv, kBwdKeys) * sh.batch * sh.heads_kv);
-    s.backward_kernel<<<blocks, kThreads, s.backward_smem, s.stream>>>(s.params);
+    s.backward_kernel<<<blocks, kThreads, s.backward_smem, stream>>>(p);
     STRATA_KERNEL_CUDA_CHECK(cudaGetLastError());
-    s.dtype == DType::fp16 ? launch_scale_convert<__half>(s) : launch_scale_convert<__nv_bfloat16>(s);
+    s.dtype == DType::fp16 ? launch_scale_convert<__half>(dq_accum, t.dq, q_count, s.scale, stream)
+                           : launch_scale_convert<__nv_bfloat16>(dq_accum, t.dq, q_count, s.scale, stream);
     return;
   }
-  void* workspace = s.lt_workspace.get();
-  s.backward_products[0].run(s.lt.get(), workspace, s.stream);  // dV
-  s.backward_products[1].run(s.lt.get(), workspace, s.stream);  // dP
-  s.dtype == DType::fp16 ? launch_softmax_grad<__half>(s) : launch_softmax_grad<__nv_bfloat16>(s);
-  s.backward_products[2].run(s.lt.get(), workspace, s.stream);  // dQ
-  s.backward_products[3].run(s.lt.get(), workspace, s.stream);  // dK
+  float* scores = reinterpret_cast<float*>(base + s.layout.scores);  // dP here
+  void* probs = base + s.layout.probs;
+  void* dscores = base + s.layout.dscores;
+  const UnfusedProducts u =
+      unfused_products(sh, cuda_type(s.dtype), s.scale,
+                       {t.q, t.k, t.v, t.d_o, nullptr, t.dq, t.dk, t.dv, scores, probs, dscores});
+  void* lt_workspace = base + s.layout.cublaslt;
+  s.backward_products[0].run(s.lt.get(), u.dv, lt_workspace, stream);
+  s.backward_products[1].run(s.lt.get(), u.dp, lt_workspace, stream);
+  s.dtype == DType::fp16 ? launch_softmax_grad<__half>(sh, probs, scores, delta, dscores, stream)
+                         : launch_softmax_grad<__nv_bfloat16>(sh, probs, scores, delta, dscores, stream);
+  s.backward_products[2].run(s.lt.get(), u.dq, lt_workspace, stream);
+  s.backward_products[3].run(s.lt.get(), u.dk, lt_workspace, stream);
 }
 
-void* Attention::stream() const { return state_->stream; }
+const Shape& Plan::shape() const { return state_->shape; }
+DType Plan::dtype() const { return state_->dtype; }
+Impl Plan::impl() const { return state_->impl; }
+std::size_t Plan::workspace_bytes() const { return state_->layout.bytes; }
 
-const std::vector<float>& Attention::q() const { return state_->host_q; }
-const std::vector<float>& Attention::k() const { return state_->host_k; }
-const std::vector<float>& Attention::v() const { return state_->host_v; }
-const std::vector<float>& Attention::d_o() const { return state_->host_do; }
-const Shape& Attention::shape() const { return state_->shape; }
-DType Attention::dtype() const { return state_->dtype; }
-Impl Attention::impl() const { return state_->impl; }
-
-void Attention::read_forward(std::vector<float>& o, std::vector<float>& lse) const {
-  const State& s = *state_;
-  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  std::vector<uint16_t> bits(s.q_count);
-  STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(bits.data(), s.o.get(), bits.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-  o = widen(s.dtype, bits);
-  lse.resize(s.lse_count);
-  STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(lse.data(), s.lse.get(), lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
-}
-
-void Attention::read_backward(std::vector<float>& dq, std::vector<float>& dk, std::vector<float>& dv) const {
-  const State& s = *state_;
-  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-  auto read = [&](const DeviceBuffer& buffer, size_t count) {
-    std::vector<uint16_t> bits(count);
-    STRATA_KERNEL_CUDA_CHECK(cudaMemcpy(bits.data(), buffer.get(), count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    return widen(s.dtype, bits);
-  };
-  dq = read(s.dq, s.q_count);
-  dk = read(s.dk, s.kv_count);
-  dv = read(s.dv, s.kv_count);
-}
-
-void Attention::poison_outputs() {
-  State& s = *state_;
-  // 0xFF bytes are NaN in fp32, fp16 and bf16.
-  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.o.get(), 0xFF, s.q_count * 2, s.stream));
-  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.lse.get(), 0xFF, s.lse_count * sizeof(float), s.stream));
-  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dq.get(), 0xFF, s.q_count * 2, s.stream));
-  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dk.get(), 0xFF, s.kv_count * 2, s.stream));
-  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(s.dv.get(), 0xFF, s.kv_count * 2, s.stream));
-  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-}
-
-void Attention::corrupt_output(size_t element) {
-  State& s = *state_;
-  if (element >= s.q_count) throw std::out_of_range("corrupt_output: element beyond O");
-  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(static_cast<unsigned char*>(static_cast<void*>(s.o.get())) + element * 2, 0x7F, 2, s.stream));
-  STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(s.stream));
-}
-
-std::string Attention::description() const {
+std::string Plan::description() const {
   const State& s = *state_;
   if (s.impl == Impl::flash) {
     return "flash fwd/bwd, tensor cores mma.sync m16n8k16 " + name(s.dtype) +
@@ -1177,154 +1121,6 @@ std::string Attention::description() const {
                 static_cast<double>(unfused_workspace_bytes(s.shape)) / (1 << 20));
   return "unfused, cuBLASLt strided-batched GEMMs (batch b*hkv, group heads stacked) around fp32 scores, softmax "
          "kernel, P and dS in " + name(s.dtype) + ", " + workspace + " score workspace";
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Check against the float64 reference.
-
-namespace {
-
-// compare()'s element test with a floor per element (a difference within bound[i] always passes), and the plain
-// relative L2 error, so the summary still shows how far the result is from the reference.
-ErrorReport compare_bounded(const float* got, const double* ref, const std::vector<double>& bound, double tol) {
-  const size_t n = bound.size();
-  double ref_squares = 0.0;
-  size_t finite = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (std::isfinite(ref[i])) {
-      ref_squares += ref[i] * ref[i];
-      ++finite;
-    }
-  }
-  const double ref_rms = finite == 0 ? 0.0 : std::sqrt(ref_squares / static_cast<double>(finite));
-  ErrorReport report;
-  double diff_squares = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    const double have = got[i];
-    if (!std::isfinite(ref[i]) || !std::isfinite(have)) {
-      if (!(ref[i] == have)) ++report.bad;
-      continue;
-    }
-    const double diff = std::abs(have - ref[i]);
-    report.max_abs = std::max(report.max_abs, diff);
-    diff_squares += diff * diff;
-    if (diff > std::max(tol * (std::abs(ref[i]) + ref_rms), bound[i])) ++report.bad;
-  }
-  report.rel_l2 = ref_squares > 0.0 ? std::sqrt(diff_squares / ref_squares) : std::sqrt(diff_squares);
-  return report;
-}
-
-// Bounds on the rounding in dQ and dK of one slice (the query heads of one kv head: Q, O, dO (group, Sq, D),
-// K, V (Skv, D)). Both GPU paths store dS in the dtype (the unfused one P before it too) and form delta from
-// O in the dtype, so the terms of dQ_i = scale sum_j dS_ij K_j each carry a relative error of about the
-// dtype's unit roundoff u. Those terms cancel by construction (sum_j dS_ij = 0: a row that sees two keys has
-// dS_i0 = -dS_i1), which leaves dQ of rows with few keys far below its terms and below the tensor's RMS, where
-// compare()'s element test alone would flag plain rounding. The bound is 2 u scale sum_j (|dS_ij| +
-// P_ij sum_d |dO_id O_id|) |K_jc|, and the same with Q for dK; any indexing or masking error exceeds it.
-void gradient_bounds(const Shape& slice, const std::vector<double>& q, const std::vector<double>& k,
-                     const std::vector<double>& v, const std::vector<double>& o, const std::vector<double>& d_o,
-                     const std::vector<double>& lse, double unit_roundoff, std::vector<double>& dq_bound,
-                     std::vector<double>& dk_bound) {
-  const int d = slice.head_dim;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  const long offset = static_cast<long>(slice.seq_kv) - slice.seq_q;
-  auto dot = [d](const double* a, const double* b) {
-    double sum = 0.0;
-    for (int c = 0; c < d; ++c) sum += a[c] * b[c];
-    return sum;
-  };
-  for (long row = 0; row < static_cast<long>(slice.heads_q) * slice.seq_q; ++row) {
-    const long i = row % slice.seq_q;
-    const long visible = slice.causal ? std::clamp(i + offset + 1, 0L, static_cast<long>(slice.seq_kv))
-                                      : static_cast<long>(slice.seq_kv);
-    const double* qi = &q[static_cast<size_t>(row) * d];
-    const double* doi = &d_o[static_cast<size_t>(row) * d];
-    const double* oi = &o[static_cast<size_t>(row) * d];
-    const double delta = dot(doi, oi);
-    double spread = 0.0;
-    for (int c = 0; c < d; ++c) spread += std::abs(doi[c] * oi[c]);
-    for (long j = 0; j < visible; ++j) {
-      const double* kj = &k[static_cast<size_t>(j) * d];
-      const double p = std::exp(scale * dot(qi, kj) - lse[static_cast<size_t>(row)]);
-      const double ds = p * (dot(doi, &v[static_cast<size_t>(j) * d]) - delta);
-      const double weight = std::abs(ds) + p * spread;
-      for (int c = 0; c < d; ++c) {
-        dq_bound[static_cast<size_t>(row) * d + c] += weight * std::abs(kj[c]);
-        dk_bound[static_cast<size_t>(j) * d + c] += weight * std::abs(qi[c]);
-      }
-    }
-  }
-  for (double& b : dq_bound) b *= 2.0 * unit_roundoff * scale;
-  for (double& b : dk_bound) b *= 2.0 * unit_roundoff * scale;
-}
-
-}  // namespace
-
-CheckReport check(const Attention& attention, bool backward, int batch, int kv_head) {
-  const Shape& s = attention.shape();
-  if (batch < 0 || batch >= s.batch)
-    throw std::invalid_argument("check: batch " + std::to_string(batch) + " out of range [0, " + std::to_string(s.batch) + ")");
-  if (kv_head < 0 || kv_head >= s.heads_kv)
-    throw std::invalid_argument("check: kv_head " + std::to_string(kv_head) + " out of range [0, " +
-                     std::to_string(s.heads_kv) + ")");
-  const int group = s.heads_q / s.heads_kv;
-  const Shape slice{1, group, 1, s.seq_q, s.seq_kv, s.head_dim, s.causal};
-  // The group's query heads are consecutive, so their rows of Q, O, dO, dQ and lse are contiguous.
-  const size_t first_head = static_cast<size_t>(batch) * s.heads_q + static_cast<size_t>(kv_head) * group;
-  const size_t q_offset = first_head * s.seq_q * s.head_dim;
-  const size_t q_count = static_cast<size_t>(group) * s.seq_q * s.head_dim;
-  const size_t kv_offset = (static_cast<size_t>(batch) * s.heads_kv + kv_head) * s.seq_kv * s.head_dim;
-  const size_t kv_count = static_cast<size_t>(s.seq_kv) * s.head_dim;
-  const size_t lse_offset = first_head * s.seq_q, lse_count = static_cast<size_t>(group) * s.seq_q;
-  auto slice_of = [](const std::vector<float>& x, size_t offset, size_t count) {
-    return std::vector<double>(x.begin() + static_cast<std::ptrdiff_t>(offset),
-                               x.begin() + static_cast<std::ptrdiff_t>(offset + count));
-  };
-
-  CheckReport report;
-  report.backward = backward;
-  report.tolerance = tolerance(attention.dtype() == DType::fp16 ? Precision::fp16 : Precision::bf16);
-  const double tol = report.tolerance;
-
-  std::vector<float> o, lse;
-  attention.read_forward(o, lse);
-  const std::vector<double> q = slice_of(attention.q(), q_offset, q_count);
-  const std::vector<double> k = slice_of(attention.k(), kv_offset, kv_count);
-  const std::vector<double> v = slice_of(attention.v(), kv_offset, kv_count);
-  std::vector<double> o_ref(q_count), lse_ref(lse_count);
-  reference_forward(slice, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data());
-  report.o = compare(o.data() + q_offset, o_ref.data(), q_count, tol);
-  report.lse = compare(lse.data() + lse_offset, lse_ref.data(), lse_count, tol);
-  report.passed = within(report.o, tol) && within(report.lse, tol);
-
-  if (backward) {
-    std::vector<float> dq, dk, dv;
-    attention.read_backward(dq, dk, dv);
-    const std::vector<double> d_o = slice_of(attention.d_o(), q_offset, q_count);
-    std::vector<double> dq_ref(q_count), dk_ref(kv_count), dv_ref(kv_count);
-    reference_backward(slice, q.data(), k.data(), v.data(), o_ref.data(), d_o.data(), lse_ref.data(), dq_ref.data(),
-                       dk_ref.data(), dv_ref.data());
-    std::vector<double> dq_bound(q_count), dk_bound(kv_count);
-    const double unit_roundoff = attention.dtype() == DType::fp16 ? 0x1.0p-11 : 0x1.0p-8;
-    gradient_bounds(slice, q, k, v, o_ref, d_o, lse_ref, unit_roundoff, dq_bound, dk_bound);
-    report.dq = compare_bounded(dq.data() + q_offset, dq_ref.data(), dq_bound, tol);
-    report.dk = compare_bounded(dk.data() + kv_offset, dk_ref.data(), dk_bound, tol);
-    report.dv = compare(dv.data() + kv_offset, dv_ref.data(), kv_count, tol);
-    report.passed = report.passed && within(report.dq, tol) && within(report.dk, tol) && within(report.dv, tol);
-  }
-
-  auto part = [](const char* label, const ErrorReport& r) {
-    char text[96];
-    std::snprintf(text, sizeof text, "%s rel_l2 %.2e bad %zu", label, r.rel_l2, r.bad);
-    return std::string(text);
-  };
-  report.summary = part("o", report.o) + ", " + part("lse", report.lse);
-  if (backward)
-    report.summary += ", " + part("dq", report.dq) + ", " + part("dk", report.dk) + ", " + part("dv", report.dv);
-  char tail[64];
-  std::snprintf(tail, sizeof tail, " (tolerance %.0e): %s", tol, report.passed ? "pass" : "FAIL");
-  report.summary += tail;
-  return report;
 }
 
 }  // namespace strata::attention::gpu

@@ -1,11 +1,16 @@
-// The host side of the GPU attention backends (see attention_cuda.h): names, parsing and validation, built
-// with or without CUDA so the CPU build tests what a request is allowed to be.
+// The host side of the GPU attention backends (see attention_cuda.h): names, parsing, validation, the
+// workspace layout and the check against the float64 reference, built with or without CUDA so the CPU build
+// tests them.
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/attention_cuda.h"
 #include "kernels/flash_layout.h"
@@ -15,6 +20,82 @@ namespace strata::attention::gpu {
 namespace {
 double rows_of(const Shape& s) { return static_cast<double>(s.batch) * s.heads_q * s.seq_q; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// compare()'s element test with a floor per element (a difference within bound[i] always passes), and the plain
+// relative L2 error, so the summary still shows how far the result is from the reference.
+ErrorReport compare_bounded(const float* got, const double* ref, const std::vector<double>& bound, double tol) {
+  const size_t n = bound.size();
+  double ref_squares = 0.0;
+  size_t finite = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::isfinite(ref[i])) {
+      ref_squares += ref[i] * ref[i];
+      ++finite;
+    }
+  }
+  const double ref_rms = finite == 0 ? 0.0 : std::sqrt(ref_squares / static_cast<double>(finite));
+  ErrorReport report;
+  double diff_squares = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double have = got[i];
+    if (!std::isfinite(ref[i]) || !std::isfinite(have)) {
+      if (!(ref[i] == have)) ++report.bad;
+      continue;
+    }
+    const double diff = std::abs(have - ref[i]);
+    report.max_abs = std::max(report.max_abs, diff);
+    diff_squares += diff * diff;
+    if (diff > std::max(tol * (std::abs(ref[i]) + ref_rms), bound[i])) ++report.bad;
+  }
+  report.rel_l2 = ref_squares > 0.0 ? std::sqrt(diff_squares / ref_squares) : std::sqrt(diff_squares);
+  return report;
+}
+
+// Bounds on the rounding in dQ and dK of one slice (the query heads of one kv head: Q, O, dO (group, Sq, D),
+// K, V (Skv, D)). Both GPU paths store dS in the dtype (the unfused one P before it too) and form delta from
+// O in the dtype, so the terms of dQ_i = scale sum_j dS_ij K_j each carry a relative error of about the
+// dtype's unit roundoff u. Those terms cancel by construction (sum_j dS_ij = 0: a row that sees two keys has
+// dS_i0 = -dS_i1), which leaves dQ of rows with few keys far below its terms and below the tensor's RMS, where
+// compare()'s element test alone would flag plain rounding. The bound is 2 u scale sum_j (|dS_ij| +
+// P_ij sum_d |dO_id O_id|) |K_jc|, and the same with Q for dK; any indexing or masking error exceeds it.
+void gradient_bounds(const Shape& slice, const std::vector<double>& q, const std::vector<double>& k,
+                     const std::vector<double>& v, const std::vector<double>& o, const std::vector<double>& d_o,
+                     const std::vector<double>& lse, double unit_roundoff, std::vector<double>& dq_bound,
+                     std::vector<double>& dk_bound) {
+  const int d = slice.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const long offset = static_cast<long>(slice.seq_kv) - slice.seq_q;
+  auto dot = [d](const double* a, const double* b) {
+    double sum = 0.0;
+    for (int c = 0; c < d; ++c) sum += a[c] * b[c];
+    return sum;
+  };
+  for (long row = 0; row < static_cast<long>(slice.heads_q) * slice.seq_q; ++row) {
+    const long i = row % slice.seq_q;
+    const long visible = slice.causal ? std::clamp(i + offset + 1, 0L, static_cast<long>(slice.seq_kv))
+                                      : static_cast<long>(slice.seq_kv);
+    const double* qi = &q[static_cast<size_t>(row) * d];
+    const double* doi = &d_o[static_cast<size_t>(row) * d];
+    const double* oi = &o[static_cast<size_t>(row) * d];
+    const double delta = dot(doi, oi);
+    double spread = 0.0;
+    for (int c = 0; c < d; ++c) spread += std::abs(doi[c] * oi[c]);
+    for (long j = 0; j < visible; ++j) {
+      const double* kj = &k[static_cast<size_t>(j) * d];
+      const double p = std::exp(scale * dot(qi, kj) - lse[static_cast<size_t>(row)]);
+      const double ds = p * (dot(doi, &v[static_cast<size_t>(j) * d]) - delta);
+      const double weight = std::abs(ds) + p * spread;
+      for (int c = 0; c < d; ++c) {
+        dq_bound[static_cast<size_t>(row) * d + c] += weight * std::abs(kj[c]);
+        dk_bound[static_cast<size_t>(j) * d + c] += weight * std::abs(qi[c]);
+      }
+    }
+  }
+  for (double& b : dq_bound) b *= 2.0 * unit_roundoff * scale;
+  for (double& b : dk_bound) b *= 2.0 * unit_roundoff * scale;
+}
+
 }  // namespace
 
 std::string name(Impl impl) { return impl == Impl::flash ? "flash" : "unfused"; }
@@ -64,6 +145,96 @@ std::string validate(const Shape& s, DType dtype, Impl impl) {
     }
   }
   return "";
+}
+
+WorkspaceLayout workspace_layout(const Shape& s, DType /*dtype: P and dS are 16-bit in both*/, Impl impl) {
+  const std::size_t rows = lse_elements(s), q = q_elements(s);
+  const std::size_t scores = rows * static_cast<std::size_t>(s.seq_kv);
+  WorkspaceLayout w;
+  w.delta = 0;
+  std::size_t end = aligned(rows * sizeof(float));
+  if (impl == Impl::flash) {
+    w.dq_accum = end;
+    end += aligned(q * sizeof(float));
+  } else {
+    w.scores = end;
+    end += aligned(scores * sizeof(float));
+    w.probs = end;
+    end += aligned(scores * 2);
+    w.dscores = end;
+    end += aligned(scores * 2);
+    w.cublaslt = end;
+    end += kUnfusedCublasLtBytes;
+  }
+  w.bytes = end;
+  return w;
+}
+
+std::size_t workspace_bytes(const Shape& shape, DType dtype, Impl impl) {
+  return workspace_layout(shape, dtype, impl).bytes;
+}
+
+CheckReport check(const Shape& s, DType dtype, const HostTensors& t, bool backward, int batch, int kv_head) {
+  if (batch < 0 || batch >= s.batch)
+    throw std::invalid_argument("check: batch " + std::to_string(batch) + " out of range [0, " + std::to_string(s.batch) + ")");
+  if (kv_head < 0 || kv_head >= s.heads_kv)
+    throw std::invalid_argument("check: kv_head " + std::to_string(kv_head) + " out of range [0, " +
+                     std::to_string(s.heads_kv) + ")");
+  if (backward && (t.dq == nullptr || t.dk == nullptr || t.dv == nullptr))
+    throw std::invalid_argument("check: the backward is checked without dq, dk and dv");
+  const int group = s.heads_q / s.heads_kv;
+  const Shape slice{1, group, 1, s.seq_q, s.seq_kv, s.head_dim, s.causal};
+  // The group's query heads are consecutive, so their rows of Q, O, dO, dQ and lse are contiguous.
+  const size_t first_head = static_cast<size_t>(batch) * s.heads_q + static_cast<size_t>(kv_head) * group;
+  const size_t q_offset = first_head * s.seq_q * s.head_dim;
+  const size_t q_count = static_cast<size_t>(group) * s.seq_q * s.head_dim;
+  const size_t kv_offset = (static_cast<size_t>(batch) * s.heads_kv + kv_head) * s.seq_kv * s.head_dim;
+  const size_t kv_count = static_cast<size_t>(s.seq_kv) * s.head_dim;
+  const size_t lse_offset = first_head * s.seq_q, lse_count = static_cast<size_t>(group) * s.seq_q;
+  auto slice_of = [](const float* x, size_t offset, size_t count) {
+    return std::vector<double>(x + offset, x + offset + count);
+  };
+
+  CheckReport report;
+  report.backward = backward;
+  report.tolerance = tolerance(dtype == DType::fp16 ? Precision::fp16 : Precision::bf16);
+  const double tol = report.tolerance;
+
+  const std::vector<double> q = slice_of(t.q, q_offset, q_count);
+  const std::vector<double> k = slice_of(t.k, kv_offset, kv_count);
+  const std::vector<double> v = slice_of(t.v, kv_offset, kv_count);
+  std::vector<double> o_ref(q_count), lse_ref(lse_count);
+  reference_forward(slice, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data());
+  report.o = compare(t.o + q_offset, o_ref.data(), q_count, tol);
+  report.lse = compare(t.lse + lse_offset, lse_ref.data(), lse_count, tol);
+  report.passed = within(report.o, tol) && within(report.lse, tol);
+
+  if (backward) {
+    const std::vector<double> d_o = slice_of(t.d_o, q_offset, q_count);
+    std::vector<double> dq_ref(q_count), dk_ref(kv_count), dv_ref(kv_count);
+    reference_backward(slice, q.data(), k.data(), v.data(), o_ref.data(), d_o.data(), lse_ref.data(), dq_ref.data(),
+                       dk_ref.data(), dv_ref.data());
+    std::vector<double> dq_bound(q_count), dk_bound(kv_count);
+    const double unit_roundoff = dtype == DType::fp16 ? 0x1.0p-11 : 0x1.0p-8;
+    gradient_bounds(slice, q, k, v, o_ref, d_o, lse_ref, unit_roundoff, dq_bound, dk_bound);
+    report.dq = compare_bounded(t.dq + q_offset, dq_ref.data(), dq_bound, tol);
+    report.dk = compare_bounded(t.dk + kv_offset, dk_ref.data(), dk_bound, tol);
+    report.dv = compare(t.dv + kv_offset, dv_ref.data(), kv_count, tol);
+    report.passed = report.passed && within(report.dq, tol) && within(report.dk, tol) && within(report.dv, tol);
+  }
+
+  auto part = [](const char* label, const ErrorReport& r) {
+    char text[96];
+    std::snprintf(text, sizeof text, "%s rel_l2 %.2e bad %zu", label, r.rel_l2, r.bad);
+    return std::string(text);
+  };
+  report.summary = part("o", report.o) + ", " + part("lse", report.lse);
+  if (backward)
+    report.summary += ", " + part("dq", report.dq) + ", " + part("dk", report.dk) + ", " + part("dv", report.dv);
+  char tail[64];
+  std::snprintf(tail, sizeof tail, " (tolerance %.0e): %s", tol, report.passed ? "pass" : "FAIL");
+  report.summary += tail;
+  return report;
 }
 
 }  // namespace strata::attention::gpu

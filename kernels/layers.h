@@ -1,7 +1,7 @@
 // The elementwise and row-wise kernels of a GPT-2-style training step on the CPU, in fp32 (llm.c's
 // train_gpt2.c layers): layer norm, GELU, softmax cross-entropy with its logits gradient, token + position
 // embedding, residual add, AdamW, fp32/bf16 casts, flush-to-zero control and the squared norm for gradient
-// clipping. GEMM and attention live in gemm_cpu.h and attention.h.
+// clipping. GEMM and attention live in cpu_gemm.h and attention.h.
 //
 // Dimensions, fixed once: B batch, T sequence, C channels, V vocabulary (Vs: the columns of a vocabulary
 // slice), N rows = B*T. Every buffer is row-major and contiguous unless a stride is given.

@@ -42,5 +42,25 @@ TEST(Axes, AnEmptyAxisMeansNoCases) {
   EXPECT_TRUE(axes.product().empty());
 }
 
+TEST(Axes, ZippedColumnsStepTogetherAsOneAxis) {
+  Axes axes;
+  axes.add("dtype", std::vector<std::string>{"fp32", "fp64"})
+      .add_zipped({{"m", "1"}, {"source", ""}}, {{int64_t{64}, std::string("a")}, {int64_t{128}, std::string("b")}});
+  const auto points = axes.product();
+  ASSERT_EQ(points.size(), 4u);
+  EXPECT_EQ(points[1].label(), "dtype=fp32 m=128 source=b");
+  EXPECT_EQ(points[2].label(), "dtype=fp64 m=64 source=a");
+  Table cases("cases");
+  axes.declare_columns(cases);
+  EXPECT_EQ(cases.column("m").kind, ColumnKind::int64);
+  EXPECT_EQ(cases.column("source").kind, ColumnKind::string);
+  axes.fill(cases, points[3]);
+  cases.end_row();
+  EXPECT_EQ(cases.column("m").ints[0], 128);
+  EXPECT_THROW(axes.add_zipped({{"k", "1"}}, {{int64_t{1}, int64_t{2}}}), std::invalid_argument);
+  EXPECT_THROW(axes.add_zipped({{"k", "1"}}, {{int64_t{1}}, {std::string("x")}}), std::invalid_argument);
+  EXPECT_THROW(axes.add_zipped({{"m", "1"}}, {{int64_t{1}}}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace strata

@@ -1,8 +1,9 @@
 // The flash attention kernels' data layout (kernels/flash_layout.h), checked on the host: the mma.sync
 // m16n8k16 and ldmatrix.x4 index maps are composed exactly as the kernels issue them (addresses, register
 // reuse of accumulators, the dS^T staging) and must reproduce each tile product of the forward and backward
-// passes; the tile sizes must fit the shared memory of sm_80 and sm_90; and the host-side validation of GPU
-// attention requests (kernels/attention_cuda_host.cpp). Small integer values keep every product exact.
+// passes; the tile sizes must fit the shared memory of sm_80 and sm_90; and the host side of GPU attention
+// (kernels/attention_cuda_host.cpp): request validation, the workspace layout, and the float64 check, fed with
+// the CPU kernels' results. Small integer values keep every tile product exact.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -14,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
+#include "kernels/gemm_check.h"
 #include "kernels/flash_layout.h"
 
 namespace strata::attention::gpu::layout {
@@ -325,6 +328,74 @@ TEST(GpuAttentionRequests, NamesRoundTrip) {
   for (DType dtype : {DType::fp16, DType::bf16}) EXPECT_EQ(parse_dtype(name(dtype)), dtype);
   EXPECT_EQ(parse_impl("naive"), std::nullopt);
   EXPECT_EQ(parse_dtype("fp32"), std::nullopt);
+}
+
+// Every part of the workspace 256-byte aligned, large enough, and apart from the others.
+TEST(GpuAttentionRequests, WorkspacePartsAreAlignedAndDisjoint) {
+  const Shape shape{2, 4, 2, 77, 93, 64, true};
+  const std::size_t rows = 2 * 4 * 77, scores = rows * 93, q = rows * 64;
+  for (Impl impl : {Impl::flash, Impl::unfused}) {
+    const WorkspaceLayout w = workspace_layout(shape, DType::bf16, impl);
+    EXPECT_EQ(workspace_bytes(shape, DType::bf16, impl), w.bytes);
+    struct Part {
+      std::size_t offset, bytes;
+    };
+    std::vector<Part> parts{{w.delta, rows * 4}};
+    if (impl == Impl::flash) {
+      parts.push_back({w.dq_accum, q * 4});
+    } else {
+      parts.push_back({w.scores, scores * 4});
+      parts.push_back({w.probs, scores * 2});
+      parts.push_back({w.dscores, scores * 2});
+      parts.push_back({w.cublaslt, kUnfusedCublasLtBytes});
+    }
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      EXPECT_EQ(parts[i].offset % 256, 0u) << name(impl) << " part " << i;
+      EXPECT_LE(parts[i].offset + parts[i].bytes, w.bytes) << name(impl) << " part " << i;
+      for (std::size_t j = 0; j < i; ++j)
+        EXPECT_TRUE(parts[i].offset >= parts[j].offset + parts[j].bytes ||
+                    parts[j].offset >= parts[i].offset + parts[i].bytes)
+            << name(impl) << " parts " << j << " and " << i << " overlap";
+    }
+  }
+  EXPECT_LT(workspace_bytes(shape, DType::fp16, Impl::flash), workspace_bytes(shape, DType::fp16, Impl::unfused));
+}
+
+// The GPU check on the CPU kernels' fp32 results (more accurate than any 16-bit kernel): they pass, and one
+// wrong element of O, or of dK, in the checked slice fails it.
+TEST(GpuAttentionCheck, PassesAccurateResultsAndCatchesAWrongElement) {
+  const Shape shape{2, 4, 2, 37, 45, 64, true};
+  std::vector<float> q(q_elements(shape)), k(kv_elements(shape)), v(k.size()), d_o(q.size());
+  gemm::fill_uniform(q.data(), q.size(), 5);
+  gemm::fill_uniform(k.data(), k.size(), 6);
+  gemm::fill_uniform(v.data(), v.size(), 7);
+  gemm::fill_uniform(d_o.data(), d_o.size(), 8);
+  std::vector<float> o(q.size()), lse(lse_elements(shape)), dq(q.size()), dk(k.size()), dv(k.size());
+  const CpuOptions options;
+  flash_forward(shape, q.data(), k.data(), v.data(), o.data(), lse.data(), options);
+  flash_backward(shape, q.data(), k.data(), v.data(), o.data(), d_o.data(), lse.data(), dq.data(), dk.data(),
+                 dv.data(), options);
+  const HostTensors tensors{q.data(), k.data(), v.data(), d_o.data(), o.data(), lse.data(),
+                            dq.data(), dk.data(), dv.data()};
+  for (int b = 0; b < shape.batch; ++b)
+    for (int h = 0; h < shape.heads_kv; ++h) {
+      const CheckReport report = check(shape, DType::bf16, tensors, true, b, h);
+      EXPECT_TRUE(report.passed) << "batch " << b << " kv head " << h << ": " << report.summary;
+    }
+  // Batch 1, kv head 1: its first query head is 1 * 4 + 1 * 2 = 6; its keys start at (1 * 2 + 1) * 45 rows.
+  const std::size_t o_element = std::size_t{6} * 37 * 64 + 5 * 64 + 3, k_element = std::size_t{3} * 45 * 64 + 7;
+  const float o_right = o[o_element];
+  o[o_element] = 2 * o_right + 1;
+  EXPECT_FALSE(check(shape, DType::bf16, tensors, false, 1, 1).passed);
+  EXPECT_TRUE(check(shape, DType::bf16, tensors, false, 0, 1).passed);  // another slice
+  o[o_element] = o_right;
+  dk[k_element] = 2 * dk[k_element] + 1;
+  EXPECT_TRUE(check(shape, DType::bf16, tensors, false, 1, 1).passed);
+  EXPECT_FALSE(check(shape, DType::bf16, tensors, true, 1, 1).passed);
+  EXPECT_THROW(check(shape, DType::bf16, HostTensors{q.data(), k.data(), v.data(), d_o.data(), o.data(), lse.data()},
+                     true, 0, 0),
+               std::invalid_argument);
+  EXPECT_THROW(check(shape, DType::bf16, tensors, false, 2, 0), std::invalid_argument);
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 #include "bench/check.h"
 #include "kernels/blas.h"
 #include "kernels/gemm_check.h"
-#include "kernels/gemm_cpu.h"
+#include "bench/gemm_cases.h"
 #include "kernels/gemm_layout.h"
 
 using namespace strata;

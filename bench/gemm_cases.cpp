@@ -1,8 +1,8 @@
-// Implementation of the CPU GEMM backend (see gemm_cpu.h).
-#include "kernels/gemm_cpu.h"
+// The CPU GEMM benchmark problem (see gemm_cases.h).
+#include "bench/gemm_cases.h"
 
+#include <algorithm>
 #include <limits>
-
 #include <stdexcept>
 
 namespace strata::gemm {
