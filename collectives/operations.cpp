@@ -61,7 +61,8 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .in_place = InPlace::recv_in_rank_block,
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
      .group_algos = {Algo::library, Algo::ring, Algo::hierarchical},
-     .expected = [](const CheckSpec& s, std::size_t count, int rank, int n, int, std::size_t i) -> std::optional<double> {
+     .expected = [](const CheckSpec& s, std::size_t count, int rank, int n, int,
+                    std::size_t i) -> std::optional<double> {
        return expected_reduction(s.redop, s.dtype, n, static_cast<std::size_t>(rank) * count + i, s.op);
      },
      .run = [](Algo algo, const OpArgs& a, const Context& ctx) {
@@ -81,8 +82,10 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .algos = {Algo::library, Algo::ring},
      .group_algos = {},
      // Block s of the output is block `rank` of rank s's input.
-     .expected = [](const CheckSpec& s, std::size_t count, int rank, int, int, std::size_t i) -> std::optional<double> {
-       return check_input(s.op, s.redop, static_cast<int>(i / count), static_cast<std::size_t>(rank) * count + i % count);
+     .expected = [](const CheckSpec& s, std::size_t count, int rank, int, int,
+                    std::size_t i) -> std::optional<double> {
+       return check_input(s.op, s.redop, static_cast<int>(i / count),
+                          static_cast<std::size_t>(rank) * count + i % count);
      },
      .run = [](Algo algo, const OpArgs& a, const Context& ctx) {
        return alltoall(algo, a.sendbuf, a.recvbuf, a.count, a.dtype, ctx);

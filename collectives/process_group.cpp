@@ -157,8 +157,11 @@ std::vector<int> group_ranks_by_node_and_local(const std::vector<int>& node_of_r
   return rank_at;
 }
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
+// The message is built only on failure: building it on every call costs a latency-bound operation more
+// than the operation's own bookkeeping.
+template <typename Message>
+void require(bool condition, Message message) {
+  if (!condition) throw std::invalid_argument(message());
 }
 
 }  // namespace
@@ -202,8 +205,10 @@ int Group::next_tag(std::vector<unsigned>& sequence, int peer) {
 
 Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
                       Waiting waiting) {
-  require(supports(Operation::allreduce, algo), "allreduce has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
-  require(algo != Algo::hierarchical || even_nodes_, "hierarchical allreduce needs the same number of ranks on every node");
+  require(supports(Operation::allreduce, algo),
+          [&] { return "allreduce has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
+  require(algo != Algo::hierarchical || even_nodes_,
+          [&] { return "hierarchical allreduce needs the same number of ranks on every node"; });
   const std::size_t bytes = count * size_of(dtype);
   auto* out = static_cast<std::byte*>(recvbuf);
   const int tag = next_collective_tag();
@@ -263,9 +268,9 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
 Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
                            RedOp op, Waiting waiting) {
   require(supports(Operation::reduce_scatter, algo),
-          "reduce_scatter has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
+          [&] { return "reduce_scatter has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require(algo != Algo::hierarchical || even_nodes_,
-          "hierarchical reduce_scatter needs the same number of ranks on every node");
+          [&] { return "hierarchical reduce_scatter needs the same number of ranks on every node"; });
   const std::size_t esize = size_of(dtype), block_bytes = recvcount * esize, total = block_bytes * static_cast<std::size_t>(size_);
   const auto* in = static_cast<const std::byte*>(sendbuf);
   auto* out = static_cast<std::byte*>(recvbuf);
@@ -347,8 +352,10 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
 
 Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
                       Waiting waiting) {
-  require(supports(Operation::allgather, algo), "allgather has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
-  require(algo != Algo::hierarchical || even_nodes_, "hierarchical allgather needs the same number of ranks on every node");
+  require(supports(Operation::allgather, algo),
+          [&] { return "allgather has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
+  require(algo != Algo::hierarchical || even_nodes_,
+          [&] { return "hierarchical allgather needs the same number of ranks on every node"; });
   const std::size_t esize = size_of(dtype), block_bytes = count * esize;
   auto* out = static_cast<std::byte*>(recvbuf);
   const auto* in = static_cast<const std::byte*>(sendbuf);
@@ -403,8 +410,10 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
 }
 
 Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting) {
-  require(supports(Operation::broadcast, algo), "broadcast has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
-  require(root >= 0 && root < size_, "broadcast root " + std::to_string(root) + " is not a rank of group " + name_);
+  require(supports(Operation::broadcast, algo),
+          [&] { return "broadcast has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
+  require(root >= 0 && root < size_,
+          [&] { return "broadcast root " + std::to_string(root) + " is not a rank of group " + name_; });
   const int tag = next_collective_tag();
   if (algo == Algo::library && waiting == Waiting::at_once) {
     STRATA_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get()));
@@ -422,7 +431,8 @@ Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, i
 }
 
 Work Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
-  require(peer >= 0 && peer < size_ && peer != rank_, "send: peer " + std::to_string(peer) + " of group " + name_);
+  require(peer >= 0 && peer < size_ && peer != rank_,
+          [&] { return "send: peer " + std::to_string(peer) + " of group " + name_; });
   const int tag = next_tag(send_sequence_, peer);
   return Work::start([&](Traffic* traffic) {
     return [](Channel ch, const std::byte* buf, std::size_t bytes, int peer) -> Step {
@@ -435,7 +445,8 @@ Work Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
 }
 
 Work Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
-  require(peer >= 0 && peer < size_ && peer != rank_, "recv: peer " + std::to_string(peer) + " of group " + name_);
+  require(peer >= 0 && peer < size_ && peer != rank_,
+          [&] { return "recv: peer " + std::to_string(peer) + " of group " + name_; });
   const int tag = next_tag(recv_sequence_, peer);
   return Work::start([&](Traffic*) {
     return [](Channel ch, std::byte* buf, std::size_t bytes, int peer) -> Step {
