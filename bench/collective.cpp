@@ -123,8 +123,7 @@ struct Case {
 
 // Where one case's buffers live and how an operation runs on them: host memory for MPI, device memory
 // (staged through the host for inputs and checks) for NCCL. In place, the input sits inside the output as
-// nccl-tests places it: allgather's at the rank's block of the output, reduce_scatter's output at the
-// rank's block of the input, otherwise the same buffer.
+// the operations table says (NCCL's layout).
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -132,17 +131,14 @@ class Executor {
     const size_t elem = coll::size_of(c.dtype);
     send_bytes_ = counts.send_elems * elem;
     recv_bytes_ = counts.recv_elems * elem;
-    size_t block = counts.count * elem * static_cast<size_t>(group_rank);
     if (!c.in_place) {
       send_ = allocate(send_bytes_, 0);
       recv_ = allocate(recv_bytes_, 1);
-    } else if (c.op == Operation::allgather) {
-      recv_ = allocate(recv_bytes_, 0), send_ = static_cast<char*>(recv_) + block;
-    } else if (c.op == Operation::reduce_scatter) {
-      send_ = allocate(send_bytes_, 0), recv_ = static_cast<char*>(send_) + block;
-    } else {
-      send_ = recv_ = allocate(std::max(send_bytes_, recv_bytes_), 0);
+      return;
     }
+    char* buffer = static_cast<char*>(allocate(std::max(send_bytes_, recv_bytes_), 0));
+    const coll::InPlaceOffsets at = coll::in_place_offsets(c.op, counts, elem, group_rank);
+    send_ = buffer + at.send, recv_ = buffer + at.recv;
   }
   virtual void load_inputs(const std::vector<unsigned char>& host) = 0;  // send_bytes_ of them
   virtual void read_outputs(std::vector<unsigned char>& host) = 0;       // recv_bytes_ of them
@@ -157,10 +153,14 @@ class Executor {
   size_t send_bytes_ = 0, recv_bytes_ = 0;
 };
 
-// MPI on host buffers, or on device buffers (--device-buffers) where the MPI library is CUDA-aware.
+// MPI on host buffers, or on device buffers (--device-buffers) where the MPI library is CUDA-aware. An
+// operation the process groups have runs through them (started, then waited for at once), the code the
+// training step runs; the rest, and device buffers, take the blocking algorithms of algorithms.h.
 class MpiExecutor final : public Executor {
  public:
-  MpiExecutor(coll::Context ctx, bool device_buffers) : ctx_(std::move(ctx)), device_(device_buffers) {}
+  // group: the process group over the case's communicator, or null for the blocking path throughout.
+  MpiExecutor(coll::Context ctx, std::unique_ptr<coll::Group> group, bool device_buffers)
+      : ctx_(std::move(ctx)), group_(std::move(group)), device_(device_buffers) {}
   void load_inputs(const std::vector<unsigned char>& host) override {
 #ifdef STRATA_HAVE_CUDA
     if (device_) return cuda::copy_to_device(send_, host.data(), send_bytes_);
@@ -175,16 +175,14 @@ class MpiExecutor final : public Executor {
     if (recv_bytes_) std::memcpy(host.data(), recv_, recv_bytes_);
   }
   coll::Traffic run(const Case& c, size_t count, int root) override {
-    switch (c.op) {
-      case Operation::allreduce: return coll::allreduce(c.algo, send_, recv_, count, c.dtype, c.redop, ctx_);
-      case Operation::allgather: return coll::allgather(c.algo, send_, recv_, count, c.dtype, ctx_);
-      case Operation::reduce_scatter: return coll::reduce_scatter(c.algo, send_, recv_, count, c.dtype, c.redop, ctx_);
-      case Operation::alltoall: return coll::alltoall(c.algo, send_, recv_, count, c.dtype, ctx_);
-      case Operation::broadcast: return coll::broadcast(c.algo, send_, recv_, count, c.dtype, root, ctx_);
-      case Operation::reduce: return coll::reduce(c.algo, send_, recv_, count, c.dtype, c.redop, root, ctx_);
-      case Operation::sendrecv: return coll::sendrecv(c.algo, send_, recv_, count, c.dtype, ctx_);
+    const coll::OperationInfo& op = coll::info(c.op);
+    const coll::OpArgs args{send_, recv_, count, c.dtype, c.redop, root};
+    if (group_ && op.group_algos.has(c.algo)) {
+      coll::Work work = op.start(*group_, c.algo, args, coll::Waiting::at_once);
+      work.wait();
+      return work.traffic();
     }
-    return {};
+    return op.run(c.algo, args, ctx_);
   }
   Timer& timer() override { return timer_; }
 
@@ -202,6 +200,7 @@ class MpiExecutor final : public Executor {
     return buffer.data();
   }
   coll::Context ctx_;
+  std::unique_ptr<coll::Group> group_;
   bool device_;
   std::vector<unsigned char> buffers_[2];
 #ifdef STRATA_HAVE_CUDA
@@ -435,9 +434,10 @@ int run_collective(int argc, char** argv) {
              o.timeout, 0.0);
   cli.flag("device-buffers", 0, "MPI backend: GPU buffers (needs a CUDA-aware MPI library; library algorithms, "
            "int8/int32/float/double, no avg)", o.device_buffers);
-  cli.option("segment-bytes", 0, "Strata's ring: bytes per reduction segment (K/M/G suffixes)", o.segment_bytes);
-  cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this",
-             o.max_message_bytes);
+  cli.option("segment-bytes", 0, "Strata's ring: bytes per reduction segment (K/M/G suffixes; set, every case "
+             "runs on the blocking algorithms, which have it)", o.segment_bytes);
+  cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this (set, "
+             "every case runs on the blocking algorithms)", o.max_message_bytes);
   cli.option("inject-hang", 0, "testing the timeout: this world rank stalls before the last case", o.inject_hang, -1);
   add_harness_options(cli, h);
   cli.alias("warmup_iters", "warmup");
@@ -477,6 +477,8 @@ int run_collective(int argc, char** argv) {
   if (segment_bytes <= 0) throw UsageError("--segment-bytes must be positive, got " + o.segment_bytes);
   if (max_message_bytes <= 0 || max_message_bytes > INT_MAX)
     throw UsageError("--max-message-bytes must be in 1.." + std::to_string(INT_MAX) + ", got " + o.max_message_bytes);
+  const bool tuned = segment_bytes != parse_bytes(Options{}.segment_bytes, "--segment-bytes") ||
+                     max_message_bytes != parse_bytes(Options{}.max_message_bytes, "--max-message-bytes");
   if (o.mixed && o.grid.empty()) throw UsageError("--mixed needs --grid");
   if (o.mixed && o.backend != "mpi")
     throw UsageError("--mixed runs on the MPI process groups; with --backend " + o.backend + " it is not available");
@@ -559,7 +561,15 @@ int run_collective(int argc, char** argv) {
 #ifdef STRATA_HAVE_CUDA
     if (o.device_buffers) ctx.device_copy = &cuda::copy_on_device;  // the library path's copies between buffers
 #endif
-    executor = std::make_unique<MpiExecutor>(ctx, o.device_buffers);
+    // The process groups have no device-buffer path, nor the blocking path's segment and message sizes:
+    // either flag keeps every case on the blocking path.
+    std::unique_ptr<coll::Group> process_group;
+    if (!o.device_buffers && !tuned) {
+      MPI_Comm dup = MPI_COMM_NULL;
+      STRATA_MPI_CHECK(MPI_Comm_dup(group.comm, &dup));
+      process_group = std::make_unique<coll::Group>(group_kind, Comm(dup), group.node_of_rank, types);
+    }
+    executor = std::make_unique<MpiExecutor>(ctx, std::move(process_group), o.device_buffers);
   }
 
   std::vector<Case> cases;
@@ -643,7 +653,7 @@ int run_collective(int argc, char** argv) {
               .set("algo", std::string(coll::name(c.algo))).set("mode", o.mode)
               .set("ops_per_sample", ops_per_sample).set("dtype", std::string(coll::name(c.dtype)))
               .set("redop", c.has_redop ? std::string(coll::name(c.redop)) : std::string("none"))
-              .set("root", (c.op == Operation::broadcast || c.op == Operation::reduce) ? o.root : -1)
+              .set("root", coll::info(c.op).rooted ? o.root : -1)
               .set("in_place", c.in_place ? 1 : 0).set("count", n.count).set("size_bytes", double(n.size_bytes))
               .set("bytes_per_rank", double(n.bytes_per_rank)).set("group_kind", group_kind)
               .set("n_groups", group.count).set("group_size", group_size).set("n_nodes", layout.node_count())
@@ -664,7 +674,7 @@ int run_collective(int argc, char** argv) {
       double t = r.rankmax.median;
       table.print_row({std::to_string(n.size_bytes), std::to_string(n.count), std::string(coll::name(c.dtype)),
                        c.has_redop ? std::string(coll::name(c.redop)) : "none",
-                       (c.op == Operation::broadcast || c.op == Operation::reduce) ? std::to_string(o.root) : "-1",
+                       coll::info(c.op).rooted ? std::to_string(o.root) : "-1",
                        std::string(coll::name(c.op)), std::string(coll::name(c.algo)), c.in_place ? "in" : "out",
                        format_fixed(t * 1e6, 2), format_fixed(n.size_bytes / t / 1e9, 3),
                        format_fixed(n.size_bytes / t / 1e9 * factor, 3), o.check ? std::to_string(r.wrong_elements) : "N/A"});

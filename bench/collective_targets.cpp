@@ -14,6 +14,8 @@
 #include "bench/harness.h"
 #include "collectives/algorithms.h"
 #include "collectives/layout.h"
+#include "collectives/operations.h"
+#include "collectives/process_group.h"
 #include "collectives/types.h"
 
 namespace {
@@ -121,12 +123,14 @@ int run_targets(int argc, char** argv) {
   }
 
   // 3: blocking latency: the harness's timed loop (measure(): barrier, timer, bookkeeping) around the same
-  // MPI call, and around strata-collective's library path (coll::allreduce dispatching to MPI_Allreduce),
-  // against a bare barrier + call loop. One sample of each in turn, the order rotating, so drifts in the
+  // MPI call, and around strata-collective's library path (the operations table's call on a process group,
+  // waited for at once: a Work around MPI_Allreduce), against a bare barrier + call loop. One sample of each in turn, the order rotating, so drifts in the
   // machine's speed, which at sub-microsecond latencies exceed the difference sought, hit all alike.
   say("\n# blocking allreduce latency (one call per sample, barrier before each), medians over ranks' samples\n");
   say("%10s %10s %12s %12s %10s %12s\n", "size(B)", "bare(us)", "harness(us)", "overhead", "+dispatch", "overhead");
   double worst_overhead = -1e9;
+  coll::ProcessGroups groups(coll::GridShape{1, 1, size});
+  const coll::OperationInfo& allreduce = coll::info(coll::Operation::allreduce);
   for (size_t bytes : {size_t{8}, size_t{64}, size_t{512}, size_t{4} << 10, size_t{32} << 10, size_t{256} << 10,
                        size_t{1} << 20}) {
     if (bytes > (size_t{1} << 20) / scale) break;
@@ -147,7 +151,8 @@ int run_targets(int argc, char** argv) {
         }).front());
       } else {
         dispatched.push_back(measure(MPI_COMM_WORLD, one, timer, [&] {
-          coll::allreduce(Algo::library, in.data(), out.data(), count, coll::DataType::float32, coll::RedOp::sum, ctx);
+          allreduce.start(groups.world(), Algo::library, {in.data(), out.data(), count, coll::DataType::float32},
+                          coll::Waiting::at_once).wait();
         }).front());
       }
     };

@@ -606,41 +606,10 @@ std::string_view name(Algo algo) {
   return "?";
 }
 
-std::string_view name(Operation operation) {
-  switch (operation) {
-    case Operation::allreduce: return "allreduce";
-    case Operation::allgather: return "allgather";
-    case Operation::reduce_scatter: return "reduce_scatter";
-    case Operation::alltoall: return "alltoall";
-    case Operation::broadcast: return "broadcast";
-    case Operation::reduce: return "reduce";
-    case Operation::sendrecv: return "sendrecv";
-  }
-  return "?";
-}
-
 std::optional<Algo> parse_algo(std::string_view text) {
   for (Algo algo : kAllAlgos)
     if (name(algo) == text) return algo;
   return std::nullopt;
-}
-
-std::optional<Operation> parse_operation(std::string_view text) {
-  for (Operation operation : kAllOperations)
-    if (name(operation) == text) return operation;
-  return std::nullopt;
-}
-
-bool is_supported(Operation operation, Algo algo) {
-  switch (algo) {
-    case Algo::library:
-    case Algo::ring: return true;
-    case Algo::recursive_doubling: return operation != Operation::alltoall && operation != Operation::sendrecv;
-    case Algo::hierarchical:
-      return operation == Operation::allreduce || operation == Operation::allgather ||
-             operation == Operation::reduce_scatter;
-  }
-  return false;
 }
 
 Context world_context(const Layout& layout, const MpiTypes& types) {

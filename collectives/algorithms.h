@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "collectives/operations.h"  // Algo, Operation
 #include "collectives/types.h"
 #include "collectives/work.h"  // Traffic
 
@@ -25,23 +26,8 @@ namespace strata::coll {
 
 class Layout;
 
-// library: the MPI collective. For reduce_scatter recursive_doubling is recursive halving, and for alltoall
-// ring is the pairwise exchange.
-enum class Algo { library, ring, recursive_doubling, hierarchical };
-enum class Operation { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, sendrecv };
-
-inline constexpr std::array<Algo, 4> kAllAlgos{Algo::library, Algo::ring, Algo::recursive_doubling,
-                                               Algo::hierarchical};
-inline constexpr std::array<Operation, 7> kAllOperations{Operation::allreduce, Operation::allgather,
-                                                         Operation::reduce_scatter, Operation::alltoall,
-                                                         Operation::broadcast, Operation::reduce,
-                                                         Operation::sendrecv};
-
-std::string_view name(Algo algo);            // "library", "ring", "recursive_doubling", "hierarchical"
-std::string_view name(Operation operation);  // "allreduce", "allgather", "reduce_scatter", ...
+std::string_view name(Algo algo);  // "library", "ring", "recursive_doubling", "hierarchical"
 std::optional<Algo> parse_algo(std::string_view text);
-std::optional<Operation> parse_operation(std::string_view text);
-bool is_supported(Operation operation, Algo algo);
 
 // Where a collective runs.
 struct Context {

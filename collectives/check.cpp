@@ -8,42 +8,6 @@ namespace strata::coll {
 
 bool is_integer(DataType d) { return d == DataType::int8 || d == DataType::int32; }
 
-bool is_reduction(Operation op) {
-  return op == Operation::allreduce || op == Operation::reduce_scatter || op == Operation::reduce;
-}
-
-double bus_factor(Operation op, int n) {
-  switch (op) {
-    case Operation::allreduce: return 2.0 * (n - 1) / n;
-    case Operation::allgather: case Operation::reduce_scatter: case Operation::alltoall: return double(n - 1) / n;
-    default: return 1.0;
-  }
-}
-
-
-Counts counts_for(Operation op, size_t bytes, size_t elem, int n) {
-  Counts c;
-  size_t total = bytes / elem;
-  switch (op) {
-    case Operation::allgather:
-      c.count = total / n, c.send_elems = c.count, c.recv_elems = c.count * n;
-      c.size_bytes = c.recv_elems * elem, c.bytes_per_rank = c.count * elem;
-      break;
-    case Operation::reduce_scatter:
-      c.count = total / n, c.send_elems = c.count * n, c.recv_elems = c.count;
-      c.size_bytes = c.send_elems * elem, c.bytes_per_rank = c.count * elem;
-      break;
-    case Operation::alltoall:
-      c.count = total / n, c.send_elems = c.count * n, c.recv_elems = c.count * n;
-      c.size_bytes = c.send_elems * elem, c.bytes_per_rank = c.size_bytes;
-      break;
-    default:
-      c.count = total, c.send_elems = total, c.recv_elems = total;
-      c.size_bytes = total * elem, c.bytes_per_rank = c.size_bytes;
-  }
-  return c;
-}
-
 // Small integers (|x| <= 48; sums of |x| <= 4 over up to 64 ranks stay inside bfloat16's exact integers),
 // and +-1 (with one 2) for products, so every dtype holds the exact result.
 double check_input(Operation op, RedOp redop, int rank, size_t i) {
@@ -92,41 +56,12 @@ std::vector<unsigned char> check_inputs(const CheckSpec& c, const Counts& n, int
 
 int64_t count_wrong(const CheckSpec& c, const Counts& n, const std::vector<unsigned char>& out, int rank, int size,
                     int root) {
+  const OperationInfo& op = info(c.op);
   int64_t wrong = 0;
-  auto expect = [&](size_t index, double value) {
-    double got = load_value(out.data(), index, c.dtype);
-    if (!matches(got, value, c.dtype, c.redop)) ++wrong;
-  };
-  switch (c.op) {
-    case Operation::allreduce:
-      for (size_t i = 0; i < n.count; ++i) expect(i, expected_reduction(c.redop, c.dtype, size, i, c.op));
-      break;
-    case Operation::reduce:
-      if (rank == root)
-        for (size_t i = 0; i < n.count; ++i) expect(i, expected_reduction(c.redop, c.dtype, size, i, c.op));
-      break;
-    case Operation::reduce_scatter:
-      for (size_t i = 0; i < n.count; ++i)
-        expect(i, expected_reduction(c.redop, c.dtype, size, static_cast<size_t>(rank) * n.count + i, c.op));
-      break;
-    case Operation::allgather:
-      for (int r = 0; r < size; ++r)
-        for (size_t i = 0; i < n.count; ++i) expect(r * n.count + i, check_input(c.op, c.redop, r, i));
-      break;
-    case Operation::alltoall:
-      for (int s = 0; s < size; ++s)
-        for (size_t i = 0; i < n.count; ++i)
-          expect(s * n.count + i, check_input(c.op, c.redop, s, static_cast<size_t>(rank) * n.count + i));
-      break;
-    case Operation::broadcast:
-      for (size_t i = 0; i < n.count; ++i) expect(i, check_input(c.op, c.redop, root, i));
-      break;
-    case Operation::sendrecv:
-      for (size_t i = 0; i < n.count; ++i) expect(i, check_input(c.op, c.redop, (rank - 1 + size) % size, i));
-      break;
-  }
+  for (size_t i = 0; i < n.recv_elems; ++i)
+    if (const std::optional<double> want = op.expected(c, n.count, rank, size, root, i))
+      if (!matches(load_value(out.data(), i, c.dtype), *want, c.dtype, c.redop)) ++wrong;
   return wrong;
 }
-
 
 }  // namespace strata::coll

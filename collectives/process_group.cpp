@@ -157,8 +157,11 @@ std::vector<int> group_ranks_by_node_and_local(const std::vector<int>& node_of_r
   return rank_at;
 }
 
-void require(bool condition, const std::string& message) {
-  if (!condition) throw std::invalid_argument(message);
+// The message is built only on failure: building it on every call costs a latency-bound operation more
+// than the operation's own bookkeeping.
+template <typename Message>
+void require(bool condition, Message message) {
+  if (!condition) throw std::invalid_argument(message());
 }
 
 }  // namespace
@@ -192,15 +195,7 @@ Group::Group(std::string name, Comm comm, std::vector<int> node_of_rank, const M
   recv_sequence_.assign(static_cast<std::size_t>(size_), 0);
 }
 
-bool Group::supports(Operation operation, Algo algo) {
-  switch (operation) {
-    case Operation::allreduce:
-    case Operation::reduce_scatter:
-    case Operation::allgather: return algo == Algo::library || algo == Algo::ring || algo == Algo::hierarchical;
-    case Operation::broadcast: return algo == Algo::library || algo == Algo::ring;
-    default: return false;
-  }
-}
+bool Group::supports(Operation operation, Algo algo) { return info(operation).group_algos.has(algo); }
 
 int Group::next_collective_tag() { return kCollectiveTagBase + static_cast<int>(collective_sequence_++ % kTagSpan); }
 
@@ -208,12 +203,21 @@ int Group::next_tag(std::vector<unsigned>& sequence, int peer) {
   return kPointToPointTagBase + static_cast<int>(sequence[static_cast<std::size_t>(peer)]++ % kTagSpan);
 }
 
-Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op) {
-  require(supports(Operation::allreduce, algo), "allreduce has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
-  require(algo != Algo::hierarchical || even_nodes_, "hierarchical allreduce needs the same number of ranks on every node");
+Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
+                      Waiting waiting) {
+  require(supports(Operation::allreduce, algo),
+          [&] { return "allreduce has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
+  require(algo != Algo::hierarchical || even_nodes_,
+          [&] { return "hierarchical allreduce needs the same number of ranks on every node"; });
   const std::size_t bytes = count * size_of(dtype);
   auto* out = static_cast<std::byte*>(recvbuf);
   const int tag = next_collective_tag();
+  if (algo == Algo::library && waiting == Waiting::at_once) {
+    STRATA_MPI_CHECK(MPI_Allreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
+                                   types_.datatype(dtype), types_.op(dtype, op), comm_.get()));
+    if (op == RedOp::avg) finish_avg(out, count, dtype, size_);
+    return Work();
+  }
   if (algo == Algo::library) {
     MPI_Request request;
     STRATA_MPI_CHECK(MPI_Iallreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
@@ -262,16 +266,26 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
 }
 
 Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
-                           RedOp op) {
+                           RedOp op, Waiting waiting) {
   require(supports(Operation::reduce_scatter, algo),
-          "reduce_scatter has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
+          [&] { return "reduce_scatter has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require(algo != Algo::hierarchical || even_nodes_,
-          "hierarchical reduce_scatter needs the same number of ranks on every node");
+          [&] { return "hierarchical reduce_scatter needs the same number of ranks on every node"; });
   const std::size_t esize = size_of(dtype), block_bytes = recvcount * esize, total = block_bytes * static_cast<std::size_t>(size_);
   const auto* in = static_cast<const std::byte*>(sendbuf);
   auto* out = static_cast<std::byte*>(recvbuf);
   const bool in_place = out == in + static_cast<std::size_t>(rank_) * block_bytes;
   const int tag = next_collective_tag();
+  if (algo == Algo::library && waiting == Waiting::at_once) {
+    // In place the input may be overwritten: MPI leaves the result at its start, NCCL's layout at my block.
+    std::byte* in_place_input = const_cast<std::byte*>(in);
+    STRATA_MPI_CHECK(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : sendbuf, in_place ? in_place_input : out,
+                                              static_cast<int>(recvcount), types_.datatype(dtype),
+                                              types_.op(dtype, op), comm_.get()));
+    if (in_place && rank_ != 0) std::memcpy(out, in_place_input, block_bytes);
+    if (op == RedOp::avg) finish_avg(out, recvcount, dtype, size_);
+    return Work();
+  }
   if (algo == Algo::library) {
     // MPI's in-place reduce-scatter puts the result at the start of the buffer, NCCL's at the rank's block:
     // reduce a copy of the input instead.
@@ -336,14 +350,22 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
       scratch);
 }
 
-Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype) {
-  require(supports(Operation::allgather, algo), "allgather has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
-  require(algo != Algo::hierarchical || even_nodes_, "hierarchical allgather needs the same number of ranks on every node");
+Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
+                      Waiting waiting) {
+  require(supports(Operation::allgather, algo),
+          [&] { return "allgather has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
+  require(algo != Algo::hierarchical || even_nodes_,
+          [&] { return "hierarchical allgather needs the same number of ranks on every node"; });
   const std::size_t esize = size_of(dtype), block_bytes = count * esize;
   auto* out = static_cast<std::byte*>(recvbuf);
   const auto* in = static_cast<const std::byte*>(sendbuf);
   const bool in_place = in == out + static_cast<std::size_t>(rank_) * block_bytes;
   const int tag = next_collective_tag();
+  if (algo == Algo::library && waiting == Waiting::at_once) {
+    STRATA_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_.datatype(dtype),
+                                   recvbuf, static_cast<int>(count), types_.datatype(dtype), comm_.get()));
+    return Work();
+  }
   if (algo == Algo::library) {
     MPI_Request request;
     STRATA_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_.datatype(dtype),
@@ -387,10 +409,16 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
       scratch);
 }
 
-Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root) {
-  require(supports(Operation::broadcast, algo), "broadcast has no non-blocking " + std::string(coll::name(algo)) + " algorithm");
-  require(root >= 0 && root < size_, "broadcast root " + std::to_string(root) + " is not a rank of group " + name_);
+Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting) {
+  require(supports(Operation::broadcast, algo),
+          [&] { return "broadcast has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
+  require(root >= 0 && root < size_,
+          [&] { return "broadcast root " + std::to_string(root) + " is not a rank of group " + name_; });
   const int tag = next_collective_tag();
+  if (algo == Algo::library && waiting == Waiting::at_once) {
+    STRATA_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get()));
+    return Work();
+  }
   if (algo == Algo::library) {
     MPI_Request request;
     STRATA_MPI_CHECK(MPI_Ibcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get(), &request));
@@ -403,7 +431,8 @@ Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, i
 }
 
 Work Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
-  require(peer >= 0 && peer < size_ && peer != rank_, "send: peer " + std::to_string(peer) + " of group " + name_);
+  require(peer >= 0 && peer < size_ && peer != rank_,
+          [&] { return "send: peer " + std::to_string(peer) + " of group " + name_; });
   const int tag = next_tag(send_sequence_, peer);
   return Work::start([&](Traffic* traffic) {
     return [](Channel ch, const std::byte* buf, std::size_t bytes, int peer) -> Step {
@@ -416,7 +445,8 @@ Work Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
 }
 
 Work Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
-  require(peer >= 0 && peer < size_ && peer != rank_, "recv: peer " + std::to_string(peer) + " of group " + name_);
+  require(peer >= 0 && peer < size_ && peer != rank_,
+          [&] { return "recv: peer " + std::to_string(peer) + " of group " + name_; });
   const int tag = next_tag(recv_sequence_, peer);
   return Work::start([&](Traffic*) {
     return [](Channel ch, std::byte* buf, std::size_t bytes, int peer) -> Step {

@@ -1,7 +1,12 @@
-// Unit tests of strata-collective's conventions and checks (collectives/check.h): nccl-tests' sizes and
-// bus-bandwidth factors, and a check that passes exact results and catches a wrong element.
+// Unit tests of strata-collective's conventions and checks (collectives/operations.h, check.h): nccl-tests'
+// sizes and bus-bandwidth factors for every entry of the operations table, its in-place layouts, and a check
+// that passes exact results and catches a wrong element.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+
+#include "collectives/algorithms.h"  // name(Algo)
 #include "collectives/check.h"
 
 using namespace strata::coll;
@@ -63,4 +68,103 @@ TEST(CollectiveCheck, InputsDifferAcrossRanksAndAreNeverAllZero) {
   bool nonzero = false;
   for (std::size_t i = 0; i < c.send_elems; ++i) nonzero |= load_value(r0.data(), i, DataType::float32) != 0;
   EXPECT_TRUE(nonzero);
+}
+
+// nccl-tests' getCollByteCount and getBw (src/<operation>.cu, nccl-tests 2.19), written out here as an
+// independent statement of the conventions the operations table must follow: sendcount, recvcount and
+// paramcount for `count` elements of S on n ranks, the bytes algbw divides, and the bus factor. nccl-tests
+// also trims per-rank blocks to whole 16-byte units (a performance choice Strata does not copy): the
+// comparison uses counts where the trim changes nothing.
+struct NcclTestsCounts {
+  std::size_t send, recv, param, algbw_bytes;
+  double factor;
+};
+NcclTestsCounts nccl_tests(Operation op, std::size_t count, std::size_t elt, int nranks) {
+  const auto n = static_cast<std::size_t>(nranks);
+  const std::size_t base = (count / n) & ~(16 / elt - 1);
+  const double ring = double(nranks - 1) / nranks;
+  switch (op) {
+    case Operation::allreduce: return {count, count, count, count * elt, 2 * ring};
+    case Operation::allgather: return {base, base * n, base, base * elt * n, ring};
+    case Operation::reduce_scatter: return {base * n, base, base, base * elt * n, ring};
+    case Operation::alltoall: return {base * n, base * n, base, base * n * elt, ring};
+    case Operation::broadcast:
+    case Operation::reduce:
+    case Operation::sendrecv: return {count, count, count, count * elt, 1.0};
+  }
+  return {};
+}
+
+TEST(CollectiveConventions, EveryTableEntryFollowsNcclTests) {
+  for (Operation op : kAllOperations)
+    for (DataType dtype : kAllDataTypes)
+      for (int n = 1; n <= 9; ++n) {
+        const std::size_t elt = size_of(dtype), count = 48 * static_cast<std::size_t>(n);  // blocks of 48 elements
+        const NcclTestsCounts want = nccl_tests(op, count, elt, n);
+        const Counts got = counts_for(op, count * elt, elt, n);
+        const std::string what = std::string(name(op)) + " " + std::string(name(dtype)) + " n=" + std::to_string(n);
+        EXPECT_EQ(got.count, want.param) << what;
+        EXPECT_EQ(got.send_elems, want.send) << what;
+        EXPECT_EQ(got.recv_elems, want.recv) << what;
+        EXPECT_EQ(got.size_bytes, want.algbw_bytes) << what;
+        EXPECT_EQ(got.size_bytes, std::max(want.send, want.recv) * elt) << what << ": S as nccl-tests prints it";
+        EXPECT_DOUBLE_EQ(bus_factor(op, n), want.factor) << what;
+      }
+}
+
+TEST(CollectiveConventions, OsuShareIsOneRanksBlockWhereTheOperationSplitsByRank) {
+  for (Operation op : kAllOperations) {
+    const Counts c = counts_for(op, 4 * 1200, 4, 4);
+    const bool per_rank_share = op == Operation::allgather || op == Operation::reduce_scatter;
+    EXPECT_EQ(c.bytes_per_rank, per_rank_share ? c.size_bytes / 4 : c.size_bytes) << name(op);
+  }
+}
+
+TEST(OperationsTable, NamesParseBackAndUnknownNamesDoNot) {
+  for (Operation op : kAllOperations) {
+    EXPECT_EQ(info(op).operation, op);
+    EXPECT_EQ(parse_operation(name(op)), op);
+  }
+  EXPECT_FALSE(parse_operation("allreduce ").has_value());
+  EXPECT_FALSE(parse_operation("gather").has_value());
+}
+
+TEST(OperationsTable, ReductionsAndRootsAreTheOnesNcclTakesThemFor) {
+  for (Operation op : kAllOperations) {
+    const bool reduction = op == Operation::allreduce || op == Operation::reduce_scatter || op == Operation::reduce;
+    EXPECT_EQ(is_reduction(op), reduction) << name(op);
+    EXPECT_EQ(info(op).rooted, op == Operation::broadcast || op == Operation::reduce) << name(op);
+  }
+}
+
+// The process groups offer a subset of the blocking algorithms, and an operation with any has a call.
+TEST(OperationsTable, GroupAlgorithmsAreBlockingAlgorithmsWithACall) {
+  for (Operation op : kAllOperations) {
+    bool any = false;
+    for (Algo algo : kAllAlgos) {
+      if (info(op).group_algos.has(algo)) {
+        EXPECT_TRUE(is_supported(op, algo)) << name(op) << " " << name(algo);
+      }
+      any |= info(op).group_algos.has(algo);
+    }
+    EXPECT_EQ(any, info(op).start != nullptr) << name(op);
+    EXPECT_TRUE(is_supported(op, Algo::library)) << name(op);
+    EXPECT_NE(info(op).run, nullptr) << name(op);
+  }
+}
+
+// In place, as NCCL lays it out: allgather's input at the rank's block of the output, reduce_scatter's
+// output at the rank's block of the input, otherwise one buffer; both inside max(send, recv) bytes.
+TEST(OperationsTable, InPlaceOffsetsAreNcclsLayout) {
+  const int n = 5, rank = 3;
+  for (Operation op : kAllOperations) {
+    const Counts c = counts_for(op, 4 * 1000, 4, n);
+    const InPlaceOffsets at = in_place_offsets(op, c, 4, rank);
+    const std::size_t block = c.count * 4 * rank;
+    EXPECT_EQ(at.send, op == Operation::allgather ? block : 0) << name(op);
+    EXPECT_EQ(at.recv, op == Operation::reduce_scatter ? block : 0) << name(op);
+    const std::size_t buffer = std::max(c.send_elems, c.recv_elems) * 4;
+    EXPECT_LE(at.send + c.send_elems * 4, buffer) << name(op);
+    EXPECT_LE(at.recv + c.recv_elems * 4, buffer) << name(op);
+  }
 }

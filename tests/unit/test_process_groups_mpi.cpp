@@ -11,6 +11,7 @@
 #include <iostream>
 #include <numeric>
 
+#include "collectives/check.h"
 #include "collectives/mpi_error.h"
 #include "collectives/process_group.h"
 
@@ -238,6 +239,44 @@ TEST(ProcessGroups, GridGroupsHoldTheRightRanks) {
   }
   EXPECT_THROW(ProcessGroups({n + 1, 1, 1}), std::invalid_argument);
   EXPECT_THROW(parse_grid_order("tp,tp,dp"), std::invalid_argument);
+}
+
+// Every operation of the table that the process groups have, through the table's call as strata-collective
+// makes it: each group algorithm, waited for later (MPI's non-blocking collectives for library) and at once
+// (its blocking ones), in and out of place as the table lays them out, against the exact results of the check.
+TEST(ProcessGroups, EveryTableOperationBothWaysMatchesTheCheck) {
+  for (int rpn : layouts()) {
+    ProcessGroups groups({1, 1, world_size_now()}, rpn);
+    Group& g = groups.world();
+    for (Operation op : kAllOperations)
+      for (Algo algo : kAllAlgos) {
+        if (!info(op).group_algos.has(algo)) continue;
+        for (Waiting waiting : {Waiting::later, Waiting::at_once})
+          for (DataType dtype : {DataType::float32, DataType::int8, DataType::bfloat16})
+            for (RedOp redop : info(op).reduction ? std::vector<RedOp>{RedOp::sum, RedOp::max, RedOp::avg}
+                                                  : std::vector<RedOp>{RedOp::sum})
+              for (std::size_t bytes : {std::size_t{0}, std::size_t{10}, std::size_t{4000}})
+                for (bool in_place : {false, true}) {
+                  const std::size_t elem = size_of(dtype);
+                  const Counts counts = counts_for(op, bytes / elem * elem, elem, g.size());
+                  const CheckSpec spec{op, dtype, redop};
+                  const std::size_t send_bytes = counts.send_elems * elem, recv_bytes = counts.recv_elems * elem;
+                  std::vector<unsigned char> a(std::max<std::size_t>(std::max(send_bytes, recv_bytes), 1));
+                  std::vector<unsigned char> b(std::max<std::size_t>(recv_bytes, 1));
+                  const InPlaceOffsets at = in_place ? in_place_offsets(op, counts, elem, g.rank()) : InPlaceOffsets{};
+                  unsigned char* send = a.data() + at.send;
+                  unsigned char* recv = in_place ? a.data() + at.recv : b.data();
+                  const std::vector<unsigned char> input = check_inputs(spec, counts, g.rank());
+                  if (send_bytes) std::memcpy(send, input.data(), send_bytes);
+                  const int root = g.size() - 1;
+                  info(op).start(g, algo, {send, recv, counts.count, dtype, redop, root}, waiting).wait();
+                  const std::vector<unsigned char> out(recv, recv + recv_bytes);
+                  EXPECT_EQ(count_wrong(spec, counts, out, g.rank(), g.size(), root), 0)
+                      << name(op) << " " << name(algo) << " " << name(dtype) << " " << name(redop) << " " << bytes
+                      << " B in_place " << in_place << " at_once " << (waiting == Waiting::at_once) << " rpn " << rpn;
+                }
+      }
+  }
 }
 
 TEST(ProcessGroups, UnsupportedRequestsAreRefused) {

@@ -1,0 +1,124 @@
+// The collective operations Strata measures, one table entry each, as nccl-tests has one small file per
+// collective: the name, how nccl-tests' size S becomes counts, the bus-bandwidth factor, where the input sits
+// in place, the algorithms, the expected result of the check inputs, and the calls (the blocking MPI
+// algorithms of algorithms.h and, where they have it, the process groups' non-blocking one). Everything
+// else asks the table rather than switching on the operation. The NCCL call cannot live here (NCCL code is
+// built only with CUDA): nccl_backend.cpp holds a parallel array in the order of kAllOperations, and a
+// static_assert there refuses a table it does not cover.
+//
+// Adding an operation: a value of Operation, its entry in operations.cpp, its blocking call in
+// algorithms.{h,cpp}, and its entry in nccl_backend.cpp's array.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+
+#include "collectives/types.h"
+#include "collectives/work.h"  // Traffic, Work
+
+namespace strata::coll {
+
+struct Context;          // algorithms.h
+class Group;             // process_group.h
+enum class Waiting;      // process_group.h
+
+// library: the MPI collective. For reduce_scatter recursive_doubling is recursive halving, and for alltoall
+// ring is the pairwise exchange.
+enum class Algo { library, ring, recursive_doubling, hierarchical };
+enum class Operation { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, sendrecv };
+
+inline constexpr std::array<Algo, 4> kAllAlgos{Algo::library, Algo::ring, Algo::recursive_doubling,
+                                               Algo::hierarchical};
+inline constexpr std::array<Operation, 7> kAllOperations{Operation::allreduce, Operation::allgather,
+                                                         Operation::reduce_scatter, Operation::alltoall,
+                                                         Operation::broadcast, Operation::reduce,
+                                                         Operation::sendrecv};
+
+// A set of algorithms, one bit per Algo.
+class Algos {
+ public:
+  constexpr Algos(std::initializer_list<Algo> algos) {
+    for (Algo a : algos) bits_ |= 1u << static_cast<unsigned>(a);
+  }
+  constexpr bool has(Algo algo) const { return (bits_ >> static_cast<unsigned>(algo)) & 1u; }
+
+ private:
+  unsigned bits_ = 0;
+};
+
+// Where the input sits when an operation runs in place (NCCL's convention; the rest of the send buffer may
+// be overwritten).
+enum class InPlace {
+  same_buffer,          // sendbuf == recvbuf
+  send_in_rank_block,   // allgather: sendbuf == recvbuf + rank * count elements
+  recv_in_rank_block,   // reduce_scatter: recvbuf == sendbuf + rank * count elements
+};
+
+// Element counts for nccl-tests' size S: the buffer each operation's S refers to, cut into whole elements
+// (and whole blocks per rank where the operation splits by rank, rounding down).
+struct Counts {
+  std::size_t count = 0;           // the count argument of the operation
+  std::size_t send_elems = 0;      // elements in the send buffer
+  std::size_t recv_elems = 0;      // elements in the receive buffer
+  std::size_t size_bytes = 0;      // S actually used
+  std::size_t bytes_per_rank = 0;  // OSU's size: one rank's share
+};
+
+// One call's arguments, the same for every operation (redop: reductions only; root: rooted ones only).
+struct OpArgs {
+  const void* sendbuf;
+  void* recvbuf;
+  std::size_t count;
+  DataType dtype;
+  RedOp redop = RedOp::sum;
+  int root = 0;
+};
+
+struct CheckSpec {
+  Operation op;
+  DataType dtype;
+  RedOp redop;
+};
+
+struct OperationInfo {
+  Operation operation;
+  std::string_view name;
+  bool reduction;  // takes a RedOp
+  bool rooted;     // takes a root
+  // The count argument, and the send and receive buffers and OSU's share in elements, for the `elems`
+  // elements of S on n ranks (nccl-tests' getCollByteCount); S is the larger buffer.
+  struct Elements {
+    std::size_t count, send, recv, per_rank;
+  };
+  Elements (*elements)(std::size_t elems, int n);
+  double (*bus_factor)(int n);  // nccl-tests' busbw / algbw
+  InPlace in_place;
+  Algos algos;        // the blocking path (algorithms.h)
+  Algos group_algos;  // the process groups' non-blocking path (process_group.h)
+  // The value of receive-buffer element i on `rank` of n after the operation on the check inputs
+  // (check.h); nullopt where the operation leaves it unspecified (reduce off the root).
+  std::optional<double> (*expected)(const CheckSpec& spec, std::size_t count, int rank, int n, int root,
+                                    std::size_t i);
+  Traffic (*run)(Algo algo, const OpArgs& args, const Context& ctx);  // blocking
+  // Non-blocking on a process group, for the algorithms in group_algos; null where there are none.
+  Work (*start)(Group& group, Algo algo, const OpArgs& args, Waiting waiting);
+};
+
+const OperationInfo& info(Operation operation);
+
+std::string_view name(Operation operation);  // "allreduce", "allgather", "reduce_scatter", ...
+std::optional<Operation> parse_operation(std::string_view text);
+bool is_supported(Operation operation, Algo algo);  // on the blocking path
+bool is_reduction(Operation operation);
+double bus_factor(Operation operation, int n);
+Counts counts_for(Operation operation, std::size_t bytes, std::size_t elem, int n);
+// Offsets of the send and receive buffers, in bytes, inside one allocation of max(send, recv) bytes for
+// an in-place call of `rank` (NCCL's layout).
+struct InPlaceOffsets {
+  std::size_t send = 0, recv = 0;
+};
+InPlaceOffsets in_place_offsets(Operation operation, const Counts& counts, std::size_t elem, int rank);
+
+}  // namespace strata::coll
