@@ -20,6 +20,22 @@ Counters& counters() {
   static Counters c;
   return c;
 }
+Counters& device_counters() {
+  static Counters c;
+  return c;
+}
+
+void add(Counters& c, MemoryCategory category, std::size_t bytes) {
+  const auto i = static_cast<std::size_t>(category);
+  const std::size_t now = c.current[i] += bytes;
+  std::size_t peak = c.peak[i].load();
+  while (now > peak && !c.peak[i].compare_exchange_weak(peak, now)) {
+  }
+}
+
+void reset_peaks(Counters& c) {
+  for (std::size_t i = 0; i < kMemoryCategories; ++i) c.peak[i] = c.current[i].load();
+}
 
 MemoryFigures read(const std::array<std::atomic<std::size_t>, kMemoryCategories>& values) {
   MemoryFigures f;
@@ -49,9 +65,10 @@ double MemoryFigures::total() const {
 
 MemoryFigures memory_current() { return read(counters().current); }
 MemoryFigures memory_peak() { return read(counters().peak); }
-void reset_memory_peaks() {
-  for (int i = 0; i < kMemoryCategories; ++i) counters().peak[static_cast<std::size_t>(i)] = counters().current[static_cast<std::size_t>(i)].load();
-}
+void reset_memory_peaks() { reset_peaks(counters()); }
+MemoryFigures device_memory_current() { return read(device_counters().current); }
+MemoryFigures device_memory_peak() { return read(device_counters().peak); }
+void reset_device_memory_peaks() { reset_peaks(device_counters()); }
 
 namespace detail {
 
@@ -61,17 +78,18 @@ void* tracked_allocate(MemoryCategory category, std::size_t bytes) {
   void* memory = std::aligned_alloc(kPage, rounded);
   if (!memory) throw std::bad_alloc();
   std::memset(memory, 0, bytes);
-  const auto i = static_cast<std::size_t>(category);
-  const std::size_t now = counters().current[i] += bytes;
-  std::size_t peak = counters().peak[i].load();
-  while (now > peak && !counters().peak[i].compare_exchange_weak(peak, now)) {
-  }
+  add(counters(), category, bytes);
   return memory;
 }
 
 void tracked_free(MemoryCategory category, void* memory, std::size_t bytes) {
   std::free(memory);
   counters().current[static_cast<std::size_t>(category)] -= bytes;
+}
+
+void count_device_allocation(MemoryCategory category, std::size_t bytes) { add(device_counters(), category, bytes); }
+void count_device_free(MemoryCategory category, std::size_t bytes) {
+  device_counters().current[static_cast<std::size_t>(category)] -= bytes;
 }
 
 }  // namespace detail

@@ -1,7 +1,8 @@
 // Memory the training step holds, by category, counted where it is allocated: every buffer of the model and
 // of the data-parallel step is a TrackedBuffer, which takes page-aligned memory and adds its bytes to its
 // category's current and peak figure. The figures are process-wide (a rank is a process), so a program reads
-// the peaks of one strategy after resetting them when the previous one is gone.
+// the peaks of one strategy after resetting them when the previous one is gone. Device memory (the GPU
+// model's buffers, memory_cuda.h) is counted the same way in figures of its own.
 #pragma once
 
 #include <array>
@@ -25,6 +26,10 @@ struct MemoryFigures {
 MemoryFigures memory_current();
 MemoryFigures memory_peak();
 void reset_memory_peaks();  // peak = current
+// The same for device memory.
+MemoryFigures device_memory_current();
+MemoryFigures device_memory_peak();
+void reset_device_memory_peaks();
 
 // A page-aligned array of T, zeroed at allocation (never timed on uninitialised memory), counted under its
 // category for as long as it lives. Moves transfer the count.
@@ -61,6 +66,9 @@ class TrackedBuffer {
 namespace detail {
 void* tracked_allocate(MemoryCategory category, std::size_t bytes);  // zeroed, page-aligned; bad_alloc on failure
 void tracked_free(MemoryCategory category, void* memory, std::size_t bytes);
+// The device figures' bookkeeping, for the allocator of memory_cuda.h: bytes allocated and freed.
+void count_device_allocation(MemoryCategory category, std::size_t bytes);
+void count_device_free(MemoryCategory category, std::size_t bytes);
 }  // namespace detail
 
 template <typename T>
