@@ -418,7 +418,7 @@ int run_collective(int argc, char** argv) {
   cli.option("check", 'c', "check every case's result on an untimed iteration (0/1)", o.check, 0);
   cli.option("root", 0, "root rank (in its group) of broadcast and reduce", o.root, 0);
   cli.choice("backend", 0, "communication library", o.backend, {"mpi", "nccl"});
-  cli.option("algo", 'a', "algorithms: library,ring,recursive_doubling,hierarchical or all", o.algos);
+  cli.option("algo", 'a', "algorithms: library,ring,recursive_doubling,hierarchical,horing or all", o.algos);
   cli.choice("mode", 'm', "pipelined: back-to-back operations timed as a loop (nccl-tests); blocking: one "
              "operation per timed interval, barrier between (OSU)", o.mode, {"pipelined", "blocking"});
   cli.option("ops-per-sample", 0, "operations per timed sample in pipelined mode", o.ops_per_sample, 1);
@@ -499,10 +499,16 @@ int run_collective(int argc, char** argv) {
   STRATA_MPI_CHECK(MPI_Comm_size(group.comm, &group_size));
   if (o.root >= group_size) throw UsageError("--root " + std::to_string(o.root) + " is not a rank of a group of " +
                                              std::to_string(group_size));
+  // HO-Ring exists on the process groups only, which have no device-buffer path nor the blocking path's tuning.
+  const bool on_groups = o.backend == "mpi" && !o.device_buffers && !tuned;
+  auto available = [&](Operation op, Algo a) {
+    return coll::is_supported(op, a) || (on_groups && coll::info(op).group_algos.has(a));
+  };
   for (Operation op : ops)
     for (Algo a : algos)
-      if (!coll::is_supported(op, a) && o.algos != "all")
-        throw UsageError("algorithm " + std::string(coll::name(a)) + " is not available for " + std::string(coll::name(op)));
+      if (!available(op, a) && o.algos != "all")
+        throw UsageError("algorithm " + std::string(coll::name(a)) + " is not available for " + std::string(coll::name(op)) +
+                         (coll::info(op).group_algos.has(a) ? " with --device-buffers or tuned segment or message sizes" : ""));
 
   coll::MpiTypes types;
   std::unique_ptr<Executor> executor;
@@ -583,7 +589,7 @@ int run_collective(int argc, char** argv) {
         for (size_t bytes : sizes)
           for (Algo a : algos)
             for (bool in_place : placements)
-              if (coll::is_supported(op, a)) cases.push_back({op, a, d, r, is_reduction(op), bytes, in_place});
+              if (available(op, a)) cases.push_back({op, a, d, r, is_reduction(op), bytes, in_place});
   if (o.mixed) return run_mixed(argc, argv, h, o, cli, layout, *grid, algos.front(), sizes);
 
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), device);

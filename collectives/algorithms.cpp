@@ -602,6 +602,7 @@ std::string_view name(Algo algo) {
     case Algo::ring: return "ring";
     case Algo::recursive_doubling: return "recursive_doubling";
     case Algo::hierarchical: return "hierarchical";
+    case Algo::horing: return "horing";
   }
   return "?";
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <numeric>
 #include <stdexcept>
@@ -207,8 +208,8 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
                       Waiting waiting) {
   require(supports(Operation::allreduce, algo),
           [&] { return "allreduce has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
-  require(algo != Algo::hierarchical || even_nodes_,
-          [&] { return "hierarchical allreduce needs the same number of ranks on every node"; });
+  require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
+          [&] { return std::string(coll::name(algo)) + " allreduce needs the same number of ranks on every node"; });
   const std::size_t bytes = count * size_of(dtype);
   auto* out = static_cast<std::byte*>(recvbuf);
   const int tag = next_collective_tag();
@@ -240,37 +241,18 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
         },
         scratch);
   }
-  // Hierarchical: reduce-scatter in the node, allreduce of my shard across nodes, allgather in the node.
-  const int per_node = static_cast<int>(intra_nodes_.size());
-  int local = 0, node_position = 0;
-  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
-  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
-  auto scratch = std::make_shared<Scratch>((count / static_cast<std::size_t>(per_node) + 1) * size_of(dtype));
-  return Work::start(
-      [&](Traffic* traffic) {
-        return [](Channel intra, Channel inter, std::byte* buf, std::size_t count, DataType dtype, RedOp op,
-                  std::byte* scratch, int ranks) -> Step {
-          const Offsets shards = even_blocks(count, intra.size);
-          const RedOp reduce = reduction_of(op);
-          co_await ring_reduce_scatter(intra, buf, shards, dtype, reduce, scratch);
-          const std::size_t esize = size_of(dtype);
-          co_await ring_allreduce(inter, buf + shards[static_cast<std::size_t>(intra.rank)] * esize,
-                                  length(shards, intra.rank), dtype, reduce, scratch);
-          co_await ring_allgather(intra, buf, shards, esize);
-          if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
-        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
-               Channel{inter_.get(), node_position, static_cast<int>(inter_nodes_.size()), &inter_nodes_, traffic, tag},
-               out, count, dtype, op, scratch->get(), n);
-      },
-      scratch);
+  if (algo == Algo::hierarchical) return hierarchical_allreduce(out, count, dtype, op, tag);
+  return horing(count, size_of(dtype), [this, out, dtype, op](std::size_t first, std::size_t piece, int chunk_tag) {
+    return hierarchical_allreduce(out + first * size_of(dtype), piece, dtype, op, chunk_tag);
+  });
 }
 
 Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
                            RedOp op, Waiting waiting) {
   require(supports(Operation::reduce_scatter, algo),
           [&] { return "reduce_scatter has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
-  require(algo != Algo::hierarchical || even_nodes_,
-          [&] { return "hierarchical reduce_scatter needs the same number of ranks on every node"; });
+  require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
+          [&] { return std::string(coll::name(algo)) + " reduce_scatter needs the same number of ranks on every node"; });
   const std::size_t esize = size_of(dtype), block_bytes = recvcount * esize, total = block_bytes * static_cast<std::size_t>(size_);
   const auto* in = static_cast<const std::byte*>(sendbuf);
   auto* out = static_cast<std::byte*>(recvbuf);
@@ -317,45 +299,19 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
         },
         scratch);
   }
-  // Hierarchical: the input's blocks are rearranged by (local index, node), so that an intra reduce-scatter
-  // of L super-blocks leaves local rank l with the blocks of every rank of local index l, which an inter
-  // reduce-scatter over the nodes then finishes.
-  const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
-  int local = 0, node_position = 0;
-  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
-  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
-  std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
-  auto scratch = std::make_shared<Scratch>(total + block_bytes * static_cast<std::size_t>(nodes));
-  std::byte* work = scratch->get();
-  for (int l = 0; l < per_node; ++l)
-    for (int m = 0; m < nodes; ++m)
-      std::memcpy(work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes,
-                  in + static_cast<std::size_t>(rank_at[static_cast<std::size_t>(m * per_node + l)]) * block_bytes, block_bytes);
-  return Work::start(
-      [&](Traffic* traffic) {
-        return [](Channel intra, Channel inter, std::byte* work, std::byte* out, std::size_t recvcount, DataType dtype,
-                  RedOp op, std::byte* scratch, int ranks) -> Step {
-          const std::size_t block_bytes = recvcount * size_of(dtype);
-          const RedOp reduce = reduction_of(op);
-          co_await ring_reduce_scatter(intra, work, equal_blocks(recvcount * static_cast<std::size_t>(inter.size), intra.size),
-                                       dtype, reduce, scratch);
-          std::byte* super = work + static_cast<std::size_t>(intra.rank) * inter.size * block_bytes;
-          co_await ring_reduce_scatter(inter, super, equal_blocks(recvcount, inter.size), dtype, reduce, scratch);
-          std::memcpy(out, super + static_cast<std::size_t>(inter.rank) * block_bytes, block_bytes);
-          if (op == RedOp::avg) finish_avg(out, recvcount, dtype, ranks);
-        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
-               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, recvcount, dtype, op,
-               work + total, n);
-      },
-      scratch);
+  if (algo == Algo::hierarchical) return hierarchical_reduce_scatter(in, block_bytes, out, recvcount, dtype, op, tag);
+  return horing(recvcount, esize, [this, in, out, block_bytes, dtype, op](std::size_t first, std::size_t piece, int chunk_tag) {
+    const std::size_t at = first * size_of(dtype);
+    return hierarchical_reduce_scatter(in + at, block_bytes, out + at, piece, dtype, op, chunk_tag);
+  });
 }
 
 Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
                       Waiting waiting) {
   require(supports(Operation::allgather, algo),
           [&] { return "allgather has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
-  require(algo != Algo::hierarchical || even_nodes_,
-          [&] { return "hierarchical allgather needs the same number of ranks on every node"; });
+  require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
+          [&] { return std::string(coll::name(algo)) + " allgather needs the same number of ranks on every node"; });
   const std::size_t esize = size_of(dtype), block_bytes = count * esize;
   auto* out = static_cast<std::byte*>(recvbuf);
   const auto* in = static_cast<const std::byte*>(sendbuf);
@@ -379,34 +335,11 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
       return ring_allgather(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, out, equal_blocks(count, n), esize);
     });
   }
-  // Hierarchical: across nodes among ranks of my local index, then inside the node, in (local, node) order;
-  // then back to group-rank order.
-  const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
-  int local = 0, node_position = 0;
-  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
-  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
-  std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
-  auto scratch = std::make_shared<Scratch>(block_bytes * static_cast<std::size_t>(n));
-  std::byte* work = scratch->get();
-  std::memcpy(work + (static_cast<std::size_t>(local) * nodes + node_position) * block_bytes, in, block_bytes);
-  return Work::start(
-      [&](Traffic* traffic) {
-        return [](Channel intra, Channel inter, std::byte* work, std::byte* out, std::size_t count, std::size_t esize,
-                  std::vector<int> rank_at) -> Step {
-          const std::size_t block_bytes = count * esize;
-          const int nodes = inter.size, per_node = intra.size;
-          co_await ring_allgather(inter, work + static_cast<std::size_t>(intra.rank) * nodes * block_bytes,
-                                  equal_blocks(count, nodes), esize);
-          co_await ring_allgather(intra, work, equal_blocks(count * static_cast<std::size_t>(nodes), per_node), esize);
-          for (int l = 0; l < per_node; ++l)
-            for (int m = 0; m < nodes; ++m)
-              std::memcpy(out + static_cast<std::size_t>(rank_at[static_cast<std::size_t>(m * per_node + l)]) * block_bytes,
-                          work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes, block_bytes);
-        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
-               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, count, esize,
-               std::move(rank_at));
-      },
-      scratch);
+  if (algo == Algo::hierarchical) return hierarchical_allgather(in, out, block_bytes, count, dtype, tag);
+  return horing(count, esize, [this, in, out, block_bytes, dtype](std::size_t first, std::size_t piece, int chunk_tag) {
+    const std::size_t at = first * size_of(dtype);
+    return hierarchical_allgather(in + at, out + at, block_bytes, piece, dtype, chunk_tag);
+  });
 }
 
 Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting) {
@@ -529,6 +462,137 @@ ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const st
 
 int ProcessGroups::world_rank_of(int tp, int pp, int dp) const {
   return tp * stride_[0] + pp * stride_[1] + dp * stride_[2];
+}
+
+// Hierarchical: reduce-scatter in the node, allreduce of my shard across nodes, allgather in the node; in place
+// on buf.
+Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType dtype, RedOp op, int tag) {
+  const int n = size_;
+  const int per_node = static_cast<int>(intra_nodes_.size());
+  int local = 0, node_position = 0;
+  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  auto scratch = std::make_shared<Scratch>((count / static_cast<std::size_t>(per_node) + 1) * size_of(dtype));
+  return Work::start(
+      [&](Traffic* traffic) {
+        return [](Channel intra, Channel inter, std::byte* buf, std::size_t count, DataType dtype, RedOp op,
+                  std::byte* scratch, int ranks) -> Step {
+          const Offsets shards = even_blocks(count, intra.size);
+          const RedOp reduce = reduction_of(op);
+          co_await ring_reduce_scatter(intra, buf, shards, dtype, reduce, scratch);
+          const std::size_t esize = size_of(dtype);
+          co_await ring_allreduce(inter, buf + shards[static_cast<std::size_t>(intra.rank)] * esize,
+                                  length(shards, intra.rank), dtype, reduce, scratch);
+          co_await ring_allgather(intra, buf, shards, esize);
+          if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
+               Channel{inter_.get(), node_position, static_cast<int>(inter_nodes_.size()), &inter_nodes_, traffic, tag},
+               out, count, dtype, op, scratch->get(), n);
+      },
+      scratch);
+}
+
+// Hierarchical: the input's blocks are rearranged by (local index, node), so that an intra reduce-scatter of L
+// super-blocks leaves local rank l with the blocks of every rank of local index l, which an inter reduce-scatter
+// over the nodes then finishes.
+Work Group::hierarchical_reduce_scatter(const std::byte* in, std::size_t in_stride, std::byte* out, std::size_t recvcount,
+                                        DataType dtype, RedOp op, int tag) {
+  const int n = size_;
+  const std::size_t block_bytes = recvcount * size_of(dtype), total = block_bytes * static_cast<std::size_t>(n);
+  const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
+  int local = 0, node_position = 0;
+  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
+  auto scratch = std::make_shared<Scratch>(total + block_bytes * static_cast<std::size_t>(nodes));
+  std::byte* work = scratch->get();
+  for (int l = 0; l < per_node; ++l)
+    for (int m = 0; m < nodes; ++m)
+      std::memcpy(work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes,
+                  in + static_cast<std::size_t>(rank_at[static_cast<std::size_t>(m * per_node + l)]) * in_stride, block_bytes);
+  return Work::start(
+      [&](Traffic* traffic) {
+        return [](Channel intra, Channel inter, std::byte* work, std::byte* out, std::size_t recvcount, DataType dtype,
+                  RedOp op, std::byte* scratch, int ranks) -> Step {
+          const std::size_t block_bytes = recvcount * size_of(dtype);
+          const RedOp reduce = reduction_of(op);
+          co_await ring_reduce_scatter(intra, work, equal_blocks(recvcount * static_cast<std::size_t>(inter.size), intra.size),
+                                       dtype, reduce, scratch);
+          std::byte* super = work + static_cast<std::size_t>(intra.rank) * inter.size * block_bytes;
+          co_await ring_reduce_scatter(inter, super, equal_blocks(recvcount, inter.size), dtype, reduce, scratch);
+          std::memcpy(out, super + static_cast<std::size_t>(inter.rank) * block_bytes, block_bytes);
+          if (op == RedOp::avg) finish_avg(out, recvcount, dtype, ranks);
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
+               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, recvcount, dtype, op,
+               work + total, n);
+      },
+      scratch);
+}
+
+// Hierarchical: across nodes among ranks of my local index, then inside the node, in (local, node) order; then
+// back to group-rank order.
+Work Group::hierarchical_allgather(const std::byte* in, std::byte* out, std::size_t out_stride, std::size_t count,
+                                   DataType dtype, int tag) {
+  const int n = size_;
+  const std::size_t esize = size_of(dtype), block_bytes = count * esize;
+  const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
+  int local = 0, node_position = 0;
+  STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
+  STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
+  std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
+  auto scratch = std::make_shared<Scratch>(block_bytes * static_cast<std::size_t>(n));
+  std::byte* work = scratch->get();
+  std::memcpy(work + (static_cast<std::size_t>(local) * nodes + node_position) * block_bytes, in, block_bytes);
+  return Work::start(
+      [&](Traffic* traffic) {
+        return [](Channel intra, Channel inter, std::byte* work, std::byte* out, std::size_t out_stride, std::size_t count,
+                  std::size_t esize, std::vector<int> rank_at) -> Step {
+          const std::size_t block_bytes = count * esize;
+          const int nodes = inter.size, per_node = intra.size;
+          co_await ring_allgather(inter, work + static_cast<std::size_t>(intra.rank) * nodes * block_bytes,
+                                  equal_blocks(count, nodes), esize);
+          co_await ring_allgather(intra, work, equal_blocks(count * static_cast<std::size_t>(nodes), per_node), esize);
+          for (int l = 0; l < per_node; ++l)
+            for (int m = 0; m < nodes; ++m)
+              std::memcpy(out + static_cast<std::size_t>(rank_at[static_cast<std::size_t>(m * per_node + l)]) * out_stride,
+                          work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes, block_bytes);
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
+               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, out_stride, count,
+               esize, std::move(rank_at));
+      },
+      scratch);
+}
+
+// HO-Ring: the chunks' hierarchical operations, started in order with tags taken now (every rank takes them in
+// the same order, whenever a chunk starts), at most kHoRingWindow in flight, progressed together.
+Work Group::horing(std::size_t elements, std::size_t esize,
+                   const std::function<Work(std::size_t first, std::size_t count, int tag)>& start) {
+  require(even_nodes_, [] { return "horing needs the same number of ranks on every node"; });
+  const std::size_t per_chunk = std::max({std::size_t{1}, horing_chunk_bytes / esize,
+                                          (elements + kHoRingChunks - 1) / kHoRingChunks});
+  const std::size_t chunks = std::max<std::size_t>(1, (elements + per_chunk - 1) / per_chunk);
+  std::vector<int> tags(chunks);
+  for (int& t : tags) t = next_collective_tag();
+  auto start_chunk = [start, tags, elements, per_chunk](std::size_t c) {
+    const std::size_t first = c * per_chunk;
+    return start(first, std::min(per_chunk, elements - first), tags[c]);
+  };
+  return Work::start([&](Traffic* traffic) {
+    return [](std::function<Work(std::size_t)> start_chunk, std::size_t chunks, Traffic* traffic) -> Step {
+      std::deque<Work> in_flight;
+      std::size_t next = 0;
+      while (next < chunks || !in_flight.empty()) {
+        while (next < chunks && in_flight.size() < static_cast<std::size_t>(kHoRingWindow)) in_flight.push_back(start_chunk(next++));
+        for (Work& w : in_flight) w.test();
+        const std::size_t before = in_flight.size();
+        while (!in_flight.empty() && in_flight.front().done()) {
+          *traffic += in_flight.front().traffic();
+          in_flight.pop_front();
+        }
+        if (in_flight.size() == before) co_await Yield{};
+      }
+    }(start_chunk, chunks, traffic);
+  });
 }
 
 }  // namespace strata::coll

@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,8 +56,11 @@ class Group {
   bool even_nodes() const { return even_nodes_; }  // every node holds the same number of the group's ranks
 
   // Algorithms: library (MPI_I* collectives), ring, hierarchical (reduce-scatter in the node, the shard
-  // across nodes among ranks of the same local index, allgather in the node; needs even nodes). Broadcast:
-  // library, or ring (a pipelined chain from the root). std::invalid_argument for other pairs or bad args.
+  // across nodes among ranks of the same local index, allgather in the node; needs even nodes), horing
+  // (HO-Ring: the hierarchical algorithm on chunks of horing_chunk_bytes, up to kHoRingWindow in flight, so
+  // chunk k's intra-node phase runs while chunk k-1 crosses nodes on the m concurrent inter-node rings; the
+  // bytes per tier are the hierarchical algorithm's). Broadcast: library, or ring (a pipelined chain from the
+  // root). std::invalid_argument for other pairs or bad args.
   Work allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
                  Waiting waiting = Waiting::later);
   Work reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype, RedOp op,
@@ -69,7 +73,25 @@ class Group {
 
   static bool supports(Operation operation, Algo algo);  // the operations table's group_algos
 
+  // HO-Ring's chunk: large enough that a chunk's messages are bandwidth-bound, small enough to pipeline. At
+  // most kHoRingChunks chunks (the chunk grows for larger buffers), so one operation takes a bounded number of
+  // tags. Tests set it small.
+  std::size_t horing_chunk_bytes = std::size_t{1} << 20;
+  static constexpr int kHoRingChunks = 16;
+  static constexpr int kHoRingWindow = 3;  // chunks in flight: one per phase (intra, inter, intra)
+
  private:
+  // The hierarchical algorithm on one piece of a collective, with its own tag (HO-Ring runs several at once).
+  // Strides are the bytes between consecutive ranks' blocks in the full buffers.
+  Work hierarchical_allreduce(std::byte* buf, std::size_t count, DataType dtype, RedOp op, int tag);
+  Work hierarchical_reduce_scatter(const std::byte* in, std::size_t in_stride, std::byte* out, std::size_t recvcount,
+                                   DataType dtype, RedOp op, int tag);
+  Work hierarchical_allgather(const std::byte* in, std::byte* out, std::size_t out_stride, std::size_t count,
+                              DataType dtype, int tag);
+  // HO-Ring: `elements` cut into chunks; start(first, count, tag) starts the hierarchical algorithm on one.
+  Work horing(std::size_t elements, std::size_t esize,
+              const std::function<Work(std::size_t first, std::size_t count, int tag)>& start);
+
   int next_collective_tag();
   int next_tag(std::vector<unsigned>& sequence, int peer);
 

@@ -111,6 +111,17 @@ struct Requests {
   void await_resume() const noexcept {}
 };
 
+// co_await Yield{}: suspends until the next Work::test(), for a step that progresses other operations itself
+// (a pipeline of several in flight) rather than waiting on messages of its own.
+struct Yield {
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<Step::promise_type> waiter) noexcept {
+    waiter.promise().scheduler->waiting = nullptr;
+    waiter.promise().scheduler->resume_point = waiter;
+  }
+  void await_resume() const noexcept {}
+};
+
 // The handle a caller holds. Destroying one that is still in flight waits for it first, because its
 // messages read and write the caller's buffers.
 class Work {

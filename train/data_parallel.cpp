@@ -75,8 +75,9 @@ namespace {
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Transient buffers of the step (gathered units, per-micro-batch gradients, reduction targets) come from here:
-// page-aligned, allocated the first time a size is asked for and reused after, so a step allocates nothing once
-// the first one is done. What the pool holds is the most that were in use at once.
+// page-aligned, allocated the first time more buffers of a size are in use at once than before, and reused
+// after, so steps allocate only while the most in flight at once still grows (the first step, usually). What
+// the pool holds is that most.
 class BufferPool {
  public:
   TrackedBuffer<float> take(std::size_t floats) {

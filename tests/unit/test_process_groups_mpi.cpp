@@ -61,7 +61,8 @@ TEST(ProcessGroups, AllreduceEveryAlgorithmInAndOutOfPlace) {
   for (int rpn : layouts()) {
     ProcessGroups groups({1, 1, world_size_now()}, rpn);
     Group& g = groups.world();
-    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical})
+    g.horing_chunk_bytes = 8;  // several chunks in flight even for small counts
+    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing})
       for (DataType dtype : kTypes)
         for (RedOp op : {RedOp::sum, RedOp::max, RedOp::avg})
           for (std::size_t count : kCounts)
@@ -83,8 +84,9 @@ TEST(ProcessGroups, ReduceScatterEveryAlgorithmInAndOutOfPlace) {
   for (int rpn : layouts()) {
     ProcessGroups groups({1, 1, world_size_now()}, rpn);
     Group& g = groups.world();
+    g.horing_chunk_bytes = 8;
     const std::size_t n = static_cast<std::size_t>(g.size());
-    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical})
+    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing})
       for (DataType dtype : kTypes)
         for (RedOp op : {RedOp::sum, RedOp::min})
           for (std::size_t recvcount : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{300}})
@@ -105,8 +107,9 @@ TEST(ProcessGroups, AllgatherEveryAlgorithmInAndOutOfPlace) {
   for (int rpn : layouts()) {
     ProcessGroups groups({1, 1, world_size_now()}, rpn);
     Group& g = groups.world();
+    g.horing_chunk_bytes = 8;
     const std::size_t n = static_cast<std::size_t>(g.size());
-    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical})
+    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing})
       for (DataType dtype : {DataType::float32, DataType::int8, DataType::float64})
         for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{9}, std::size_t{500}})
           for (bool in_place : {false, true}) {
@@ -218,6 +221,10 @@ TEST(ProcessGroups, TrafficPerTierMatchesTheAlgorithm) {
   const int nodes = n / 2;
   EXPECT_EQ(h_inter, 2ull * (nodes - 1) * bytes);                // each node's S split over its 2 ranks
   EXPECT_EQ(h_intra, 2ull * nodes * (2 - 1) * bytes);            // a reduce-scatter and an allgather in each node
+  g.horing_chunk_bytes = 1024;  // HO-Ring cuts the same work into chunks: the same bytes on each tier
+  auto [o_intra, o_inter] = totals(g.allreduce(Algo::horing, buf.data(), buf.data(), count, DataType::float32, RedOp::sum));
+  EXPECT_EQ(o_intra, h_intra);
+  EXPECT_EQ(o_inter, h_inter);
   auto [l_intra, l_inter] = totals(g.allreduce(Algo::library, buf.data(), buf.data(), count, DataType::float32, RedOp::sum));
   EXPECT_EQ(l_intra + l_inter, 0ull);  // MPI does not say
 }
