@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -145,6 +146,12 @@ class Executor {
   virtual coll::Traffic run(const Case& c, size_t count, int root) = 0;
   virtual void finish_timed() {}
   virtual Timer& timer() = 0;
+  // Before the first case: both buffers at the largest size any case needs, so no case allocates (a plain C
+  // benchmark's buffers, allocated once; page-aligned, as MPI's internal copies are slow on unaligned ones).
+  void reserve(size_t bytes) {
+    allocate(bytes, 0);
+    allocate(bytes, 1);
+  }
 
  protected:
   virtual void* allocate(size_t bytes, int slot) = 0;  // slot 0 or 1; reused across cases
@@ -195,14 +202,27 @@ class MpiExecutor final : public Executor {
       return device_buffers_[slot]->get();
     }
 #endif
-    auto& buffer = buffers_[slot];
-    buffer.resize(std::max<size_t>(bytes, 1));
-    return buffer.data();
+    PageBuffer& buffer = buffers_[slot];
+    if (bytes > buffer.size) {
+      void* memory = std::aligned_alloc(kPage, (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage);
+      if (!memory) throw std::bad_alloc();
+      buffer.data.reset(static_cast<unsigned char*>(memory));
+      buffer.size = bytes;
+    }
+    return buffer.data.get();
   }
+  static constexpr size_t kPage = 4096;
+  struct FreeMemory {
+    void operator()(unsigned char* memory) const { std::free(memory); }
+  };
+  struct PageBuffer {
+    std::unique_ptr<unsigned char, FreeMemory> data;
+    size_t size = 0;
+  };
   coll::Context ctx_;
   std::unique_ptr<coll::Group> group_;
   bool device_;
-  std::vector<unsigned char> buffers_[2];
+  PageBuffer buffers_[2];
 #ifdef STRATA_HAVE_CUDA
   std::unique_ptr<cuda::DeviceMemory> device_buffers_[2];
 #endif
@@ -615,6 +635,13 @@ int run_collective(int argc, char** argv) {
   }
 
   const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
+  size_t largest = 0;
+  for (const Case& c : cases) {
+    const size_t elem = coll::size_of(c.dtype);
+    const Counts n = counts_for(c.op, c.bytes, elem, group_size);
+    largest = std::max(largest, std::max(n.send_elems, n.recv_elems) * elem);
+  }
+  executor->reserve(largest);
   for (size_t index = 0; index < cases.size(); ++index) {
     const Case& c = cases[index];
     const size_t elem = coll::size_of(c.dtype);
