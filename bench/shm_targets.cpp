@@ -63,6 +63,8 @@ int run_targets(int argc, char** argv) {
   cli.option("iters", 'n', "timed samples per round", iters, 1);
   bool smoke = false;
   cli.flag("smoke", 0, "tiny run for the test suite: sizes / 1024, 1 round of 2; targets are not judged", smoke);
+  bool stream_slots = false;
+  cli.flag("stream-slots", 0, "fill the slots with non-temporal stores (ShmOptions::stream_slots)", stream_slots);
   if (!cli.parse(argc, argv)) return 0;
   if (smoke) rounds = 1, iters = 2;
   const size_t scale = smoke ? 1024 : 1;
@@ -82,7 +84,9 @@ int run_targets(int argc, char** argv) {
   ctx.types = &types;
   ctx.rank = rank;
   ctx.size = size;
-  coll::ShmNode shm(MPI_COMM_WORLD);
+  coll::ShmOptions shm_options;
+  shm_options.stream_slots = stream_slots;
+  coll::ShmNode shm(MPI_COMM_WORLD, shm_options);
   HostTimer timer;
 
   const size_t max_count = largest / sizeof(float);
@@ -142,8 +146,8 @@ int run_targets(int argc, char** argv) {
                                   " of " + human_bytes(bytes) + ": " + std::to_string(wrong) + " wrong elements");
   };
   fill_inputs(max_count);
-  say("# strata-bench-shm: %d ranks, %d rounds x %d samples per contender, medians of the max over ranks\n", size,
-      rounds, iters);
+  say("# strata-bench-shm: %d ranks, %d rounds x %d samples per contender, medians of the max over ranks%s\n", size,
+      rounds, iters, stream_slots ? "; slots filled with non-temporal stores" : "");
   say("# float sum; busbw = S/t x factor in GB/s (1e9 B/s), nccl-tests' S and factors; the sweep out of place\n");
 
   // 1: 64 MiB against memcpy (bytes copied per second by one rank while every rank copies at once).

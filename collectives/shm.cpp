@@ -191,6 +191,13 @@ bool ShmNode::drains(const Call& c) const {
   }
 }
 
+void ShmNode::to_slot(std::byte* slot, const std::byte* src, std::size_t bytes) const {
+  if (options_.stream_slots)
+    copy_out(slot, src, bytes, true);
+  else
+    std::memcpy(slot, src, bytes);
+}
+
 // Fill: my input of chunk j into my slot k.
 void ShmNode::fill(const Call& c, std::size_t j, std::uint64_t k, Traffic& traffic) {
   const std::size_t lo = c.lo(j) * c.esize, bytes = c.length(j) * c.esize;
@@ -198,11 +205,11 @@ void ShmNode::fill(const Call& c, std::size_t j, std::uint64_t k, Traffic& traff
   switch (c.operation) {
     case Operation::allreduce:
     case Operation::reduce:
-      std::memcpy(mine, c.send + lo, bytes);
+      to_slot(mine, c.send + lo, bytes);
       traffic.intra_bytes += bytes;
       break;
     case Operation::allgather: {
-      std::memcpy(mine, c.send + lo, bytes);
+      to_slot(mine, c.send + lo, bytes);
       traffic.intra_bytes += bytes;
       std::byte* own = c.recv + static_cast<std::size_t>(rank_) * c.count * c.esize + lo;
       if (own != c.send + lo) copy_out(own, mine, bytes, c.stream);
@@ -212,14 +219,14 @@ void ShmNode::fill(const Call& c, std::size_t j, std::uint64_t k, Traffic& traff
       // Slot layout: the piece of block b at b x chunk_elems; my own block stays in my buffer.
       for (int b = 0; b < size_; ++b) {
         if (b == rank_) continue;
-        std::memcpy(mine + static_cast<std::size_t>(b) * c.chunk_elems * c.esize,
-                    c.send + static_cast<std::size_t>(b) * c.count * c.esize + lo, bytes);
+        to_slot(mine + static_cast<std::size_t>(b) * c.chunk_elems * c.esize,
+                c.send + static_cast<std::size_t>(b) * c.count * c.esize + lo, bytes);
         traffic.intra_bytes += bytes;
       }
       break;
     case Operation::broadcast:
       if (rank_ != c.root) break;
-      std::memcpy(mine, c.send + lo, bytes);
+      to_slot(mine, c.send + lo, bytes);
       traffic.intra_bytes += bytes;
       if (c.recv != c.send) copy_out(c.recv + lo, mine, bytes, c.stream);
       break;
@@ -300,6 +307,7 @@ Step ShmNode::pipeline(Call c, std::uint64_t first, Traffic* traffic) {
       Until slot_free{[this, k, slots] { return k < slots || everyone_reached(kDone, k + 1 - slots); }};
       co_await slot_free;
       fill(c, t, k, *traffic);
+      if (options_.stream_slots) fence_streams();  // the release store below does not order streamed stores
       publish(kReady, k + 1);
     }
   }

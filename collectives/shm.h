@@ -49,6 +49,10 @@ struct ShmOptions {
   // Outputs of at least this many bytes are written with non-temporal stores: they will not fit in the cache
   // anyway, and streaming them saves reading each line before writing it. 0: never.
   std::size_t stream_min_bytes = std::size_t{4} << 20;
+  // Fill the slots with non-temporal stores too, so readers take the chunks from memory rather than from the
+  // writer's cache. Slower where the ranks' cores share a cache (the default), faster where moving modified
+  // lines between their caches is slow (cores far apart, as a virtual machine's may be placed).
+  bool stream_slots = false;
 };
 
 class ShmNode {
@@ -118,6 +122,7 @@ class ShmNode {
   std::byte* slot(int rank, std::uint64_t k) const;
   std::uint64_t* counter(int rank, Counter which) const;
   void publish(Counter which, std::uint64_t value) const;
+  void to_slot(std::byte* slot, const std::byte* src, std::size_t bytes) const;
   bool everyone_reached(Counter which, std::uint64_t value) const;
   // Progresses every operation in flight; true once the one with this ticket is complete.
   bool progress(std::uint64_t ticket);

@@ -33,10 +33,10 @@ constexpr std::array<Operation, 5> kShmOperations{Operation::allreduce, Operatio
                                                   Operation::reduce};
 
 // Segments of one to a few chunks' worth, so every test buffer spans many chunks and wraps the ring often:
-// the smallest slots (two of 64 bytes), a ring of three 4 KiB slots that streams every output, and the
-// defaults (256 KiB slots, streaming from 4 MiB).
-ShmOptions tiny_slots() { return {64 * ((static_cast<std::size_t>(world_size()) + 7) / 8), 2, 0}; }
-ShmOptions streaming_slots() { return {4096, 3, 1}; }
+// the smallest slots (two of 64 bytes), a ring of three 4 KiB slots that streams every output and every
+// fill, and the defaults (256 KiB slots, streaming outputs from 4 MiB).
+ShmOptions tiny_slots() { return {64 * ((static_cast<std::size_t>(world_size()) + 7) / 8), 2, 0, false}; }
+ShmOptions streaming_slots() { return {4096, 3, 1, true}; }
 
 // Values in -2..2 that depend on the rank, the element and a salt (the call's number in a sequence): with at
 // most 5 ranks every sum, product and average numerator is exact even in bfloat16 and fits in int8.
@@ -354,8 +354,8 @@ TEST(Shm, RejectsBadArguments) {
   EXPECT_FALSE(ShmNode::supports(Operation::alltoall));
   EXPECT_TRUE(ShmNode::supports(Operation::reduce));
   // Bad options are refused on every rank alike, before any segment is made.
-  EXPECT_THROW(ShmNode(MPI_COMM_WORLD, ShmOptions{64, 1, 0}), std::invalid_argument);
-  EXPECT_THROW(ShmNode(MPI_COMM_WORLD, ShmOptions{100, 2, 0}), std::invalid_argument);
+  EXPECT_THROW(ShmNode(MPI_COMM_WORLD, ShmOptions{64, 1, 0, false}), std::invalid_argument);
+  EXPECT_THROW(ShmNode(MPI_COMM_WORLD, ShmOptions{100, 2, 0, false}), std::invalid_argument);
 }
 
 // Failures of the current test on each rank, gathered to rank 0 at the end of the test, so that only rank 0
