@@ -47,8 +47,10 @@ bool Work::test() {
   if (s.waiting && !s.waiting->empty())
     STRATA_MPI_CHECK(
         MPI_Testall(static_cast<int>(s.waiting->size()), s.waiting->data(), &complete, MPI_STATUSES_IGNORE));
+  if (complete && s.condition) complete = (*s.condition)();
   if (!complete) return false;
   s.waiting = nullptr;
+  s.condition = nullptr;
   auto next = std::exchange(s.resume_point, {});
   next.resume();  // on to the next wait, or to the end (errors surface at the outermost step)
   rethrow_if_failed();

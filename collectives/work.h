@@ -11,6 +11,8 @@
 // complete, runs the algorithm on to its next set of messages. A caller overlapping communication with
 // compute calls test() between pieces of compute (e.g. after each layer of the backward pass); the library
 // path (MPI_I* collectives) progresses the same way, as Open MPI has no progress thread by default.
+// Algorithms that wait on memory other ranks write rather than on messages (collectives/shm.h) `co_await` an
+// Until condition instead, which test() asks the same way.
 #pragma once
 
 #include <mpi.h>
@@ -19,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -34,9 +37,11 @@ struct Traffic {
   Traffic& operator+=(const Traffic& other);
 };
 
-// Where a running coroutine chain waits: the requests of its innermost Step and the Step to resume.
+// Where a running coroutine chain waits: the requests (or the condition) of its innermost Step and the Step
+// to resume.
 struct Scheduler {
   std::vector<MPI_Request>* waiting = nullptr;
+  std::function<bool()>* condition = nullptr;
   std::coroutine_handle<> resume_point;
 };
 
@@ -117,6 +122,19 @@ struct Yield {
   bool await_ready() const noexcept { return false; }
   void await_suspend(std::coroutine_handle<Step::promise_type> waiter) noexcept {
     waiter.promise().scheduler->waiting = nullptr;
+    waiter.promise().scheduler->condition = nullptr;
+    waiter.promise().scheduler->resume_point = waiter;
+  }
+  void await_resume() const noexcept {}
+};
+
+// co_await Until{condition}: suspends until condition() returns true (a true one costs nothing). test() calls
+// it once per call, so it must be cheap and must not block.
+struct Until {
+  std::function<bool()> condition;
+  bool await_ready() { return condition(); }
+  void await_suspend(std::coroutine_handle<Step::promise_type> waiter) noexcept {
+    waiter.promise().scheduler->condition = &condition;
     waiter.promise().scheduler->resume_point = waiter;
   }
   void await_resume() const noexcept {}

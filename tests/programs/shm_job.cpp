@@ -1,0 +1,81 @@
+// A job of shared-memory allreduces for tests/integration/test_shm.py. Every rank prints the shared-memory
+// files it maps ("rank R maps PATH", from /proc/self/maps) once the segment exists, so the test can look for
+// them after the job; then the ranks run allreduces of 16 MiB and check them. With STRATA_SHM_KILL_RANK=R, rank R
+// starts one and kills itself with SIGKILL in the middle of it, while the others wait on its chunks; with
+// STRATA_SHM_THROW_RANK=R, rank R throws before the second while the others start it.
+#include <mpi.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "collectives/mpi.h"
+#include "collectives/shm.h"
+
+namespace {
+
+using namespace strata;
+
+// Files of a tmpfs (/dev/shm) or of a backing directory the test names in STRATA_SHM_DIR.
+std::set<std::string> shared_files_mapped() {
+  const char* dir = std::getenv("STRATA_SHM_DIR");
+  const std::string prefix = dir ? dir : "/dev/shm/";
+  std::set<std::string> paths;
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const auto at = line.find(prefix);
+    if (at != std::string::npos) paths.insert(line.substr(at));
+  }
+  return paths;
+}
+
+int run() {
+  const int rank = world_rank();
+  coll::ShmNode node(MPI_COMM_WORLD);
+  for (const std::string& path : shared_files_mapped()) std::printf("rank %d maps %s\n", rank, path.c_str());
+  std::fflush(stdout);
+  STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+
+  const char* victim = std::getenv("STRATA_SHM_KILL_RANK");
+  const std::size_t count = (std::size_t{16} << 20) / sizeof(float);
+  std::vector<float> in(count, static_cast<float>(rank + 1)), out(count);
+  const float want = static_cast<float>(world_size() * (world_size() + 1) / 2);
+  const char* thrower = std::getenv("STRATA_SHM_THROW_RANK");
+  for (int call = 0; call < 3; ++call) {
+    // An error on one rank between calls, while the others start the next: the node's destructor must not
+    // wait for them (in the collective free), or the job hangs instead of aborting.
+    if (thrower && std::atoi(thrower) == rank && call == 1) throw std::runtime_error("injected failure between calls");
+    coll::Work work = node.iallreduce(in.data(), out.data(), count, coll::DataType::float32, coll::RedOp::sum);
+    if (victim && std::atoi(victim) == rank && call == 1) {
+      for (int i = 0; i < 100; ++i) work.test();  // a few chunks in: the others wait for this rank's next one
+      std::printf("rank %d: killing itself in the middle of an allreduce\n", rank);
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+    work.wait();
+    for (std::size_t i = 0; i < count; i += 4099)
+      if (out[i] != want) throw std::runtime_error("wrong sum at element " + std::to_string(i));
+  }
+  STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  if (rank == 0) std::printf("shm job complete\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MpiSession session(&argc, &argv);  // outside the try: finalising waits for the other ranks
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::cerr << "strata-test-shm-job: rank " << world_rank() << ": " << e.what() << "; aborting\n";
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
