@@ -43,13 +43,6 @@ std::unique_ptr<float[], FreeDeleter> page_aligned_floats(size_t count) {
 
 double median_of(std::vector<double> v) { return summarize(std::move(v)).median; }
 
-// nccl-tests' busbw factor of each operation, with S as they count it (the whole gathered buffer for allgather).
-double bus_factor(Operation operation, int n) {
-  return operation == Operation::allreduce ? 2.0 * (n - 1) / n
-         : operation == Operation::allgather ? double(n - 1) / n
-                                              : 1.0;
-}
-
 std::string human_bytes(size_t bytes) {
   if (bytes >= (size_t{1} << 20)) return std::to_string(bytes >> 20) + " MiB";
   if (bytes >= (size_t{1} << 10)) return std::to_string(bytes >> 10) + " KiB";
@@ -172,7 +165,7 @@ int run_targets(int argc, char** argv) {
     double bw[2];
     for (bool in_place : {false, true}) {
       check(operations[o], largest, in_place);
-      bw[in_place] = largest / median_of(large[2 * o + in_place]) * bus_factor(operations[o], size);
+      bw[in_place] = largest / median_of(large[2 * o + in_place]) * coll::bus_factor(operations[o], size);
     }
     say("%-10s %10s %14.3f %8.3f %14.3f %8.3f  (target in place >= 0.8: %s)\n",
         std::string(coll::name(operations[o])).c_str(), human_bytes(largest).c_str(), bw[0] / 1e9, bw[0] / copy_bw,
@@ -194,7 +187,7 @@ int run_targets(int argc, char** argv) {
           (use_shm ? through_shm : library).insert((use_shm ? through_shm : library).end(), s.begin(), s.end());
         }
       check(operation, bytes);
-      const double factor = bus_factor(operation, size);
+      const double factor = coll::bus_factor(operation, size);  // nccl-tests' factor
       const double lib_bw = bytes / median_of(library) * factor, shm_bw = bytes / median_of(through_shm) * factor;
       sizes.push_back(bytes);
       ratios.push_back(shm_bw / lib_bw);
