@@ -149,7 +149,7 @@ int run_step(int argc, char** argv) {
   cli.option("zero", 'z', "ZeRO stages 0-3 (comma-separated) or all; default 0 when --paro is not given", o.zero);
   cli.option("group-size", 'g', "ranks per group (an emulated node) for I strategies; 0: real nodes", o.group_size, 0);
   cli.option("trainable", 0, "all, a fraction of the layers from the last (0.25), or last:K", o.trainable);
-  cli.choice("comm-algo", 0, "algorithms of the step's collectives", o.comm_algo, {"library", "ring", "hierarchical", "horing"});
+  cli.choice("comm-algo", 0, "algorithms of the step's collectives", o.comm_algo, {"library", "ring", "hierarchical", "horing", "shm"});
   cli.choice("overlap", 0, "reduce gradients during backward and gather parameters ahead", o.overlap, {"on", "off"});
   cli.option("data", 0, "synthetic (uniform tokens), repeat (a learnable task), or an llm.c token file", o.data);
   cli.option("lr", 0, "peak learning rate", o.lr, 0.0);

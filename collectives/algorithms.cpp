@@ -603,6 +603,7 @@ std::string_view name(Algo algo) {
     case Algo::recursive_doubling: return "recursive_doubling";
     case Algo::hierarchical: return "hierarchical";
     case Algo::horing: return "horing";
+    case Algo::shm: return "shm";
   }
   return "?";
 }

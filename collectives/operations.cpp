@@ -24,7 +24,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .bus_factor = [](int n) { return 2.0 * (n - 1) / n; },
      .in_place = InPlace::same_buffer,
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
-     .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing},
+     .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing, Algo::shm},
      .expected = [](const CheckSpec& s, std::size_t, int, int n, int, std::size_t i) -> std::optional<double> {
        return expected_reduction(s.redop, s.dtype, n, i, s.op);
      },
@@ -42,7 +42,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .bus_factor = [](int n) { return double(n - 1) / n; },
      .in_place = InPlace::send_in_rank_block,
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
-     .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing},
+     .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing, Algo::shm},
      .expected = [](const CheckSpec& s, std::size_t count, int, int, int, std::size_t i) -> std::optional<double> {
        return check_input(s.op, s.redop, static_cast<int>(i / count), i % count);
      },
@@ -60,7 +60,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .bus_factor = [](int n) { return double(n - 1) / n; },
      .in_place = InPlace::recv_in_rank_block,
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
-     .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing},
+     .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing, Algo::shm},
      .expected = [](const CheckSpec& s, std::size_t count, int rank, int n, int,
                     std::size_t i) -> std::optional<double> {
        return expected_reduction(s.redop, s.dtype, n, static_cast<std::size_t>(rank) * count + i, s.op);
@@ -99,7 +99,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .bus_factor = [](int) { return 1.0; },
      .in_place = InPlace::same_buffer,
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling},
-     .group_algos = {Algo::library, Algo::ring},
+     .group_algos = {Algo::library, Algo::ring, Algo::shm},
      .expected = [](const CheckSpec& s, std::size_t, int, int, int root, std::size_t i) -> std::optional<double> {
        return check_input(s.op, s.redop, root, i);
      },

@@ -26,12 +26,13 @@ enum class Waiting;      // process_group.h
 
 // library: the MPI collective. For reduce_scatter recursive_doubling is recursive halving, and for alltoall
 // ring is the pairwise exchange. horing: PaRO's hierarchical overlapping ring, the process groups' only (the
-// hierarchical algorithm on chunks of the buffer, pipelined so the tiers carry data at once).
-enum class Algo { library, ring, recursive_doubling, hierarchical, horing };
+// hierarchical algorithm on chunks of the buffer, pipelined so the tiers carry data at once). shm: through a
+// segment the ranks of one node share (shm.h), the process groups' only.
+enum class Algo { library, ring, recursive_doubling, hierarchical, horing, shm };
 enum class Operation { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, sendrecv };
 
-inline constexpr std::array<Algo, 5> kAllAlgos{Algo::library, Algo::ring, Algo::recursive_doubling,
-                                               Algo::hierarchical, Algo::horing};
+inline constexpr std::array<Algo, 6> kAllAlgos{Algo::library, Algo::ring, Algo::recursive_doubling,
+                                               Algo::hierarchical, Algo::horing, Algo::shm};
 inline constexpr std::array<Operation, 7> kAllOperations{Operation::allreduce, Operation::allgather,
                                                          Operation::reduce_scatter, Operation::alltoall,
                                                          Operation::broadcast, Operation::reduce,

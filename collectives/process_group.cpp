@@ -196,6 +196,13 @@ Group::Group(std::string name, Comm comm, std::vector<int> node_of_rank, const M
   recv_sequence_.assign(static_cast<std::size_t>(size_), 0);
 }
 
+Group::~Group() = default;
+
+ShmNode& Group::shm() {
+  if (!shm_) shm_ = std::make_unique<ShmNode>(comm_.get(), shm_options);
+  return *shm_;
+}
+
 bool Group::supports(Operation operation, Algo algo) { return info(operation).group_algos.has(algo); }
 
 int Group::next_collective_tag() { return kCollectiveTagBase + static_cast<int>(collective_sequence_++ % kTagSpan); }
@@ -212,6 +219,7 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
           [&] { return std::string(coll::name(algo)) + " allreduce needs the same number of ranks on every node"; });
   const std::size_t bytes = count * size_of(dtype);
   auto* out = static_cast<std::byte*>(recvbuf);
+  if (algo == Algo::shm) return shm().start(Operation::allreduce, sendbuf, recvbuf, count, dtype, op);
   const int tag = next_collective_tag();
   if (algo == Algo::library && waiting == Waiting::at_once) {
     STRATA_MPI_CHECK(MPI_Allreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
@@ -257,6 +265,7 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
   const auto* in = static_cast<const std::byte*>(sendbuf);
   auto* out = static_cast<std::byte*>(recvbuf);
   const bool in_place = out == in + static_cast<std::size_t>(rank_) * block_bytes;
+  if (algo == Algo::shm) return shm().start(Operation::reduce_scatter, sendbuf, recvbuf, recvcount, dtype, op);
   const int tag = next_collective_tag();
   if (algo == Algo::library && waiting == Waiting::at_once) {
     // In place the input may be overwritten: MPI leaves the result at its start, NCCL's layout at my block.
@@ -316,6 +325,7 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
   auto* out = static_cast<std::byte*>(recvbuf);
   const auto* in = static_cast<const std::byte*>(sendbuf);
   const bool in_place = in == out + static_cast<std::size_t>(rank_) * block_bytes;
+  if (algo == Algo::shm) return shm().start(Operation::allgather, sendbuf, recvbuf, count, dtype);
   const int tag = next_collective_tag();
   if (algo == Algo::library && waiting == Waiting::at_once) {
     STRATA_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_.datatype(dtype),
@@ -347,6 +357,7 @@ Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, i
           [&] { return "broadcast has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require(root >= 0 && root < size_,
           [&] { return "broadcast root " + std::to_string(root) + " is not a rank of group " + name_; });
+  if (algo == Algo::shm) return shm().start(Operation::broadcast, buf, buf, count, dtype, RedOp::sum, root);
   const int tag = next_collective_tag();
   if (algo == Algo::library && waiting == Waiting::at_once) {
     STRATA_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get()));

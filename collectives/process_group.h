@@ -26,6 +26,7 @@
 #include "collectives/algorithms.h"
 #include "collectives/layout.h"
 #include "collectives/operations.h"
+#include "collectives/shm.h"
 #include "collectives/types.h"
 #include "collectives/work.h"
 
@@ -46,6 +47,7 @@ class Group {
   Group(std::string name, Comm comm, std::vector<int> node_of_rank, const MpiTypes& types);
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
+  ~Group();
 
   const std::string& name() const { return name_; }
   MPI_Comm comm() const { return comm_.get(); }
@@ -59,8 +61,10 @@ class Group {
   // across nodes among ranks of the same local index, allgather in the node; needs even nodes), horing
   // (HO-Ring: the hierarchical algorithm on chunks of horing_chunk_bytes, up to kHoRingWindow in flight, so
   // chunk k's intra-node phase runs while chunk k-1 crosses nodes on the m concurrent inter-node rings; the
-  // bytes per tier are the hierarchical algorithm's). Broadcast: library, or ring (a pipelined chain from the
-  // root). std::invalid_argument for other pairs or bad args.
+  // bytes per tier are the hierarchical algorithm's), shm (through a segment the group's ranks share,
+  // shm.h; the group must live on one machine; the segment is made at the first shm call, collectively).
+  // Broadcast: library, ring (a pipelined chain from the root) or shm. std::invalid_argument for other pairs
+  // or bad args.
   Work allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
                  Waiting waiting = Waiting::later);
   Work reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype, RedOp op,
@@ -79,6 +83,7 @@ class Group {
   std::size_t horing_chunk_bytes = std::size_t{1} << 20;
   static constexpr int kHoRingChunks = 16;
   static constexpr int kHoRingWindow = 3;  // chunks in flight: one per phase (intra, inter, intra)
+  ShmOptions shm_options;                  // for the segment, before the first shm call
 
  private:
   // The hierarchical algorithm on one piece of a collective, with its own tag (HO-Ring runs several at once).
@@ -91,6 +96,8 @@ class Group {
   // HO-Ring: `elements` cut into chunks; start(first, count, tag) starts the hierarchical algorithm on one.
   Work horing(std::size_t elements, std::size_t esize,
               const std::function<Work(std::size_t first, std::size_t count, int tag)>& start);
+  ShmNode& shm();
+  std::unique_ptr<ShmNode> shm_;
 
   int next_collective_tag();
   int next_tag(std::vector<unsigned>& sequence, int peer);

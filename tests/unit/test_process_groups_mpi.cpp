@@ -292,6 +292,10 @@ TEST(ProcessGroups, UnsupportedRequestsAreRefused) {
   EXPECT_THROW(groups.world().allreduce(Algo::recursive_doubling, &x, &x, 1, DataType::float32, RedOp::sum),
                std::invalid_argument);
   EXPECT_THROW(groups.world().broadcast(Algo::hierarchical, &x, 1, DataType::float32, 0), std::invalid_argument);
+  // shm within the machine: every rank of these tests shares it, so the segment is made and used.
+  float y = static_cast<float>(groups.world().rank());
+  groups.world().allreduce(Algo::shm, &y, &y, 1, DataType::float32, RedOp::sum).wait();
+  EXPECT_EQ(y, static_cast<float>(groups.world().size() * (groups.world().size() - 1) / 2));
   EXPECT_THROW(groups.world().broadcast(Algo::library, &x, 1, DataType::float32, world_size_now()), std::invalid_argument);
 }
 
