@@ -136,7 +136,7 @@ Placed place(const Case& c) {
       p.send = make_input(rank, c.count, c.dtype, c.salt);
       p.recv = Buffer(whole * elem, kUntouched);
       if (c.in_place) {
-        std::memcpy(p.recv.data() + static_cast<std::size_t>(rank) * bytes, p.send.data(), bytes);
+        if (bytes) std::memcpy(p.recv.data() + static_cast<std::size_t>(rank) * bytes, p.send.data(), bytes);
         p.sendbuf = p.recv.data() + static_cast<std::size_t>(rank) * bytes;
         p.recvbuf = p.recv.data();
         return p;
