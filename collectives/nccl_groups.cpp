@@ -11,33 +11,11 @@
 #include "collectives/mpi.h"
 #include "collectives/mpi_error.h"
 #include "collectives/nccl_plan.h"
+#include "collectives/nccl_types.h"
 
 namespace strata::coll {
 
 namespace {
-
-ncclDataType_t nccl_type(DataType dtype) {
-  switch (dtype) {
-    case DataType::int8: return ncclInt8;
-    case DataType::int32: return ncclInt32;
-    case DataType::float32: return ncclFloat32;
-    case DataType::float64: return ncclFloat64;
-    case DataType::float16: return ncclFloat16;
-    case DataType::bfloat16: return ncclBfloat16;
-  }
-  throw std::invalid_argument("datatype not available in NCCL");
-}
-
-ncclRedOp_t nccl_op(RedOp op) {
-  switch (op) {
-    case RedOp::sum: return ncclSum;
-    case RedOp::prod: return ncclProd;
-    case RedOp::min: return ncclMin;
-    case RedOp::max: return ncclMax;
-    case RedOp::avg: return ncclAvg;
-  }
-  throw std::invalid_argument("reduction not available in NCCL");
-}
 
 // Teardown cannot throw: a failure is reported and the rest is still released.
 void report_teardown(const char* call, const char* detail) {
