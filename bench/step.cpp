@@ -100,12 +100,8 @@ double memory_limit(const Options& o, int ranks_on_node) {
 
 std::string gib(double bytes) { return format_fixed(bytes / double(1 << 30), 3) + " GiB"; }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
+// The harness's median; NaN for no steps.
+double median(std::vector<double> v) { return v.empty() ? NAN : summarize(std::move(v)).median; }
 
 double allreduce_sum(double value) {
   STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));

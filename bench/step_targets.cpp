@@ -16,7 +16,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -26,6 +25,8 @@
 
 #include "bench/check.h"
 #include "bench/cli.h"
+#include "bench/stats.h"
+#include "bench/timer.h"
 #include "collectives/mpi_error.h"
 #include "collectives/process_group.h"
 #include "kernels/attention.h"
@@ -40,13 +41,8 @@ namespace {
 using namespace strata;
 using namespace strata::train;
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
+double median(std::vector<double> v) { return summarize(std::move(v)).median; }
 
 std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float scale = 0.02f) {
   std::normal_distribution<float> normal(0.0f, scale);
@@ -148,9 +144,9 @@ struct StepKernels {
   double run_all() {
     double total = 0;
     for (auto& [name, call] : calls) {
-      const double start = now();
+      const double start = host_now();
       call();
-      total += now() - start;
+      total += host_now() - start;
     }
     return total;
   }
@@ -196,9 +192,9 @@ int run(int argc, char** argv) {
     kernels.run_all();  // warm-up of both
     std::vector<double> steps, sums;
     for (int r = 0; r < s.rounds; ++r) {
-      const double start = now();
+      const double start = host_now();
       trainer.step(r + 2);
-      steps.push_back(now() - start);
+      steps.push_back(host_now() - start);
       sums.push_back(kernels.run_all());
     }
     const double ratio = median(steps) / median(sums);
@@ -232,9 +228,9 @@ int run(int argc, char** argv) {
   for (int r = 0; r < s.rounds; ++r)
     for (std::size_t i = 0; i < trainers.size(); ++i) {
       STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-      const double start = now();
+      const double start = host_now();
       const StepStats stats = trainers[i]->step(r + 2);
-      double took = now() - start, slowest = 0;
+      double took = host_now() - start, slowest = 0;
       STRATA_MPI_CHECK(MPI_Allreduce(&took, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
       steps[i].push_back(slowest);
       exposed[i].push_back(stats.exposed_comm_seconds);
