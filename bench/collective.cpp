@@ -12,6 +12,7 @@
 #include <numeric>
 #include <thread>
 
+#include "bench/axes.h"
 #include "bench/harness.h"
 #include "collectives/process_group.h"
 #include "collectives/algorithms.h"
@@ -120,7 +121,31 @@ struct Case {
   bool has_redop;
   size_t bytes;
   bool in_place;
+  AxisPoint point;  // the parameter values it was made of, for its `cases` row
 };
+
+// The columns a case's parameters fill: operation, dtype and reduction step together (a reduction only for
+// the operations that have one), then the requested size S, the algorithm and the placement, so the algorithms
+// and placements compared at one size run next to each other in time. The group kind and the concurrent
+// operation are single values here; --mixed varies them.
+Axes collective_axes(const std::vector<Operation>& ops, const std::vector<DataType>& dtypes,
+                     const std::vector<RedOp>& redops, const std::vector<size_t>& sizes,
+                     const std::vector<Algo>& algos, const std::vector<int64_t>& placements) {
+  std::vector<std::vector<AxisValue>> op_dtype_redop;
+  for (Operation op : ops)
+    for (DataType d : dtypes)
+      for (RedOp r : is_reduction(op) ? redops : std::vector<RedOp>{RedOp::sum})
+        op_dtype_redop.push_back({std::string(coll::name(op)), std::string(coll::name(d)),
+                                  is_reduction(op) ? std::string(coll::name(r)) : std::string("none")});
+  std::vector<std::string> algo_names;
+  for (Algo a : algos) algo_names.emplace_back(coll::name(a));
+  Axes axes;
+  axes.add_zipped({{"operation", ""}, {"dtype", ""}, {"redop", ""}}, std::move(op_dtype_redop))
+      .add("requested_bytes", std::vector<int64_t>(sizes.begin(), sizes.end()), "B")
+      .add("algo", std::move(algo_names))
+      .add("in_place", placements, "1");
+  return axes;
+}
 
 // Where one case's buffers live and how an operation runs on them: host memory for MPI, device memory
 // (staged through the host for inputs and checks) for NCCL. In place, the input sits inside the output as
@@ -263,22 +288,21 @@ class NcclExecutor final : public Executor {
 };
 #endif
 
+// The columns besides the parameter axes': constant within a run, or derived from a case.
 void describe_columns(Run& run) {
   run.cases()
-      .add_column("backend", ColumnKind::string, "").add_column("operation", ColumnKind::string, "")
-      .add_column("algo", ColumnKind::string, "")
+      .add_column("backend", ColumnKind::string, "")
       .add_column("mode", ColumnKind::string, "", "pipelined: back-to-back operations per sample; blocking: one per sample")
-      .add_column("ops_per_sample", ColumnKind::int64, "1").add_column("dtype", ColumnKind::string, "")
-      .add_column("redop", ColumnKind::string, "").add_column("root", ColumnKind::int64, "1", "-1 for unrooted operations")
-      .add_column("in_place", ColumnKind::int64, "1").add_column("count", ColumnKind::int64, "1", "the operation's count argument")
+      .add_column("ops_per_sample", ColumnKind::int64, "1")
+      .add_column("root", ColumnKind::int64, "1", "-1 for unrooted operations")
+      .add_column("count", ColumnKind::int64, "1", "the operation's count argument")
       .add_column("size_bytes", ColumnKind::float64, "B", "nccl-tests' S: allreduce, broadcast, reduce, sendrecv: the "
                   "buffer; allgather: the gathered buffer; reduce_scatter: the whole input; alltoall: one rank's send buffer")
       .add_column("bytes_per_rank", ColumnKind::float64, "B", "OSU's size: one rank's share")
-      .add_column("group_kind", ColumnKind::string, "").add_column("n_groups", ColumnKind::int64, "1")
+      .add_column("n_groups", ColumnKind::int64, "1")
       .add_column("group_size", ColumnKind::int64, "1").add_column("n_nodes", ColumnKind::int64, "1")
       .add_column("ranks_per_node", ColumnKind::int64, "1").add_column("emulated_nodes", ColumnKind::int64, "1")
-      .add_column("grid", ColumnKind::string, "")
-      .add_column("concurrent_with", ColumnKind::string, "", "the operation run at the same time, if any");
+      .add_column("grid", ColumnKind::string, "");
   run.summary()
       .add_column("algbw", ColumnKind::float64, "B/s", "size_bytes / median over iterations of the per-iteration max over ranks")
       .add_column("busbw", ColumnKind::float64, "B/s", "algbw x bus_factor (nccl-tests)")
@@ -329,10 +353,22 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
   const DataType dtype = coll::parse_datatype(split(o.datatypes, ',').front()).value_or(DataType::float32);
   const size_t elem = coll::size_of(dtype);
   const int tp = grid.shape().tp, dp = grid.shape().dp;
+  // Per size, four rows: each operation alone, then each beside the other.
+  Axes axes;
+  axes.add("requested_bytes", std::vector<int64_t>(sizes.begin(), sizes.end()), "B")
+      .add("algo", std::vector<std::string>{std::string(coll::name(algo))})
+      .add("in_place", std::vector<int64_t>{0}, "1")
+      .add_zipped({{"operation", ""}, {"dtype", ""}, {"redop", ""}, {"group_kind", ""}, {"concurrent_with", ""}},
+                  {{"allreduce", std::string(coll::name(dtype)), "sum", "tp", ""},
+                   {"reduce_scatter", std::string(coll::name(dtype)), "sum", "dp", ""},
+                   {"allreduce", std::string(coll::name(dtype)), "sum", "tp", "reduce_scatter/dp"},
+                   {"reduce_scatter", std::string(coll::name(dtype)), "sum", "dp", "allreduce/tp"}});
+  const std::vector<AxisPoint> points = axes.product();
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), "cpu");
-  run.set_case_count(static_cast<int>(sizes.size()) * 4);
+  run.set_case_count(static_cast<int>(points.size()));
   Watchdog watchdog([&run](const std::string& message) { run.mark_failed(message); });
   describe_columns(run);
+  axes.declare_columns(run.cases());
   ConsoleTable table({{"size(B)", 11}, {"op", 14}, {"group", 5}, {"with", 16}, {"time(us)", 10}, {"busbw", 8},
                       {"slowdown", 8}, {"#wrong", 6}});
   if (run.is_root()) {
@@ -343,7 +379,8 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
   }
   int tp_rank = grid.tp_index(), dp_rank = grid.dp_index();
   coll::ProcessGroups groups(grid.shape(), layout.emulated() ? layout.world_size() / layout.node_count() : 0);
-  for (size_t bytes : sizes) {
+  for (size_t size_index = 0; size_index < sizes.size(); ++size_index) {
+    const size_t bytes = sizes[size_index];
     Counts ar = counts_for(Operation::allreduce, bytes, elem, tp), rs = counts_for(Operation::reduce_scatter, bytes, elem, dp);
     const coll::CheckSpec ar_spec{Operation::allreduce, dtype, RedOp::sum};
     const coll::CheckSpec rs_spec{Operation::reduce_scatter, dtype, RedOp::sum};
@@ -382,25 +419,26 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
     int64_t wrong_rs = coll::count_wrong(rs_spec, rs, rs_out, dp_rank, dp, 0);
 
     double alone_median[2] = {0, 0};
-    struct Row { const char* op; const char* kind; const char* with; const Counts* n; std::vector<double>* samples; int64_t wrong; int slot; int size; };
-    Row rows[4] = {{"allreduce", "tp", "", &ar, &alone_ar, wrong_ar, 0, tp},
-                   {"reduce_scatter", "dp", "", &rs, &alone_rs, wrong_rs, 1, dp},
-                   {"allreduce", "tp", "reduce_scatter/dp", &ar, &both_ar, wrong_ar, 0, tp},
-                   {"reduce_scatter", "dp", "allreduce/tp", &rs, &both_rs, wrong_rs, 1, dp}};
-    for (Row& row : rows) {
-      Operation op = row.slot == 0 ? Operation::allreduce : Operation::reduce_scatter;
-      double factor = bus_factor(op, row.size);
-      bool concurrent = row.with[0] != 0;
-      CaseResult r = run.record(*row.samples, row.wrong, std::string(row.op) + " " + row.kind + (concurrent ? " concurrent" : " alone") + " " + std::to_string(row.n->size_bytes) + " B",
+    // In the order of the zipped axis: each operation alone, then each beside the other.
+    struct Row { const Counts* n; std::vector<double>* samples; int64_t wrong; int slot; int size; };
+    Row rows[4] = {{&ar, &alone_ar, wrong_ar, 0, tp}, {&rs, &alone_rs, wrong_rs, 1, dp},
+                   {&ar, &both_ar, wrong_ar, 0, tp}, {&rs, &both_rs, wrong_rs, 1, dp}};
+    for (size_t k = 0; k < 4; ++k) {
+      const Row& row = rows[k];
+      const AxisPoint& point = points[size_index * 4 + k];
+      const std::string& op_name = point.text("operation");
+      const std::string& with = point.text("concurrent_with");
+      const bool concurrent = !with.empty();
+      const double factor = bus_factor(row.slot == 0 ? Operation::allreduce : Operation::reduce_scatter, row.size);
+      CaseResult r = run.record(*row.samples, row.wrong, op_name + " " + point.text("group_kind") + (concurrent ? " concurrent" : " alone") + " " + std::to_string(row.n->size_bytes) + " B",
           [&](Table& t) {
-            t.set("backend", "mpi").set("operation", row.op).set("algo", std::string(coll::name(algo))).set("mode", "blocking")
-                .set("ops_per_sample", 1).set("dtype", std::string(coll::name(dtype))).set("redop", "sum").set("root", -1)
-                .set("in_place", 0).set("count", row.n->count).set("size_bytes", double(row.n->size_bytes))
-                .set("bytes_per_rank", double(row.n->bytes_per_rank)).set("group_kind", row.kind)
+            axes.fill(t, point);
+            t.set("backend", "mpi").set("mode", "blocking").set("ops_per_sample", 1).set("root", -1)
+                .set("count", row.n->count).set("size_bytes", double(row.n->size_bytes))
+                .set("bytes_per_rank", double(row.n->bytes_per_rank))
                 .set("n_groups", layout.world_size() / row.size).set("group_size", row.size)
                 .set("n_nodes", layout.node_count()).set("ranks_per_node", layout.world_size() / layout.node_count())
-                .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", coll::format_grid(grid.shape()))
-                .set("concurrent_with", row.with);
+                .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", coll::format_grid(grid.shape()));
           },
           [&](Table& t, const CaseResult& res) {
             double algbw = row.n->size_bytes / res.rankmax.median;
@@ -411,7 +449,7 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
                 .set("slowdown_vs_alone", concurrent ? res.rankmax.median / alone_median[row.slot] : 1.0);
           });
       if (run.is_root())
-        table.print_row({std::to_string(row.n->size_bytes), row.op, row.kind, concurrent ? row.with : "(alone)",
+        table.print_row({std::to_string(row.n->size_bytes), op_name, point.text("group_kind"), concurrent ? with : "(alone)",
                          format_fixed(r.rankmax.median * 1e6, 2),
                          format_fixed(row.n->size_bytes / r.rankmax.median / 1e9 * factor, 3),
                          format_fixed(concurrent ? r.rankmax.median / alone_median[row.slot] : 1.0, 3),
@@ -598,24 +636,29 @@ int run_collective(int argc, char** argv) {
     executor = std::make_unique<MpiExecutor>(ctx, std::move(process_group), o.device_buffers);
   }
 
-  std::vector<Case> cases;
-  std::vector<bool> placements;
-  if (o.placement != "in") placements.push_back(false);
-  if (o.placement != "out") placements.push_back(true);
-  // Algorithms vary fastest after placement, so the ones compared at a size run next to each other in time.
-  for (Operation op : ops)
-    for (DataType d : dtypes)
-      for (RedOp r : is_reduction(op) ? redops : std::vector<RedOp>{RedOp::sum})
-        for (size_t bytes : sizes)
-          for (Algo a : algos)
-            for (bool in_place : placements)
-              if (available(op, a)) cases.push_back({op, a, d, r, is_reduction(op), bytes, in_place});
+  std::vector<int64_t> placements;
+  if (o.placement != "in") placements.push_back(0);
+  if (o.placement != "out") placements.push_back(1);
   if (o.mixed) return run_mixed(argc, argv, h, o, cli, layout, *grid, algos.front(), sizes);
+  Axes axes = collective_axes(ops, dtypes, redops, sizes, algos, placements);
+  axes.add("group_kind", std::vector<std::string>{group_kind})
+      .add("concurrent_with", std::vector<std::string>{""});
+  std::vector<Case> cases;
+  for (AxisPoint& point : axes.product()) {
+    const Operation op = *coll::parse_operation(point.text("operation"));
+    const Algo a = *coll::parse_algo(point.text("algo"));
+    if (!available(op, a)) continue;
+    cases.push_back({op, a, *coll::parse_datatype(point.text("dtype")),
+                     coll::parse_redop(point.text("redop")).value_or(RedOp::sum), is_reduction(op),
+                     static_cast<size_t>(point.integer("requested_bytes")), point.integer("in_place") != 0,
+                     std::move(point)});
+  }
 
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), device);
   run.set_case_count(static_cast<int>(cases.size()));
   Watchdog watchdog([&run](const std::string& message) { run.mark_failed(message); });
   describe_columns(run);
+  axes.declare_columns(run.cases());
 
   // Each rank's group, once, for the per-group table.
   std::vector<int> group_of_rank(static_cast<size_t>(run.context().n_ranks));
@@ -682,17 +725,14 @@ int run_collective(int argc, char** argv) {
     std::string label = what.substr(0, what.find(','));
     CaseResult r = run.record(samples, wrong, label,
         [&](Table& t) {
-          t.set("backend", o.backend).set("operation", std::string(coll::name(c.op)))
-              .set("algo", std::string(coll::name(c.algo))).set("mode", o.mode)
-              .set("ops_per_sample", ops_per_sample).set("dtype", std::string(coll::name(c.dtype)))
-              .set("redop", c.has_redop ? std::string(coll::name(c.redop)) : std::string("none"))
+          axes.fill(t, c.point);
+          t.set("backend", o.backend).set("mode", o.mode).set("ops_per_sample", ops_per_sample)
               .set("root", coll::info(c.op).rooted ? o.root : -1)
-              .set("in_place", c.in_place ? 1 : 0).set("count", n.count).set("size_bytes", double(n.size_bytes))
-              .set("bytes_per_rank", double(n.bytes_per_rank)).set("group_kind", group_kind)
+              .set("count", n.count).set("size_bytes", double(n.size_bytes))
+              .set("bytes_per_rank", double(n.bytes_per_rank))
               .set("n_groups", group.count).set("group_size", group_size).set("n_nodes", layout.node_count())
               .set("ranks_per_node", layout.world_size() / layout.node_count())
-              .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", grid ? coll::format_grid(grid->shape()) : "")
-              .set("concurrent_with", "");
+              .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", grid ? coll::format_grid(grid->shape()) : "");
         },
         [&](Table& t, const CaseResult& res) {
           double algbw = n.size_bytes / res.rankmax.median;
