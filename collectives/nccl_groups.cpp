@@ -31,7 +31,7 @@ NcclWork::NcclWork(NcclWork&& other) noexcept
 
 NcclWork& NcclWork::operator=(NcclWork&& other) noexcept {
   if (this != &other) {
-    if (done_) cudaEventDestroy(done_);
+    release();
     done_ = std::exchange(other.done_, nullptr);
     comm_ = std::exchange(other.comm_, nullptr);
     traffic_ = other.traffic_;
@@ -39,10 +39,20 @@ NcclWork& NcclWork::operator=(NcclWork&& other) noexcept {
   return *this;
 }
 
-// The event's resources are released once it completes; the operation itself is not waited for.
-NcclWork::~NcclWork() {
-  if (done_)
-    if (cudaError_t rc = cudaEventDestroy(done_); rc != cudaSuccess) report_teardown("cudaEventDestroy", cudaGetErrorString(rc));
+NcclWork::~NcclWork() { release(); }
+
+// As Work does: an operation still in flight reads and writes the caller's buffers, which may be freed or
+// reused the moment this handle is gone, so it is waited for first (polling, so a failed peer ends the wait
+// with a report instead of a hang).
+void NcclWork::release() noexcept {
+  if (!done_) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    report_teardown("waiting for an operation in flight", e.what());
+  }
+  if (cudaError_t rc = cudaEventDestroy(done_); rc != cudaSuccess) report_teardown("cudaEventDestroy", cudaGetErrorString(rc));
+  done_ = nullptr;
 }
 
 bool NcclWork::test() {

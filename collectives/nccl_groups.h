@@ -44,7 +44,8 @@
 
 namespace strata::coll {
 
-// One operation in flight on a group's stream. Must not outlive its NcclProcessGroups.
+// One operation in flight on a group's stream. Must not outlive its NcclProcessGroups. Destroying (or
+// assigning over) one that is still in flight waits for it first, as Work does.
 class NcclWork {
  public:
   NcclWork() = default;  // an operation that is already complete (no event)
@@ -68,6 +69,7 @@ class NcclWork {
  private:
   friend class NcclGroup;
   NcclWork(cudaEvent_t done, ncclComm_t comm, Traffic traffic) : done_(done), comm_(comm), traffic_(traffic) {}
+  void release() noexcept;
   cudaEvent_t done_ = nullptr;
   ncclComm_t comm_ = nullptr;
   Traffic traffic_;

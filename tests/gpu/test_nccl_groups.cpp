@@ -260,6 +260,23 @@ TEST(NcclGroups, WaitOnOrdersTheComputeStreamWithoutBlockingTheHost) {
   }
 }
 
+// A handle dropped while its operation still runs (the group stream held 100 ms behind it) waits for it, so
+// the caller may free or reuse the buffers as soon as the handle is gone.
+TEST(NcclGroups, DestroyingAWorkInFlightWaitsForIt) {
+  SKIP_WITHOUT_A_GPU_PER_RANK();
+  for (auto [mpi, g] : every_group(the_job())) {
+    const std::size_t count = 1 << 16;
+    DeviceArray<float> in(std::vector<float>(count, 1.0f)), out(count);
+    g->allreduce(in.get(), out.get(), count, DataType::float32, RedOp::sum, nullptr).wait();  // connect first
+    gpu_test::launch_delay(100'000'000, g->stream());
+    {
+      NcclWork work = g->allreduce(in.get(), out.get(), count, DataType::float32, RedOp::sum, nullptr);
+      EXPECT_FALSE(work.test()) << g->name();
+    }
+    EXPECT_EQ(cudaStreamQuery(g->stream()), cudaSuccess) << g->name() << ": the handle went before its operation ended";
+  }
+}
+
 TEST(NcclGroups, BadArgumentsAreRefusedBeforeNcclIsCalled) {
   SKIP_WITHOUT_A_GPU_PER_RANK();
   NcclGroup& world = the_job().nccl.world();
