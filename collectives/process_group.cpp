@@ -38,7 +38,7 @@ struct Channel {
 void post_send(Requests& q, const Channel& ch, const std::byte* buf, std::size_t bytes, int peer) {
   for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += kMaxPiece) {
     const int piece = static_cast<int>(std::min(kMaxPiece, bytes - offset));
-    STRATA_MPI_CHECK(MPI_Isend(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, &q.list.emplace_back()));
+    STRATA_MPI_CHECK(MPI_Isend(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, q.add()));
     if (bytes == 0) break;
   }
   if (ch.traffic) {
@@ -50,29 +50,28 @@ void post_send(Requests& q, const Channel& ch, const std::byte* buf, std::size_t
 void post_recv(Requests& q, const Channel& ch, std::byte* buf, std::size_t bytes, int peer) {
   for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += kMaxPiece) {
     const int piece = static_cast<int>(std::min(kMaxPiece, bytes - offset));
-    STRATA_MPI_CHECK(MPI_Irecv(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, &q.list.emplace_back()));
+    STRATA_MPI_CHECK(MPI_Irecv(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, q.add()));
     if (bytes == 0) break;
   }
 }
 
 int wrap(int index, int n) { return ((index % n) + n) % n; }
 
-// Element offsets of n blocks: block b is [offsets[b], offsets[b + 1]).
-using Offsets = std::vector<std::size_t>;
+// The element ranges of n blocks of a buffer, computed when asked (a step's frame holds no list): either
+// `count` elements split as evenly as integers allow, or n blocks of `count` elements each.
+struct Blocks {
+  std::size_t count = 0;
+  int n = 1;
+  bool equal = false;
+  std::size_t start(int b) const {
+    const auto block = static_cast<std::size_t>(b);
+    return equal ? count * block : count * block / static_cast<std::size_t>(n);
+  }
+  std::size_t length(int b) const { return start(b + 1) - start(b); }
+};
 
-Offsets even_blocks(std::size_t count, int n) {
-  Offsets offsets(static_cast<std::size_t>(n) + 1);
-  for (int b = 0; b <= n; ++b) offsets[static_cast<std::size_t>(b)] = count * static_cast<std::size_t>(b) / static_cast<std::size_t>(n);
-  return offsets;
-}
-
-Offsets equal_blocks(std::size_t block, int n) {
-  Offsets offsets(static_cast<std::size_t>(n) + 1);
-  for (int b = 0; b <= n; ++b) offsets[static_cast<std::size_t>(b)] = block * static_cast<std::size_t>(b);
-  return offsets;
-}
-
-std::size_t length(const Offsets& o, int b) { return o[static_cast<std::size_t>(b) + 1] - o[static_cast<std::size_t>(b)]; }
+Blocks even_blocks(std::size_t count, int n) { return {count, n, false}; }
+Blocks equal_blocks(std::size_t block, int n) { return {block, n, true}; }
 
 // avg reduces as sum; the caller divides once at the end.
 RedOp reduction_of(RedOp op) { return op == RedOp::avg ? RedOp::sum : op; }
@@ -81,33 +80,35 @@ RedOp reduction_of(RedOp op) { return op == RedOp::avg ? RedOp::sum : op; }
 
 // Ring reduce-scatter in place over n blocks of buf: rank r ends holding block r reduced over every rank.
 // At step s rank r sends block r-1-s to the right and reduces block r-2-s from the left into its own copy.
-Step ring_reduce_scatter(Channel ch, std::byte* buf, Offsets blocks, DataType dtype, RedOp op, std::byte* scratch) {
+Step ring_reduce_scatter(Channel ch, std::byte* buf, Blocks blocks, DataType dtype, RedOp op, std::byte* scratch) {
   const int n = ch.size, r = ch.rank, right = wrap(r + 1, n), left = wrap(r - 1, n);
   const std::size_t esize = size_of(dtype);
+  Requests q;
   for (int s = 0; s < n - 1; ++s) {
     const int send_block = wrap(r - 1 - s, n), recv_block = wrap(r - 2 - s, n);
-    Requests q;
-    post_recv(q, ch, scratch, length(blocks, recv_block) * esize, left);
-    post_send(q, ch, buf + blocks[static_cast<std::size_t>(send_block)] * esize, length(blocks, send_block) * esize, right);
+    q.clear();
+    post_recv(q, ch, scratch, blocks.length(recv_block) * esize, left);
+    post_send(q, ch, buf + blocks.start(send_block) * esize, blocks.length(send_block) * esize, right);
     co_await q;
-    reduce_into(buf + blocks[static_cast<std::size_t>(recv_block)] * esize, scratch, length(blocks, recv_block), dtype, op);
+    reduce_into(buf + blocks.start(recv_block) * esize, scratch, blocks.length(recv_block), dtype, op);
   }
 }
 
 // Ring allgather in place: rank r holds block r; at step s it sends block r-s and receives block r-1-s.
-Step ring_allgather(Channel ch, std::byte* buf, Offsets blocks, std::size_t esize) {
+Step ring_allgather(Channel ch, std::byte* buf, Blocks blocks, std::size_t esize) {
   const int n = ch.size, r = ch.rank, right = wrap(r + 1, n), left = wrap(r - 1, n);
+  Requests q;
   for (int s = 0; s < n - 1; ++s) {
     const int send_block = wrap(r - s, n), recv_block = wrap(r - 1 - s, n);
-    Requests q;
-    post_recv(q, ch, buf + blocks[static_cast<std::size_t>(recv_block)] * esize, length(blocks, recv_block) * esize, left);
-    post_send(q, ch, buf + blocks[static_cast<std::size_t>(send_block)] * esize, length(blocks, send_block) * esize, right);
+    q.clear();
+    post_recv(q, ch, buf + blocks.start(recv_block) * esize, blocks.length(recv_block) * esize, left);
+    post_send(q, ch, buf + blocks.start(send_block) * esize, blocks.length(send_block) * esize, right);
     co_await q;
   }
 }
 
 Step ring_allreduce(Channel ch, std::byte* buf, std::size_t count, DataType dtype, RedOp op, std::byte* scratch) {
-  const Offsets blocks = even_blocks(count, ch.size);
+  const Blocks blocks = even_blocks(count, ch.size);
   co_await ring_reduce_scatter(ch, buf, blocks, dtype, op, scratch);
   co_await ring_allgather(ch, buf, blocks, size_of(dtype));
 }
@@ -117,11 +118,11 @@ Step ring_broadcast(Channel ch, std::byte* buf, std::size_t bytes, int root, std
   const int n = ch.size, position = wrap(ch.rank - root, n);  // 0 at the root
   const int right = wrap(ch.rank + 1, n), left = wrap(ch.rank - 1, n);
   const bool forwards = position < n - 1;
-  Requests sends;
+  Requests sends, q;
   for (std::size_t offset = 0; offset < bytes; offset += segment) {
     const std::size_t piece = std::min(segment, bytes - offset);
     if (position > 0) {
-      Requests q;
+      q.clear();
       post_recv(q, ch, buf + offset, piece, left);
       co_await q;
     }
@@ -135,7 +136,7 @@ Step ring_broadcast(Channel ch, std::byte* buf, std::size_t bytes, int root, std
 Step library_then(MPI_Request request, std::byte* avg_buf, std::size_t avg_count, DataType dtype, int ranks,
                   std::byte* copy_to, const std::byte* copy_from, std::size_t copy_bytes) {
   Requests q;
-  q.list.push_back(request);
+  *q.add() = request;
   co_await q;
   if (copy_to) std::memcpy(copy_to, copy_from, copy_bytes);
   if (avg_buf) finish_avg(avg_buf, avg_count, dtype, ranks);
@@ -488,12 +489,12 @@ Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType d
       [&](Traffic* traffic) {
         return [](Channel intra, Channel inter, std::byte* buf, std::size_t count, DataType dtype, RedOp op,
                   std::byte* scratch, int ranks) -> Step {
-          const Offsets shards = even_blocks(count, intra.size);
+          const Blocks shards = even_blocks(count, intra.size);
           const RedOp reduce = reduction_of(op);
           co_await ring_reduce_scatter(intra, buf, shards, dtype, reduce, scratch);
           const std::size_t esize = size_of(dtype);
-          co_await ring_allreduce(inter, buf + shards[static_cast<std::size_t>(intra.rank)] * esize,
-                                  length(shards, intra.rank), dtype, reduce, scratch);
+          co_await ring_allreduce(inter, buf + shards.start(intra.rank) * esize, shards.length(intra.rank), dtype,
+                                  reduce, scratch);
           co_await ring_allgather(intra, buf, shards, esize);
           if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
         }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},

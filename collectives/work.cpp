@@ -21,10 +21,22 @@ Traffic& Traffic::operator+=(const Traffic& other) {
   return *this;
 }
 
+MPI_Request* Requests::add() {
+  if (spilled_.empty() && count_ < static_cast<int>(in_place_.size())) return &in_place_[static_cast<std::size_t>(count_++)];
+  if (spilled_.empty()) spilled_.assign(in_place_.begin(), in_place_.end());
+  ++count_;
+  return &spilled_.emplace_back();
+}
+
+void Requests::clear() {
+  count_ = 0;
+  spilled_.clear();
+}
+
 bool Requests::await_ready() {
-  if (list.empty()) return true;
+  if (count_ == 0) return true;
   int complete = 0;
-  STRATA_MPI_CHECK(MPI_Testall(static_cast<int>(list.size()), list.data(), &complete, MPI_STATUSES_IGNORE));
+  STRATA_MPI_CHECK(MPI_Testall(count_, data(), &complete, MPI_STATUSES_IGNORE));
   return complete != 0;
 }
 
@@ -44,9 +56,8 @@ bool Work::test() {
   if (done()) return true;
   Scheduler& s = state_->scheduler;
   int complete = 1;
-  if (s.waiting && !s.waiting->empty())
-    STRATA_MPI_CHECK(
-        MPI_Testall(static_cast<int>(s.waiting->size()), s.waiting->data(), &complete, MPI_STATUSES_IGNORE));
+  if (s.waiting && s.waiting->size() > 0)
+    STRATA_MPI_CHECK(MPI_Testall(s.waiting->size(), s.waiting->data(), &complete, MPI_STATUSES_IGNORE));
   if (complete && s.condition) complete = (*s.condition)();
   if (!complete) return false;
   s.waiting = nullptr;

@@ -17,6 +17,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <coroutine>
 #include <cstddef>
 #include <cstdint>
@@ -39,8 +40,9 @@ struct Traffic {
 
 // Where a running coroutine chain waits: the requests (or the condition) of its innermost Step and the Step
 // to resume.
+struct Requests;
 struct Scheduler {
-  std::vector<MPI_Request>* waiting = nullptr;
+  Requests* waiting = nullptr;
   std::function<bool()>* condition = nullptr;
   std::coroutine_handle<> resume_point;
 };
@@ -105,15 +107,26 @@ class Step {
   std::coroutine_handle<promise_type> handle_;
 };
 
-// co_await requests: suspends until every request completes (complete ones cost nothing).
+// co_await requests: suspends until every request completes (complete ones cost nothing). A step waits on a
+// few at a time (a send and a receive), so they sit in place, and only longer lists take heap memory: small
+// messages then cost no allocation per step.
 struct Requests {
-  std::vector<MPI_Request> list;
+  MPI_Request* add();  // a slot for one more request, to pass to MPI_Isend/MPI_Irecv
+  void clear();
+  MPI_Request* data() { return spilled_.empty() ? in_place_.data() : spilled_.data(); }
+  int size() const { return count_; }
+
   bool await_ready();
   void await_suspend(std::coroutine_handle<Step::promise_type> waiter) noexcept {
-    waiter.promise().scheduler->waiting = &list;
+    waiter.promise().scheduler->waiting = this;
     waiter.promise().scheduler->resume_point = waiter;
   }
   void await_resume() const noexcept {}
+
+ private:
+  std::array<MPI_Request, 4> in_place_{};
+  std::vector<MPI_Request> spilled_;  // all of them, once there are more than fit in place
+  int count_ = 0;
 };
 
 // co_await Yield{}: suspends until the next Work::test(), for a step that progresses other operations itself
