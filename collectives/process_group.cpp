@@ -131,6 +131,14 @@ Step ring_broadcast(Channel ch, std::byte* buf, std::size_t bytes, int root, std
   co_await sends;
 }
 
+// An operation of another kind (a shared-memory phase) as a phase of a step: progressed at each test of the
+// outer operation, its bytes counted into the outer one's.
+Step phase(Work work, Traffic* traffic) {
+  Until complete{[&work] { return work.test(); }};
+  co_await complete;
+  if (traffic) *traffic += work.traffic();
+}
+
 // ---- library phases (MPI_I* collectives) ------------------------------------------------------------------
 
 Step library_then(MPI_Request request, std::byte* avg_buf, std::size_t avg_count, DataType dtype, int ranks,
@@ -204,6 +212,33 @@ ShmNode& Group::shm() {
   return *shm_;
 }
 
+std::optional<Group::IntraTurns> Group::take_intra_turns(Operation operation, std::size_t count) {
+  const int per_node = static_cast<int>(intra_nodes_.size());
+  if (!intra_shm || per_node < 2) return std::nullopt;
+  if (operation == Operation::allreduce && count % static_cast<std::size_t>(per_node) != 0) return std::nullopt;
+  if (intra_shm_state_ == IntraShm::unknown) {
+    // Collective over the node's ranks, which reach it at the same operation (the conditions above are theirs too).
+    MPI_Comm shared = MPI_COMM_NULL;
+    STRATA_MPI_CHECK(MPI_Comm_split_type(intra_.get(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared));
+    int shared_size = 0;
+    const int rc = MPI_Comm_size(shared, &shared_size);
+    MPI_Comm_free(&shared);
+    STRATA_MPI_CHECK(rc);
+    int all_share = shared_size == per_node ? 1 : 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_share, 1, MPI_INT, MPI_MIN, intra_.get()));
+    intra_shm_state_ = all_share ? IntraShm::available : IntraShm::unavailable;
+    if (all_share) {
+      intra_first_ = std::make_unique<ShmNode>(intra_.get(), shm_options);
+      intra_last_ = std::make_unique<ShmNode>(intra_.get(), shm_options);
+    }
+  }
+  if (intra_shm_state_ != IntraShm::available) return std::nullopt;
+  IntraTurns turns;
+  if (operation != Operation::allgather) turns.first = intra_first_->reserve();
+  if (operation != Operation::reduce_scatter) turns.last = intra_last_->reserve();
+  return turns;
+}
+
 bool Group::supports(Operation operation, Algo algo) { return info(operation).group_algos.has(algo); }
 
 int Group::next_collective_tag() { return kCollectiveTagBase + static_cast<int>(collective_sequence_++ % kTagSpan); }
@@ -250,10 +285,12 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
         },
         scratch);
   }
-  if (algo == Algo::hierarchical) return hierarchical_allreduce(out, count, dtype, op, tag);
-  return horing(count, size_of(dtype), [this, out, dtype, op](std::size_t first, std::size_t piece, int chunk_tag) {
-    return hierarchical_allreduce(out + first * size_of(dtype), piece, dtype, op, chunk_tag);
-  });
+  if (algo == Algo::hierarchical)
+    return hierarchical_allreduce(out, count, dtype, op, tag, take_intra_turns(Operation::allreduce, count));
+  return horing(Operation::allreduce, count, size_of(dtype), intra_nodes_.size(),
+                [this, out, dtype, op](std::size_t first, std::size_t piece, int chunk_tag, std::optional<IntraTurns> turns) {
+                  return hierarchical_allreduce(out + first * size_of(dtype), piece, dtype, op, chunk_tag, std::move(turns));
+                });
 }
 
 Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
@@ -309,11 +346,16 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
         },
         scratch);
   }
-  if (algo == Algo::hierarchical) return hierarchical_reduce_scatter(in, block_bytes, out, recvcount, dtype, op, tag);
-  return horing(recvcount, esize, [this, in, out, block_bytes, dtype, op](std::size_t first, std::size_t piece, int chunk_tag) {
-    const std::size_t at = first * size_of(dtype);
-    return hierarchical_reduce_scatter(in + at, block_bytes, out + at, piece, dtype, op, chunk_tag);
-  });
+  if (algo == Algo::hierarchical)
+    return hierarchical_reduce_scatter(in, block_bytes, out, recvcount, dtype, op, tag,
+                                       take_intra_turns(Operation::reduce_scatter, recvcount));
+  return horing(Operation::reduce_scatter, recvcount, esize, 1,
+                [this, in, out, block_bytes, dtype, op](std::size_t first, std::size_t piece, int chunk_tag,
+                                                        std::optional<IntraTurns> turns) {
+                  const std::size_t at = first * size_of(dtype);
+                  return hierarchical_reduce_scatter(in + at, block_bytes, out + at, piece, dtype, op, chunk_tag,
+                                                     std::move(turns));
+                });
 }
 
 Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
@@ -346,11 +388,14 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
       return ring_allgather(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, out, equal_blocks(count, n), esize);
     });
   }
-  if (algo == Algo::hierarchical) return hierarchical_allgather(in, out, block_bytes, count, dtype, tag);
-  return horing(count, esize, [this, in, out, block_bytes, dtype](std::size_t first, std::size_t piece, int chunk_tag) {
-    const std::size_t at = first * size_of(dtype);
-    return hierarchical_allgather(in + at, out + at, block_bytes, piece, dtype, chunk_tag);
-  });
+  if (algo == Algo::hierarchical)
+    return hierarchical_allgather(in, out, block_bytes, count, dtype, tag, take_intra_turns(Operation::allgather, count));
+  return horing(Operation::allgather, count, esize, 1,
+                [this, in, out, block_bytes, dtype](std::size_t first, std::size_t piece, int chunk_tag,
+                                                    std::optional<IntraTurns> turns) {
+                  const std::size_t at = first * size_of(dtype);
+                  return hierarchical_allgather(in + at, out + at, block_bytes, piece, dtype, chunk_tag, std::move(turns));
+                });
 }
 
 Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting) {
@@ -477,8 +522,9 @@ int ProcessGroups::world_rank_of(int tp, int pp, int dp) const {
 }
 
 // Hierarchical: reduce-scatter in the node, allreduce of my shard across nodes, allgather in the node; in place
-// on buf.
-Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType dtype, RedOp op, int tag) {
+// on buf. Through shared memory (`turns`), the count divides among the node's ranks, so the shards are equal.
+Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType dtype, RedOp op, int tag,
+                                   std::optional<IntraTurns> turns) {
   const int n = size_;
   const int per_node = static_cast<int>(intra_nodes_.size());
   int local = 0, node_position = 0;
@@ -488,18 +534,27 @@ Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType d
   return Work::start(
       [&](Traffic* traffic) {
         return [](Channel intra, Channel inter, std::byte* buf, std::size_t count, DataType dtype, RedOp op,
-                  std::byte* scratch, int ranks) -> Step {
+                  std::byte* scratch, int ranks, std::optional<IntraTurns> turns, ShmNode* first,
+                  ShmNode* last) -> Step {
           const Blocks shards = even_blocks(count, intra.size);
           const RedOp reduce = reduction_of(op);
-          co_await ring_reduce_scatter(intra, buf, shards, dtype, reduce, scratch);
           const std::size_t esize = size_of(dtype);
-          co_await ring_allreduce(inter, buf + shards.start(intra.rank) * esize, shards.length(intra.rank), dtype,
-                                  reduce, scratch);
-          co_await ring_allgather(intra, buf, shards, esize);
+          std::byte* mine = buf + shards.start(intra.rank) * esize;
+          const std::size_t shard = shards.length(intra.rank);
+          if (turns)
+            co_await phase(first->start(std::move(*turns->first), Operation::reduce_scatter, buf, mine, shard, dtype, reduce),
+                           intra.traffic);
+          else
+            co_await ring_reduce_scatter(intra, buf, shards, dtype, reduce, scratch);
+          co_await ring_allreduce(inter, mine, shard, dtype, reduce, scratch);
+          if (turns)
+            co_await phase(last->start(std::move(*turns->last), Operation::allgather, mine, buf, shard, dtype), intra.traffic);
+          else
+            co_await ring_allgather(intra, buf, shards, esize);
           if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
         }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
                Channel{inter_.get(), node_position, static_cast<int>(inter_nodes_.size()), &inter_nodes_, traffic, tag},
-               out, count, dtype, op, scratch->get(), n);
+               out, count, dtype, op, scratch->get(), n, std::move(turns), intra_first_.get(), intra_last_.get());
       },
       scratch);
 }
@@ -508,7 +563,7 @@ Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType d
 // super-blocks leaves local rank l with the blocks of every rank of local index l, which an inter reduce-scatter
 // over the nodes then finishes.
 Work Group::hierarchical_reduce_scatter(const std::byte* in, std::size_t in_stride, std::byte* out, std::size_t recvcount,
-                                        DataType dtype, RedOp op, int tag) {
+                                        DataType dtype, RedOp op, int tag, std::optional<IntraTurns> turns) {
   const int n = size_;
   const std::size_t block_bytes = recvcount * size_of(dtype), total = block_bytes * static_cast<std::size_t>(n);
   const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
@@ -525,18 +580,23 @@ Work Group::hierarchical_reduce_scatter(const std::byte* in, std::size_t in_stri
   return Work::start(
       [&](Traffic* traffic) {
         return [](Channel intra, Channel inter, std::byte* work, std::byte* out, std::size_t recvcount, DataType dtype,
-                  RedOp op, std::byte* scratch, int ranks) -> Step {
+                  RedOp op, std::byte* scratch, int ranks, std::optional<IntraTurns> turns, ShmNode* first) -> Step {
           const std::size_t block_bytes = recvcount * size_of(dtype);
+          const std::size_t super_count = recvcount * static_cast<std::size_t>(inter.size);
           const RedOp reduce = reduction_of(op);
-          co_await ring_reduce_scatter(intra, work, equal_blocks(recvcount * static_cast<std::size_t>(inter.size), intra.size),
-                                       dtype, reduce, scratch);
           std::byte* super = work + static_cast<std::size_t>(intra.rank) * inter.size * block_bytes;
+          if (turns)
+            co_await phase(first->start(std::move(*turns->first), Operation::reduce_scatter, work, super, super_count,
+                                        dtype, reduce),
+                           intra.traffic);
+          else
+            co_await ring_reduce_scatter(intra, work, equal_blocks(super_count, intra.size), dtype, reduce, scratch);
           co_await ring_reduce_scatter(inter, super, equal_blocks(recvcount, inter.size), dtype, reduce, scratch);
           std::memcpy(out, super + static_cast<std::size_t>(inter.rank) * block_bytes, block_bytes);
           if (op == RedOp::avg) finish_avg(out, recvcount, dtype, ranks);
         }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
                Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, recvcount, dtype, op,
-               work + total, n);
+               work + total, n, std::move(turns), intra_first_.get());
       },
       scratch);
 }
@@ -544,7 +604,7 @@ Work Group::hierarchical_reduce_scatter(const std::byte* in, std::size_t in_stri
 // Hierarchical: across nodes among ranks of my local index, then inside the node, in (local, node) order; then
 // back to group-rank order.
 Work Group::hierarchical_allgather(const std::byte* in, std::byte* out, std::size_t out_stride, std::size_t count,
-                                   DataType dtype, int tag) {
+                                   DataType dtype, int tag, std::optional<IntraTurns> turns) {
   const int n = size_;
   const std::size_t esize = size_of(dtype), block_bytes = count * esize;
   const int per_node = static_cast<int>(intra_nodes_.size()), nodes = n / per_node;
@@ -558,36 +618,46 @@ Work Group::hierarchical_allgather(const std::byte* in, std::byte* out, std::siz
   return Work::start(
       [&](Traffic* traffic) {
         return [](Channel intra, Channel inter, std::byte* work, std::byte* out, std::size_t out_stride, std::size_t count,
-                  std::size_t esize, std::vector<int> rank_at) -> Step {
-          const std::size_t block_bytes = count * esize;
+                  DataType dtype, std::vector<int> rank_at, std::optional<IntraTurns> turns, ShmNode* last) -> Step {
+          const std::size_t esize = size_of(dtype), block_bytes = count * esize;
           const int nodes = inter.size, per_node = intra.size;
-          co_await ring_allgather(inter, work + static_cast<std::size_t>(intra.rank) * nodes * block_bytes,
-                                  equal_blocks(count, nodes), esize);
-          co_await ring_allgather(intra, work, equal_blocks(count * static_cast<std::size_t>(nodes), per_node), esize);
+          std::byte* super = work + static_cast<std::size_t>(intra.rank) * nodes * block_bytes;
+          co_await ring_allgather(inter, super, equal_blocks(count, nodes), esize);
+          const std::size_t super_count = count * static_cast<std::size_t>(nodes);
+          if (turns)
+            co_await phase(last->start(std::move(*turns->last), Operation::allgather, super, work, super_count, dtype),
+                           intra.traffic);
+          else
+            co_await ring_allgather(intra, work, equal_blocks(super_count, per_node), esize);
           for (int l = 0; l < per_node; ++l)
             for (int m = 0; m < nodes; ++m)
               std::memcpy(out + static_cast<std::size_t>(rank_at[static_cast<std::size_t>(m * per_node + l)]) * out_stride,
                           work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes, block_bytes);
         }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
                Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, out_stride, count,
-               esize, std::move(rank_at));
+               dtype, std::move(rank_at), std::move(turns), intra_last_.get());
       },
       scratch);
 }
 
-// HO-Ring: the chunks' hierarchical operations, started in order with tags taken now (every rank takes them in
-// the same order, whenever a chunk starts), at most kHoRingWindow in flight, progressed together.
-Work Group::horing(std::size_t elements, std::size_t esize,
-                   const std::function<Work(std::size_t first, std::size_t count, int tag)>& start) {
+// HO-Ring: the chunks' hierarchical operations, started in order with tags and shared-memory turns taken now
+// (every rank takes them in the same order, whenever a chunk starts), at most kHoRingWindow in flight,
+// progressed together.
+Work Group::horing(Operation operation, std::size_t elements, std::size_t esize, std::size_t granule,
+                   const ChunkStart& start) {
   require(even_nodes_, [] { return "horing needs the same number of ranks on every node"; });
-  const std::size_t per_chunk = std::max({std::size_t{1}, horing_chunk_bytes / esize,
-                                          (elements + kHoRingChunks - 1) / kHoRingChunks});
+  std::size_t per_chunk = std::max({std::size_t{1}, horing_chunk_bytes / esize, (elements + kHoRingChunks - 1) / kHoRingChunks});
+  per_chunk = (per_chunk + granule - 1) / granule * granule;  // whole shards for every chunk's intra phases
   const std::size_t chunks = std::max<std::size_t>(1, (elements + per_chunk - 1) / per_chunk);
   std::vector<int> tags(chunks);
-  for (int& t : tags) t = next_collective_tag();
-  auto start_chunk = [start, tags, elements, per_chunk](std::size_t c) {
+  auto turns = std::make_shared<std::vector<std::optional<IntraTurns>>>(chunks);
+  for (std::size_t c = 0; c < chunks; ++c) {
+    tags[c] = next_collective_tag();
+    (*turns)[c] = take_intra_turns(operation, std::min(per_chunk, elements - std::min(elements, c * per_chunk)));
+  }
+  auto start_chunk = [start, tags, turns, elements, per_chunk](std::size_t c) {
     const std::size_t first = c * per_chunk;
-    return start(first, std::min(per_chunk, elements - first), tags[c]);
+    return start(first, std::min(per_chunk, elements - first), tags[c], std::move((*turns)[c]));
   };
   return Work::start([&](Traffic* traffic) {
     return [](std::function<Work(std::size_t)> start_chunk, std::size_t chunks, Traffic* traffic) -> Step {

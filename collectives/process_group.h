@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,21 +84,42 @@ class Group {
   std::size_t horing_chunk_bytes = std::size_t{1} << 20;
   static constexpr int kHoRingChunks = 16;
   static constexpr int kHoRingWindow = 3;  // chunks in flight: one per phase (intra, inter, intra)
-  ShmOptions shm_options;                  // for the segment, before the first shm call
+  ShmOptions shm_options;                  // for the segments, before the first call that makes one
+  // The hierarchical algorithms' and HO-Ring's phases inside a node go through shared memory (shm.h) where
+  // the group's ranks on the node share memory and are at least two (an allreduce also needs a count, or
+  // HO-Ring chunk, that divides among them); false: MPI messages, as on nodes where they do not share it.
+  // The same on every rank. With shared memory, a node's ranks run those phases in the order the operations
+  // were started: progress operations on one group in the order started (wait for the oldest, or test all).
+  bool intra_shm = true;
 
  private:
   // The hierarchical algorithm on one piece of a collective, with its own tag (HO-Ring runs several at once).
   // Strides are the bytes between consecutive ranks' blocks in the full buffers.
-  Work hierarchical_allreduce(std::byte* buf, std::size_t count, DataType dtype, RedOp op, int tag);
+  // `turns`: the operation's places on the node's shared-memory segments, if its intra phases use them.
+  struct IntraTurns {
+    std::optional<ShmNode::Reservation> first, last;  // the first intra phase's, the last one's
+  };
+  Work hierarchical_allreduce(std::byte* buf, std::size_t count, DataType dtype, RedOp op, int tag,
+                              std::optional<IntraTurns> turns);
   Work hierarchical_reduce_scatter(const std::byte* in, std::size_t in_stride, std::byte* out, std::size_t recvcount,
-                                   DataType dtype, RedOp op, int tag);
+                                   DataType dtype, RedOp op, int tag, std::optional<IntraTurns> turns);
   Work hierarchical_allgather(const std::byte* in, std::byte* out, std::size_t out_stride, std::size_t count,
-                              DataType dtype, int tag);
-  // HO-Ring: `elements` cut into chunks; start(first, count, tag) starts the hierarchical algorithm on one.
-  Work horing(std::size_t elements, std::size_t esize,
-              const std::function<Work(std::size_t first, std::size_t count, int tag)>& start);
+                              DataType dtype, int tag, std::optional<IntraTurns> turns);
+  // HO-Ring: `elements` cut into chunks (a multiple of `granule` elements but the last); start(first, count,
+  // tag, turns) starts the hierarchical algorithm on one, with its tag and turns taken at the call.
+  using ChunkStart = std::function<Work(std::size_t first, std::size_t count, int tag, std::optional<IntraTurns> turns)>;
+  Work horing(Operation operation, std::size_t elements, std::size_t esize, std::size_t granule, const ChunkStart& start);
+  // The turns of one operation (the phases `operation` has inside the node) when it runs through shared memory
+  // (every intra phase exact: `count` divides among the node's ranks where an allreduce splits it).
+  std::optional<IntraTurns> take_intra_turns(Operation operation, std::size_t count);
   ShmNode& shm();
   std::unique_ptr<ShmNode> shm_;
+  // Two segments over the node's ranks: every operation's first intra phase runs on one, its last on the
+  // other, so an operation's last phase, ready only after its inter-node phase, never holds up the next
+  // operation's first. Made at the first operation that uses them; unavailable when they do not share memory.
+  enum class IntraShm { unknown, unavailable, available };
+  IntraShm intra_shm_state_ = IntraShm::unknown;
+  std::unique_ptr<ShmNode> intra_first_, intra_last_;
 
   int next_collective_tag();
   int next_tag(std::vector<unsigned>& sequence, int peer);

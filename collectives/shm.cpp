@@ -314,6 +314,47 @@ Step ShmNode::pipeline(Call c, std::uint64_t first, Traffic* traffic) {
   if (c.stream) fence_streams();
 }
 
+// A reserved operation: its call, once started (or its drop), and the counter of the Work it was started as.
+struct ShmNode::Reservation::Pending {
+  ShmNode* node = nullptr;
+  std::uint64_t ticket = 0;
+  std::optional<Call> call;
+  Traffic* traffic = nullptr;
+  bool dropped = false;
+};
+
+ShmNode::Reservation& ShmNode::Reservation::operator=(Reservation&& other) noexcept {
+  if (this != &other) {
+    Reservation dropped(std::move(*this));
+    pending_ = std::move(other.pending_);
+  }
+  return *this;
+}
+
+ShmNode::Reservation::~Reservation() {
+  if (pending_ && !pending_->call) pending_->dropped = true;
+}
+
+// Waits for the operation's call and for every earlier ticket to have numbered its chunks, numbers its own
+// (so the node's history is the same on every rank whatever the order the calls arrived in), then runs it.
+Step ShmNode::in_turn(std::shared_ptr<Reservation::Pending> pending) {
+  Until turn{[this, p = pending.get()] { return (p->call || p->dropped) && numbered_ + 1 == p->ticket; }};
+  co_await turn;
+  numbered_ = pending->ticket;
+  if (!pending->call) co_return;
+  const std::uint64_t first = next_chunk_;
+  next_chunk_ += pending->call->chunks;
+  co_await pipeline(*pending->call, first, pending->traffic);
+}
+
+ShmNode::Reservation ShmNode::reserve() {
+  auto pending = std::make_shared<Reservation::Pending>();
+  pending->node = this;
+  pending->ticket = ++started_;
+  in_flight_.push_back(Work::start([&](Traffic*) { return in_turn(pending); }));
+  return Reservation(std::move(pending));
+}
+
 bool ShmNode::progress(std::uint64_t ticket) {
   for (Work& work : in_flight_) work.test();
   while (!in_flight_.empty() && in_flight_.front().done()) {
@@ -340,8 +381,10 @@ Step await_ticket(std::function<bool()> complete) {
 
 }  // namespace
 
-Work ShmNode::start(Operation operation, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
-                    RedOp op, int root) {
+Work ShmNode::start(Reservation reservation, Operation operation, const void* sendbuf, void* recvbuf,
+                    std::size_t count, DataType dtype, RedOp op, int root) {
+  require(reservation.pending_ && reservation.pending_->node == this && !reservation.pending_->call,
+          "a reservation is started once, on the node that made it");
   require(supports(operation), std::string(name(operation)) + " is not supported");
   const bool rooted = operation == Operation::broadcast || operation == Operation::reduce;
   require(!rooted || (root >= 0 && root < size_), "root " + std::to_string(root) + " is not a rank");
@@ -367,11 +410,11 @@ Work ShmNode::start(Operation operation, const void* sendbuf, void* recvbuf, std
   const std::size_t out_bytes = count * esize * (operation == Operation::allgather ? static_cast<std::size_t>(size_) : 1);
   c.stream = options_.stream_min_bytes > 0 && out_bytes >= options_.stream_min_bytes;
 
-  const std::uint64_t first = next_chunk_;
-  next_chunk_ += c.chunks;
-  const std::uint64_t ticket = ++started_;
+  Reservation::Pending& pending = *reservation.pending_;
+  const std::uint64_t ticket = pending.ticket;
   return Work::start([&](Traffic* traffic) {
-    in_flight_.push_back(Work::start([&](Traffic*) { return pipeline(c, first, traffic); }));
+    pending.traffic = traffic;
+    pending.call = c;
     return await_ticket([this, ticket] { return progress(ticket); });
   });
 }

@@ -26,6 +26,10 @@
 // ShmNode run in the order started, any number in flight; testing any of them progresses every earlier one
 // too, since a later operation's chunks need the slots the earlier ones hold. A ShmNode must outlive its
 // Works; a waiting rank polls, pausing and yielding its core now and then (ranks may share cores).
+//
+// An operation whose input is ready only later, at a moment that differs from rank to rank (the allgather
+// that ends a hierarchical allreduce, after its inter-node phase), takes its place in the order early with
+// reserve() and is started on that reservation when its input is there; the operations behind it wait.
 #pragma once
 
 #include <mpi.h>
@@ -33,6 +37,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "collectives/algorithms.h"  // Operation
@@ -73,7 +79,30 @@ class ShmNode {
   // `root` outside broadcast and reduce). The Work's traffic counts the bytes this rank wrote into its slots
   // for other ranks to read, as intra-node bytes. std::invalid_argument for unsupported operations or bad args.
   Work start(Operation operation, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
-             RedOp op = RedOp::sum, int root = 0);
+             RedOp op = RedOp::sum, int root = 0) {
+    return start(reserve(), operation, sendbuf, recvbuf, count, dtype, op, root);
+  }
+
+  // A place in the node's order of operations, for one operation started on it later. Every rank of the node
+  // reserves in the same order. One destroyed unstarted runs as an empty operation, so those behind it go on
+  // (every rank of the node must drop it then). Must not outlive its ShmNode.
+  class Reservation {
+   public:
+    Reservation(Reservation&&) noexcept = default;
+    Reservation& operator=(Reservation&&) noexcept;
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    ~Reservation();
+
+   private:
+    friend class ShmNode;
+    struct Pending;
+    explicit Reservation(std::shared_ptr<Pending> pending) : pending_(std::move(pending)) {}
+    std::shared_ptr<Pending> pending_;
+  };
+  Reservation reserve();
+  Work start(Reservation reservation, Operation operation, const void* sendbuf, void* recvbuf, std::size_t count,
+             DataType dtype, RedOp op = RedOp::sum, int root = 0);
   void run(Operation operation, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
            RedOp op = RedOp::sum, int root = 0) {
     start(operation, sendbuf, recvbuf, count, dtype, op, root).wait();
@@ -115,6 +144,7 @@ class ShmNode {
   struct Call;
 
   Step pipeline(Call call, std::uint64_t first_chunk, Traffic* traffic);
+  Step in_turn(std::shared_ptr<Reservation::Pending> pending);
   void fill(const Call& c, std::size_t chunk, std::uint64_t k, Traffic& traffic);
   void combine(const Call& c, std::size_t chunk, std::uint64_t k);
   void drain(const Call& c, std::size_t chunk, std::uint64_t k);
@@ -135,6 +165,7 @@ class ShmNode {
   std::uint64_t next_chunk_ = 0;  // the next chunk number of the node's history
   std::deque<Work> in_flight_;    // started and not yet seen complete, in the order started
   std::uint64_t started_ = 0, finished_ = 0;
+  std::uint64_t numbered_ = 0;    // the last ticket whose chunks are numbered (in ticket order)
   unsigned idle_polls_ = 0;
 };
 

@@ -55,6 +55,21 @@ std::vector<int> layouts() {
 }
 
 const std::vector<std::size_t> kCounts = {0, 1, 7, 13, 1000};
+
+// The algorithms under test; the two-level ones both with their intra-node phases through shared memory
+// (where the node's ranks share it, as every layout here does) and through MPI messages.
+struct Variant {
+  Algo algo;
+  bool intra_shm;
+};
+const std::vector<Variant> kVariants = {{Algo::library, true},      {Algo::ring, true},
+                                        {Algo::hierarchical, true}, {Algo::horing, true},
+                                        {Algo::hierarchical, false}, {Algo::horing, false}};
+std::string describe(const Variant& v) {
+  return std::string(name(v.algo)) + (v.algo == Algo::hierarchical || v.algo == Algo::horing
+                                          ? (v.intra_shm ? " (intra shm)" : " (intra messages)")
+                                          : "");
+}
 const std::vector<DataType> kTypes = {DataType::float32, DataType::int32, DataType::bfloat16, DataType::float64};
 
 TEST(ProcessGroups, AllreduceEveryAlgorithmInAndOutOfPlace) {
@@ -62,7 +77,7 @@ TEST(ProcessGroups, AllreduceEveryAlgorithmInAndOutOfPlace) {
     ProcessGroups groups({1, 1, world_size_now()}, rpn);
     Group& g = groups.world();
     g.horing_chunk_bytes = 8;  // several chunks in flight even for small counts
-    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing})
+    for (const Variant& v : kVariants)
       for (DataType dtype : kTypes)
         for (RedOp op : {RedOp::sum, RedOp::max, RedOp::avg})
           for (std::size_t count : kCounts)
@@ -70,11 +85,12 @@ TEST(ProcessGroups, AllreduceEveryAlgorithmInAndOutOfPlace) {
               if (op == RedOp::avg && dtype == DataType::int32) continue;  // integer average truncates
               std::vector<std::byte> in = filled(g.rank(), count, dtype), out(in.size());
               void* recv = in_place ? in.data() : out.data();
-              g.allreduce(algo, in.data(), recv, count, dtype, op).wait();
+              g.intra_shm = v.intra_shm;
+              g.allreduce(v.algo, in.data(), recv, count, dtype, op).wait();
               for (std::size_t i = 0; i < count; ++i)
                 EXPECT_NEAR(load_value(recv, i, dtype), reduce_expected(op, g.size(), i),
                             dtype == DataType::bfloat16 ? 0.02 : 1e-6)
-                    << name(algo) << " " << name(dtype) << " " << name(op) << " count " << count << " in_place "
+                    << describe(v) << " " << name(dtype) << " " << name(op) << " count " << count << " in_place "
                     << in_place << " rpn " << rpn << " at " << i;
             }
   }
@@ -86,18 +102,19 @@ TEST(ProcessGroups, ReduceScatterEveryAlgorithmInAndOutOfPlace) {
     Group& g = groups.world();
     g.horing_chunk_bytes = 8;
     const std::size_t n = static_cast<std::size_t>(g.size());
-    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing})
+    for (const Variant& v : kVariants)
       for (DataType dtype : kTypes)
         for (RedOp op : {RedOp::sum, RedOp::min})
           for (std::size_t recvcount : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{300}})
             for (bool in_place : {false, true}) {
               std::vector<std::byte> in = filled(g.rank(), recvcount * n, dtype), out(std::max<std::size_t>(recvcount, 1) * size_of(dtype));
               std::byte* recv = in_place ? in.data() + static_cast<std::size_t>(g.rank()) * recvcount * size_of(dtype) : out.data();
-              g.reduce_scatter(algo, in.data(), recv, recvcount, dtype, op).wait();
+              g.intra_shm = v.intra_shm;
+              g.reduce_scatter(v.algo, in.data(), recv, recvcount, dtype, op).wait();
               for (std::size_t i = 0; i < recvcount; ++i)
                 EXPECT_EQ(load_value(recv, i, dtype),
                           reduce_expected(op, g.size(), static_cast<std::size_t>(g.rank()) * recvcount + i))
-                    << name(algo) << " " << name(dtype) << " " << name(op) << " recvcount " << recvcount << " in_place "
+                    << describe(v) << " " << name(dtype) << " " << name(op) << " recvcount " << recvcount << " in_place "
                     << in_place << " rpn " << rpn << " at " << i;
             }
   }
@@ -109,7 +126,7 @@ TEST(ProcessGroups, AllgatherEveryAlgorithmInAndOutOfPlace) {
     Group& g = groups.world();
     g.horing_chunk_bytes = 8;
     const std::size_t n = static_cast<std::size_t>(g.size());
-    for (Algo algo : {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing})
+    for (const Variant& v : kVariants)
       for (DataType dtype : {DataType::float32, DataType::int8, DataType::float64})
         for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{9}, std::size_t{500}})
           for (bool in_place : {false, true}) {
@@ -120,11 +137,12 @@ TEST(ProcessGroups, AllgatherEveryAlgorithmInAndOutOfPlace) {
               send = out.data() + static_cast<std::size_t>(g.rank()) * count * size_of(dtype);
               std::memcpy(send, mine.data(), count * size_of(dtype));
             }
-            g.allgather(algo, send, out.data(), count, dtype).wait();
+            g.intra_shm = v.intra_shm;
+            g.allgather(v.algo, send, out.data(), count, dtype).wait();
             for (std::size_t r = 0; r < n; ++r)
               for (std::size_t i = 0; i < count; ++i)
                 EXPECT_EQ(load_value(out.data(), r * count + i, dtype), input_value(static_cast<int>(r), i))
-                    << name(algo) << " " << name(dtype) << " count " << count << " rpn " << rpn << " from rank " << r;
+                    << describe(v) << " " << name(dtype) << " count " << count << " rpn " << rpn << " from rank " << r;
           }
   }
 }
@@ -178,6 +196,65 @@ TEST(ProcessGroups, OperationsInFlightTogetherDoNotMix) {
   }
 }
 
+// Two-level operations in flight together on one group with their intra-node phases through shared memory:
+// each one's last intra phase is ready only after its inter-node phase, at moments that differ from rank to
+// rank, yet every node's ranks must run those phases in one order. Tested interleaved, waited in start order.
+TEST(ProcessGroups, TwoLevelOperationsInFlightTogetherThroughSharedMemory) {
+  for (int rpn : layouts()) {
+    ProcessGroups groups({1, 1, world_size_now()}, rpn);
+    Group& g = groups.world();
+    g.horing_chunk_bytes = 256;
+    const std::size_t n = static_cast<std::size_t>(g.size()), count = 840 * n;  // divides among any node's ranks
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::byte> a = filled(g.rank(), count, DataType::float32);
+      std::vector<std::byte> b = filled(g.rank(), count, DataType::float32);
+      std::vector<std::byte> c_in = filled(g.rank(), count * n, DataType::float32), c_out(count * 4);
+      std::vector<std::byte> d_in = filled(g.rank(), count, DataType::float32), d_out(count * n * 4);
+      std::vector<Work> works;
+      works.push_back(g.allreduce(Algo::hierarchical, a.data(), a.data(), count, DataType::float32, RedOp::sum));
+      works.push_back(g.allreduce(Algo::horing, b.data(), b.data(), count, DataType::float32, RedOp::max));
+      works.push_back(g.reduce_scatter(Algo::horing, c_in.data(), c_out.data(), count, DataType::float32, RedOp::sum));
+      works.push_back(g.allgather(Algo::hierarchical, d_in.data(), d_out.data(), count, DataType::float32));
+      for (int i = 0; i < 5 + g.rank() * 7; ++i)  // ranks progress unevenly
+        for (std::size_t w = works.size(); w-- > 0;) works[w].test();
+      for (Work& w : works) w.wait();
+      int wrong = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        wrong += load_value(a.data(), i, DataType::float32) != reduce_expected(RedOp::sum, g.size(), i);
+        wrong += load_value(b.data(), i, DataType::float32) != reduce_expected(RedOp::max, g.size(), i);
+        wrong += load_value(c_out.data(), i, DataType::float32) !=
+                 reduce_expected(RedOp::sum, g.size(), static_cast<std::size_t>(g.rank()) * count + i);
+        for (std::size_t r = 0; r < n; ++r)
+          wrong += load_value(d_out.data(), r * count + i, DataType::float32) != input_value(static_cast<int>(r), i);
+      }
+      EXPECT_EQ(wrong, 0) << "rpn " << rpn << " round " << round;
+    }
+  }
+}
+
+// Through shared memory a rank writes into its slots the parts of its input that other ranks read: a
+// reduce-scatter (L-1)/L of it, an allgather its block. On one node of L = n ranks a hierarchical allreduce of
+// S bytes then puts (L-1)/L S + S/L = S per rank on the node's tier, where ring phases send 2 (L-1)/L S.
+TEST(ProcessGroups, SharedMemoryIntraPhasesCountTheBytesTheyWrite) {
+  const int n = world_size_now();
+  if (n < 3) GTEST_SKIP() << "at 2 ranks the two counts coincide; needs 3 or more";
+  ProcessGroups groups({1, 1, n}, 0);
+  Group& g = groups.world();
+  const std::size_t count = 1200 * static_cast<std::size_t>(n), bytes = count * 4;
+  std::vector<std::byte> buf = filled(g.rank(), count, DataType::float32);
+  auto intra_total = [&](bool intra_shm) {
+    g.intra_shm = intra_shm;
+    Work work = g.allreduce(Algo::hierarchical, buf.data(), buf.data(), count, DataType::float32, RedOp::sum);
+    work.wait();
+    unsigned long long mine[2] = {work.traffic().intra_bytes, work.traffic().inter_bytes}, all[2] = {0, 0};
+    MPI_Allreduce(mine, all, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(all[1], 0ull) << "one node";
+    return all[0];
+  };
+  EXPECT_EQ(intra_total(true), static_cast<unsigned long long>(n) * bytes);
+  EXPECT_EQ(intra_total(false), 2ull * (n - 1) * bytes);
+}
+
 // Pipeline-style exchange: two messages to the right neighbour in flight at once, received in order.
 TEST(ProcessGroups, PointToPointMessagesArriveInOrder) {
   ProcessGroups groups({1, world_size_now(), 1}, 0);
@@ -216,6 +293,7 @@ TEST(ProcessGroups, TrafficPerTierMatchesTheAlgorithm) {
     MPI_Allreduce(mine, all, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     return std::pair{all[0], all[1]};
   };
+  g.intra_shm = false;  // the ring formulas; shared memory's count is tested below
   auto [ring_intra, ring_inter] = totals(g.allreduce(Algo::ring, buf.data(), buf.data(), count, DataType::float32, RedOp::sum));
   EXPECT_EQ(ring_intra + ring_inter, 2ull * (n - 1) * bytes);
   auto [h_intra, h_inter] = totals(g.allreduce(Algo::hierarchical, buf.data(), buf.data(), count, DataType::float32, RedOp::sum));
