@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <sstream>
@@ -50,7 +51,20 @@ struct Options {
   std::string backend = "cpu";
   double memory_limit_gib = 0;
   int timeline_steps = 1;
+  std::string recompute = "none";
 };
+
+// --recompute none,full | all: the modes, in the order given.
+std::vector<Recompute> recompute_modes(const std::string& text) {
+  if (text == "all") return {Recompute::none, Recompute::full, Recompute::selective};
+  std::vector<Recompute> out;
+  for (const std::string& item : split(text, ',')) {
+    const std::optional<Recompute> mode = parse_recompute(item);
+    if (!mode) throw UsageError("--recompute: unknown mode '" + item + "' (none, full, selective or all)");
+    out.push_back(*mode);
+  }
+  return out;
+}
 
 // --paro NNG,III | all and --zero 0,3 | all name strategies on one code path; refused ones say why.
 std::vector<Strategy> strategies(const Options& o) {
@@ -108,7 +122,8 @@ double allreduce_sum(double value) {
   return value;
 }
 
-constexpr const char* kPhases[] = {"forward", "backward", "optimizer", "comm_exposed", "idle"};
+// recompute is a part of backward: the forward work it does again first.
+constexpr const char* kPhases[] = {"forward", "backward", "optimizer", "comm_exposed", "idle", "recompute"};
 constexpr MemoryCategory kCategories[] = {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer,
                                           MemoryCategory::activations, MemoryCategory::workspace, MemoryCategory::comm_buffers};
 double formula_of(const MemoryUse& m, MemoryCategory c) {
@@ -161,6 +176,8 @@ int run_step(int argc, char** argv) {
   cli.choice("backend", 0, "where the step runs", o.backend, {"cpu", "cuda"});
   cli.option("memory-limit", 0, "GiB a rank may hold (0: the node's available memory over its ranks)", o.memory_limit_gib, 0.0);
   cli.option("timeline-steps", 0, "timed steps whose timeline is recorded", o.timeline_steps, 0);
+  cli.option("recompute", 0, "what backward computes again instead of keeping: none, full (each layer from its input), "
+             "selective (the attention core), comma-separated, or all; one case per strategy and mode", o.recompute);
   add_harness_options(cli, h);
   cli.alias("steps", "iters");
   if (!cli.parse(argc, argv)) return 0;
@@ -171,6 +188,7 @@ int run_step(int argc, char** argv) {
 
   const ModelConfig model = model_of(o);
   const std::vector<Strategy> plan = strategies(o);
+  const std::vector<Recompute> modes = recompute_modes(o.recompute);
   const Trainable trainable = [&] {
     try {
       return parse_trainable(o.trainable);
@@ -218,13 +236,14 @@ int run_step(int argc, char** argv) {
     const double limit = memory_limit(o, split_shared_memory(MPI_COMM_WORLD).size());
     double worst = 0;
     std::string worst_name, parts;
-    for (const Strategy& s : plan) {
+    for (const Strategy& s : plan)
+      for (Recompute mode : modes) {
       DataParallelConfig c = config;
-      c.strategy = s;
+      c.strategy = s, c.recompute = mode;
       const MemoryUse e = memory_estimate(c, shape);
       const double total = e.params + e.grads + e.optimizer + e.activations + e.workspace + e.comm_buffers;
       if (total > worst) {
-        worst = total, worst_name = s.name();
+        worst = total, worst_name = s.name() + (mode == Recompute::none ? "" : std::string(" with ") + name(mode) + " recomputation");
         parts = "parameters " + gib(e.params) + ", gradients " + gib(e.grads) + ", optimizer " + gib(e.optimizer) +
                 ", activations " + gib(e.activations + e.workspace) + ", communication buffers " + gib(e.comm_buffers);
       }
@@ -241,7 +260,7 @@ int run_step(int argc, char** argv) {
   Run run("strata-step", argc, argv, h, cli.resolved_json(), "cpu");
   if (o.library == "auto") config.runtime.library = run.context().machine.description.default_gemm;
   StepRecorder recorder(run);
-  run.set_case_count(static_cast<int>(plan.size()));
+  run.set_case_count(static_cast<int>(plan.size() * modes.size()));
   const double psi = static_cast<double>(model.parameters());
   double psi_trainable = 0;
   {
@@ -268,11 +287,15 @@ int run_step(int argc, char** argv) {
       .add_column("parameters", ColumnKind::float64, "1", "Ψ").add_column("trainable_parameters", ColumnKind::float64, "1", "Ψ'")
       .add_column("trainable", ColumnKind::string, "").add_column("comm_algo", ColumnKind::string, "")
       .add_column("overlap", ColumnKind::int64, "1").add_column("data", ColumnKind::string, "")
-      .add_column("flop", ColumnKind::float64, "FLOP", "model FLOPs per rank per step: (6N + 6Lhs) x tokens / ranks");
+      .add_column("flop", ColumnKind::float64, "FLOP", "model FLOPs per rank per step: (6N + 6Lhs) x tokens / ranks")
+      .add_column("recompute", ColumnKind::string, "", "what backward computes again: none, full (each layer), selective (the attention core)")
+      .add_column("flop_recompute", ColumnKind::float64, "FLOP",
+                  "recomputed FLOPs per rank per step: full (2 N_layers + 2Lhs), selective (2Lhs) per token x tokens / ranks");
   Table& summary = run.summary();
   add_flop_rate_columns(summary, "flop");
   summary.add_column("tokens_per_s", ColumnKind::float64, "1/s", "tokens of the global batch over the median step (max over ranks)")
       .add_column("mfu", ColumnKind::float64, "1", "model FLOPs (6N + 6Lhs per token) / (median step x peak x ranks)")
+      .add_column("hfu", ColumnKind::float64, "1", "hardware FLOPs (model + recomputed) / (median step x peak x ranks)")
       .add_column("loss_first", ColumnKind::float64, "1", "loss of step 1").add_column("loss_last", ColumnKind::float64, "1");
   for (const char* phase : kPhases)
     summary.add_column(std::string("phase_") + phase, ColumnKind::float64, "s", "median over timed steps, mean over ranks");
@@ -304,11 +327,15 @@ int run_step(int argc, char** argv) {
   }
 
   double reference_loss = NAN;  // step 1 of the first strategy: every strategy starts from the same state
+  std::map<std::string, double> kept_last_loss;  // per strategy, the last loss without recomputation
   const int rank = run.context().self.rank;
   HostTimer timer;
-  for (const Strategy& strategy : plan) {
+  for (const Strategy& strategy : plan)
+    for (Recompute mode : modes) {
     DataParallelConfig c = config;
-    c.strategy = strategy;
+    c.strategy = strategy, c.recompute = mode;
+    const std::string label = strategy.name() + (mode == Recompute::none ? "" : std::string(" recompute ") + name(mode));
+    const double recompute_flop_per_rank = recompute_flops_per_token(model, o.seq, mode) * tokens_per_step / world;
     MemoryFigures peak_memory;
     std::vector<double> samples;
     std::vector<StepStats> timed;
@@ -330,7 +357,7 @@ int run_step(int argc, char** argv) {
         if (run.is_root()) {
           const double tok_s = tokens_per_step / slowest;
           std::printf("%s step %4d/%d | loss %.4f | norm %.4f | lr %.2e | %9.2f ms | %9.0f tok/s | MFU %5.2f%%%s\n",
-                      strategy.name().c_str(), k + 1, h.warmup + h.iters, stats.loss, stats.grad_norm, stats.lr, slowest * 1e3,
+                      label.c_str(), k + 1, h.warmup + h.iters, stats.loss, stats.grad_norm, stats.lr, slowest * 1e3,
                       tok_s, peak > 0 ? 100 * flop_per_rank / (slowest * peak) : 0.0, timing ? "" : " (warm-up)");
           std::fflush(stdout);
         }
@@ -342,6 +369,7 @@ int run_step(int argc, char** argv) {
         recorder.add_phase("optimizer", stats.optimizer_seconds);
         recorder.add_phase("comm_exposed", stats.exposed_comm_seconds);
         recorder.add_phase("idle", stats.idle_seconds);
+        recorder.add_phase("recompute", stats.recompute_seconds);
         for (int t = 0; t < kCommTiers; ++t) {
           const std::string tier = name(static_cast<CommTier>(t));
           recorder.add_phase("comm_" + tier + "_exposed", stats.comm[static_cast<std::size_t>(t)].exposed_seconds);
@@ -364,7 +392,14 @@ int run_step(int argc, char** argv) {
     // The check: step 1 runs on the same parameters and tokens under every strategy, so its loss differs only
     // by the order of fp32 sums (relative 1e-6; 1e-5 allowed); a wrong gather or a missing shard moves it more.
     if (std::isnan(reference_loss)) reference_loss = first_loss;
-    const bool wrong = !std::isfinite(first_loss) || std::abs(first_loss - reference_loss) > 1e-5 * std::abs(reference_loss);
+    bool wrong = !std::isfinite(first_loss) || std::abs(first_loss - reference_loss) > 1e-5 * std::abs(reference_loss);
+    // Recomputation computes the same activations again (no dropout), so a strategy trains along the same
+    // losses in every mode; only a recomputation that differs from the kept activations moves them.
+    bool trajectory_differs = false;
+    if (mode == Recompute::none) kept_last_loss[strategy.name()] = last_loss;
+    else if (auto kept = kept_last_loss.find(strategy.name()); kept != kept_last_loss.end())
+      trajectory_differs = !(std::abs(last_loss - kept->second) <= 1e-6 * std::abs(kept->second));
+    wrong = wrong || trajectory_differs;
     auto per_step = [&](auto field) {
       std::vector<double> v;
       for (const StepStats& s : timed) v.push_back(field(s));
@@ -373,7 +408,8 @@ int run_step(int argc, char** argv) {
     std::vector<double> phase_medians = {
         per_step([](const StepStats& s) { return s.forward_seconds; }), per_step([](const StepStats& s) { return s.backward_seconds; }),
         per_step([](const StepStats& s) { return s.optimizer_seconds; }),
-        per_step([](const StepStats& s) { return s.exposed_comm_seconds; }), per_step([](const StepStats& s) { return s.idle_seconds; })};
+        per_step([](const StepStats& s) { return s.exposed_comm_seconds; }), per_step([](const StepStats& s) { return s.idle_seconds; }),
+        per_step([](const StepStats& s) { return s.recompute_seconds; })};
     std::vector<double> busy, exposed;
     for (std::size_t t = 0; t < kCommTiers; ++t) {
       busy.push_back(per_step([t](const StepStats& s) { return s.comm[t].busy_seconds; }));
@@ -391,7 +427,7 @@ int run_step(int argc, char** argv) {
       formula_memory_max.push_back(allreduce_max(MPI_COMM_WORLD, formula_of(formula_memory, cat)));
     }
 
-    CaseResult r = run.record(samples, wrong && rank == 0 ? 1 : 0, "strategy " + strategy.name(),
+    CaseResult r = run.record(samples, wrong && rank == 0 ? 1 : 0, "strategy " + label,
         [&](Table& row) {
           row.set("strategy", strategy.name()).set("model", model.name).set("layers", model.layers)
               .set("hidden", model.hidden).set("heads", model.heads).set("kv_heads", model.kv_heads)
@@ -399,13 +435,15 @@ int run_step(int argc, char** argv) {
               .set("accumulation", o.accumulation).set("global_batch", global_rows).set("dp", shape.n)
               .set("group_size", shape.m).set("groups", shape.g).set("parameters", psi)
               .set("trainable_parameters", psi_trainable).set("trainable", o.trainable).set("comm_algo", o.comm_algo)
-              .set("overlap", c.overlap ? 1 : 0).set("data", o.data).set("flop", flop_per_rank);
+              .set("overlap", c.overlap ? 1 : 0).set("data", o.data).set("flop", flop_per_rank)
+              .set("recompute", std::string(name(mode))).set("flop_recompute", recompute_flop_per_rank);
         },
         [&](Table& row, const CaseResult& res) {
           set_flop_rates(row, flop_per_rank, res, world, peak);
           const double step = res.rankmax.median;
           row.set("tokens_per_s", tokens_per_step / step)
               .set("mfu", peak > 0 ? flop_per_rank / (step * peak) : 0.0)
+              .set("hfu", peak > 0 ? (flop_per_rank + recompute_flop_per_rank) / (step * peak) : 0.0)
               .set("loss_first", first_loss).set("loss_last", last_loss);
           for (std::size_t i = 0; i < phase_medians.size(); ++i) row.set(std::string("phase_") + kPhases[i], phase_medians[i]);
           for (std::size_t t = 0; t < kCommTiers; ++t) {
@@ -425,12 +463,18 @@ int run_step(int argc, char** argv) {
       const double states = measured_memory[0] + measured_memory[1] + measured_memory[2];
       const double states_formula = formula_memory.params + formula_memory.grads + formula_memory.optimizer;
       std::printf("# %s: step %.2f ms (median of %d, max over ranks) | %.0f tok/s | MFU %.2f%% | exposed comm %.1f%% | "
-                  "model states %sB/rank (formula %sB) | sent/rank intra %s, inter %s (ring formula %s, %s)%s\n",
-                  strategy.name().c_str(), step * 1e3, r.iterations, tokens_per_step / step,
+                  "model states %sB/rank (formula %sB) | sent/rank intra %s, inter %s (ring formula %s, %s)%s%s\n",
+                  label.c_str(), step * 1e3, r.iterations, tokens_per_step / step,
                   peak > 0 ? 100 * flop_per_rank / (step * peak) : 0.0, 100 * phase_medians[3] / step, format_si(states).c_str(),
                   format_si(states_formula).c_str(), counts_bytes ? (format_si(sent_intra) + "B").c_str() : "n/a",
                   counts_bytes ? (format_si(sent_inter) + "B").c_str() : "n/a", (format_si(formula_intra) + "B").c_str(),
-                  (format_si(formula_inter) + "B").c_str(), wrong ? " | CHECK FAILED: step-1 loss differs" : "");
+                  (format_si(formula_inter) + "B").c_str(),
+                  (mode == Recompute::none ? std::string()
+                                           : " | recompute " + format_fixed(phase_medians[5] * 1e3, 2) + " ms, activations " +
+                                                 format_si(measured_memory[3]) + "B/rank").c_str(),
+                  trajectory_differs ? " | CHECK FAILED: the losses differ from keeping every activation"
+                  : wrong            ? " | CHECK FAILED: step-1 loss differs"
+                                     : "");
       std::fflush(stdout);
     }
   }

@@ -161,7 +161,7 @@ struct DataParallelTrainer::Impl {
 
   Impl(const DataParallelConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
       : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), data(source),
-        model(config.model, config.micro_batch, config.seq, config.runtime) {
+        model(config.model, config.micro_batch, config.seq, config.runtime, config.recompute) {
     if (const std::string why = refusal_reason(c.strategy); !why.empty())
       throw std::invalid_argument("strategy " + c.strategy.name() + " is not run: " + why);
     if (c.accumulation < 1) throw std::invalid_argument("accumulation must be at least 1 micro-batch");
@@ -547,6 +547,13 @@ struct DataParallelTrainer::Impl {
           gradients_ready(u, micro, last);
         }
         at_hook();
+      };
+      double recompute_start = 0;
+      hooks.before_recompute = [&](int) { recompute_start = now(); };
+      hooks.after_recompute = [&](int layer) {
+        const double end = now();
+        stats.recompute_seconds += end - recompute_start;
+        if (timeline) timeline->push_back({"recompute " + std::to_string(layer), "compute", "", recompute_start, end, 0});
       };
       compute_phase("forward", stats.forward_seconds,
                     [&] { loss_sum += model.forward(pointers, tokens.data(), targets.data(), hooks); });

@@ -66,6 +66,7 @@ struct DataParallelConfig {
   LrSchedule lr;
   float max_grad_norm = 1.0f;  // 0: no clipping
   CpuRuntime runtime;
+  Recompute recompute = Recompute::none;
   uint64_t seed = 1;
   float init_std = 0.02f;
   bool record_timeline = false;
@@ -111,6 +112,7 @@ struct StepStats {
   // Compute phases exclude the waits for communication inside them; idle is what the phases do not cover
   // (reading data, the loss and norm reductions of a few bytes).
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
+  double recompute_seconds = 0;     // inside backward: the forward work it does again first (Recompute)
   double exposed_comm_seconds = 0;  // waiting for collectives that were not done
   double idle_seconds = 0;
   std::array<TierComm, kCommTiers> comm;

@@ -82,20 +82,59 @@ void init_parameters(const ModelConfig& model, const ParameterLayout& layout, fl
 
 // ---- activations -------------------------------------------------------------------------------------------
 
-// Offsets (in floats) of one layer's saved activations, from the layer's base.
-struct GptCpu::LayerActs {
-  std::size_t x_in, ln1, ln1_mean, ln1_rstd, qkv, q, k, v, atty, lse, att_merged, attproj, x_mid, ln2, ln2_mean,
-      ln2_rstd, fch, fch_gelu, fcproj, size;
-  LayerActs(std::size_t N, std::size_t C, std::size_t Q, std::size_t KV, std::size_t F, std::size_t heads) {
-    std::size_t at = 0;
-    auto take = [&](std::size_t n) { return std::exchange(at, at + n); };
-    x_in = take(N * C), ln1 = take(N * C), ln1_mean = take(N), ln1_rstd = take(N), qkv = take(N * Q);
-    q = take(N * C), k = take(N * KV), v = take(N * KV), atty = take(N * C), lse = take(N * heads);
-    att_merged = take(N * C), attproj = take(N * C), x_mid = take(N * C), ln2 = take(N * C), ln2_mean = take(N);
-    ln2_rstd = take(N), fch = take(N * F), fch_gelu = take(N * F), fcproj = take(N * C);
-    size = at;
-  }
+namespace {
+
+// One layer's activations, in buffer order (LayerView's), and their sizes in floats.
+struct Activation {
+  enum Index : int { x_in, ln1, ln1_mean, ln1_rstd, qkv, q, k, v, atty, lse, att_merged, attproj, x_mid, ln2,
+                     ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, count };
 };
+
+std::vector<std::size_t> layer_activation_sizes(std::size_t N, std::size_t C, std::size_t Q, std::size_t KV,
+                                                std::size_t F, std::size_t heads) {
+  return {N * C, N * C, N, N, N * Q, N * C, N * KV, N * KV, N * C, N * heads,
+          N * C, N * C, N * C, N * C, N, N, N * F, N * F, N * C};
+}
+
+// Whether the forward pass keeps an activation of every layer for the backward pass (else it lives in the
+// space of the one layer being computed, and backward computes it again).
+bool kept(Recompute recompute, int activation) {
+  using A = Activation;
+  switch (recompute) {
+    case Recompute::none: return true;
+    case Recompute::full: return activation == A::x_in;
+    case Recompute::selective:
+      return activation != A::q && activation != A::k && activation != A::v && activation != A::atty && activation != A::lse;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::none: return "none";
+    case Recompute::full: return "full";
+    case Recompute::selective: return "selective";
+  }
+  return "?";
+}
+
+std::optional<Recompute> parse_recompute(std::string_view text) {
+  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective})
+    if (text == name(r)) return r;
+  return std::nullopt;
+}
+
+GptCpu::LayerView GptCpu::view(int l) {
+  float* own = act(layer_base_[static_cast<std::size_t>(l)]);
+  float* shared = act(shared_base_);
+  auto at = [&](int a) { return (kept_[static_cast<std::size_t>(a)] ? own : shared) + offset_[static_cast<std::size_t>(a)]; };
+  using A = Activation;
+  return {at(A::x_in), at(A::ln1), at(A::ln1_mean), at(A::ln1_rstd), at(A::qkv), at(A::q), at(A::k), at(A::v),
+          at(A::atty), at(A::lse), at(A::att_merged), at(A::attproj), at(A::x_mid), at(A::ln2), at(A::ln2_mean),
+          at(A::ln2_rstd), at(A::fch), at(A::fch_gelu), at(A::fcproj)};
+}
 
 namespace {
 
@@ -167,8 +206,8 @@ void call(const std::function<void(int)>& hook, int layer) {
 
 }  // namespace
 
-GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime)
-    : model_(model), layout_(model), batch_(batch), seq_(seq), runtime_(runtime) {
+GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute)
+    : model_(model), layout_(model), batch_(batch), seq_(seq), runtime_(runtime), recompute_(recompute) {
   if (batch <= 0 || seq <= 0) throw std::invalid_argument("batch and sequence must be positive");
   if (seq > model.max_seq)
     throw std::invalid_argument("sequence " + std::to_string(seq) + " exceeds the model's position table (" +
@@ -180,9 +219,15 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime)
   const std::size_t N = static_cast<std::size_t>(batch) * seq, C = static_cast<std::size_t>(model.hidden),
                     Q = static_cast<std::size_t>(model.qkv_channels()),
                     KV = static_cast<std::size_t>(model.kv_heads * model.head_dim()), F = static_cast<std::size_t>(model.mlp());
-  per_layer_ = LayerActs(N, C, Q, KV, F, static_cast<std::size_t>(model.heads)).size;
+  const std::vector<std::size_t> sizes = layer_activation_sizes(N, C, Q, KV, F, static_cast<std::size_t>(model.heads));
+  std::size_t shared = 0;
+  for (int a = 0; a < Activation::count; ++a) {
+    kept_.push_back(kept(recompute, a));
+    offset_.push_back(std::exchange(kept_.back() ? per_layer_ : shared, (kept_.back() ? per_layer_ : shared) + sizes[static_cast<std::size_t>(a)]));
+  }
   for (int l = 0; l < model.layers; ++l) layer_base_.push_back(static_cast<std::size_t>(l) * per_layer_);
-  head_base_ = static_cast<std::size_t>(model.layers) * per_layer_;
+  shared_base_ = static_cast<std::size_t>(model.layers) * per_layer_;
+  head_base_ = shared_base_ + shared;
   activations_ = TrackedBuffer<float>(MemoryCategory::activations, head_base_ + HeadActs(N, C, static_cast<std::size_t>(model.vocab)).size);
   // Frozen units' layer-norm gradients land in a region after the scratch and are never read.
   scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, C, Q, KV, F).size + 2 * C);
@@ -211,21 +256,42 @@ float* GptCpu::grad(const UnitPointers& u, int l, LayerTensor t) const {
   return unit ? unit + (layout_.tensor(l, t).offset - layout_.layer(l).offset) : nullptr;
 }
 
-void GptCpu::attention_forward(int l, const UnitPointers& u) {
+void GptCpu::attention_core_forward(const LayerView& x) {
   const ModelConfig& m = model_;
-  const LayerActs a(static_cast<std::size_t>(batch_) * seq_, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp(), m.heads);
-  float* base = act(layer_base_[static_cast<std::size_t>(l)]);
+  permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), true);
+  attention::flash_forward(attention_shape_, x.q, x.k, x.v, x.atty, x.lse, attention_options_);
+}
+
+void GptCpu::attention_forward(int l, const UnitPointers& u, const LayerView& x) {
+  const ModelConfig& m = model_;
   const int64_t N = static_cast<int64_t>(batch_) * seq_;
   using T = LayerTensor;
   // (N, C) -> (N, Q): the three projections at once.
-  linear::forward(runtime_.library, {N, m.hidden, m.qkv_channels()}, base + a.qkv, base + a.ln1, param(u, l, T::qkv_w),
-                  param(u, l, T::qkv_b));
-  permute_qkv(base + a.qkv, base + a.q, base + a.k, base + a.v, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), true);
-  attention::flash_forward(attention_shape_, base + a.q, base + a.k, base + a.v, base + a.atty, base + a.lse,
-                           attention_options_);
-  permute_heads(base + a.atty, base + a.att_merged, batch_, seq_, m.heads, m.head_dim(), true);
-  linear::forward(runtime_.library, {N, m.hidden, m.hidden}, base + a.attproj, base + a.att_merged,
-                  param(u, l, T::attn_proj_w), param(u, l, T::attn_proj_b));
+  linear::forward(runtime_.library, {N, m.hidden, m.qkv_channels()}, x.qkv, x.ln1, param(u, l, T::qkv_w), param(u, l, T::qkv_b));
+  attention_core_forward(x);
+  permute_heads(x.atty, x.att_merged, batch_, seq_, m.heads, m.head_dim(), true);
+  linear::forward(runtime_.library, {N, m.hidden, m.hidden}, x.attproj, x.att_merged, param(u, l, T::attn_proj_w),
+                  param(u, l, T::attn_proj_b));
+}
+
+void GptCpu::layer_forward(int l, const UnitPointers& u, bool write_output) {
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t F = static_cast<std::size_t>(m.mlp());
+  const int64_t rows = static_cast<int64_t>(N);
+  using T = LayerTensor;
+  const LayerView x = view(l);
+  layers::layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.x_in, param(u, l, T::ln1_w), param(u, l, T::ln1_b), N, C, cpu_);
+  attention_forward(l, u, x);
+  layers::residual_forward(x.x_mid, x.x_in, x.attproj, N * C, cpu_);
+  layers::layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.x_mid, param(u, l, T::ln2_w), param(u, l, T::ln2_b), N, C, cpu_);
+  linear::forward(runtime_.library, {rows, m.hidden, m.mlp()}, x.fch, x.ln2, param(u, l, T::fc_w), param(u, l, T::fc_b));
+  layers::gelu_forward(x.fch_gelu, x.fch, N * F, cpu_);
+  linear::forward(runtime_.library, {rows, m.mlp(), m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
+                  param(u, l, T::fc_proj_b));
+  if (!write_output) return;
+  float* out = l + 1 < m.layers ? view(l + 1).x_in : act(head_base_) + HeadActs(N, C, static_cast<std::size_t>(m.vocab)).x_final;
+  layers::residual_forward(out, x.x_mid, x.fcproj, N * C, cpu_);
 }
 
 double GptCpu::forward(const float* params, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
@@ -239,37 +305,22 @@ void GptCpu::backward(const float* params, float* grads, float normaliser, const
 double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
   const ModelConfig& m = model_;
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t F = static_cast<std::size_t>(m.mlp()), V = static_cast<std::size_t>(m.vocab);
+  const std::size_t V = static_cast<std::size_t>(m.vocab);
   tokens_.assign(tokens, tokens + N);
   targets_.assign(targets, targets + N);
-  const LayerActs a(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F, m.heads);
   const HeadActs h(N, C, V);
   float* head = act(head_base_);
-  using T = LayerTensor;
 
   // Each unit's pointer is read after its hook, which may have just gathered it.
   call(hooks.before_forward, -1);
   const float* wpe = u.params[0] + V * C;
-  float* first_input = m.layers > 0 ? act(layer_base_[0]) + a.x_in : head + h.x_final;
+  float* first_input = m.layers > 0 ? view(0).x_in : head + h.x_final;
   layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
                             static_cast<std::size_t>(seq_), C, V, cpu_);
   const int64_t rows = static_cast<int64_t>(N);
   for (int l = 0; l < m.layers; ++l) {
     call(hooks.before_forward, l);
-    float* x = act(layer_base_[static_cast<std::size_t>(l)]);
-    layers::layernorm_forward(x + a.ln1, x + a.ln1_mean, x + a.ln1_rstd, x + a.x_in, param(u, l, T::ln1_w),
-                              param(u, l, T::ln1_b), N, C, cpu_);
-    attention_forward(l, u);
-    layers::residual_forward(x + a.x_mid, x + a.x_in, x + a.attproj, N * C, cpu_);
-    layers::layernorm_forward(x + a.ln2, x + a.ln2_mean, x + a.ln2_rstd, x + a.x_mid, param(u, l, T::ln2_w),
-                              param(u, l, T::ln2_b), N, C, cpu_);
-    linear::forward(runtime_.library, {rows, m.hidden, m.mlp()}, x + a.fch, x + a.ln2, param(u, l, T::fc_w),
-                    param(u, l, T::fc_b));
-    layers::gelu_forward(x + a.fch_gelu, x + a.fch, N * F, cpu_);
-    linear::forward(runtime_.library, {rows, m.mlp(), m.hidden}, x + a.fcproj, x + a.fch_gelu, param(u, l, T::fc_proj_w),
-                    param(u, l, T::fc_proj_b));
-    float* out = l + 1 < m.layers ? act(layer_base_[static_cast<std::size_t>(l) + 1]) + a.x_in : head + h.x_final;
-    layers::residual_forward(out, x + a.x_mid, x + a.fcproj, N * C, cpu_);
+    layer_forward(l, u, true);
   }
   call(hooks.before_forward, m.layers);
   const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
@@ -282,30 +333,28 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
                                        slice, cpu_);
 }
 
-void GptCpu::attention_backward(int l, const UnitPointers& u, float* d_residual) {
+void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual) {
   // d_residual (N, C) holds the gradient reaching the attention output projection; on return the gradient of
   // ln1's output is in the scratch d_ln. A frozen layer computes no weight gradients.
   const ModelConfig& m = model_;
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_;
-  const LayerActs a(N, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp(), m.heads);
   const Scratch s(N, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp());
-  float* x = act(layer_base_[static_cast<std::size_t>(l)]);
   float* g = scratch_.data();
   const int64_t rows = static_cast<int64_t>(N);
   const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
   using T = LayerTensor;
   if (trains)
     linear::backward_weight(runtime_.library, {rows, m.hidden, m.hidden}, grad(u, l, T::attn_proj_w),
-                            grad(u, l, T::attn_proj_b), d_residual, x + a.att_merged, true);
+                            grad(u, l, T::attn_proj_b), d_residual, x.att_merged, true);
   linear::backward_input(runtime_.library, {rows, m.hidden, m.hidden}, g + s.d_att_merged, d_residual,
                          param(u, l, T::attn_proj_w), false);
   permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, m.heads, m.head_dim(), false);
-  attention::flash_backward(attention_shape_, x + a.q, x + a.k, x + a.v, x + a.atty, g + s.d_atty, x + a.lse, g + s.dq,
-                            g + s.dk, g + s.dv, attention_options_);
+  attention::flash_backward(attention_shape_, x.q, x.k, x.v, x.atty, g + s.d_atty, x.lse, g + s.dq, g + s.dk, g + s.dv,
+                            attention_options_);
   permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), false);
   if (trains)
     linear::backward_weight(runtime_.library, {rows, m.hidden, m.qkv_channels()}, grad(u, l, T::qkv_w), grad(u, l, T::qkv_b),
-                            g + s.d_qkv, x + a.ln1, true);
+                            g + s.d_qkv, x.ln1, true);
   linear::backward_input(runtime_.library, {rows, m.hidden, m.qkv_channels()}, g + s.d_ln, g + s.d_qkv,
                          param(u, l, T::qkv_w), false);
 }
@@ -314,7 +363,6 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
   const ModelConfig& m = model_;
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
   const std::size_t F = static_cast<std::size_t>(m.mlp()), V = static_cast<std::size_t>(m.vocab);
-  const LayerActs a(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F, m.heads);
   const HeadActs h(N, C, V);
   const Scratch s(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F);
   float* head = act(head_base_);
@@ -350,28 +398,34 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
   // d_x holds the gradient of the current layer's output; each layer turns it into its input's gradient.
   for (int l = m.layers - 1; l >= std::max(lowest_layer, 0); --l) {
     call(hooks.before_backward, l);
-    float* x = act(layer_base_[static_cast<std::size_t>(l)]);
+    const LayerView x = view(l);
+    if (recompute_ != Recompute::none) {
+      call(hooks.before_recompute, l);
+      if (recompute_ == Recompute::full) layer_forward(l, u, false);
+      else attention_core_forward(x);
+      call(hooks.after_recompute, l);
+    }
     const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
     // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))).
     if (trains)
       linear::backward_weight(runtime_.library, {rows, m.mlp(), m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
-                              g + s.d_x, x + a.fch_gelu, true);
+                              g + s.d_x, x.fch_gelu, true);
     linear::backward_input(runtime_.library, {rows, m.mlp(), m.hidden}, g + s.d_fch_gelu, g + s.d_x,
                            param(u, l, T::fc_proj_w), false);
     std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
-    layers::gelu_backward(g + s.d_fch, x + a.fch, g + s.d_fch_gelu, N * F, cpu_);
+    layers::gelu_backward(g + s.d_fch, x.fch, g + s.d_fch_gelu, N * F, cpu_);
     if (trains)
       linear::backward_weight(runtime_.library, {rows, m.hidden, m.mlp()}, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
-                              g + s.d_fch, x + a.ln2, true);
+                              g + s.d_fch, x.ln2, true);
     linear::backward_input(runtime_.library, {rows, m.hidden, m.mlp()}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
     std::copy(g + s.d_x, g + s.d_x + N * C, g + s.d_mid);  // the residual branch
     layers::layernorm_backward(g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C,
-                               g + s.d_ln, x + a.x_mid, param(u, l, T::ln2_w), x + a.ln2_mean, x + a.ln2_rstd, N, C, cpu_);
+                               g + s.d_ln, x.x_mid, param(u, l, T::ln2_w), x.ln2_mean, x.ln2_rstd, N, C, cpu_);
     // Attention: x_mid = x_in + attproj(attention(ln1(x_in))).
-    attention_backward(l, u, g + s.d_mid);
+    attention_backward(l, u, x, g + s.d_mid);
     std::copy(g + s.d_mid, g + s.d_mid + N * C, g + s.d_x);  // the residual branch
     layers::layernorm_backward(g + s.d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C,
-                               g + s.d_ln, x + a.x_in, param(u, l, T::ln1_w), x + a.ln1_mean, x + a.ln1_rstd, N, C, cpu_);
+                               g + s.d_ln, x.x_in, param(u, l, T::ln1_w), x.ln1_mean, x.ln1_rstd, N, C, cpu_);
     call(hooks.after_backward, l);
   }
   if (lowest_layer >= 0) return;  // the embeddings are frozen

@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -58,6 +60,16 @@ class ParameterLayout {
 void init_parameters(const ModelConfig& model, const ParameterLayout& layout, float* params, uint64_t seed,
                      float std = 0.02f);
 
+// What the forward pass keeps for the backward pass, and what the backward pass computes again first:
+//   none       every layer's activations;
+//   full       each layer's input only; backward runs the layer's forward again, into one layer's space;
+//   selective  all but the attention core's (q, k, v in head layout, the attention output and its log-sum-exp),
+//              which backward recomputes from the kept qkv (Megatron's selective mode: the core attention).
+// Without dropout the recomputed activations equal the kept ones bit for bit, so every mode trains the same.
+enum class Recompute { none, full, selective };
+const char* name(Recompute recompute);
+std::optional<Recompute> parse_recompute(std::string_view text);
+
 struct CpuRuntime {
   cpu_gemm::Backend library = cpu_gemm::Backend::openblas;
   int threads = 1;
@@ -83,17 +95,21 @@ struct LayerHooks {
   std::function<void(int layer)> before_forward;
   std::function<void(int layer)> before_backward;
   std::function<void(int layer)> after_backward;  // the unit's gradients are final for this micro-batch
+  // Around the recomputation that opens a layer's backward (after before_backward), when the mode has one.
+  std::function<void(int layer)> before_recompute;
+  std::function<void(int layer)> after_recompute;
 };
 
 class GptCpu {
  public:
   // Throws std::invalid_argument when the model is invalid or seq exceeds its position table.
-  GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime);
+  GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute = Recompute::none);
 
   const ModelConfig& model() const { return model_; }
   const ParameterLayout& layout() const { return layout_; }
   int batch() const { return batch_; }
   int seq() const { return seq_; }
+  Recompute recompute() const { return recompute_; }
   std::size_t activation_floats() const { return activations_.size(); }  // kept for the backward pass
   std::size_t workspace_floats() const { return scratch_.size(); }     // gradients of activations, reused per layer
 
@@ -108,13 +124,23 @@ class GptCpu {
   void backward(const float* params, float* grads, float normaliser, const LayerHooks& hooks = {});
 
  private:
-  struct LayerActs;
+  // One layer's activations: where each lives (its own space, or the space shared by the layer being
+  // computed or recomputed, as the mode has it).
+  struct LayerView {
+    float *x_in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *q, *k, *v, *atty, *lse, *att_merged, *attproj, *x_mid, *ln2,
+        *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj;
+  };
+  LayerView view(int l);
   float* act(std::size_t offset) { return activations_.data() + offset; }
+  // The layer's forward from its input; `write_output` false when recomputing (the next layer's input is kept).
+  void layer_forward(int l, const UnitPointers& u, bool write_output);
+  // q, k, v, the attention output and its log-sum-exp, from the layer's qkv.
+  void attention_core_forward(const LayerView& x);
   // Tensor t of layer l in the unit buffers (unit l + 1).
   const float* param(const UnitPointers& u, int l, LayerTensor t) const;
   float* grad(const UnitPointers& u, int l, LayerTensor t) const;
-  void attention_forward(int l, const UnitPointers& u);
-  void attention_backward(int l, const UnitPointers& u, float* d_residual);
+  void attention_forward(int l, const UnitPointers& u, const LayerView& x);
+  void attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual);
 
   ModelConfig model_;
   ParameterLayout layout_;
@@ -123,10 +149,14 @@ class GptCpu {
   layers::CpuOptions cpu_;
   attention::CpuOptions attention_options_;
   attention::Shape attention_shape_;
-  TrackedBuffer<float> activations_;  // per layer, and the head's
+  Recompute recompute_;
+  TrackedBuffer<float> activations_;  // per layer, the shared layer space, and the head's
   TrackedBuffer<float> scratch_;      // gradients of activations, reused by every layer (workspace)
   std::vector<std::size_t> layer_base_;
-  std::size_t per_layer_ = 0, head_base_ = 0;
+  std::size_t per_layer_ = 0, shared_base_ = 0, head_base_ = 0;
+  // Per activation of a layer: whether it lives in the layer's own space (else the shared one), and where.
+  std::vector<bool> kept_;
+  std::vector<std::size_t> offset_;
   std::vector<int32_t> tokens_, targets_;
 };
 

@@ -72,10 +72,28 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
   return t;
 }
 
-double activation_bytes(const ModelConfig& model, int micro_batch, int seq) {
+double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute) {
   const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, Q = model.qkv_channels(),
                KV = static_cast<double>(model.kv_heads) * model.head_dim(), F = model.mlp(), a = model.heads;
-  return 4 * N * (model.layers * (9 * C + Q + 2 * KV + 2 * F + a + 4) + 2 * C + model.vocab + 6);
+  const double layer = 9 * C + Q + 2 * KV + 2 * F + a + 4, head = 2 * C + model.vocab + 6, core = 2 * C + 2 * KV + a;
+  switch (recompute) {
+    case Recompute::none: return 4 * N * (model.layers * layer + head);
+    case Recompute::full: return 4 * N * (model.layers * C + (layer - C) + head);
+    case Recompute::selective: return 4 * N * (model.layers * (layer - core) + core + head);
+  }
+  return 0;
+}
+
+double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute) {
+  const double attention_forward = 2.0 * model.layers * model.hidden * seq;
+  const ParameterLayout layout(model);
+  const double layer_weights = model.layers > 0 ? static_cast<double>(model.layers) * static_cast<double>(layout.layer(0).size) : 0;
+  switch (recompute) {
+    case Recompute::none: return 0;
+    case Recompute::full: return 2 * layer_weights + attention_forward;
+    case Recompute::selective: return attention_forward;
+  }
+  return 0;
 }
 
 double workspace_bytes(const ModelConfig& model, int micro_batch, int seq) {
@@ -96,7 +114,7 @@ MemoryUse memory_estimate(const DataParallelConfig& c, const DataParallelShape& 
                                                      shape.m, shape.n, kFp32States);
   MemoryUse use;
   use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
-  use.activations = activation_bytes(c.model, c.micro_batch, c.seq);
+  use.activations = activation_bytes(c.model, c.micro_batch, c.seq, c.recompute);
   use.workspace = workspace_bytes(c.model, c.micro_batch, c.seq);
   if (c.strategy.params != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads != Sharding::none) use.comm_buffers += 4 * largest;

@@ -38,11 +38,19 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
                                const DataParallelShape& shape, int accumulation);
 
 // Bytes of the activations the CPU model keeps for its backward pass (fp32, flash attention so no (T, T)
-// scores; N = B T rows, C hidden, Q = (a + 2 kv) D, KV = kv D, F the MLP width, a heads):
-//   4 N (L (9 C + Q + 2 KV + 2 F + a + 4) + 2 C + V + 6)
+// scores; N = B T rows, C hidden, Q = (a + 2 kv) D, KV = kv D, F the MLP width, a heads), with
+// A = 9 C + Q + 2 KV + 2 F + a + 4 one layer's and H = 2 C + V + 6 the head's:
+//   none       4 N (L A + H)
+//   full       4 N (L C + (A - C) + H)            each layer's input, and one layer's space to recompute in
+//   selective  4 N (L (A - 2 C - 2 KV - a) + 2 C + 2 KV + a + H)   the attention core (q, k, v, its output and
+//                                                 log-sum-exp) in one layer's space
 // per layer the inputs of each GEMM, norm statistics, q/k/v, the attention output and its log-sum-exp, the MLP
 // pre- and post-GELU; for the head the final norm and the logits.
-double activation_bytes(const ModelConfig& model, int micro_batch, int seq);
+double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute = Recompute::none);
+// FLOPs per token that recomputation adds to the model FLOPs in backward, in model_flops_per_token's
+// convention (2 per multiply-add of each weight, 2 L h s for attention's forward): full, every layer's
+// forward, 2 N_layers + 2 L h s; selective, the attention core, 2 L h s; none, 0.
+double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute);
 // The workspace the backward pass reuses for every layer: 4 N (6 C + Q + 2 KV + 2 F) + 8 C bytes.
 double workspace_bytes(const ModelConfig& model, int micro_batch, int seq);
 

@@ -247,7 +247,7 @@ TEST(GptCuda, FrozenUnitsAndHooksAsOnTheCpu) {
                         seen.push_back(200 + l);
                         if (l == static_cast<int>(late.size()) - 2) *grads = late;  // the head's hook
                       },
-                      [&seen](int l) { seen.push_back(300 + l); }};
+                      [&seen](int l) { seen.push_back(300 + l); }, {}, {}};
   };
   DeviceUnitPointers units = DeviceUnitPointers::flat(layout, d_params.get(), partial.get());
   std::vector<float*> late = units.grads;

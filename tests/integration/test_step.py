@@ -116,6 +116,30 @@ def test_the_built_in_task_is_learned(tmp_path, ranks):
     assert row["loss_last"] < 0.5 * row["loss_first"]
 
 
+def test_recomputation_trains_the_same_and_holds_its_formula(tmp_path):
+    """Full and selective recomputation beside keeping everything, under DP and ZeRO-3 on 2 ranks: the same
+    losses at every step (the recomputed activations are the kept ones), activation memory exactly the formula
+    of each mode and smallest for full, recomputation time inside backward, and hardware FLOPs above model FLOPs."""
+    out = tmp_path / "recompute.h5"
+    result = mpirun(2, [program("strata-step"), *TINY, "--zero", "0,3", "--recompute", "all", "-w", "1", "-n", "2",
+                        "--output", str(out)], cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "CHECK FAILED" not in result.stdout
+    table = sr.read_cases_with_summary(str(out), "strata-step")
+    assert list(table["recompute"]) == ["none", "full", "selective"] * 2
+    assert (table["loss_last"] == table["loss_last"].iloc[0]).all(), table[["strategy", "recompute", "loss_last"]]
+    assert (table["memory_activations"] == table["memory_activations_formula"]).all()
+    by = table[table["strategy"] == "NNN"].set_index("recompute")
+    assert by.loc["full", "memory_activations"] < by.loc["selective", "memory_activations"] < by.loc["none", "memory_activations"]
+    assert by.loc["none", "phase_recompute"] == 0 and by.loc["none", "flop_recompute"] == 0
+    for mode in ("full", "selective"):
+        assert 0 < by.loc[mode, "phase_recompute"] < by.loc[mode, "phase_backward"]
+        assert by.loc[mode, "hfu"] > by.loc[mode, "mfu"]
+    assert by.loc["full", "flop_recompute"] > by.loc["selective", "flop_recompute"] > 0
+    events = sr.read_run_table(str(out), sr.run_ids(str(out))[0], "events", where={"case": 1})
+    assert any(name.startswith("recompute ") for name in events["operation"])
+
+
 def token_file(path, tokens, magic=20240520):
     header = [0] * 256
     header[0], header[1], header[2] = magic, 1, len(tokens)
@@ -144,6 +168,7 @@ def test_a_token_file_trains(tmp_path):
     (["--data", "/nonexistent/tokens.bin"], "tokens.bin"),
     (["--backend", "cuda"], "GPU training step"),
     (["--seq", "4096"], "position table"),
+    (["--recompute", "overlapped"], "--recompute: unknown mode 'overlapped'"),
 ])
 def test_bad_input_exits_2_and_leaves_the_file(tmp_path, args, message):
     out = tmp_path / "keep.h5"

@@ -8,6 +8,7 @@
 
 #include "kernels/layers.h"
 #include "train/gpt.h"
+#include "train/step_formulas.h"
 
 namespace strata::train {
 namespace {
@@ -111,6 +112,51 @@ TEST(GptCpu, GradientsMatchFiniteDifferences) {
   check(layout.lnf_b(), "lnf_b");
 }
 
+// Recomputation keeps less and computes the rest again in backward. Without dropout the recomputed activations
+// equal the kept ones bit for bit, so the loss and every gradient are equal to those of keeping everything, and
+// each mode holds exactly what its formula (train/step_formulas.h) says.
+TEST(GptCpu, RecomputationTrainsTheSameAndHoldsWhatItsFormulaSays) {
+  const uint64_t seed = test_seed();
+  const ModelConfig m = small_model();
+  const int B = 2, T = 7;
+  const ParameterLayout layout(m);
+  std::vector<float> params(layout.total());
+  init_parameters(m, layout, params.data(), seed, 0.3f);
+  std::mt19937_64 random(seed);
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (auto& t : tokens) t = static_cast<int32_t>(random() % m.vocab);
+  for (auto& t : targets) t = static_cast<int32_t>(random() % m.vocab);
+  double kept_loss = 0;
+  std::vector<float> kept_grads;
+  std::vector<double> bytes;
+  for (Recompute mode : {Recompute::none, Recompute::full, Recompute::selective}) {
+    GptCpu model(m, B, T, {}, mode);
+    std::vector<float> grads(layout.total(), 0.0f);
+    int recomputed = 0;
+    LayerHooks hooks;
+    hooks.after_recompute = [&](int) { ++recomputed; };
+    const double loss = model.forward(params.data(), tokens.data(), targets.data(), hooks);
+    // After forward the shared space holds the last layer's activations: layer 0's backward gets its own only
+    // by recomputing them.
+    model.backward(params.data(), grads.data(), static_cast<float>(B * T), hooks);
+    EXPECT_EQ(recomputed, mode == Recompute::none ? 0 : m.layers) << name(mode);
+    EXPECT_EQ(static_cast<double>(model.activation_floats()) * 4, activation_bytes(m, B, T, mode)) << name(mode);
+    bytes.push_back(activation_bytes(m, B, T, mode));
+    if (mode == Recompute::none) {
+      kept_loss = loss, kept_grads = grads;
+      continue;
+    }
+    EXPECT_EQ(loss, kept_loss) << name(mode);
+    int different = 0;
+    for (std::size_t i = 0; i < grads.size(); ++i) different += grads[i] != kept_grads[i];
+    EXPECT_EQ(different, 0) << name(mode) << ": gradients differ from keeping every activation";
+  }
+  EXPECT_LT(bytes[1], bytes[2]);  // full keeps the least, selective less than none
+  EXPECT_LT(bytes[2], bytes[0]);
+  for (const char* text : {"none", "full", "selective"}) EXPECT_STREQ(name(*parse_recompute(text)), text);
+  EXPECT_FALSE(parse_recompute("overlapped").has_value());
+}
+
 // Partial training: only the last layer and the final norm train. Their gradients equal those of the full
 // backward pass; the frozen units have no gradient buffers at all.
 TEST(GptCpu, FrozenUnitsGetNoGradientsAndChangeNothingElse) {
@@ -142,7 +188,7 @@ TEST(GptCpu, HooksSeeEveryUnitInOrder) {
   std::vector<int32_t> tokens = {1, 2, 3, 4}, targets = {2, 3, 4, 5};
   std::vector<int> seen;
   LayerHooks hooks{[&](int l) { seen.push_back(100 + l); }, [&](int l) { seen.push_back(200 + l); },
-                   [&](int l) { seen.push_back(300 + l); }};
+                   [&](int l) { seen.push_back(300 + l); }, {}, {}};
   model.forward(params.data(), tokens.data(), targets.data(), hooks);
   model.backward(params.data(), grads.data(), 4.0f, hooks);
   const std::vector<int> expected = {99, 100, 101, 102, 202, 302, 201, 301, 200, 300, 199, 299};
