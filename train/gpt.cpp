@@ -14,16 +14,26 @@ namespace strata::train {
 
 // ---- parameter layout ----------------------------------------------------------------------------------
 
-ParameterLayout::ParameterLayout(const ModelConfig& model) : model_(model) {
+namespace {
+
+ModelConfig validated(const ModelConfig& model) {
   if (const std::string problem = model.validate(); !problem.empty()) throw std::invalid_argument(problem);
-  const std::size_t C = static_cast<std::size_t>(model.hidden), Q = static_cast<std::size_t>(model.qkv_channels()),
-                    F = static_cast<std::size_t>(model.mlp());
+  return model;
+}
+
+}  // namespace
+
+ParameterLayout::ParameterLayout(const ModelConfig& model) : ParameterLayout(model, tensor_shard(validated(model), 1, 0)) {}
+
+ParameterLayout::ParameterLayout(const ModelConfig& model, const TensorShard& shard) : model_(validated(model)), shard_(shard) {
+  const std::size_t C = static_cast<std::size_t>(model.hidden), Q = static_cast<std::size_t>(shard.qkv_channels(model)),
+                    A = static_cast<std::size_t>(shard.attention_channels(model)), F = static_cast<std::size_t>(shard.mlp);
   std::size_t at = 0;
   auto take = [&](std::size_t n) { return Slice{std::exchange(at, at + n), n}; };
-  wte_ = take(static_cast<std::size_t>(model.vocab) * C);
+  wte_ = take(static_cast<std::size_t>(shard.vocab_rows) * C);
   wpe_ = take(static_cast<std::size_t>(model.max_seq) * C);
   first_layer_ = at;
-  const std::size_t sizes[kLayerTensors] = {C, C, Q * C, Q, C * C, C, C, C, F * C, F, C * F, C};
+  const std::size_t sizes[kLayerTensors] = {C, C, Q * C, Q, C * A, C, C, C, F * C, F, C * F, C};
   std::size_t within = 0;
   for (int t = 0; t < kLayerTensors; ++t) {
     tensor_offset_[t] = within;
@@ -51,7 +61,57 @@ std::vector<Slice> ParameterLayout::units() const {
   return units;
 }
 
+void take_shard(const ModelConfig& m, const TensorShard& shard, const float* whole, float* local) {
+  const ParameterLayout from(m), to(m, shard);
+  const std::size_t C = static_cast<std::size_t>(m.hidden), D = static_cast<std::size_t>(m.head_dim());
+  const std::size_t r = static_cast<std::size_t>(shard.rank);
+  // Rows [first, first + count) of a (rows, width) tensor, appended at `out`.
+  auto rows = [](const float* tensor, std::size_t first, std::size_t count, std::size_t width, float*& out) {
+    std::copy(tensor + first * width, tensor + (first + count) * width, out);
+    out += count * width;
+  };
+  // Columns [first, first + count) of every row of a (rows, width) tensor.
+  auto columns = [](const float* tensor, std::size_t n_rows, std::size_t width, std::size_t first, std::size_t count, float* out) {
+    for (std::size_t i = 0; i < n_rows; ++i) std::copy(tensor + i * width + first, tensor + i * width + first + count, out + i * count);
+  };
+  auto whole_tensor = [&](Slice a, Slice b) { std::copy(whole + a.offset, whole + a.end(), local + b.offset); };
+  float* wte = local + to.wte().offset;
+  std::fill(wte, wte + to.wte().size, 0.0f);
+  rows(whole + from.wte().offset, static_cast<std::size_t>(shard.vocab_begin), static_cast<std::size_t>(shard.vocab_width), C, wte);
+  whole_tensor(from.wpe(), to.wpe());
+  const std::size_t NH = static_cast<std::size_t>(shard.heads) * D, KV = static_cast<std::size_t>(shard.kv_heads) * D;
+  const std::size_t full_q = static_cast<std::size_t>(m.heads) * D, full_kv = static_cast<std::size_t>(m.kv_heads) * D;
+  const std::size_t F = static_cast<std::size_t>(shard.mlp), full_f = static_cast<std::size_t>(m.mlp());
+  using T = LayerTensor;
+  for (int l = 0; l < m.layers; ++l) {
+    for (T t : {T::ln1_w, T::ln1_b, T::attn_proj_b, T::ln2_w, T::ln2_b, T::fc_proj_b}) whole_tensor(from.tensor(l, t), to.tensor(l, t));
+    // QKV rows: my heads of q, then of k, then of v; its bias alike.
+    for (auto [tensor, width] : {std::pair{T::qkv_w, C}, std::pair{T::qkv_b, std::size_t{1}}}) {
+      const float* in = whole + from.tensor(l, tensor).offset;
+      float* out = local + to.tensor(l, tensor).offset;
+      rows(in, r * NH, NH, width, out);
+      rows(in, full_q + r * KV, KV, width, out);
+      rows(in, full_q + full_kv + r * KV, KV, width, out);
+    }
+    columns(whole + from.tensor(l, T::attn_proj_w).offset, C, full_q, r * NH, NH, local + to.tensor(l, T::attn_proj_w).offset);
+    float* fc = local + to.tensor(l, T::fc_w).offset;
+    rows(whole + from.tensor(l, T::fc_w).offset, r * F, F, C, fc);
+    float* fc_b = local + to.tensor(l, T::fc_b).offset;
+    rows(whole + from.tensor(l, T::fc_b).offset, r * F, F, 1, fc_b);
+    columns(whole + from.tensor(l, T::fc_proj_w).offset, C, full_f, r * F, F, local + to.tensor(l, T::fc_proj_w).offset);
+  }
+  whole_tensor(from.lnf_w(), to.lnf_w());
+  whole_tensor(from.lnf_b(), to.lnf_b());
+}
+
 void init_parameters(const ModelConfig& model, const ParameterLayout& layout, float* params, uint64_t seed, float std) {
+  if (layout.shard().tp > 1) {
+    const ParameterLayout whole(model);
+    std::vector<float> all(whole.total());
+    init_parameters(model, whole, all.data(), seed, std);
+    take_shard(model, layout.shard(), all.data(), params);
+    return;
+  }
   std::mt19937_64 random(seed);
   std::normal_distribution<float> normal(0.0f, std);
   std::normal_distribution<float> residual(0.0f, std / std::sqrt(2.0f * static_cast<float>(model.layers)));
@@ -90,10 +150,11 @@ struct Activation {
                      ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, count };
 };
 
-std::vector<std::size_t> layer_activation_sizes(std::size_t N, std::size_t C, std::size_t Q, std::size_t KV,
-                                                std::size_t F, std::size_t heads) {
-  return {N * C, N * C, N, N, N * Q, N * C, N * KV, N * KV, N * C, N * heads,
-          N * C, N * C, N * C, N * C, N, N, N * F, N * F, N * C};
+// A: the attention's channels (heads x head dimension; C without tensor parallelism).
+std::vector<std::size_t> layer_activation_sizes(std::size_t N, std::size_t C, std::size_t A, std::size_t Q,
+                                                std::size_t KV, std::size_t F, std::size_t heads) {
+  return {N * C, N * C, N, N, N * Q, N * A, N * KV, N * KV, N * A, N * heads,
+          N * A, N * C, N * C, N * C, N, N, N * F, N * F, N * C};
 }
 
 // Whether the forward pass keeps an activation of every layer for the backward pass (else it lives in the
@@ -153,11 +214,11 @@ struct HeadActs {
 // Gradients of activations, one set shared by every layer (offsets from the scratch base).
 struct Scratch {
   std::size_t d_x, d_mid, d_ln, d_fch_gelu, d_fch, d_att_merged, d_atty, dq, dk, dv, d_qkv, size;
-  Scratch(std::size_t N, std::size_t C, std::size_t Q, std::size_t KV, std::size_t F) {
+  Scratch(std::size_t N, std::size_t C, std::size_t A, std::size_t Q, std::size_t KV, std::size_t F) {
     std::size_t at = 0;
     auto take = [&](std::size_t n) { return std::exchange(at, at + n); };
     d_x = take(N * C), d_mid = take(N * C), d_ln = take(N * C), d_fch_gelu = take(N * F), d_fch = take(N * F);
-    d_att_merged = take(N * C), d_atty = take(N * C), dq = take(N * C), dk = take(N * KV), dv = take(N * KV);
+    d_att_merged = take(N * A), d_atty = take(N * A), dq = take(N * A), dk = take(N * KV), dv = take(N * KV);
     d_qkv = take(N * Q);
     size = at;
   }
@@ -206,31 +267,41 @@ void call(const std::function<void(int)>& hook, int layer) {
 
 }  // namespace
 
-GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute)
-    : model_(model), layout_(model), batch_(batch), seq_(seq), runtime_(runtime), recompute_(recompute) {
+GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute,
+               coll::Group* tensor_parallel)
+    : model_(model), tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr),
+      layout_(model, tensor_shard(validated(model), tp_ ? tp_->size() : 1, tp_ ? tp_->rank() : 0)), batch_(batch),
+      seq_(seq), runtime_(runtime), recompute_(recompute) {
   if (batch <= 0 || seq <= 0) throw std::invalid_argument("batch and sequence must be positive");
   if (seq > model.max_seq)
     throw std::invalid_argument("sequence " + std::to_string(seq) + " exceeds the model's position table (" +
                                 std::to_string(model.max_seq) + ")");
   cpu_.threads = runtime.threads;
   attention_options_.threads = runtime.threads;
-  attention_shape_ = {batch, model.heads, model.kv_heads, seq, seq, model.head_dim(), true};
+  const TensorShard& sh = layout_.shard();
+  attention_shape_ = {batch, sh.heads, sh.kv_heads, seq, seq, model.head_dim(), true};
   if (std::string problem = attention::validate(attention_shape_); !problem.empty()) throw std::invalid_argument(problem);
-  const std::size_t N = static_cast<std::size_t>(batch) * seq, C = static_cast<std::size_t>(model.hidden),
-                    Q = static_cast<std::size_t>(model.qkv_channels()),
-                    KV = static_cast<std::size_t>(model.kv_heads * model.head_dim()), F = static_cast<std::size_t>(model.mlp());
-  const std::vector<std::size_t> sizes = layer_activation_sizes(N, C, Q, KV, F, static_cast<std::size_t>(model.heads));
+  const std::size_t N = static_cast<std::size_t>(batch) * seq, C = static_cast<std::size_t>(model.hidden);
+  const std::size_t A = static_cast<std::size_t>(sh.attention_channels(model)), Q = static_cast<std::size_t>(sh.qkv_channels(model)),
+                    KV = static_cast<std::size_t>(sh.kv_channels(model)), F = static_cast<std::size_t>(sh.mlp);
+  const std::vector<std::size_t> sizes = layer_activation_sizes(N, C, A, Q, KV, F, static_cast<std::size_t>(sh.heads));
   std::size_t shared = 0;
   for (int a = 0; a < Activation::count; ++a) {
     kept_.push_back(kept(recompute, a));
-    offset_.push_back(std::exchange(kept_.back() ? per_layer_ : shared, (kept_.back() ? per_layer_ : shared) + sizes[static_cast<std::size_t>(a)]));
+    std::size_t& space = kept_.back() ? per_layer_ : shared;
+    offset_.push_back(std::exchange(space, space + sizes[static_cast<std::size_t>(a)]));
   }
   for (int l = 0; l < model.layers; ++l) layer_base_.push_back(static_cast<std::size_t>(l) * per_layer_);
   shared_base_ = static_cast<std::size_t>(model.layers) * per_layer_;
   head_base_ = shared_base_ + shared;
-  activations_ = TrackedBuffer<float>(MemoryCategory::activations, head_base_ + HeadActs(N, C, static_cast<std::size_t>(model.vocab)).size);
+  activations_ = TrackedBuffer<float>(MemoryCategory::activations,
+                                      head_base_ + HeadActs(N, C, static_cast<std::size_t>(sh.vocab_rows)).size);
   // Frozen units' layer-norm gradients land in a region after the scratch and are never read.
-  scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, C, Q, KV, F).size + 2 * C);
+  scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, C, A, Q, KV, F).size + 2 * C);
+}
+
+void GptCpu::tp_allreduce(float* data, std::size_t count, coll::RedOp op) {
+  if (tp_) tp_->allreduce(coll::Algo::library, data, data, count, coll::DataType::float32, op, coll::Waiting::at_once).wait();
 }
 
 float* UnitPointers::pending() {
@@ -257,27 +328,44 @@ float* GptCpu::grad(const UnitPointers& u, int l, LayerTensor t) const {
 }
 
 void GptCpu::attention_core_forward(const LayerView& x) {
-  const ModelConfig& m = model_;
-  permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), true);
+  const TensorShard& sh = shard();
+  permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, sh.heads, sh.kv_heads, model_.head_dim(), true);
   attention::flash_forward(attention_shape_, x.q, x.k, x.v, x.atty, x.lse, attention_options_);
 }
 
+namespace {
+
+// out (N, C) += bias (C): a row-parallel layer's bias, added once after the allreduce of its partial outputs.
+void add_bias(float* out, const float* bias, std::size_t rows, std::size_t channels) {
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t c = 0; c < channels; ++c) out[i * channels + c] += bias[c];
+}
+
+}  // namespace
+
 void GptCpu::attention_forward(int l, const UnitPointers& u, const LayerView& x) {
   const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
   const int64_t N = static_cast<int64_t>(batch_) * seq_;
   using T = LayerTensor;
-  // (N, C) -> (N, Q): the three projections at once.
-  linear::forward(runtime_.library, {N, m.hidden, m.qkv_channels()}, x.qkv, x.ln1, param(u, l, T::qkv_w), param(u, l, T::qkv_b));
+  // (N, C) -> (N, Q): the three projections at once (this rank's heads).
+  linear::forward(runtime_.library, {N, m.hidden, sh.qkv_channels(m)}, x.qkv, x.ln1, param(u, l, T::qkv_w), param(u, l, T::qkv_b));
   attention_core_forward(x);
-  permute_heads(x.atty, x.att_merged, batch_, seq_, m.heads, m.head_dim(), true);
-  linear::forward(runtime_.library, {N, m.hidden, m.hidden}, x.attproj, x.att_merged, param(u, l, T::attn_proj_w),
-                  param(u, l, T::attn_proj_b));
+  permute_heads(x.atty, x.att_merged, batch_, seq_, sh.heads, m.head_dim(), true);
+  // (N, A) -> (N, C), row-parallel: partial sums over this rank's heads.
+  linear::forward(runtime_.library, {N, sh.attention_channels(m), m.hidden}, x.attproj, x.att_merged,
+                  param(u, l, T::attn_proj_w), tensor_parallel() ? nullptr : param(u, l, T::attn_proj_b));
+  if (tensor_parallel()) {
+    tp_allreduce(x.attproj, static_cast<std::size_t>(N) * static_cast<std::size_t>(m.hidden));
+    add_bias(x.attproj, param(u, l, T::attn_proj_b), static_cast<std::size_t>(N), static_cast<std::size_t>(m.hidden));
+  }
 }
 
 void GptCpu::layer_forward(int l, const UnitPointers& u, bool write_output) {
   const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t F = static_cast<std::size_t>(m.mlp());
+  const std::size_t F = static_cast<std::size_t>(sh.mlp);
   const int64_t rows = static_cast<int64_t>(N);
   using T = LayerTensor;
   const LayerView x = view(l);
@@ -285,12 +373,17 @@ void GptCpu::layer_forward(int l, const UnitPointers& u, bool write_output) {
   attention_forward(l, u, x);
   layers::residual_forward(x.x_mid, x.x_in, x.attproj, N * C, cpu_);
   layers::layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.x_mid, param(u, l, T::ln2_w), param(u, l, T::ln2_b), N, C, cpu_);
-  linear::forward(runtime_.library, {rows, m.hidden, m.mlp()}, x.fch, x.ln2, param(u, l, T::fc_w), param(u, l, T::fc_b));
+  // MLP up column-parallel, down row-parallel.
+  linear::forward(runtime_.library, {rows, m.hidden, sh.mlp}, x.fch, x.ln2, param(u, l, T::fc_w), param(u, l, T::fc_b));
   layers::gelu_forward(x.fch_gelu, x.fch, N * F, cpu_);
-  linear::forward(runtime_.library, {rows, m.mlp(), m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
-                  param(u, l, T::fc_proj_b));
+  linear::forward(runtime_.library, {rows, sh.mlp, m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
+                  tensor_parallel() ? nullptr : param(u, l, T::fc_proj_b));
+  if (tensor_parallel()) {
+    tp_allreduce(x.fcproj, N * C);
+    add_bias(x.fcproj, param(u, l, T::fc_proj_b), N, C);
+  }
   if (!write_output) return;
-  float* out = l + 1 < m.layers ? view(l + 1).x_in : act(head_base_) + HeadActs(N, C, static_cast<std::size_t>(m.vocab)).x_final;
+  float* out = l + 1 < m.layers ? view(l + 1).x_in : act(head_base_) + HeadActs(N, C, static_cast<std::size_t>(sh.vocab_rows)).x_final;
   layers::residual_forward(out, x.x_mid, x.fcproj, N * C, cpu_);
 }
 
@@ -304,8 +397,9 @@ void GptCpu::backward(const float* params, float* grads, float normaliser, const
 
 double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
   const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t V = static_cast<std::size_t>(m.vocab);
+  const std::size_t V = static_cast<std::size_t>(sh.vocab_rows);
   tokens_.assign(tokens, tokens + N);
   targets_.assign(targets, targets + N);
   const HeadActs h(N, C, V);
@@ -315,8 +409,27 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
   call(hooks.before_forward, -1);
   const float* wpe = u.params[0] + V * C;
   float* first_input = m.layers > 0 ? view(0).x_in : head + h.x_final;
-  layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
-                            static_cast<std::size_t>(seq_), C, V, cpu_);
+  if (!tensor_parallel()) {
+    layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
+                              static_cast<std::size_t>(seq_), C, V, cpu_);
+  } else {
+    // Vocabulary-parallel lookup: my rows of the token table, zeros for the others' tokens, summed over the
+    // group; then the position table, whole on every rank.
+    const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
+    for (std::size_t i = 0; i < N; ++i) {
+      const int32_t token = tokens[i];
+      if (token < 0 || token >= m.vocab)
+        throw std::invalid_argument("token " + std::to_string(token) + " at position " + std::to_string(i) +
+                                    " is outside the vocabulary of " + std::to_string(m.vocab));
+      const std::size_t t = static_cast<std::size_t>(token);
+      float* row = first_input + i * C;
+      if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
+      else std::fill(row, row + C, 0.0f);
+    }
+    tp_allreduce(first_input, N * C);
+    for (std::size_t i = 0; i < N; ++i)
+      for (std::size_t c = 0; c < C; ++c) first_input[i * C + c] += wpe[(i % static_cast<std::size_t>(seq_)) * C + c];
+  }
   const int64_t rows = static_cast<int64_t>(N);
   for (int l = 0; l < m.layers; ++l) {
     call(hooks.before_forward, l);
@@ -326,45 +439,71 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
   const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
   const float* wte = u.params[0];
   layers::layernorm_forward(head + h.lnf, head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final, lnf, lnf + C, N, C, cpu_);
-  // The LM head is the token table: logits (N, V) = lnf (N, C) wte (V, C)^T.
-  linear::forward(runtime_.library, {rows, m.hidden, m.vocab}, head + h.logits, head + h.lnf, wte, nullptr);
-  const layers::VocabSlice slice = layers::whole_vocab(N, V);
-  return layers::softmax_cross_entropy(head + h.losses, nullptr, head + h.row_stats, head + h.logits, targets, 1.0f,
-                                       slice, cpu_);
+  // The LM head is the token table: logits (N, V) = lnf (N, C) wte (V, C)^T; a rank's slice of them in parallel.
+  linear::forward(runtime_.library, {rows, m.hidden, sh.vocab_rows}, head + h.logits, head + h.lnf, wte, nullptr);
+  if (!tensor_parallel()) {
+    const layers::VocabSlice slice = layers::whole_vocab(N, V);
+    return layers::softmax_cross_entropy(head + h.losses, nullptr, head + h.row_stats, head + h.logits, targets, 1.0f,
+                                         slice, cpu_);
+  }
+  // Vocabulary-parallel cross-entropy: each rank's statistics of its slice, combined over the group.
+  const layers::VocabSlice slice{N, static_cast<std::size_t>(sh.vocab_width), V, static_cast<std::size_t>(sh.vocab_begin),
+                                 static_cast<std::size_t>(m.vocab)};
+  float* row_max = head + h.row_stats;
+  float* row_sum = row_max + N;
+  float* target_logit = row_sum + N;
+  layers::cross_entropy_row_max(row_max, head + h.logits, slice, cpu_);
+  tp_allreduce(row_max, N, coll::RedOp::max);
+  layers::cross_entropy_row_sum_exp(row_sum, head + h.logits, row_max, slice, cpu_);
+  tp_allreduce(row_sum, N);
+  layers::cross_entropy_target_logit(target_logit, head + h.logits, targets, slice, cpu_);
+  tp_allreduce(target_logit, N);
+  layers::cross_entropy_loss_and_grad(head + h.losses, nullptr, head + h.logits, targets, row_max, row_sum, target_logit,
+                                      1.0f, slice, cpu_);
+  double sum = 0;
+  for (std::size_t i = 0; i < N; ++i) sum += head[h.losses + i];
+  return sum;
 }
 
 void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual) {
   // d_residual (N, C) holds the gradient reaching the attention output projection; on return the gradient of
-  // ln1's output is in the scratch d_ln. A frozen layer computes no weight gradients.
+  // ln1's output is in the scratch d_ln (summed over the tensor-parallel group). A frozen layer computes no
+  // weight gradients.
   const ModelConfig& m = model_;
-  const std::size_t N = static_cast<std::size_t>(batch_) * seq_;
-  const Scratch s(N, m.hidden, m.qkv_channels(), m.kv_heads * m.head_dim(), m.mlp());
+  const TensorShard& sh = shard();
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const Scratch s(N, C, static_cast<std::size_t>(sh.attention_channels(m)), static_cast<std::size_t>(sh.qkv_channels(m)),
+                  static_cast<std::size_t>(sh.kv_channels(m)), static_cast<std::size_t>(sh.mlp));
   float* g = scratch_.data();
   const int64_t rows = static_cast<int64_t>(N);
   const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
+  const int A = sh.attention_channels(m);
   using T = LayerTensor;
   if (trains)
-    linear::backward_weight(runtime_.library, {rows, m.hidden, m.hidden}, grad(u, l, T::attn_proj_w),
-                            grad(u, l, T::attn_proj_b), d_residual, x.att_merged, true);
-  linear::backward_input(runtime_.library, {rows, m.hidden, m.hidden}, g + s.d_att_merged, d_residual,
-                         param(u, l, T::attn_proj_w), false);
-  permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, m.heads, m.head_dim(), false);
+    linear::backward_weight(runtime_.library, {rows, A, m.hidden}, grad(u, l, T::attn_proj_w), grad(u, l, T::attn_proj_b),
+                            d_residual, x.att_merged, true);
+  linear::backward_input(runtime_.library, {rows, A, m.hidden}, g + s.d_att_merged, d_residual, param(u, l, T::attn_proj_w),
+                         false);
+  permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, sh.heads, m.head_dim(), false);
   attention::flash_backward(attention_shape_, x.q, x.k, x.v, x.atty, g + s.d_atty, x.lse, g + s.dq, g + s.dk, g + s.dv,
                             attention_options_);
-  permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, m.heads, m.kv_heads, m.head_dim(), false);
+  permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), false);
   if (trains)
-    linear::backward_weight(runtime_.library, {rows, m.hidden, m.qkv_channels()}, grad(u, l, T::qkv_w), grad(u, l, T::qkv_b),
+    linear::backward_weight(runtime_.library, {rows, m.hidden, sh.qkv_channels(m)}, grad(u, l, T::qkv_w), grad(u, l, T::qkv_b),
                             g + s.d_qkv, x.ln1, true);
-  linear::backward_input(runtime_.library, {rows, m.hidden, m.qkv_channels()}, g + s.d_ln, g + s.d_qkv,
+  linear::backward_input(runtime_.library, {rows, m.hidden, sh.qkv_channels(m)}, g + s.d_ln, g + s.d_qkv,
                          param(u, l, T::qkv_w), false);
+  tp_allreduce(g + s.d_ln, N * C);  // column-parallel: each rank's heads contribute to ln1's gradient
 }
 
 void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks& hooks) {
   const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t F = static_cast<std::size_t>(m.mlp()), V = static_cast<std::size_t>(m.vocab);
+  const std::size_t F = static_cast<std::size_t>(sh.mlp), V = static_cast<std::size_t>(sh.vocab_rows);
   const HeadActs h(N, C, V);
-  const Scratch s(N, C, m.qkv_channels(), m.kv_heads * m.head_dim(), F);
+  const Scratch s(N, C, static_cast<std::size_t>(sh.attention_channels(m)), static_cast<std::size_t>(sh.qkv_channels(m)),
+                  static_cast<std::size_t>(sh.kv_channels(m)), F);
   float* head = act(head_base_);
   float* g = scratch_.data();
   float* discard = g + s.size;  // 2C floats: layer-norm gradients of frozen units
@@ -384,12 +523,18 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
   float* dwte = u.grads[0];
   const float* lnf = u.params[last];
   float* dlnf = u.grads[last];
-  const layers::VocabSlice slice = layers::whole_vocab(N, V);
+  const layers::VocabSlice slice =
+      tensor_parallel() ? layers::VocabSlice{N, static_cast<std::size_t>(sh.vocab_width), V,
+                                             static_cast<std::size_t>(sh.vocab_begin), static_cast<std::size_t>(m.vocab)}
+                        : layers::whole_vocab(N, V);
   float* logits = head + h.logits;
   layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets_.data(), head + h.row_stats,
                                       head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
-  if (dwte) linear::backward_weight(runtime_.library, {rows, m.hidden, m.vocab}, dwte, nullptr, logits, head + h.lnf, true);
-  linear::backward_input(runtime_.library, {rows, m.hidden, m.vocab}, g + s.d_ln, logits, wte, false);
+  if (tensor_parallel() && V > static_cast<std::size_t>(sh.vocab_width))  // the padding rows of the last slice
+    for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
+  if (dwte) linear::backward_weight(runtime_.library, {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
+  linear::backward_input(runtime_.library, {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
+  tp_allreduce(g + s.d_ln, N * C);  // every slice of the vocabulary contributes to the final norm's gradient
   std::fill(g + s.d_x, g + s.d_x + N * C, 0.0f);
   layers::layernorm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, g + s.d_ln, head + h.x_final,
                              lnf, head + h.lnf_mean, head + h.lnf_rstd, N, C, cpu_);
@@ -408,16 +553,17 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
     const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
     // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))).
     if (trains)
-      linear::backward_weight(runtime_.library, {rows, m.mlp(), m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
+      linear::backward_weight(runtime_.library, {rows, sh.mlp, m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
                               g + s.d_x, x.fch_gelu, true);
-    linear::backward_input(runtime_.library, {rows, m.mlp(), m.hidden}, g + s.d_fch_gelu, g + s.d_x,
+    linear::backward_input(runtime_.library, {rows, sh.mlp, m.hidden}, g + s.d_fch_gelu, g + s.d_x,
                            param(u, l, T::fc_proj_w), false);
     std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
     layers::gelu_backward(g + s.d_fch, x.fch, g + s.d_fch_gelu, N * F, cpu_);
     if (trains)
-      linear::backward_weight(runtime_.library, {rows, m.hidden, m.mlp()}, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
+      linear::backward_weight(runtime_.library, {rows, m.hidden, sh.mlp}, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
                               g + s.d_fch, x.ln2, true);
-    linear::backward_input(runtime_.library, {rows, m.hidden, m.mlp()}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
+    linear::backward_input(runtime_.library, {rows, m.hidden, sh.mlp}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
+    tp_allreduce(g + s.d_ln, N * C);  // column-parallel MLP up: every rank's slice contributes to ln2's gradient
     std::copy(g + s.d_x, g + s.d_x + N * C, g + s.d_mid);  // the residual branch
     layers::layernorm_backward(g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C,
                                g + s.d_ln, x.x_mid, param(u, l, T::ln2_w), x.ln2_mean, x.ln2_rstd, N, C, cpu_);
@@ -430,8 +576,22 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
   }
   if (lowest_layer >= 0) return;  // the embeddings are frozen
   call(hooks.before_backward, -1);
-  layers::embedding_backward(dwte, dwte + V * C, g + s.d_x, tokens_.data(), static_cast<std::size_t>(batch_),
-                             static_cast<std::size_t>(seq_), C, cpu_);
+  if (!tensor_parallel()) {
+    layers::embedding_backward(dwte, dwte + V * C, g + s.d_x, tokens_.data(), static_cast<std::size_t>(batch_),
+                               static_cast<std::size_t>(seq_), C, cpu_);
+  } else {
+    // My rows of the token table from the tokens they hold; the position table, whole, from every row.
+    const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
+    float* dwpe = dwte + V * C;
+    for (std::size_t i = 0; i < N; ++i) {
+      const float* d = g + s.d_x + i * C;
+      const std::size_t t = static_cast<std::size_t>(tokens_[i]);
+      if (t >= begin && t < begin + width)
+        for (std::size_t c = 0; c < C; ++c) dwte[(t - begin) * C + c] += d[c];
+      float* pos = dwpe + (i % static_cast<std::size_t>(seq_)) * C;
+      for (std::size_t c = 0; c < C; ++c) pos[c] += d[c];
+    }
+  }
   call(hooks.after_backward, -1);
 }
 

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "collectives/process_group.h"
 #include "kernels/attention.h"
 #include "kernels/cpu_gemm.h"
 #include "kernels/layers.h"
@@ -37,9 +38,12 @@ inline constexpr int kLayerTensors = 12;
 
 class ParameterLayout {
  public:
+  // The whole model, or one tensor-parallel rank's share of it (its tensors hold the shard's rows or columns).
   explicit ParameterLayout(const ModelConfig& model);
+  ParameterLayout(const ModelConfig& model, const TensorShard& shard);
+  const TensorShard& shard() const { return shard_; }
   std::size_t total() const { return total_; }
-  Slice wte() const { return wte_; }  // (V, C), also the LM head
+  Slice wte() const { return wte_; }  // (V, C), also the LM head; a shard: (vocab_rows, C)
   Slice wpe() const { return wpe_; }  // (maxT, C)
   Slice layer(int l) const;           // every tensor of layer l
   Slice tensor(int l, LayerTensor t) const;
@@ -50,15 +54,20 @@ class ParameterLayout {
 
  private:
   ModelConfig model_;
+  TensorShard shard_;
   Slice wte_, wpe_, lnf_w_, lnf_b_;
   std::size_t first_layer_ = 0, per_layer_ = 0, total_ = 0;
   std::size_t tensor_offset_[kLayerTensors] = {}, tensor_size_[kLayerTensors] = {};
 };
 
 // GPT-2 initialisation: weights normal(0, std), the residual projections (attention output, MLP down)
-// normal(0, std / sqrt(2 L)), biases 0, layer-norm weights 1. Deterministic for a seed.
+// normal(0, std / sqrt(2 L)), biases 0, layer-norm weights 1. Deterministic for a seed; a tensor-parallel
+// layout gets its shard of the whole model's initialisation, so every degree trains the same model.
 void init_parameters(const ModelConfig& model, const ParameterLayout& layout, float* params, uint64_t seed,
                      float std = 0.02f);
+// Copies a tensor-parallel rank's share out of a buffer laid out for the whole model (parameters or
+// gradients): `local` is laid out by ParameterLayout(model, shard); vocabulary rows beyond V are zero.
+void take_shard(const ModelConfig& model, const TensorShard& shard, const float* whole, float* local);
 
 // What the forward pass keeps for the backward pass, and what the backward pass computes again first:
 //   none       every layer's activations;
@@ -100,13 +109,23 @@ struct LayerHooks {
   std::function<void(int layer)> after_recompute;
 };
 
+// With a tensor-parallel group of T ranks (Megatron-LM's scheme), each rank holds its TensorShard and the
+// ranks of the group run the same rows: the column-parallel GEMMs (QKV, MLP up) need no communication in
+// forward and allreduce their input gradient in backward; the row-parallel ones (attention output, MLP down)
+// allreduce their output in forward, adding the bias after; the token lookup is vocabulary-parallel (each rank
+// its rows, then an allreduce); the LM head computes the rank's slice of the logits and the cross-entropy
+// allreduces three numbers per row (max, sum of exponentials, target logit). Every rank sees the same loss and
+// the same residual stream. The allreduces are blocking (the group's library algorithm).
 class GptCpu {
  public:
-  // Throws std::invalid_argument when the model is invalid or seq exceeds its position table.
-  GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute = Recompute::none);
+  // Throws std::invalid_argument when the model is invalid, seq exceeds its position table, or the
+  // tensor-parallel group's size does not divide the model (tensor_shard).
+  GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute = Recompute::none,
+         coll::Group* tensor_parallel = nullptr);
 
   const ModelConfig& model() const { return model_; }
   const ParameterLayout& layout() const { return layout_; }
+  const TensorShard& shard() const { return layout_.shard(); }
   int batch() const { return batch_; }
   int seq() const { return seq_; }
   Recompute recompute() const { return recompute_; }
@@ -141,8 +160,12 @@ class GptCpu {
   float* grad(const UnitPointers& u, int l, LayerTensor t) const;
   void attention_forward(int l, const UnitPointers& u, const LayerView& x);
   void attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual);
+  // Tensor parallelism: the group's sum of a partial (N, C) result, in place; nothing without a group.
+  void tp_allreduce(float* data, std::size_t count, coll::RedOp op = coll::RedOp::sum);
+  bool tensor_parallel() const { return tp_ != nullptr; }
 
   ModelConfig model_;
+  coll::Group* tp_;
   ParameterLayout layout_;
   int batch_, seq_;
   CpuRuntime runtime_;

@@ -1,6 +1,7 @@
 // Implementation of the model configuration (see model_config.h).
 #include "train/model_config.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace strata::train {
@@ -88,6 +89,25 @@ std::vector<LayerGemm> layer_gemms(const ModelConfig& m, int64_t tokens, int tp)
                                 m.name + " (" + std::to_string(m.heads) + " heads, " + std::to_string(m.kv_heads) +
                                 " kv heads, MLP " + std::to_string(f) + ")");
   return {{"qkv", tokens, q / tp, h}, {"attn_out", tokens, h, h / tp}, {"mlp_up", tokens, f / tp, h}, {"mlp_down", tokens, h, f / tp}};
+}
+
+TensorShard tensor_shard(const ModelConfig& m, int tp, int rank) {
+  if (tp <= 0 || rank < 0 || rank >= tp)
+    throw std::invalid_argument("tensor-parallel rank " + std::to_string(rank) + " of " + std::to_string(tp));
+  if (m.heads % tp || m.kv_heads % tp || m.mlp() % tp)
+    throw std::invalid_argument("tensor-parallel degree " + std::to_string(tp) + " does not divide the layers of " +
+                                m.name + " (" + std::to_string(m.heads) + " heads, " + std::to_string(m.kv_heads) +
+                                " kv heads, MLP " + std::to_string(m.mlp()) + ")");
+  TensorShard s;
+  s.tp = tp, s.rank = rank;
+  s.heads = m.heads / tp, s.kv_heads = m.kv_heads / tp, s.mlp = m.mlp() / tp;
+  s.vocab_rows = (m.vocab + tp - 1) / tp;
+  s.vocab_begin = rank * s.vocab_rows;
+  s.vocab_width = std::min(s.vocab_rows, m.vocab - s.vocab_begin);
+  if ((tp - 1) * s.vocab_rows >= m.vocab)
+    throw std::invalid_argument("a vocabulary of " + std::to_string(m.vocab) + " leaves a tensor-parallel rank of " +
+                                std::to_string(tp) + " without tokens");
+  return s;
 }
 
 double model_flops_per_token(const ModelConfig& m, int seq) {

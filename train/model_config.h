@@ -48,6 +48,24 @@ struct LayerGemm {
 };
 std::vector<LayerGemm> layer_gemms(const ModelConfig& model, int64_t tokens, int tp);
 
+// One tensor-parallel rank's share of the model, as Megatron-LM cuts it: heads, kv heads and the MLP width
+// divided by tp (column-parallel QKV and MLP up, row-parallel attention output and MLP down), the token table
+// (and the tied LM head) cut into tp vocabulary slices of ceil(V / tp) rows, the last holding what is left;
+// norms, biases of the row-parallel layers and the position table whole on every rank.
+struct TensorShard {
+  int tp = 1, rank = 0;
+  int heads = 0, kv_heads = 0, mlp = 0;
+  int vocab_rows = 0;   // rows of the token table held here: ceil(V / tp)
+  int vocab_begin = 0;  // global index of the first
+  int vocab_width = 0;  // rows of them inside the vocabulary (the last slice's may be fewer)
+  int attention_channels(const ModelConfig& m) const { return heads * m.head_dim(); }
+  int kv_channels(const ModelConfig& m) const { return kv_heads * m.head_dim(); }
+  int qkv_channels(const ModelConfig& m) const { return (heads + 2 * kv_heads) * m.head_dim(); }
+};
+// Throws std::invalid_argument naming what tp does not divide (heads, kv heads, MLP width) or a vocabulary
+// too small to give every rank a slice.
+TensorShard tensor_shard(const ModelConfig& model, int tp, int rank);
+
 // Model FLOPs per token of a training step without recomputation: 6 N + 6 L h s (llm.c's count; causal
 // attention counted as half of 12 L h s). The MFU numerator.
 double model_flops_per_token(const ModelConfig& model, int seq);
