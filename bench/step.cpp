@@ -52,6 +52,7 @@ struct Options {
   double memory_limit_gib = 0;
   int timeline_steps = 1;
   std::string recompute = "none";
+  int tp = 1;
 };
 
 // --recompute none,full | all: the modes, in the order given.
@@ -176,6 +177,8 @@ int run_step(int argc, char** argv) {
   cli.choice("backend", 0, "where the step runs", o.backend, {"cpu", "cuda"});
   cli.option("memory-limit", 0, "GiB a rank may hold (0: the node's available memory over its ranks)", o.memory_limit_gib, 0.0);
   cli.option("timeline-steps", 0, "timed steps whose timeline is recorded", o.timeline_steps, 0);
+  cli.option("tp", 0, "tensor-parallel degree T (Megatron-LM's split; T consecutive ranks, inside a node); the "
+             "data-parallel degree is the ranks over T", o.tp, 1);
   cli.option("recompute", 0, "what backward computes again instead of keeping: none, full (each layer from its input), "
              "selective (the attention core), comma-separated, or all; one case per strategy and mode", o.recompute);
   add_harness_options(cli, h);
@@ -198,15 +201,25 @@ int run_step(int argc, char** argv) {
   }();
   (void)trainable_units(model, trainable);  // refuses last:K beyond the model's layers
   const int world = world_size();
+  if (world % o.tp != 0) throw UsageError("--tp " + std::to_string(o.tp) + " does not divide the " + std::to_string(world) + " ranks");
+  try {
+    (void)tensor_shard(model, o.tp, 0);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--tp: ") + e.what());
+  }
+  const int dp_ranks = world / o.tp;
   if (o.group_size > 0 && world % o.group_size != 0)
     throw UsageError("--group-size " + std::to_string(o.group_size) + " does not divide the " + std::to_string(world) + " ranks");
+  if (o.group_size > 0 && o.group_size % o.tp != 0)
+    throw UsageError("--group-size " + std::to_string(o.group_size) + " is not a multiple of --tp " + std::to_string(o.tp) +
+                     ": tensor-parallel groups stay inside a node");
   DataParallelConfig config;
   config.model = model, config.seq = o.seq, config.accumulation = o.accumulation, config.trainable = trainable;
   config.micro_batch = o.micro_batch;
   if (o.global_batch > 0) {
-    const int64_t per_step = static_cast<int64_t>(world) * o.accumulation;
+    const int64_t per_step = static_cast<int64_t>(dp_ranks) * o.accumulation;
     if (o.global_batch % per_step != 0)
-      throw UsageError("--global-batch " + std::to_string(o.global_batch) + " is not divisible by " + std::to_string(world) +
+      throw UsageError("--global-batch " + std::to_string(o.global_batch) + " is not divisible by " + std::to_string(dp_ranks) +
                        " data-parallel ranks x " + std::to_string(o.accumulation) + " micro-batches");
     config.micro_batch = static_cast<int>(o.global_batch / per_step);
   }
@@ -219,7 +232,7 @@ int run_step(int argc, char** argv) {
   config.seed = static_cast<uint64_t>(o.seed);
   config.runtime.threads = o.threads;
 
-  const int64_t global_rows = static_cast<int64_t>(world) * o.accumulation * config.micro_batch;
+  const int64_t global_rows = static_cast<int64_t>(dp_ranks) * o.accumulation * config.micro_batch;
   std::unique_ptr<TokenSource> data;
   try {
     if (o.data == "synthetic") data = synthetic_tokens(model.vocab, config.seed);
@@ -229,7 +242,7 @@ int run_step(int argc, char** argv) {
     throw UsageError("--data " + o.data + ": " + e.what());
   }
 
-  coll::ProcessGroups groups({1, 1, world}, o.group_size);
+  coll::ProcessGroups groups({o.tp, 1, dp_ranks}, o.group_size);
   const DataParallelShape shape = data_parallel_shape(groups);
   // Before anything large is allocated: every strategy must fit.
   {
@@ -282,7 +295,8 @@ int run_step(int argc, char** argv) {
       .add_column("kv_heads", ColumnKind::int64, "1").add_column("vocab", ColumnKind::int64, "1")
       .add_column("seq", ColumnKind::int64, "1").add_column("micro_batch", ColumnKind::int64, "1", "rows per rank")
       .add_column("accumulation", ColumnKind::int64, "1").add_column("global_batch", ColumnKind::int64, "1", "rows per step")
-      .add_column("dp", ColumnKind::int64, "1").add_column("group_size", ColumnKind::int64, "1", "m: ranks per group")
+      .add_column("dp", ColumnKind::int64, "1").add_column("tp", ColumnKind::int64, "1", "tensor-parallel degree")
+      .add_column("group_size", ColumnKind::int64, "1", "m: data-parallel ranks per group")
       .add_column("groups", ColumnKind::int64, "1", "g: groups (nodes)")
       .add_column("parameters", ColumnKind::float64, "1", "Ψ").add_column("trainable_parameters", ColumnKind::float64, "1", "Ψ'")
       .add_column("trainable", ColumnKind::string, "").add_column("comm_algo", ColumnKind::string, "")
@@ -316,9 +330,9 @@ int run_step(int argc, char** argv) {
       .add_column("sent_inter_formula", ColumnKind::float64, "B", "ring volumes per step, mean over ranks");
 
   if (run.is_root()) {
-    std::printf("# strata-step: %s (%s parameters, %s trainable), %d rank(s) as %d group(s) of %d, micro-batch %d x seq %d, "
+    std::printf("# strata-step: %s (%s parameters, %s trainable), %d rank(s): tp %d x dp %d as %d group(s) of %d, micro-batch %d x seq %d, "
                 "%d micro-batch(es), global batch %lld rows (%s tokens); comm %s, overlap %s\n",
-                model.name.c_str(), format_si(psi).c_str(), format_si(psi_trainable).c_str(), world, shape.g, shape.m,
+                model.name.c_str(), format_si(psi).c_str(), format_si(psi_trainable).c_str(), world, shape.tp, shape.n, shape.g, shape.m,
                 config.micro_batch, o.seq, o.accumulation, static_cast<long long>(global_rows),
                 format_si(tokens_per_step).c_str(), o.comm_algo.c_str(), o.overlap.c_str());
     std::printf("# MFU: 6N + 6Lhs model FLOPs per token over %s per rank (%s)\n", format_si(peak).c_str(),
@@ -432,7 +446,7 @@ int run_step(int argc, char** argv) {
           row.set("strategy", strategy.name()).set("model", model.name).set("layers", model.layers)
               .set("hidden", model.hidden).set("heads", model.heads).set("kv_heads", model.kv_heads)
               .set("vocab", model.vocab).set("seq", o.seq).set("micro_batch", c.micro_batch)
-              .set("accumulation", o.accumulation).set("global_batch", global_rows).set("dp", shape.n)
+              .set("accumulation", o.accumulation).set("global_batch", global_rows).set("dp", shape.n).set("tp", shape.tp)
               .set("group_size", shape.m).set("groups", shape.g).set("parameters", psi)
               .set("trainable_parameters", psi_trainable).set("trainable", o.trainable).set("comm_algo", o.comm_algo)
               .set("overlap", c.overlap ? 1 : 0).set("data", o.data).set("flop", flop_per_rank)

@@ -139,11 +139,14 @@ struct DataParallelTrainer::Impl {
   coll::Group& dp;
   coll::Group& intra;
   coll::Group& inter;
+  coll::Group& tp;  // the tensor-parallel group (size 1 without tensor parallelism)
   std::unique_ptr<coll::Group> pieces;  // the data-parallel ranks ordered by global piece
   const TokenSource& data;
   GptCpu model;
   int n = 1, m = 1, g = 1, local = 0, node = 0, my_piece = 0;
   std::vector<Unit> units;
+  std::vector<Slice> unit_slices;  // each unit in the model's layout
+  std::vector<Slice> replicated;   // under tensor parallelism: tensors every rank of the group holds whole
   TrackedBuffer<float> params, grads, adam_m, adam_v;
   std::vector<TrackedBuffer<float>> gathered, unit_grads, reduced;  // transient, per unit, from the pool
   BufferPool pool;
@@ -160,8 +163,8 @@ struct DataParallelTrainer::Impl {
   std::vector<TimelineEvent>* timeline = nullptr;  // the current step's, when recorded
 
   Impl(const DataParallelConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
-      : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), data(source),
-        model(config.model, config.micro_batch, config.seq, config.runtime, config.recompute) {
+      : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), data(source),
+        model(config.model, config.micro_batch, config.seq, config.runtime, config.recompute, &groups.tp()) {
     if (const std::string why = refusal_reason(c.strategy); !why.empty())
       throw std::invalid_argument("strategy " + c.strategy.name() + " is not run: " + why);
     if (c.accumulation < 1) throw std::invalid_argument("accumulation must be at least 1 micro-batch");
@@ -179,9 +182,11 @@ struct DataParallelTrainer::Impl {
     for (int r = 0; r < n; ++r) piece_nodes[static_cast<std::size_t>(r)] = r % g;  // piece l g + k lives on node k
     pieces = std::make_unique<coll::Group>("dp_by_piece", coll::Comm(ordered), std::move(piece_nodes), groups.types());
 
-    const ParameterLayout& layout = model.layout();
+    const ParameterLayout& layout = model.layout();  // this rank's tensor-parallel shard
     const std::vector<bool> trains = trainable_units(c.model, c.trainable);
     const std::vector<Slice> slices = layout.units();
+    unit_slices = slices;
+    if (tp.size() > 1) replicated = layout.replicated();
     std::size_t param_total = 0, grad_total = 0, opt_total = 0;
     for (std::size_t u = 0; u < slices.size(); ++u) {
       Unit unit;
@@ -571,9 +576,10 @@ struct DataParallelTrainer::Impl {
     const double optimizer_start = now(), exposed_before_optimizer = exposed;
     double squares = 0;
     for (std::size_t u = 0; u < U; ++u)
-      if (units[u].trains) squares += layers::squared_norm(optimizer_grads(u), held(units[u], c.strategy.optimizer), {});
+      if (units[u].trains) squares += gradient_squares(u);
     if (c.strategy.optimizer == Sharding::intra) squares = allreduce_sum(intra, squares);
     if (c.strategy.optimizer == Sharding::global) squares = allreduce_sum(dp, squares);
+    if (tp.size() > 1) squares = allreduce_sum(tp, squares);
     stats.grad_norm = std::sqrt(squares);
     const float scale = layers::clip_scale(stats.grad_norm, c.max_grad_norm);
     layers::AdamWConfig adamw = c.adamw;
@@ -604,6 +610,21 @@ struct DataParallelTrainer::Impl {
                                            stats.optimizer_seconds - stats.exposed_comm_seconds);
     timeline = nullptr;
     return stats;
+  }
+
+  // The squares of the gradient elements of unit u this rank's optimizer holds. Under tensor parallelism the
+  // tensors every rank of the group holds whole count 1/T each, so the sum over the group counts them once.
+  double gradient_squares(std::size_t u) {
+    const float* g = optimizer_grads(u);
+    const std::size_t count = held(units[u], c.strategy.optimizer);
+    double squares = layers::squared_norm(g, count, {});
+    const std::size_t first = unit_slices[u].offset + piece_offset(units[u], c.strategy.optimizer);  // in the layout
+    for (const Slice& whole : replicated) {
+      const std::size_t lo = std::max(whole.offset, first);
+      const std::size_t hi = std::min({whole.end(), first + count, unit_slices[u].end()});  // not the padding
+      if (lo < hi) squares -= (1.0 - 1.0 / tp.size()) * layers::squared_norm(g + (lo - first), hi - lo, {});
+    }
+    return squares;
   }
 
   std::vector<float> full_parameters() {

@@ -132,7 +132,8 @@ class DataParallelTrainer {
   // One optimizer step (step >= 1). Collective over the data-parallel group. The timeline is recorded when
   // asked here or by the configuration.
   StepStats step(int64_t step, bool record_timeline = false);
-  // Every parameter, on every rank (collective): for checks against the single-rank step.
+  // Every parameter of this rank's tensor-parallel shard (the whole model without tensor parallelism), on
+  // every rank (collective over the data-parallel group): for checks against the single-rank step.
   std::vector<float> full_parameters();
   MemoryUse memory() const;
   int64_t global_rows() const;  // rows of the global batch: dp ranks x accumulation x micro_batch

@@ -61,6 +61,16 @@ std::vector<Slice> ParameterLayout::units() const {
   return units;
 }
 
+std::vector<Slice> ParameterLayout::replicated() const {
+  std::vector<Slice> whole{wpe_};
+  using T = LayerTensor;
+  for (int l = 0; l < model_.layers; ++l)
+    for (T t : {T::ln1_w, T::ln1_b, T::attn_proj_b, T::ln2_w, T::ln2_b, T::fc_proj_b}) whole.push_back(tensor(l, t));
+  whole.push_back(lnf_w_);
+  whole.push_back(lnf_b_);
+  return whole;
+}
+
 void take_shard(const ModelConfig& m, const TensorShard& shard, const float* whole, float* local) {
   const ParameterLayout from(m), to(m, shard);
   const std::size_t C = static_cast<std::size_t>(m.hidden), D = static_cast<std::size_t>(m.head_dim());

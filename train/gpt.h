@@ -51,6 +51,9 @@ class ParameterLayout {
   Slice lnf_b() const { return lnf_b_; }
   // The units a sharded strategy gathers one at a time, in forward order: embeddings, each layer, final norm.
   std::vector<Slice> units() const;
+  // The tensors every tensor-parallel rank holds whole (the position table, the norms, the row-parallel
+  // layers' biases), in buffer order: a sum over the group must count them once.
+  std::vector<Slice> replicated() const;
 
  private:
   ModelConfig model_;

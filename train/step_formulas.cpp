@@ -11,6 +11,7 @@ DataParallelShape data_parallel_shape(coll::ProcessGroups& groups) {
   DataParallelShape s;
   coll::Group& dp = groups.dp();
   s.n = dp.size(), s.m = groups.dp_intra().size(), s.g = groups.dp_inter().size();
+  s.tp = groups.tp().size();
   const std::vector<int>& nodes = dp.node_of_rank();
   if (!nodes.empty() && s.n > 1)
     s.dp_hop_crosses_nodes = nodes[static_cast<std::size_t>(dp.rank())] != nodes[static_cast<std::size_t>((dp.rank() + 1) % s.n)];
@@ -44,7 +45,7 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
   };
   auto on = [](Sharding sharding) { return sharding == Sharding::intra ? On::intra : On::global; };
 
-  const std::vector<Slice> units = ParameterLayout(model).units();
+  const std::vector<Slice> units = ParameterLayout(model, tensor_shard(model, shape.tp, 0)).units();
   const std::vector<bool> trains = trainable_units(model, trainable);
   std::size_t lowest = units.size();
   for (std::size_t u = units.size(); u-- > 0;)
@@ -72,10 +73,11 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
   return t;
 }
 
-double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute) {
-  const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, Q = model.qkv_channels(),
-               KV = static_cast<double>(model.kv_heads) * model.head_dim(), F = model.mlp(), a = model.heads;
-  const double layer = 9 * C + Q + 2 * KV + 2 * F + a + 4, head = 2 * C + model.vocab + 6, core = 2 * C + 2 * KV + a;
+double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute, int tp) {
+  const TensorShard sh = tensor_shard(model, tp, 0);
+  const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, A = sh.attention_channels(model),
+               Q = sh.qkv_channels(model), KV = sh.kv_channels(model), F = sh.mlp, a = sh.heads, V = sh.vocab_rows;
+  const double layer = 6 * C + 3 * A + Q + 2 * KV + 2 * F + a + 4, head = 2 * C + V + 6, core = 2 * A + 2 * KV + a;
   switch (recompute) {
     case Recompute::none: return 4 * N * (model.layers * layer + head);
     case Recompute::full: return 4 * N * (model.layers * C + (layer - C) + head);
@@ -96,26 +98,28 @@ double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute re
   return 0;
 }
 
-double workspace_bytes(const ModelConfig& model, int micro_batch, int seq) {
-  const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, Q = model.qkv_channels(),
-               KV = static_cast<double>(model.kv_heads) * model.head_dim(), F = model.mlp();
-  return 4 * N * (6 * C + Q + 2 * KV + 2 * F) + 8 * C;
+double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp) {
+  const TensorShard sh = tensor_shard(model, tp, 0);
+  const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, A = sh.attention_channels(model),
+               Q = sh.qkv_channels(model), KV = sh.kv_channels(model), F = sh.mlp;
+  return 4 * N * (3 * C + 3 * A + Q + 2 * KV + 2 * F) + 8 * C;
 }
 
 MemoryUse memory_estimate(const DataParallelConfig& c, const DataParallelShape& shape) {
-  const std::vector<Slice> units = ParameterLayout(c.model).units();
+  const ParameterLayout layout(c.model, tensor_shard(c.model, shape.tp, 0));
+  const std::vector<Slice> units = layout.units();
   const std::vector<bool> trains = trainable_units(c.model, c.trainable);
   double trainable = 0, largest = 0;
   for (std::size_t u = 0; u < units.size(); ++u) {
     if (trains[u]) trainable += static_cast<double>(units[u].size);
     largest = std::max(largest, 4.0 * static_cast<double>(padded(units[u].size, shape.n)));
   }
-  const ModelStateMemory states = model_state_memory(c.strategy, static_cast<double>(c.model.parameters()), trainable,
+  const ModelStateMemory states = model_state_memory(c.strategy, static_cast<double>(layout.total()), trainable,
                                                      shape.m, shape.n, kFp32States);
   MemoryUse use;
   use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
-  use.activations = activation_bytes(c.model, c.micro_batch, c.seq, c.recompute);
-  use.workspace = workspace_bytes(c.model, c.micro_batch, c.seq);
+  use.activations = activation_bytes(c.model, c.micro_batch, c.seq, c.recompute, shape.tp);
+  use.workspace = workspace_bytes(c.model, c.micro_batch, c.seq, shape.tp);
   if (c.strategy.params != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) use.comm_buffers += 4 * trainable / shape.m;

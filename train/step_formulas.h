@@ -16,6 +16,7 @@ namespace strata::train {
 // the data-parallel ring (to dp rank + 1) crosses nodes.
 struct DataParallelShape {
   int n = 1, m = 1, g = 1;
+  int tp = 1;  // the tensor-parallel degree: each data-parallel rank holds a shard of the model
   bool dp_hop_crosses_nodes = false;
 };
 DataParallelShape data_parallel_shape(coll::ProcessGroups& groups);
@@ -46,13 +47,17 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
 //                                                 log-sum-exp) in one layer's space
 // per layer the inputs of each GEMM, norm statistics, q/k/v, the attention output and its log-sum-exp, the MLP
 // pre- and post-GELU; for the head the final norm and the logits.
-double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute = Recompute::none);
+// Under tensor parallelism (tp > 1) the channels of one rank's shard replace C in the attention (q, the
+// attention output and its merged copy), Q, KV, F, a and V; the residual stream stays C wide.
+double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute = Recompute::none,
+                        int tp = 1);
 // FLOPs per token that recomputation adds to the model FLOPs in backward, in model_flops_per_token's
 // convention (2 per multiply-add of each weight, 2 L h s for attention's forward): full, every layer's
 // forward, 2 N_layers + 2 L h s; selective, the attention core, 2 L h s; none, 0.
 double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute);
-// The workspace the backward pass reuses for every layer: 4 N (6 C + Q + 2 KV + 2 F) + 8 C bytes.
-double workspace_bytes(const ModelConfig& model, int micro_batch, int seq);
+// The workspace the backward pass reuses for every layer: 4 N (6 C + Q + 2 KV + 2 F) + 8 C bytes; under tensor
+// parallelism 4 N (3 C + 3 A + Q + 2 KV + 2 F) + 8 C with the shard's A (attention channels), Q, KV, F.
+double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp = 1);
 
 // What a rank is expected to hold, per category, before anything is allocated. Model states follow
 // model_state_memory (fp32: 4, 4, 8 bytes); activations and workspace the formulas above; communication

@@ -148,6 +148,43 @@ TEST(DataParallel, PartialTrainingMatchesTheSingleRankStep) {
   check_every_strategy(c, {parse_strategy("ING"), parse_strategy("NNG"), parse_strategy("IIG")}, true);
 }
 
+// Tensor parallelism of degree 2 composed with the data-parallel strategies (and recomputation): the same
+// losses, gradient norms and, on each rank, the shard of the single-rank step's parameters after 3 steps.
+TEST(DataParallel, TensorParallelShardsMatchTheSingleRankStep) {
+  const int n = world_size();
+  if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks (tensor parallelism of 2)";
+  const DataParallelConfig base = base_config();
+  const int steps = 3, dp = n / 2;
+  const auto data = synthetic_tokens(base.model.vocab, 5);
+  const Reference ref = single_rank(base, dp, steps, *data);
+  for (int rpn : n >= 4 ? std::vector<int>{0, 4} : std::vector<int>{0}) {
+    coll::ProcessGroups groups({2, 1, dp}, rpn);
+    for (const char* name : {"NNN", "NNG", "GGG", "IIG"})
+      for (Recompute mode : {Recompute::none, Recompute::full}) {
+        if (mode == Recompute::full && std::string(name) != "GGG") continue;
+        DataParallelConfig c = base;
+        c.strategy = parse_strategy(name);
+        c.recompute = mode;
+        DataParallelTrainer trainer(c, groups, *data);
+        const std::string what = std::string(name) + " tp 2 x dp " + std::to_string(dp) + " rpn " + std::to_string(rpn) +
+                                 " recompute " + train::name(mode);
+        for (int step = 1; step <= steps; ++step) {
+          const StepStats stats = trainer.step(step);
+          EXPECT_NEAR(stats.loss, ref.losses[static_cast<std::size_t>(step) - 1], 1e-5 * ref.losses[0]) << what << " step " << step;
+          EXPECT_NEAR(stats.grad_norm, ref.norms[static_cast<std::size_t>(step) - 1], 1e-4 * ref.norms[0]) << what << " step " << step;
+        }
+        const TensorShard shard = tensor_shard(c.model, 2, groups.tp_index());
+        std::vector<float> expected(ParameterLayout(c.model, shard).total());
+        take_shard(c.model, shard, ref.params.data(), expected.data());
+        const std::vector<float> params = trainer.full_parameters();
+        ASSERT_EQ(params.size(), expected.size()) << what;
+        double worst = 0;
+        for (std::size_t i = 0; i < params.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(params[i] - expected[i])));
+        EXPECT_LT(worst, 2e-5) << what;
+      }
+  }
+}
+
 TEST(DataParallel, ModelStateMemoryIsTheFormulasUpToPadding) {
   const int n = world_size();
   coll::ProcessGroups groups({1, 1, n}, n >= 4 ? 2 : 0);
