@@ -123,8 +123,9 @@ double allreduce_sum(double value) {
   return value;
 }
 
-// recompute is a part of backward: the forward work it does again first.
-constexpr const char* kPhases[] = {"forward", "backward", "optimizer", "comm_exposed", "idle", "recompute"};
+// recompute is a part of backward: the forward work it does again first; comm_tp a part of comm_exposed: the
+// tensor-parallel collectives, which block.
+constexpr const char* kPhases[] = {"forward", "backward", "optimizer", "comm_exposed", "idle", "recompute", "comm_tp"};
 constexpr MemoryCategory kCategories[] = {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer,
                                           MemoryCategory::activations, MemoryCategory::workspace, MemoryCategory::comm_buffers};
 double formula_of(const MemoryUse& m, MemoryCategory c) {
@@ -384,6 +385,8 @@ int run_step(int argc, char** argv) {
         recorder.add_phase("comm_exposed", stats.exposed_comm_seconds);
         recorder.add_phase("idle", stats.idle_seconds);
         recorder.add_phase("recompute", stats.recompute_seconds);
+        recorder.add_phase("comm_tp", stats.tp_comm_seconds);
+        recorder.add_metric("sent_tp_buffers", stats.tp_comm_bytes, "B");
         for (int t = 0; t < kCommTiers; ++t) {
           const std::string tier = name(static_cast<CommTier>(t));
           recorder.add_phase("comm_" + tier + "_exposed", stats.comm[static_cast<std::size_t>(t)].exposed_seconds);
@@ -423,7 +426,8 @@ int run_step(int argc, char** argv) {
         per_step([](const StepStats& s) { return s.forward_seconds; }), per_step([](const StepStats& s) { return s.backward_seconds; }),
         per_step([](const StepStats& s) { return s.optimizer_seconds; }),
         per_step([](const StepStats& s) { return s.exposed_comm_seconds; }), per_step([](const StepStats& s) { return s.idle_seconds; }),
-        per_step([](const StepStats& s) { return s.recompute_seconds; })};
+        per_step([](const StepStats& s) { return s.recompute_seconds; }),
+        per_step([](const StepStats& s) { return s.tp_comm_seconds; })};
     std::vector<double> busy, exposed;
     for (std::size_t t = 0; t < kCommTiers; ++t) {
       busy.push_back(per_step([t](const StepStats& s) { return s.comm[t].busy_seconds; }));

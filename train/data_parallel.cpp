@@ -553,6 +553,13 @@ struct DataParallelTrainer::Impl {
         }
         at_hook();
       };
+      // Tensor-parallel collectives block inside the passes: all of their time is exposed communication.
+      hooks.tensor_parallel_comm = [&](const char* what, double start, double end, std::size_t bytes) {
+        exposed += end - start;
+        stats.tp_comm_seconds += end - start;
+        stats.tp_comm_bytes += static_cast<double>(bytes);
+        if (timeline) timeline->push_back({what, "comm", "tp", start, end, static_cast<double>(bytes)});
+      };
       double recompute_start = 0;
       hooks.before_recompute = [&](int) { recompute_start = now(); };
       hooks.after_recompute = [&](int layer) {

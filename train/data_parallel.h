@@ -99,7 +99,7 @@ struct TierComm {
 struct TimelineEvent {
   std::string operation;  // "forward", "backward", "optimizer", "allgather params 3", ...
   std::string stream;     // "compute" or "comm"
-  std::string group;      // "intra", "inter", "global"; "" for compute
+  std::string group;      // "intra", "inter", "global", "tp"; "" for compute
   double start = 0, end = 0;
   double bytes = 0;  // the collective's buffer: what each rank contributes or receives whole
 };
@@ -114,6 +114,9 @@ struct StepStats {
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
   double recompute_seconds = 0;     // inside backward: the forward work it does again first (Recompute)
   double exposed_comm_seconds = 0;  // waiting for collectives that were not done
+  // Tensor-parallel collectives (blocking, inside forward and backward, counted in exposed_comm_seconds): their
+  // time, and the bytes of their buffers.
+  double tp_comm_seconds = 0, tp_comm_bytes = 0;
   double idle_seconds = 0;
   std::array<TierComm, kCommTiers> comm;
   coll::Traffic traffic;  // bytes this rank sent in the step (Strata's own algorithms count them; library: 0)

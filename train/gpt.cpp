@@ -2,6 +2,7 @@
 #include "train/gpt.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -310,8 +311,12 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime,
   scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, C, A, Q, KV, F).size + 2 * C);
 }
 
-void GptCpu::tp_allreduce(float* data, std::size_t count, coll::RedOp op) {
-  if (tp_) tp_->allreduce(coll::Algo::library, data, data, count, coll::DataType::float32, op, coll::Waiting::at_once).wait();
+void GptCpu::tp_allreduce(float* data, std::size_t count, const char* what, coll::RedOp op) {
+  if (!tp_) return;
+  const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  const double start = seconds();
+  tp_->allreduce(coll::Algo::library, data, data, count, coll::DataType::float32, op, coll::Waiting::at_once).wait();
+  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), count * sizeof(float));
 }
 
 float* UnitPointers::pending() {
@@ -366,7 +371,7 @@ void GptCpu::attention_forward(int l, const UnitPointers& u, const LayerView& x)
   linear::forward(runtime_.library, {N, sh.attention_channels(m), m.hidden}, x.attproj, x.att_merged,
                   param(u, l, T::attn_proj_w), tensor_parallel() ? nullptr : param(u, l, T::attn_proj_b));
   if (tensor_parallel()) {
-    tp_allreduce(x.attproj, static_cast<std::size_t>(N) * static_cast<std::size_t>(m.hidden));
+    tp_allreduce(x.attproj, static_cast<std::size_t>(N) * static_cast<std::size_t>(m.hidden), "allreduce attention out");
     add_bias(x.attproj, param(u, l, T::attn_proj_b), static_cast<std::size_t>(N), static_cast<std::size_t>(m.hidden));
   }
 }
@@ -389,7 +394,7 @@ void GptCpu::layer_forward(int l, const UnitPointers& u, bool write_output) {
   linear::forward(runtime_.library, {rows, sh.mlp, m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
                   tensor_parallel() ? nullptr : param(u, l, T::fc_proj_b));
   if (tensor_parallel()) {
-    tp_allreduce(x.fcproj, N * C);
+    tp_allreduce(x.fcproj, N * C, "allreduce mlp out");
     add_bias(x.fcproj, param(u, l, T::fc_proj_b), N, C);
   }
   if (!write_output) return;
@@ -412,6 +417,7 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
   const std::size_t V = static_cast<std::size_t>(sh.vocab_rows);
   tokens_.assign(tokens, tokens + N);
   targets_.assign(targets, targets + N);
+  hooks_ = &hooks;
   const HeadActs h(N, C, V);
   float* head = act(head_base_);
 
@@ -436,7 +442,7 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
       if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
       else std::fill(row, row + C, 0.0f);
     }
-    tp_allreduce(first_input, N * C);
+    tp_allreduce(first_input, N * C, "allreduce embedding");
     for (std::size_t i = 0; i < N; ++i)
       for (std::size_t c = 0; c < C; ++c) first_input[i * C + c] += wpe[(i % static_cast<std::size_t>(seq_)) * C + c];
   }
@@ -463,11 +469,11 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
   float* row_sum = row_max + N;
   float* target_logit = row_sum + N;
   layers::cross_entropy_row_max(row_max, head + h.logits, slice, cpu_);
-  tp_allreduce(row_max, N, coll::RedOp::max);
+  tp_allreduce(row_max, N, "allreduce loss max", coll::RedOp::max);
   layers::cross_entropy_row_sum_exp(row_sum, head + h.logits, row_max, slice, cpu_);
-  tp_allreduce(row_sum, N);
+  tp_allreduce(row_sum, N, "allreduce loss sum");
   layers::cross_entropy_target_logit(target_logit, head + h.logits, targets, slice, cpu_);
-  tp_allreduce(target_logit, N);
+  tp_allreduce(target_logit, N, "allreduce loss target");
   layers::cross_entropy_loss_and_grad(head + h.losses, nullptr, head + h.logits, targets, row_max, row_sum, target_logit,
                                       1.0f, slice, cpu_);
   double sum = 0;
@@ -503,7 +509,7 @@ void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x
                             g + s.d_qkv, x.ln1, true);
   linear::backward_input(runtime_.library, {rows, m.hidden, sh.qkv_channels(m)}, g + s.d_ln, g + s.d_qkv,
                          param(u, l, T::qkv_w), false);
-  tp_allreduce(g + s.d_ln, N * C);  // column-parallel: each rank's heads contribute to ln1's gradient
+  tp_allreduce(g + s.d_ln, N * C, "allreduce d ln1");  // column-parallel: each rank's heads contribute to ln1's gradient
 }
 
 void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks& hooks) {
@@ -524,6 +530,7 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
   for (std::size_t unit = 0; unit <= last && lowest < 0; ++unit)
     if (u.grads[unit]) lowest = static_cast<int>(unit);
   if (lowest < 0) return;  // nothing trains
+  hooks_ = &hooks;
   const int lowest_layer = lowest - 1;  // unit i is layer i - 1; -1: the embeddings train
   using T = LayerTensor;
 
@@ -544,7 +551,7 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
     for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
   if (dwte) linear::backward_weight(runtime_.library, {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
   linear::backward_input(runtime_.library, {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
-  tp_allreduce(g + s.d_ln, N * C);  // every slice of the vocabulary contributes to the final norm's gradient
+  tp_allreduce(g + s.d_ln, N * C, "allreduce d lnf");  // every slice of the vocabulary contributes to the final norm's gradient
   std::fill(g + s.d_x, g + s.d_x + N * C, 0.0f);
   layers::layernorm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, g + s.d_ln, head + h.x_final,
                              lnf, head + h.lnf_mean, head + h.lnf_rstd, N, C, cpu_);
@@ -573,7 +580,7 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
       linear::backward_weight(runtime_.library, {rows, m.hidden, sh.mlp}, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
                               g + s.d_fch, x.ln2, true);
     linear::backward_input(runtime_.library, {rows, m.hidden, sh.mlp}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
-    tp_allreduce(g + s.d_ln, N * C);  // column-parallel MLP up: every rank's slice contributes to ln2's gradient
+    tp_allreduce(g + s.d_ln, N * C, "allreduce d ln2");  // column-parallel MLP up: every rank's slice contributes to ln2's gradient
     std::copy(g + s.d_x, g + s.d_x + N * C, g + s.d_mid);  // the residual branch
     layers::layernorm_backward(g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C,
                                g + s.d_ln, x.x_mid, param(u, l, T::ln2_w), x.ln2_mean, x.ln2_rstd, N, C, cpu_);

@@ -110,6 +110,9 @@ struct LayerHooks {
   // Around the recomputation that opens a layer's backward (after before_backward), when the mode has one.
   std::function<void(int layer)> before_recompute;
   std::function<void(int layer)> after_recompute;
+  // After each tensor-parallel collective (blocking, so all of it exposed): what, its interval on the host
+  // steady clock (seconds since its epoch), and the bytes of its buffer.
+  std::function<void(const char* what, double start, double end, std::size_t bytes)> tensor_parallel_comm;
 };
 
 // With a tensor-parallel group of T ranks (Megatron-LM's scheme), each rank holds its TensorShard and the
@@ -164,7 +167,8 @@ class GptCpu {
   void attention_forward(int l, const UnitPointers& u, const LayerView& x);
   void attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual);
   // Tensor parallelism: the group's sum of a partial (N, C) result, in place; nothing without a group.
-  void tp_allreduce(float* data, std::size_t count, coll::RedOp op = coll::RedOp::sum);
+  void tp_allreduce(float* data, std::size_t count, const char* what, coll::RedOp op = coll::RedOp::sum);
+  const LayerHooks* hooks_ = nullptr;  // of the pass running, for tp_allreduce's report
   bool tensor_parallel() const { return tp_ != nullptr; }
 
   ModelConfig model_;

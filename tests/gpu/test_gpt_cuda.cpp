@@ -242,12 +242,14 @@ TEST(GptCuda, FrozenUnitsAndHooksAsOnTheCpu) {
 
   std::vector<int> gpu_seen, cpu_seen;
   auto recorder = [](std::vector<int>& seen, std::vector<float*>* grads, std::vector<float*> late) {
-    return LayerHooks{[&seen](int l) { seen.push_back(100 + l); },
-                      [&seen, grads, late](int l) {
-                        seen.push_back(200 + l);
-                        if (l == static_cast<int>(late.size()) - 2) *grads = late;  // the head's hook
-                      },
-                      [&seen](int l) { seen.push_back(300 + l); }, {}, {}};
+    LayerHooks hooks;
+    hooks.before_forward = [&seen](int l) { seen.push_back(100 + l); };
+    hooks.before_backward = [&seen, grads, late](int l) {
+      seen.push_back(200 + l);
+      if (l == static_cast<int>(late.size()) - 2) *grads = late;  // the head's hook
+    };
+    hooks.after_backward = [&seen](int l) { seen.push_back(300 + l); };
+    return hooks;
   };
   DeviceUnitPointers units = DeviceUnitPointers::flat(layout, d_params.get(), partial.get());
   std::vector<float*> late = units.grads;

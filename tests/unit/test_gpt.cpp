@@ -187,8 +187,10 @@ TEST(GptCpu, HooksSeeEveryUnitInOrder) {
   init_parameters(m, model.layout(), params.data(), 1);
   std::vector<int32_t> tokens = {1, 2, 3, 4}, targets = {2, 3, 4, 5};
   std::vector<int> seen;
-  LayerHooks hooks{[&](int l) { seen.push_back(100 + l); }, [&](int l) { seen.push_back(200 + l); },
-                   [&](int l) { seen.push_back(300 + l); }, {}, {}};
+  LayerHooks hooks;
+  hooks.before_forward = [&](int l) { seen.push_back(100 + l); };
+  hooks.before_backward = [&](int l) { seen.push_back(200 + l); };
+  hooks.after_backward = [&](int l) { seen.push_back(300 + l); };
   model.forward(params.data(), tokens.data(), targets.data(), hooks);
   model.backward(params.data(), grads.data(), 4.0f, hooks);
   const std::vector<int> expected = {99, 100, 101, 102, 202, 302, 201, 301, 200, 300, 199, 299};
