@@ -8,6 +8,12 @@
                                                           two-node allreduce cases must have moved
   check_results.py step-volume FILE --tx BYTES --rx BYTES the link carried what strata-step's ring collectives
                                                           counted across nodes (and not far more)
+  check_results.py horing-volume JSON --tx BYTES --rx BYTES --hosts h1,h2
+                                                          the link carried what strata-bench-horing's HO-Ring
+                                                          counted across nodes, which equals the formula
+  check_results.py horing-overlap JSON --judge OPS --hosts h1,h2
+                                                          HO-Ring faster than the sum of its phases run alone
+                                                          (for the operations in OPS; the others reported)
   check_results.py merged OUT IN...                       every run of every IN is in OUT, unchanged
 
 Prints one line saying what was found; exit status 0 when every check holds, 1 otherwise.
@@ -148,6 +154,73 @@ def check_step_volume(args) -> list[str]:
     return problems
 
 
+def read_horing(path: str, hosts: str) -> tuple[dict, list[str]]:
+    """strata-bench-horing's --json figures, and whether they come from real nodes on the expected hosts."""
+    with open(path) as handle:
+        figures = json.load(handle)
+    problems = []
+    if figures.get("emulated") or figures.get("nodes") != 2:
+        problems.append(f"nodes {figures.get('nodes')}, emulated {figures.get('emulated')}: expected 2 real nodes")
+    if sorted(figures.get("hosts", [])) != sorted(hosts.split(",")):
+        problems.append(f"hosts {figures.get('hosts')}, expected {hosts}")
+    for row in figures.get("rows", []):
+        for name, traffic in row["traffic"].items():
+            if not traffic["match"]:
+                problems.append(f"{row['operation']} {row['bytes']} B {name}: bytes per tier {traffic['intra_per_rank']:.0f} / "
+                                f"{traffic['inter_per_rank']:.0f} per rank, formula {traffic['intra_formula_per_rank']:.0f} / "
+                                f"{traffic['inter_formula_per_rank']:.0f}")
+    return figures, problems
+
+
+def check_horing_volume(args) -> list[str]:
+    """HO-Ring's counted bytes across nodes (every call of the job: warm-up, timed, checks; summed over ranks)
+    equal its formula, and the veth pair carried them: at least that, and little more (MPI's start-up, the
+    barriers and the maxima of the timing, TCP's headers and acknowledgements)."""
+    figures, problems = read_horing(args.file, args.hosts)
+    sent = figures.get("sent", {}).get("horing")
+    if not sent:
+        return problems + ["no HO-Ring operation in the figures"]
+    counted, formula = sent["inter_bytes"], sent["inter_formula"]
+    moved = args.tx + args.rx
+    ops = sorted({f"{row['operation']} {row['bytes'] >> 20} MiB" for row in figures["rows"]})
+    print(f"HO-Ring ({', '.join(ops)}; 2 nodes x {figures['ranks_per_node']} ranks) sent {counted / 1e6:.2f} MB across "
+          f"nodes, formula {formula / 1e6:.2f} MB; veth carried tx {args.tx / 1e6:.2f} + rx {args.rx / 1e6:.2f} = "
+          f"{moved / 1e6:.2f} MB ({moved / max(formula, 1):.4f}x the formula)")
+    if counted != formula:
+        problems.append(f"HO-Ring counted {counted} B across nodes, the formula {formula} B")
+    if moved < formula:
+        problems.append(f"the link carried {moved} B < the formula's {formula} B")
+    if moved > 1.05 * formula + 4e6:
+        problems.append(f"the link carried {moved} B, more than 1.05x the formula's {formula} B + 4 MB")
+    return problems
+
+
+def check_horing_overlap(args) -> list[str]:
+    """Both tiers busy at once: HO-Ring's time per operation below the sum of the two-level algorithm's phases,
+    each timed alone on the same groups (medians of the max over ranks)."""
+    figures, problems = read_horing(args.file, args.hosts)
+    judged = set(args.judge.split(","))
+    parts = []
+    for row in figures.get("rows", []):
+        times = row["median_s"]
+        if "horing" not in times or row["phases_sum_s"] <= 0:
+            continue
+        phases = row["phases"]
+        ratio = times["horing"] / row["phases_sum_s"]
+        is_judged = row["operation"] in judged
+        parts.append(f"{row['operation']} {row['bytes'] >> 20} MiB ({row['chunks']} chunks): HO-Ring "
+                     f"{times['horing'] * 1e3:.1f} ms, hierarchical {times.get('hierarchical', float('nan')) * 1e3:.1f} ms, "
+                     f"phases alone {' + '.join(f'{times[p] * 1e3:.1f}' for p in phases)} = {row['phases_sum_s'] * 1e3:.1f} ms, "
+                     f"HO-Ring/sum {ratio:.3f}{' (judged)' if is_judged else ''}")
+        if is_judged and ratio >= 1:
+            problems.append(f"{row['operation']} {row['bytes']} B: HO-Ring {times['horing'] * 1e3:.1f} ms is not below the "
+                            f"sum of its phases {row['phases_sum_s'] * 1e3:.1f} ms")
+    if not any(part.endswith("(judged)") for part in parts):
+        problems.append(f"no HO-Ring and phase times for {args.judge} in the figures")
+    print("; ".join(parts))
+    return problems
+
+
 def check_merged(args) -> list[str]:
     problems, count = [], 0
     with h5py.File(args.out, "r") as out:
@@ -180,14 +253,24 @@ def main() -> int:
     step_volume.add_argument("file")
     step_volume.add_argument("--tx", type=int, required=True)
     step_volume.add_argument("--rx", type=int, required=True)
+    horing_volume = sub.add_parser("horing-volume")
+    horing_volume.add_argument("file")
+    horing_volume.add_argument("--tx", type=int, required=True)
+    horing_volume.add_argument("--rx", type=int, required=True)
+    horing_volume.add_argument("--hosts", required=True)
+    horing_overlap = sub.add_parser("horing-overlap")
+    horing_overlap.add_argument("file")
+    horing_overlap.add_argument("--judge", required=True)
+    horing_overlap.add_argument("--hosts", required=True)
     merged = sub.add_parser("merged")
     merged.add_argument("out")
     merged.add_argument("inputs", nargs="+")
     args = parser.parse_args()
     try:
         problems = {"runs": check_runs, "volume": check_volume, "step-volume": check_step_volume,
+                    "horing-volume": check_horing_volume, "horing-overlap": check_horing_overlap,
                     "merged": check_merged}[args.command](args)
-    except (OSError, KeyError, sr.StrataFileError) as error:
+    except (OSError, KeyError, ValueError, sr.StrataFileError) as error:
         problems = [f"cannot read the results: {error}"]
     for problem in problems:
         print(f"problem: {problem}")

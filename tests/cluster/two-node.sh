@@ -3,7 +3,10 @@
 # for two hosts (strata-a, strata-b), one slurmd in each with its own host name and private TmpFS, the
 # controller on host a. An srun across both nodes and the collective sweep template (sbatch --nodes=2) run
 # through it; the checks: the results name both hosts, n_nodes = 2 where the sweep asked for 2 nodes, and the
-# veth counters grew by at least the bytes the two-node allreduce cases must have moved. Every daemon is
+# veth counters grew by at least the bytes the two-node allreduce cases must have moved. HO-Ring runs across
+# the two nodes (strata-bench-horing, 2 ranks per node): the veth counters against the bytes its formula sends
+# across nodes, and its time against the sum of its phases run alone on a link shaped slower than shared
+# memory, as between real nodes (both tiers busy at once). Every daemon is
 # stopped by its PID and both namespaces are removed, whatever happened. Exit status: 0 passed, 1 a check
 # failed, 77 cannot run here (reason in the report).
 #
@@ -12,7 +15,8 @@ set -euo pipefail
 TEST_NAME=two-node
 source "$(dirname "$0")/lib.sh"
 
-CHECKS=(two-node-slurm two-node-srun two-node-sweep two-node-sweep-traffic two-node-step two-node-step-traffic)
+CHECKS=(two-node-slurm two-node-srun two-node-sweep two-node-sweep-traffic two-node-step two-node-step-traffic
+        two-node-horing-traffic two-node-horing-overlap)
 reason=$(missing_prerequisites)
 [ -n "$reason" ] || reason=$(netns_prerequisites)
 [ -z "$reason" ] || skip_all "$reason" "${CHECKS[@]}" two-node-cleanup
@@ -141,5 +145,77 @@ else
   else
     report FAIL two-node-step "sbatch --parsable refused step.sbatch"
     report SKIP two-node-step-traffic "the step sweep was not submitted"
+  fi
+fi
+
+# ---- (d) HO-Ring across the two nodes: the bytes on the link, and the two tiers overlapping ------------------
+# Two ranks per node, so both tiers of the two-level algorithm carry data; 4 ranks on this machine's cores, so
+# Open MPI yields the core while it waits (it does so by itself only when it knows the node is oversubscribed).
+horing_job() {  # horing_job NAME ARGS...: strata-bench-horing on 2 nodes x 2 ranks, --json into results/; the job id
+  local name=$1
+  shift
+  submit --time=5 --nodes=2 --ntasks-per-node=2 --output="horing-$name-%j.out" \
+    --export=ALL,OMPI_MCA_mpi_yield_when_idle=1 \
+    --wrap "srun --mpi=pmix $BUILD/strata-bench-horing $* --json $WORK/results/horing-$name-\$SLURM_JOB_ID.json"
+}
+# shape_link RATE|none: the rate each end of the veth pair sends at (tc tbf), or no limit.
+shape_link() {
+  local ns dev ns_dev
+  for ns_dev in "$NS_A veth-a" "$NS_B veth-b"; do
+    read -r ns dev <<<"$ns_dev"
+    ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
+    [ "$1" = none ] || ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$1" burst 512kb latency 50ms || return 1
+  done
+}
+# horing_run CHECK NAME ARGS...: runs the job; on success sets HORING_FILE (and the veth deltas TX, RX), otherwise
+# reports CHECK failed.
+horing_run() {
+  local check=$1 name=$2 id states tx0 rx0 tx1 rx1
+  shift 2
+  HORING_FILE=""
+  read -r tx0 rx0 < <(veth_bytes)
+  if ! id=$(horing_job "$name" "$@"); then
+    report FAIL "$check" "sbatch --parsable refused the strata-bench-horing job"
+  elif ! wait_job "$id" "$JOB_LIMIT"; then
+    report FAIL "$check" "job $id did not finish in the time allowed; cancelled"
+  elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
+    report FAIL "$check" "job $id ended as: $states; $(tail_of "horing-$name-$id.out")"
+  else
+    read -r tx1 rx1 < <(veth_bytes)
+    TX=$((tx1 - tx0)) RX=$((rx1 - rx0)) HORING_FILE=results/horing-$name-$id.json
+  fi
+}
+if [ ! -x "$BUILD/strata-bench-horing" ]; then
+  report SKIP two-node-horing-traffic "$BUILD/strata-bench-horing is not built"
+  report SKIP two-node-horing-overlap "$BUILD/strata-bench-horing is not built"
+else
+  # Bytes: only HO-Ring in this job, so what crossed the link is its bytes and MPI's own little traffic.
+  horing_run two-node-horing-traffic traffic --contenders horing --ops allreduce,reduce_scatter,allgather \
+    -b 16M -e 16M --rounds 1 -n 2
+  if [ -n "$HORING_FILE" ]; then
+    if out=$($CHECK horing-volume "$HORING_FILE" --tx "$TX" --rx "$RX" --hosts strata-a,strata-b 2>&1); then
+      report PASS two-node-horing-traffic "$out"
+    else
+      report FAIL two-node-horing-traffic "$out"
+    fi
+  fi
+  # Overlap: unshaped, a veth pair moves bytes with the same cores and memory as the intra tier, so neither tier waits
+  # on the other and there is nothing to overlap; at 2 Gbit/s the link is the inter tier's bound, as on a cluster,
+  # and HO-Ring must beat its phases run one at a time. Judged on allreduce (16 chunks of 1 MiB at 16 MiB);
+  # reduce-scatter and allgather (4 chunks) are reported.
+  if ! shape_link 2gbit; then
+    shape_link none || true
+    report SKIP two-node-horing-overlap "cannot limit the veth pair's rate with tc tbf here"
+  else
+    horing_run two-node-horing-overlap overlap --contenders horing,hierarchical,phases \
+      --ops allreduce,reduce_scatter,allgather -b 16M -e 16M --rounds 3 -n 3
+    shape_link none || true
+    if [ -n "$HORING_FILE" ]; then
+      if out=$($CHECK horing-overlap "$HORING_FILE" --judge allreduce --hosts strata-a,strata-b 2>&1); then
+        report PASS two-node-horing-overlap "veth at 2 Gbit/s each way: $out"
+      else
+        report FAIL two-node-horing-overlap "veth at 2 Gbit/s each way: $out"
+      fi
+    fi
   fi
 fi

@@ -22,7 +22,7 @@ CHECKS = {
                     "single-node-sweep-array", "single-node-multi-gpu", "single-node-multi-gpu-launch",
                     "single-node-cleanup"],
     "two-node": ["two-node-slurm", "two-node-srun", "two-node-sweep", "two-node-sweep-traffic", "two-node-step",
-                 "two-node-step-traffic", "two-node-cleanup"],
+                 "two-node-step-traffic", "two-node-horing-traffic", "two-node-horing-overlap", "two-node-cleanup"],
     "two-host-mpirun": ["two-host-mpirun", "two-host-mpirun-traffic", "two-host-mpirun-cleanup"],
 }
 LIMIT = 420  # seconds per script; each bounds its jobs to 300 s in all (STRATA_CLUSTER_TIME_LIMIT)
