@@ -14,14 +14,13 @@
 // exit 1), and the bytes per tier, summed over ranks, equal the formula for every algorithm, phase and size
 // (exit 3 otherwise): per rank, over g nodes of L ranks (n = gL), the two-level algorithms send 2(L-1)/L S
 // inside the node and 2(g-1)/n S across nodes for an allreduce of S, (L-1)/L S and (g-1)/n S for a
-// reduce-scatter or allgather; the flat ring 2(n-1)/n S or (n-1)/n S to its right neighbour, across nodes
-// where that neighbour is on the next node. Reported, not judged: the speed ratios. With emulated nodes the "inter" tier is shared memory
+// reduce-scatter or allgather, with ring phases inside the node (--intra messages); through shared memory
+// (--intra shm, the default, as the process groups run them) a rank writes (L-1)/L of a reduce-scatter's input
+// and its own block of an allgather, so the node's allgather phase counts 1/(L-1) of the ring's bytes. The flat
+// ring sends 2(n-1)/n S or (n-1)/n S to its right neighbour, across nodes where that neighbour is on the next node. Reported, not judged: the speed ratios. With emulated nodes the "inter" tier is shared memory
 // like the intra one, and 4 ranks share this machine's cores, so neither tier is the bottleneck HO-Ring hides,
 // and the ratio says little about a cluster; tests/cluster/two-node.sh judges the overlap across two network
-// namespaces joined by a rate-limited veth pair (--json gives it the figures). Where hierarchical/phases is well
-// above 1, the two-level algorithm pays for the scratch it allocates and zeroes on every call (S bytes for
-// reduce-scatter and allgather) where the allocator maps it afresh each time; HO-Ring's scratch is a chunk's,
-// reused, so part of its lead over hierarchical at large sizes is that, not overlap.
+// namespaces joined by a rate-limited veth pair (--json gives it the figures).
 // Rounds alternate between the contenders so machine noise hits all alike; figures are medians of samples that
 // are each the max over ranks. Buffers are page-aligned, allocated and written once. --smoke (the test suite)
 // runs 1/1024 of the sizes with 1 KiB HO-Ring chunks (so the pipeline runs) and judges nothing.
@@ -109,6 +108,9 @@ int run_targets(int argc, char** argv) {
           "nodes (real, or emulated: run with mpirun -np 4).");
   cli.option("ops", 0, "operations: allreduce,reduce_scatter,allgather (any of them)", ops_text);
   cli.option("contenders", 0, "what to time: horing,hierarchical,ring,phases (any of them)", contenders_text);
+  std::string intra_text = "shm";
+  cli.choice("intra", 0, "the two-level algorithms' phases inside a node: shm (shared memory, as the process groups "
+             "run them where they can) or messages (rings)", intra_text, {"shm", "messages"});
   cli.option("minbytes", 'b', "smallest size S (K/M/G suffixes; nccl-tests' S per operation)", min_text);
   cli.option("maxbytes", 'e', "largest size S", max_text);
   cli.option("stepfactor", 'f', "multiply the size by this between steps", step_factor, 2);
@@ -159,6 +161,10 @@ int run_targets(int argc, char** argv) {
     throw UsageError("HO-Ring needs two or more nodes with the same number of ranks each (" +
                      std::to_string(world.node_count()) + " node(s) here; --ranks-per-node emulates them)");
   if (chunk_bytes > 0) world.horing_chunk_bytes = static_cast<size_t>(chunk_bytes);
+  world.intra_shm = intra_text == "shm";
+  // The phases alone run as the two-level algorithm runs them inside the node (its shared memory needs two or
+  // more ranks per node; on one rank a phase inside the node sends nothing either way).
+  const Algo intra_algo = world.intra_shm && intra.size() >= 2 ? Algo::shm : Algo::ring;
   const int L = intra.size(), g = inter.size(), l = intra.rank(), m = inter.rank();
 
   // The world's ranks as a (local index, node) table, as the two-level algorithm lays blocks out: nodes in the
@@ -200,11 +206,12 @@ int run_targets(int argc, char** argv) {
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
   say("# strata-bench-horing: %d ranks as %d nodes x %d (%s), %d rounds x %d samples per contender, medians of the "
       "max over ranks\n", size, g, L, ranks_per_node > 0 ? "emulated nodes" : "real nodes", rounds, iters);
-  say("# float sum; S = nccl-tests' size; HO-Ring chunk %s, at most %d chunks, %d in flight\n",
-      human_bytes(world.horing_chunk_bytes).c_str(), Group::kHoRingChunks, Group::kHoRingWindow);
+  say("# float sum; S = nccl-tests' size; HO-Ring chunk %s, at most %d chunks, %d in flight; inside a node: %s\n",
+      human_bytes(world.horing_chunk_bytes).c_str(), Group::kHoRingChunks, Group::kHoRingWindow,
+      intra_algo == Algo::shm ? "shared memory" : "rings of messages");
 
   nlohmann::json report = {{"program", "strata-bench-horing"}, {"ranks", size}, {"nodes", g}, {"ranks_per_node", L},
-                           {"emulated", ranks_per_node > 0}, {"hosts", hosts},
+                           {"emulated", ranks_per_node > 0}, {"hosts", hosts}, {"intra", intra_text},
                            {"chunk_bytes", world.horing_chunk_bytes}, {"rounds", rounds}, {"iters", iters},
                            {"rows", nlohmann::json::array()}};
   std::map<std::string, std::pair<Traffic, Traffic>> sent_by;  // contender -> (counted, formula), this rank
@@ -242,14 +249,16 @@ int run_targets(int argc, char** argv) {
       };
       Traffic two_level, ring;
       std::vector<Traffic> phase_formula;
+      // Shared memory: an allgather inside the node counts a rank's own block, not the L - 1 it passes on.
+      const uint64_t gather_share = intra_algo == Algo::shm ? 1 : Lz - 1;
       if (operation == Operation::allreduce) {
-        phase_formula = {{(Lz - 1) * S / Lz, 0}, {0, 2 * (gz - 1) * S / (gz * Lz)}, {(Lz - 1) * S / Lz, 0}};
+        phase_formula = {{(Lz - 1) * S / Lz, 0}, {0, 2 * (gz - 1) * S / (gz * Lz)}, {gather_share * S / Lz, 0}};
         ring = on_ring_tier(2 * (n - 1) * S / n);
       } else if (operation == Operation::reduce_scatter) {
         phase_formula = {{(Lz - 1) * gz * B, 0}, {0, (gz - 1) * B}};
         ring = on_ring_tier((n - 1) * B);
       } else {
-        phase_formula = {{0, (gz - 1) * B}, {(Lz - 1) * gz * B, 0}};
+        phase_formula = {{0, (gz - 1) * B}, {gather_share * gz * B, 0}};
         ring = on_ring_tier((n - 1) * B);
       }
       for (const Traffic& t : phase_formula) two_level += t;
@@ -278,16 +287,16 @@ int run_targets(int argc, char** argv) {
         float* mine = out.get() + ll * shard;
         phases = {{"intra reduce_scatter", [&, mine] {
                      std::memcpy(out.get(), in.get(), S);
-                     return done(intra.reduce_scatter(Algo::ring, out.get(), mine, shard, kFloat, kSum));
+                     return done(intra.reduce_scatter(intra_algo, out.get(), mine, shard, kFloat, kSum));
                    }},
                   {"inter allreduce", [&, mine] { return done(inter.allreduce(Algo::ring, mine, mine, shard, kFloat, kSum)); }},
-                  {"intra allgather", [&, mine] { return done(intra.allgather(Algo::ring, mine, out.get(), shard, kFloat)); }}};
+                  {"intra allgather", [&, mine] { return done(intra.allgather(intra_algo, mine, out.get(), shard, kFloat)); }}};
       } else if (operation == Operation::reduce_scatter) {
         float* super = arranged(ll, 0);
         phases = {{"intra reduce_scatter", [&, super] {
                      for (size_t a = 0; a < Lz; ++a)
                        for (size_t k = 0; k < gz; ++k) std::memcpy(arranged(a, k), of_rank(in.get(), a, k), B);
-                     return done(intra.reduce_scatter(Algo::ring, work.get(), super, gz * block, kFloat, kSum));
+                     return done(intra.reduce_scatter(intra_algo, work.get(), super, gz * block, kFloat, kSum));
                    }},
                   {"inter reduce_scatter", [&, super] {
                      Traffic t = done(inter.reduce_scatter(Algo::ring, super, super + ml * block, block, kFloat, kSum));
@@ -300,7 +309,7 @@ int run_targets(int argc, char** argv) {
                      return done(inter.allgather(Algo::ring, arranged(ll, ml), arranged(ll, 0), block, kFloat));
                    }},
                   {"intra allgather", [&] {
-                     Traffic t = done(intra.allgather(Algo::ring, arranged(ll, 0), work.get(), gz * block, kFloat));
+                     Traffic t = done(intra.allgather(intra_algo, arranged(ll, 0), work.get(), gz * block, kFloat));
                      for (size_t a = 0; a < Lz; ++a)
                        for (size_t k = 0; k < gz; ++k) std::memcpy(of_rank(out.get(), a, k), arranged(a, k), B);
                      return t;

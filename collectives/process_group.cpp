@@ -150,12 +150,6 @@ Step library_then(MPI_Request request, std::byte* avg_buf, std::size_t avg_count
   if (avg_buf) finish_avg(avg_buf, avg_count, dtype, ranks);
 }
 
-// Scratch that lives as long as the operation.
-struct Scratch {
-  explicit Scratch(std::size_t bytes) : data(std::make_unique<std::byte[]>(std::max<std::size_t>(bytes, 1))) {}
-  std::unique_ptr<std::byte[]> data;
-  std::byte* get() const { return data.get(); }
-};
 
 // Group ranks as a (node, local index) table: rank_at[m * L + l] is the l-th rank (in group order) of the m-th
 // node (in node-id order, the order of the inter communicators). Nodes must hold L ranks each.
@@ -239,6 +233,26 @@ std::optional<Group::IntraTurns> Group::take_intra_turns(Operation operation, st
   return turns;
 }
 
+std::shared_ptr<std::byte> Group::take_scratch(std::size_t bytes) {
+  bytes = std::max<std::size_t>(bytes, 1);
+  std::vector<SpareScratch::Buffer>& spare = spare_scratch_->buffers;
+  auto best = spare.end();  // the smallest spare that fits
+  for (auto it = spare.begin(); it != spare.end(); ++it)
+    if (it->bytes >= bytes && (best == spare.end() || it->bytes < best->bytes)) best = it;
+  SpareScratch::Buffer buffer{bytes, nullptr};
+  if (best != spare.end()) {
+    buffer = std::move(*best);
+    spare.erase(best);
+  } else {
+    buffer.data.reset(new std::byte[bytes]);  // uninitialised: every algorithm writes its scratch before reading it
+  }
+  const std::size_t size = buffer.bytes;
+  return std::shared_ptr<std::byte>(buffer.data.release(), [spares = spare_scratch_, size](std::byte* memory) {
+    std::unique_ptr<std::byte[]> owned(memory);
+    if (spares->buffers.size() < SpareScratch::kKept) spares->buffers.push_back({size, std::move(owned)});
+  });
+}
+
 bool Group::supports(Operation operation, Algo algo) { return info(operation).group_algos.has(algo); }
 
 int Group::next_collective_tag() { return kCollectiveTagBase + static_cast<int>(collective_sequence_++ % kTagSpan); }
@@ -274,14 +288,14 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
   if (sendbuf != recvbuf) std::memcpy(out, sendbuf, bytes);
   const int n = size_;
   if (algo == Algo::ring) {
-    auto scratch = std::make_shared<Scratch>((count / static_cast<std::size_t>(n) + 1) * size_of(dtype));
+    auto scratch = take_scratch((count / static_cast<std::size_t>(n) + 1) * size_of(dtype));
     return Work::start(
         [&](Traffic* traffic) {
           return [](Channel ch, std::byte* buf, std::size_t count, DataType dtype, RedOp op, std::byte* scratch,
                     int ranks) -> Step {
             co_await ring_allreduce(ch, buf, count, dtype, reduction_of(op), scratch);
             if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
-          }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, out, count, dtype, op, scratch->get(), n);
+          }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, out, count, dtype, op, scratch.get(), n);
         },
         scratch);
   }
@@ -318,10 +332,10 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
   if (algo == Algo::library) {
     // MPI's in-place reduce-scatter puts the result at the start of the buffer, NCCL's at the rank's block:
     // reduce a copy of the input instead.
-    auto scratch = std::make_shared<Scratch>(in_place ? total : 0);
-    if (in_place) std::memcpy(scratch->get(), in, total);
+    auto scratch = take_scratch(in_place ? total : 0);
+    if (in_place) std::memcpy(scratch.get(), in, total);
     MPI_Request request;
-    STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? scratch->get() : in, out, static_cast<int>(recvcount),
+    STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? scratch.get() : in, out, static_cast<int>(recvcount),
                                                     types_.datatype(dtype), types_.op(dtype, op), comm_.get(), &request));
     return Work::start(
         [&](Traffic*) { return library_then(request, op == RedOp::avg ? out : nullptr, recvcount, dtype, size_, nullptr, nullptr, 0); },
@@ -330,8 +344,8 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
   const int n = size_;
   if (algo == Algo::ring) {
     // In place, the input is the working buffer (it may be overwritten); otherwise a copy of it is.
-    auto scratch = std::make_shared<Scratch>(block_bytes + (in_place ? 0 : total));
-    std::byte* work = in_place ? const_cast<std::byte*>(in) : scratch->get() + block_bytes;
+    auto scratch = take_scratch(block_bytes + (in_place ? 0 : total));
+    std::byte* work = in_place ? const_cast<std::byte*>(in) : scratch.get() + block_bytes;
     if (!in_place) std::memcpy(work, in, total);
     return Work::start(
         [&](Traffic* traffic) {
@@ -342,7 +356,7 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
             if (!in_place) std::memcpy(out, mine, recvcount * size_of(dtype));
             if (op == RedOp::avg) finish_avg(out, recvcount, dtype, ch.size);
           }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, work, out, recvcount, dtype, op,
-                 scratch->get(), in_place);
+                 scratch.get(), in_place);
         },
         scratch);
   }
@@ -530,7 +544,7 @@ Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType d
   int local = 0, node_position = 0;
   STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
   STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
-  auto scratch = std::make_shared<Scratch>((count / static_cast<std::size_t>(per_node) + 1) * size_of(dtype));
+  auto scratch = take_scratch((count / static_cast<std::size_t>(per_node) + 1) * size_of(dtype));
   return Work::start(
       [&](Traffic* traffic) {
         return [](Channel intra, Channel inter, std::byte* buf, std::size_t count, DataType dtype, RedOp op,
@@ -554,7 +568,7 @@ Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType d
           if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
         }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
                Channel{inter_.get(), node_position, static_cast<int>(inter_nodes_.size()), &inter_nodes_, traffic, tag},
-               out, count, dtype, op, scratch->get(), n, std::move(turns), intra_first_.get(), intra_last_.get());
+               out, count, dtype, op, scratch.get(), n, std::move(turns), intra_first_.get(), intra_last_.get());
       },
       scratch);
 }
@@ -571,8 +585,8 @@ Work Group::hierarchical_reduce_scatter(const std::byte* in, std::size_t in_stri
   STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
   STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
   std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
-  auto scratch = std::make_shared<Scratch>(total + block_bytes * static_cast<std::size_t>(nodes));
-  std::byte* work = scratch->get();
+  auto scratch = take_scratch(total + block_bytes * static_cast<std::size_t>(nodes));
+  std::byte* work = scratch.get();
   for (int l = 0; l < per_node; ++l)
     for (int m = 0; m < nodes; ++m)
       std::memcpy(work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes,
@@ -612,8 +626,8 @@ Work Group::hierarchical_allgather(const std::byte* in, std::byte* out, std::siz
   STRATA_MPI_CHECK(MPI_Comm_rank(intra_.get(), &local));
   STRATA_MPI_CHECK(MPI_Comm_rank(inter_.get(), &node_position));
   std::vector<int> rank_at = group_ranks_by_node_and_local(node_of_rank_);
-  auto scratch = std::make_shared<Scratch>(block_bytes * static_cast<std::size_t>(n));
-  std::byte* work = scratch->get();
+  auto scratch = take_scratch(block_bytes * static_cast<std::size_t>(n));
+  std::byte* work = scratch.get();
   std::memcpy(work + (static_cast<std::size_t>(local) * nodes + node_position) * block_bytes, in, block_bytes);
   return Work::start(
       [&](Traffic* traffic) {

@@ -112,6 +112,18 @@ class Group {
   // The turns of one operation (the phases `operation` has inside the node) when it runs through shared memory
   // (every intra phase exact: `count` divides among the node's ranks where an allreduce splits it).
   std::optional<IntraTurns> take_intra_turns(Operation operation, std::size_t count);
+  // Scratch for one operation, kept until the operation is destroyed and then kept for later ones: a fresh
+  // allocation of a large buffer costs its page faults on every call. Uninitialised.
+  std::shared_ptr<std::byte> take_scratch(std::size_t bytes);
+  struct SpareScratch {
+    struct Buffer {
+      std::size_t bytes = 0;
+      std::unique_ptr<std::byte[]> data;
+    };
+    static constexpr std::size_t kKept = 8;  // enough for HO-Ring's window and a few operations in flight
+    std::vector<Buffer> buffers;
+  };
+  std::shared_ptr<SpareScratch> spare_scratch_ = std::make_shared<SpareScratch>();
   ShmNode& shm();
   std::unique_ptr<ShmNode> shm_;
   // Two segments over the node's ranks: every operation's first intra phase runs on one, its last on the

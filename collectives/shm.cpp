@@ -172,6 +172,10 @@ std::uint64_t* ShmNode::counter(int rank, Counter which) const {
                                           static_cast<std::size_t>(which) * kCounterStride);
 }
 
+std::uint64_t ShmNode::mine(Counter which) const {
+  return std::atomic_ref<std::uint64_t>(*counter(rank_, which)).load(std::memory_order_relaxed);  // only I write it
+}
+
 void ShmNode::publish(Counter which, std::uint64_t value) const {
   std::atomic_ref<std::uint64_t>(*counter(rank_, which)).store(value, std::memory_order_release);
 }
@@ -282,29 +286,33 @@ void ShmNode::drain(const Call& c, std::size_t j, std::uint64_t k) {
 Step ShmNode::pipeline(Call c, std::uint64_t first, Traffic* traffic) {
   const bool combines = c.reduces(), drains_here = drains(c);
   const auto slots = static_cast<std::uint64_t>(options_.slots);
+  // Every rank publishes each counter for every chunk, in chunk order across operations: an operation in flight
+  // behind another may reach its first chunk before the one ahead reaches its last, and a counter that went
+  // back would hide a chunk others have already relied on. So each phase of chunk k also waits for this rank's
+  // own counter to stand at k.
   // The waits are named variables: GCC 12 destroys some temporaries of a co_await expression twice.
   // Step t drains chunk t - 2, combines chunk t - 1 and fills chunk t (oldest first, freeing its slot soonest).
   for (std::size_t t = 0; t < c.chunks + 2; ++t) {
     if (t >= 2 && t - 2 < c.chunks) {
       const std::uint64_t k = first + t - 2;
-      if (drains_here) {
-        const Counter source = combines ? kReduced : kReady;
-        Until written{[this, source, k] { return everyone_reached(source, k + 1); }};
-        co_await written;
-        drain(c, t - 2, k);
-      }
+      const Counter source = combines ? kReduced : kReady;
+      Until written{[this, source, k, drains_here] {
+        return mine(kDone) == k && (!drains_here || everyone_reached(source, k + 1));
+      }};
+      co_await written;
+      if (drains_here) drain(c, t - 2, k);
       publish(kDone, k + 1);
     }
-    if (t >= 1 && t - 1 < c.chunks && combines) {
+    if (t >= 1 && t - 1 < c.chunks) {
       const std::uint64_t k = first + t - 1;
-      Until filled{[this, k] { return everyone_reached(kReady, k + 1); }};
+      Until filled{[this, k, combines] { return mine(kReduced) == k && (!combines || everyone_reached(kReady, k + 1)); }};
       co_await filled;
-      combine(c, t - 1, k);
-      publish(kReduced, k + 1);
+      if (combines) combine(c, t - 1, k);
+      publish(kReduced, k + 1);  // copies too, so the counter runs through every chunk
     }
     if (t < c.chunks) {
       const std::uint64_t k = first + t;
-      Until slot_free{[this, k, slots] { return k < slots || everyone_reached(kDone, k + 1 - slots); }};
+      Until slot_free{[this, k, slots] { return mine(kReady) == k && (k < slots || everyone_reached(kDone, k + 1 - slots)); }};
       co_await slot_free;
       fill(c, t, k, *traffic);
       if (options_.stream_slots) fence_streams();  // the release store below does not order streamed stores

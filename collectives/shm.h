@@ -11,7 +11,9 @@
 //            copies) >= k + 1; then, its last read of chunk k done, it publishes done = k + 1.
 // A rank refills a slot for chunk k + slots only once every done >= k + 1, so no slot is overwritten while a
 // rank still reads it, and no rank reads a slot before its writer's release store of the counter (torn reads).
-// Counters grow monotonically (acquire loads, release stores), so a rank can run ahead by the ring's depth.
+// Each rank publishes every counter for every chunk in chunk order, also across operations in flight (a phase
+// of chunk k waits for the rank's own counter to stand at k), so counters only grow (acquire loads, release
+// stores) and a rank can run ahead by the ring's depth.
 // The phases are pipelined with a lag: in one step a rank drains chunk t - 2, combines t - 1 and fills t, so
 // the chunks on the slots ring are read, reduced and written at once, and a rank waits only on a rank a
 // whole step behind it. Only the input is read from, and only the output written to, memory beyond the
@@ -152,6 +154,7 @@ class ShmNode {
   std::byte* slot(int rank, std::uint64_t k) const;
   std::uint64_t* counter(int rank, Counter which) const;
   void publish(Counter which, std::uint64_t value) const;
+  std::uint64_t mine(Counter which) const;  // this rank's own counter
   void to_slot(std::byte* slot, const std::byte* src, std::size_t bytes) const;
   bool everyone_reached(Counter which, std::uint64_t value) const;
   // Progresses every operation in flight; true once the one with this ticket is complete.

@@ -309,6 +309,29 @@ TEST(Shm, CallsInFlightCompleteInAnyOrderOfWaiting) {
   }
 }
 
+// Operations of many chunks in flight together, all started before any is waited for: the one behind reaches
+// its first chunk while the one ahead still has its last to fill, and every rank must still publish its
+// counters in chunk order (a counter that went back once hid a chunk others had relied on, and the node hung).
+TEST(Shm, ManyChunkOperationsInFlightKeepTheCountersInOrder) {
+  ShmNode node(MPI_COMM_WORLD, {4096, 4, 0, false});
+  for (unsigned round = 0; round < 20; ++round) {
+    std::vector<Case> cases;
+    for (unsigned k = 0; k < 4; ++k)
+      cases.push_back(Case{k % 2 == 0 ? Operation::reduce_scatter : Operation::allreduce, DataType::float32, RedOp::sum,
+                           4096 + 97 * k, false, 0, round * 4 + k});
+    std::vector<std::unique_ptr<Placed>> placed;
+    std::vector<Work> works;
+    for (const Case& c : cases) {
+      placed.push_back(std::make_unique<Placed>(place(c)));
+      works.push_back(node.start(c.operation, placed.back()->sendbuf, placed.back()->recvbuf, c.count, c.dtype, c.op, c.root));
+    }
+    for (Work& w : works) w.wait();
+    for (std::size_t k = 0; k < cases.size(); ++k)
+      EXPECT_TRUE(same_elements(result_of(cases[k], *placed[k]), expected_result(cases[k]), cases[k].dtype))
+          << cases[k].describe();
+  }
+}
+
 TEST(Shm, TrafficCountsTheBytesWrittenForOtherRanks) {
   ShmNode node(MPI_COMM_WORLD, tiny_slots());
   const std::size_t count = 301, bytes = count * 4;
