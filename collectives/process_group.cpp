@@ -249,7 +249,11 @@ std::shared_ptr<std::byte> Group::take_scratch(std::size_t bytes) {
   const std::size_t size = buffer.bytes;
   return std::shared_ptr<std::byte>(buffer.data.release(), [spares = spare_scratch_, size](std::byte* memory) {
     std::unique_ptr<std::byte[]> owned(memory);
-    if (spares->buffers.size() < SpareScratch::kKept) spares->buffers.push_back({size, std::move(owned)});
+    std::vector<SpareScratch::Buffer>& kept = spares->buffers;
+    if (kept.size() < SpareScratch::kKept) return kept.push_back({size, std::move(owned)});
+    // Full: keep the larger ones, whose fresh allocation costs the most.
+    auto smallest = std::min_element(kept.begin(), kept.end(), [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
+    if (smallest->bytes < size) *smallest = {size, std::move(owned)};
   });
 }
 
