@@ -53,6 +53,7 @@ struct Options {
   int timeline_steps = 1;
   std::string recompute = "none";
   int tp = 1;
+  bool sp = false;
 };
 
 // --recompute none,full | all: the modes, in the order given.
@@ -180,6 +181,7 @@ int run_step(int argc, char** argv) {
   cli.option("timeline-steps", 0, "timed steps whose timeline is recorded", o.timeline_steps, 0);
   cli.option("tp", 0, "tensor-parallel degree T (Megatron-LM's split; T consecutive ranks, inside a node); the "
              "data-parallel degree is the ranks over T", o.tp, 1);
+  cli.flag("sp", 0, "sequence parallelism with --tp (Megatron-LM's): norms and residuals on 1/T of the tokens", o.sp);
   cli.option("recompute", 0, "what backward computes again instead of keeping: none, full (each layer from its input), "
              "selective (the attention core), comma-separated, or all; one case per strategy and mode", o.recompute);
   add_harness_options(cli, h);
@@ -209,6 +211,7 @@ int run_step(int argc, char** argv) {
     throw UsageError(std::string("--tp: ") + e.what());
   }
   const int dp_ranks = world / o.tp;
+  if (o.sp && o.tp < 2) throw UsageError("--sp needs --tp 2 or more");
   if (o.group_size > 0 && world % o.group_size != 0)
     throw UsageError("--group-size " + std::to_string(o.group_size) + " does not divide the " + std::to_string(world) + " ranks");
   if (o.group_size > 0 && o.group_size % o.tp != 0)
@@ -225,6 +228,10 @@ int run_step(int argc, char** argv) {
     config.micro_batch = static_cast<int>(o.global_batch / per_step);
   }
   config.comm_algo = *coll::parse_algo(o.comm_algo);
+  config.sequence_parallel = o.sp;
+  if (o.sp && (static_cast<int64_t>(config.micro_batch) * o.seq) % o.tp != 0)
+    throw UsageError("--sp: the " + std::to_string(static_cast<int64_t>(config.micro_batch) * o.seq) +
+                     " tokens of a micro-batch do not divide among --tp " + std::to_string(o.tp) + " ranks");
   config.overlap = o.overlap == "on";
   config.adamw.weight_decay = static_cast<float>(o.weight_decay);
   config.lr = {static_cast<float>(o.lr), static_cast<float>(o.min_lr), o.lr_warmup,
@@ -297,6 +304,7 @@ int run_step(int argc, char** argv) {
       .add_column("seq", ColumnKind::int64, "1").add_column("micro_batch", ColumnKind::int64, "1", "rows per rank")
       .add_column("accumulation", ColumnKind::int64, "1").add_column("global_batch", ColumnKind::int64, "1", "rows per step")
       .add_column("dp", ColumnKind::int64, "1").add_column("tp", ColumnKind::int64, "1", "tensor-parallel degree")
+      .add_column("sp", ColumnKind::int64, "1", "sequence parallelism (1: on)")
       .add_column("group_size", ColumnKind::int64, "1", "m: data-parallel ranks per group")
       .add_column("groups", ColumnKind::int64, "1", "g: groups (nodes)")
       .add_column("parameters", ColumnKind::float64, "1", "Ψ").add_column("trainable_parameters", ColumnKind::float64, "1", "Ψ'")
@@ -450,7 +458,7 @@ int run_step(int argc, char** argv) {
           row.set("strategy", strategy.name()).set("model", model.name).set("layers", model.layers)
               .set("hidden", model.hidden).set("heads", model.heads).set("kv_heads", model.kv_heads)
               .set("vocab", model.vocab).set("seq", o.seq).set("micro_batch", c.micro_batch)
-              .set("accumulation", o.accumulation).set("global_batch", global_rows).set("dp", shape.n).set("tp", shape.tp)
+              .set("accumulation", o.accumulation).set("global_batch", global_rows).set("dp", shape.n).set("tp", shape.tp).set("sp", o.sp ? 1 : 0)
               .set("group_size", shape.m).set("groups", shape.g).set("parameters", psi)
               .set("trainable_parameters", psi_trainable).set("trainable", o.trainable).set("comm_algo", o.comm_algo)
               .set("overlap", c.overlap ? 1 : 0).set("data", o.data).set("flop", flop_per_rank)

@@ -164,7 +164,8 @@ struct DataParallelTrainer::Impl {
 
   Impl(const DataParallelConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
       : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), data(source),
-        model(config.model, config.micro_batch, config.seq, config.runtime, config.recompute, &groups.tp()) {
+        model(config.model, config.micro_batch, config.seq, config.runtime, config.recompute, &groups.tp(),
+              config.sequence_parallel) {
     if (const std::string why = refusal_reason(c.strategy); !why.empty())
       throw std::invalid_argument("strategy " + c.strategy.name() + " is not run: " + why);
     if (c.accumulation < 1) throw std::invalid_argument("accumulation must be at least 1 micro-batch");

@@ -67,6 +67,7 @@ struct DataParallelConfig {
   float max_grad_norm = 1.0f;  // 0: no clipping
   CpuRuntime runtime;
   Recompute recompute = Recompute::none;
+  bool sequence_parallel = false;  // with tensor parallelism (the process groups' tp dimension)
   uint64_t seed = 1;
   float init_std = 0.02f;
   bool record_timeline = false;

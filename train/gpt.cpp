@@ -161,11 +161,12 @@ struct Activation {
                      ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, count };
 };
 
-// A: the attention's channels (heads x head dimension; C without tensor parallelism).
-std::vector<std::size_t> layer_activation_sizes(std::size_t N, std::size_t C, std::size_t A, std::size_t Q,
-                                                std::size_t KV, std::size_t F, std::size_t heads) {
-  return {N * C, N * C, N, N, N * Q, N * A, N * KV, N * KV, N * A, N * heads,
-          N * A, N * C, N * C, N * C, N, N, N * F, N * F, N * C};
+// A: the attention's channels (heads x head dimension; C without tensor parallelism). R: rows of the residual
+// stream held here (N / T under sequence parallelism, whose layer-norm outputs are kept gathered, N rows).
+std::vector<std::size_t> layer_activation_sizes(std::size_t N, std::size_t R, std::size_t C, std::size_t A,
+                                                std::size_t Q, std::size_t KV, std::size_t F, std::size_t heads) {
+  return {R * C, N * C, R, R, N * Q, N * A, N * KV, N * KV, N * A, N * heads,
+          N * A, N * C, R * C, N * C, R, R, N * F, N * F, N * C};
 }
 
 // Whether the forward pass keeps an activation of every layer for the backward pass (else it lives in the
@@ -211,26 +212,29 @@ GptCpu::LayerView GptCpu::view(int l) {
 namespace {
 
 // The head's saved activations, from its base: the last layer's output, the final norm, logits, losses.
+// R: rows of the residual stream held here (N, or N / T under sequence parallelism).
 struct HeadActs {
   std::size_t x_final, lnf, lnf_mean, lnf_rstd, logits, losses, row_stats, size;
-  HeadActs(std::size_t N, std::size_t C, std::size_t V) {
+  HeadActs(std::size_t N, std::size_t R, std::size_t C, std::size_t V) {
     std::size_t at = 0;
     auto take = [&](std::size_t n) { return std::exchange(at, at + n); };
-    x_final = take(N * C), lnf = take(N * C), lnf_mean = take(N), lnf_rstd = take(N), logits = take(N * V);
+    x_final = take(R * C), lnf = take(N * C), lnf_mean = take(R), lnf_rstd = take(R), logits = take(N * V);
     losses = take(N), row_stats = take(3 * N);
     size = at;
   }
 };
 
 // Gradients of activations, one set shared by every layer (offsets from the scratch base).
+// d_full: under sequence parallelism, the gathered gradient of the residual stream (N, C) the row-parallel
+// layers and the embedding read.
 struct Scratch {
-  std::size_t d_x, d_mid, d_ln, d_fch_gelu, d_fch, d_att_merged, d_atty, dq, dk, dv, d_qkv, size;
-  Scratch(std::size_t N, std::size_t C, std::size_t A, std::size_t Q, std::size_t KV, std::size_t F) {
+  std::size_t d_x, d_mid, d_ln, d_fch_gelu, d_fch, d_att_merged, d_atty, dq, dk, dv, d_qkv, d_full, d_norm, size;
+  Scratch(std::size_t N, std::size_t R, std::size_t C, std::size_t A, std::size_t Q, std::size_t KV, std::size_t F) {
     std::size_t at = 0;
     auto take = [&](std::size_t n) { return std::exchange(at, at + n); };
-    d_x = take(N * C), d_mid = take(N * C), d_ln = take(N * C), d_fch_gelu = take(N * F), d_fch = take(N * F);
+    d_x = take(R * C), d_mid = take(R * C), d_ln = take(N * C), d_fch_gelu = take(N * F), d_fch = take(N * F);
     d_att_merged = take(N * A), d_atty = take(N * A), dq = take(N * A), dk = take(N * KV), dv = take(N * KV);
-    d_qkv = take(N * Q);
+    d_qkv = take(N * Q), d_full = take(R < N ? N * C : 0), d_norm = take(R < N ? 2 * C : 0);
     size = at;
   }
 };
@@ -279,8 +283,9 @@ void call(const std::function<void(int)>& hook, int layer) {
 }  // namespace
 
 GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute,
-               coll::Group* tensor_parallel)
+               coll::Group* tensor_parallel, bool sequence_parallel)
     : model_(model), tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr),
+      sp_(tp_ && sequence_parallel),
       layout_(model, tensor_shard(validated(model), tp_ ? tp_->size() : 1, tp_ ? tp_->rank() : 0)), batch_(batch),
       seq_(seq), runtime_(runtime), recompute_(recompute) {
   if (batch <= 0 || seq <= 0) throw std::invalid_argument("batch and sequence must be positive");
@@ -295,7 +300,16 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime,
   const std::size_t N = static_cast<std::size_t>(batch) * seq, C = static_cast<std::size_t>(model.hidden);
   const std::size_t A = static_cast<std::size_t>(sh.attention_channels(model)), Q = static_cast<std::size_t>(sh.qkv_channels(model)),
                     KV = static_cast<std::size_t>(sh.kv_channels(model)), F = static_cast<std::size_t>(sh.mlp);
-  const std::vector<std::size_t> sizes = layer_activation_sizes(N, C, A, Q, KV, F, static_cast<std::size_t>(sh.heads));
+  rows_here_ = N, row_begin_ = 0;
+  if (sp_) {
+    const std::size_t T = static_cast<std::size_t>(tp_->size());
+    if (N % T != 0)
+      throw std::invalid_argument("sequence parallelism: the " + std::to_string(N) + " rows of a micro-batch (batch x sequence) "
+                                  "do not divide among " + std::to_string(T) + " tensor-parallel ranks");
+    rows_here_ = N / T, row_begin_ = static_cast<std::size_t>(tp_->rank()) * rows_here_;
+  }
+  const std::size_t R = rows_here_;
+  const std::vector<std::size_t> sizes = layer_activation_sizes(N, R, C, A, Q, KV, F, static_cast<std::size_t>(sh.heads));
   std::size_t shared = 0;
   for (int a = 0; a < Activation::count; ++a) {
     kept_.push_back(kept(recompute, a));
@@ -306,9 +320,25 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime,
   shared_base_ = static_cast<std::size_t>(model.layers) * per_layer_;
   head_base_ = shared_base_ + shared;
   activations_ = TrackedBuffer<float>(MemoryCategory::activations,
-                                      head_base_ + HeadActs(N, C, static_cast<std::size_t>(sh.vocab_rows)).size);
+                                      head_base_ + HeadActs(N, R, C, static_cast<std::size_t>(sh.vocab_rows)).size);
   // Frozen units' layer-norm gradients land in a region after the scratch and are never read.
-  scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, C, A, Q, KV, F).size + 2 * C);
+  scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, R, C, A, Q, KV, F).size + 2 * C);
+}
+
+void GptCpu::tp_reduce_scatter(float* full, std::size_t width, const char* what) {
+  const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  const double start = seconds();
+  tp_->reduce_scatter(coll::Algo::library, full, my_rows(full, width), rows_here_ * width, coll::DataType::float32,
+                      coll::RedOp::sum, coll::Waiting::at_once).wait();
+  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), rows_here_ * width * tp_->size() * sizeof(float));
+}
+
+void GptCpu::tp_allgather(float* full, std::size_t width, const char* what) {
+  const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
+  const double start = seconds();
+  tp_->allgather(coll::Algo::library, my_rows(full, width), full, rows_here_ * width, coll::DataType::float32,
+                 coll::Waiting::at_once).wait();
+  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), rows_here_ * width * tp_->size() * sizeof(float));
 }
 
 void GptCpu::tp_allreduce(float* data, std::size_t count, const char* what, coll::RedOp op) {
@@ -370,9 +400,13 @@ void GptCpu::attention_forward(int l, const UnitPointers& u, const LayerView& x)
   // (N, A) -> (N, C), row-parallel: partial sums over this rank's heads.
   linear::forward(runtime_.library, {N, sh.attention_channels(m), m.hidden}, x.attproj, x.att_merged,
                   param(u, l, T::attn_proj_w), tensor_parallel() ? nullptr : param(u, l, T::attn_proj_b));
-  if (tensor_parallel()) {
-    tp_allreduce(x.attproj, static_cast<std::size_t>(N) * static_cast<std::size_t>(m.hidden), "allreduce attention out");
-    add_bias(x.attproj, param(u, l, T::attn_proj_b), static_cast<std::size_t>(N), static_cast<std::size_t>(m.hidden));
+  const std::size_t C = static_cast<std::size_t>(m.hidden);
+  if (sp_) {
+    tp_reduce_scatter(x.attproj, C, "reduce-scatter attention out");
+    add_bias(my_rows(x.attproj, C), param(u, l, T::attn_proj_b), rows_here_, C);
+  } else if (tensor_parallel()) {
+    tp_allreduce(x.attproj, static_cast<std::size_t>(N) * C, "allreduce attention out");
+    add_bias(x.attproj, param(u, l, T::attn_proj_b), static_cast<std::size_t>(N), C);
   }
 }
 
@@ -381,25 +415,34 @@ void GptCpu::layer_forward(int l, const UnitPointers& u, bool write_output) {
   const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
   const std::size_t F = static_cast<std::size_t>(sh.mlp);
+  const std::size_t R = rows_here_;
   const int64_t rows = static_cast<int64_t>(N);
   using T = LayerTensor;
   const LayerView x = view(l);
-  layers::layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, x.x_in, param(u, l, T::ln1_w), param(u, l, T::ln1_b), N, C, cpu_);
+  // The residual stream and the layer norms on this rank's rows (all N without sequence parallelism).
+  layers::layernorm_forward(my_rows(x.ln1, C), x.ln1_mean, x.ln1_rstd, x.x_in, param(u, l, T::ln1_w), param(u, l, T::ln1_b),
+                            R, C, cpu_);
+  if (sp_) tp_allgather(x.ln1, C, "allgather ln1");
   attention_forward(l, u, x);
-  layers::residual_forward(x.x_mid, x.x_in, x.attproj, N * C, cpu_);
-  layers::layernorm_forward(x.ln2, x.ln2_mean, x.ln2_rstd, x.x_mid, param(u, l, T::ln2_w), param(u, l, T::ln2_b), N, C, cpu_);
+  layers::residual_forward(x.x_mid, x.x_in, my_rows(x.attproj, C), R * C, cpu_);
+  layers::layernorm_forward(my_rows(x.ln2, C), x.ln2_mean, x.ln2_rstd, x.x_mid, param(u, l, T::ln2_w), param(u, l, T::ln2_b),
+                            R, C, cpu_);
+  if (sp_) tp_allgather(x.ln2, C, "allgather ln2");
   // MLP up column-parallel, down row-parallel.
   linear::forward(runtime_.library, {rows, m.hidden, sh.mlp}, x.fch, x.ln2, param(u, l, T::fc_w), param(u, l, T::fc_b));
   layers::gelu_forward(x.fch_gelu, x.fch, N * F, cpu_);
   linear::forward(runtime_.library, {rows, sh.mlp, m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
                   tensor_parallel() ? nullptr : param(u, l, T::fc_proj_b));
-  if (tensor_parallel()) {
+  if (sp_) {
+    tp_reduce_scatter(x.fcproj, C, "reduce-scatter mlp out");
+    add_bias(my_rows(x.fcproj, C), param(u, l, T::fc_proj_b), R, C);
+  } else if (tensor_parallel()) {
     tp_allreduce(x.fcproj, N * C, "allreduce mlp out");
     add_bias(x.fcproj, param(u, l, T::fc_proj_b), N, C);
   }
   if (!write_output) return;
-  float* out = l + 1 < m.layers ? view(l + 1).x_in : act(head_base_) + HeadActs(N, C, static_cast<std::size_t>(sh.vocab_rows)).x_final;
-  layers::residual_forward(out, x.x_mid, x.fcproj, N * C, cpu_);
+  float* out = l + 1 < m.layers ? view(l + 1).x_in : act(head_base_) + HeadActs(N, R, C, static_cast<std::size_t>(sh.vocab_rows)).x_final;
+  layers::residual_forward(out, x.x_mid, my_rows(x.fcproj, C), R * C, cpu_);
 }
 
 double GptCpu::forward(const float* params, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
@@ -418,7 +461,8 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
   tokens_.assign(tokens, tokens + N);
   targets_.assign(targets, targets + N);
   hooks_ = &hooks;
-  const HeadActs h(N, C, V);
+  const std::size_t R = rows_here_;
+  const HeadActs h(N, R, C, V);
   float* head = act(head_base_);
 
   // Each unit's pointer is read after its hook, which may have just gathered it.
@@ -430,21 +474,33 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
                               static_cast<std::size_t>(seq_), C, V, cpu_);
   } else {
     // Vocabulary-parallel lookup: my rows of the token table, zeros for the others' tokens, summed over the
-    // group; then the position table, whole on every rank.
+    // group (onto my rows under sequence parallelism, through the workspace); then the position table, whole on
+    // every rank.
     const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
+    float* looked_up = sp_ ? scratch_.data() + Scratch(N, R, C, static_cast<std::size_t>(sh.attention_channels(m)),
+                                                        static_cast<std::size_t>(sh.qkv_channels(m)),
+                                                        static_cast<std::size_t>(sh.kv_channels(m)),
+                                                        static_cast<std::size_t>(sh.mlp)).d_full
+                           : first_input;
     for (std::size_t i = 0; i < N; ++i) {
       const int32_t token = tokens[i];
       if (token < 0 || token >= m.vocab)
         throw std::invalid_argument("token " + std::to_string(token) + " at position " + std::to_string(i) +
                                     " is outside the vocabulary of " + std::to_string(m.vocab));
       const std::size_t t = static_cast<std::size_t>(token);
-      float* row = first_input + i * C;
+      float* row = looked_up + i * C;
       if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
       else std::fill(row, row + C, 0.0f);
     }
-    tp_allreduce(first_input, N * C, "allreduce embedding");
-    for (std::size_t i = 0; i < N; ++i)
-      for (std::size_t c = 0; c < C; ++c) first_input[i * C + c] += wpe[(i % static_cast<std::size_t>(seq_)) * C + c];
+    if (sp_) {
+      tp_reduce_scatter(looked_up, C, "reduce-scatter embedding");
+      std::copy(my_rows(looked_up, C), my_rows(looked_up, C) + R * C, first_input);
+    } else {
+      tp_allreduce(first_input, N * C, "allreduce embedding");
+    }
+    for (std::size_t i = 0; i < R; ++i)
+      for (std::size_t c = 0; c < C; ++c)
+        first_input[i * C + c] += wpe[((row_begin_ + i) % static_cast<std::size_t>(seq_)) * C + c];
   }
   const int64_t rows = static_cast<int64_t>(N);
   for (int l = 0; l < m.layers; ++l) {
@@ -454,7 +510,9 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
   call(hooks.before_forward, m.layers);
   const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
   const float* wte = u.params[0];
-  layers::layernorm_forward(head + h.lnf, head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final, lnf, lnf + C, N, C, cpu_);
+  layers::layernorm_forward(my_rows(head + h.lnf, C), head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final, lnf, lnf + C,
+                            R, C, cpu_);
+  if (sp_) tp_allgather(head + h.lnf, C, "allgather lnf");
   // The LM head is the token table: logits (N, V) = lnf (N, C) wte (V, C)^T; a rank's slice of them in parallel.
   linear::forward(runtime_.library, {rows, m.hidden, sh.vocab_rows}, head + h.logits, head + h.lnf, wte, nullptr);
   if (!tensor_parallel()) {
@@ -482,15 +540,17 @@ double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32
 }
 
 void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual) {
-  // d_residual (N, C) holds the gradient reaching the attention output projection; on return the gradient of
-  // ln1's output is in the scratch d_ln (summed over the tensor-parallel group). A frozen layer computes no
-  // weight gradients.
+  // d_residual (R, C) holds the gradient reaching the attention output projection for this rank's rows; on
+  // return the gradient of ln1's output for them is in the scratch d_ln at my rows (summed over the
+  // tensor-parallel group). A frozen layer computes no weight gradients.
   const ModelConfig& m = model_;
   const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const Scratch s(N, C, static_cast<std::size_t>(sh.attention_channels(m)), static_cast<std::size_t>(sh.qkv_channels(m)),
-                  static_cast<std::size_t>(sh.kv_channels(m)), static_cast<std::size_t>(sh.mlp));
+  const Scratch s(N, rows_here_, C, static_cast<std::size_t>(sh.attention_channels(m)),
+                  static_cast<std::size_t>(sh.qkv_channels(m)), static_cast<std::size_t>(sh.kv_channels(m)),
+                  static_cast<std::size_t>(sh.mlp));
   float* g = scratch_.data();
+  if (sp_) d_residual = gathered(d_residual, g + s.d_full, "allgather d attention out");
   const int64_t rows = static_cast<int64_t>(N);
   const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
   const int A = sh.attention_channels(m);
@@ -509,16 +569,25 @@ void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x
                             g + s.d_qkv, x.ln1, true);
   linear::backward_input(runtime_.library, {rows, m.hidden, sh.qkv_channels(m)}, g + s.d_ln, g + s.d_qkv,
                          param(u, l, T::qkv_w), false);
-  tp_allreduce(g + s.d_ln, N * C, "allreduce d ln1");  // column-parallel: each rank's heads contribute to ln1's gradient
+  // column-parallel: each rank's heads contribute to ln1's gradient
+  if (sp_) tp_reduce_scatter(g + s.d_ln, C, "reduce-scatter d ln1");
+  else tp_allreduce(g + s.d_ln, N * C, "allreduce d ln1");
+}
+
+float* GptCpu::gathered(const float* mine, float* full, const char* what) {
+  const std::size_t C = static_cast<std::size_t>(model_.hidden);
+  std::copy(mine, mine + rows_here_ * C, my_rows(full, C));
+  tp_allgather(full, C, what);
+  return full;
 }
 
 void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks& hooks) {
   const ModelConfig& m = model_;
   const TensorShard& sh = shard();
-  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden), R = rows_here_;
   const std::size_t F = static_cast<std::size_t>(sh.mlp), V = static_cast<std::size_t>(sh.vocab_rows);
-  const HeadActs h(N, C, V);
-  const Scratch s(N, C, static_cast<std::size_t>(sh.attention_channels(m)), static_cast<std::size_t>(sh.qkv_channels(m)),
+  const HeadActs h(N, R, C, V);
+  const Scratch s(N, R, C, static_cast<std::size_t>(sh.attention_channels(m)), static_cast<std::size_t>(sh.qkv_channels(m)),
                   static_cast<std::size_t>(sh.kv_channels(m)), F);
   float* head = act(head_base_);
   float* g = scratch_.data();
@@ -533,6 +602,27 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
   hooks_ = &hooks;
   const int lowest_layer = lowest - 1;  // unit i is layer i - 1; -1: the embeddings train
   using T = LayerTensor;
+  // The gradient of a column-parallel GEMM's input (N, C), summed over the group: onto my rows under sequence
+  // parallelism, where the layer norm that produced the input runs.
+  auto sum_input_gradient = [&](const char* allreduce, const char* reduce_scatter) {
+    if (sp_) tp_reduce_scatter(g + s.d_ln, C, reduce_scatter);
+    else tp_allreduce(g + s.d_ln, N * C, allreduce);
+  };
+  // A layer norm's backward over my rows. Under sequence parallelism its weight and bias gradients come from
+  // my rows only: this micro-batch's are summed over the group before they join the accumulated ones.
+  auto norm_backward = [&](float* dinp, float* dweight, float* dbias, const float* inp, const float* weight,
+                           const float* mean, const float* rstd, const char* what) {
+    const float* dout = my_rows(g + s.d_ln, C);
+    if (!sp_ || dweight == discard) {
+      layers::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, R, C, cpu_);
+      return;
+    }
+    float* partial = g + s.d_norm;
+    std::fill(partial, partial + 2 * C, 0.0f);
+    layers::layernorm_backward(dinp, partial, partial + C, dout, inp, weight, mean, rstd, R, C, cpu_);
+    tp_allreduce(partial, 2 * C, what);
+    for (std::size_t c = 0; c < C; ++c) dweight[c] += partial[c], dbias[c] += partial[C + c];
+  };
 
   // Head: dlogits in place of the logits, from the forward's row statistics.
   call(hooks.before_backward, m.layers);
@@ -551,13 +641,13 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
     for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
   if (dwte) linear::backward_weight(runtime_.library, {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
   linear::backward_input(runtime_.library, {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
-  tp_allreduce(g + s.d_ln, N * C, "allreduce d lnf");  // every slice of the vocabulary contributes to the final norm's gradient
-  std::fill(g + s.d_x, g + s.d_x + N * C, 0.0f);
-  layers::layernorm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, g + s.d_ln, head + h.x_final,
-                             lnf, head + h.lnf_mean, head + h.lnf_rstd, N, C, cpu_);
+  sum_input_gradient("allreduce d lnf", "reduce-scatter d lnf");  // every slice of the vocabulary contributes
+  std::fill(g + s.d_x, g + s.d_x + R * C, 0.0f);
+  norm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, head + h.x_final, lnf, head + h.lnf_mean,
+                head + h.lnf_rstd, "allreduce d lnf weights");
   call(hooks.after_backward, m.layers);
 
-  // d_x holds the gradient of the current layer's output; each layer turns it into its input's gradient.
+  // d_x holds the gradient of the current layer's output (my rows); each layer turns it into its input's gradient.
   for (int l = m.layers - 1; l >= std::max(lowest_layer, 0); --l) {
     call(hooks.before_backward, l);
     const LayerView x = view(l);
@@ -568,27 +658,27 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
       call(hooks.after_recompute, l);
     }
     const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
-    // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))).
+    // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))). The row-parallel MLP down reads every row's gradient.
+    const float* d_out = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d mlp out") : g + s.d_x;
     if (trains)
       linear::backward_weight(runtime_.library, {rows, sh.mlp, m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
-                              g + s.d_x, x.fch_gelu, true);
-    linear::backward_input(runtime_.library, {rows, sh.mlp, m.hidden}, g + s.d_fch_gelu, g + s.d_x,
-                           param(u, l, T::fc_proj_w), false);
+                              d_out, x.fch_gelu, true);
+    linear::backward_input(runtime_.library, {rows, sh.mlp, m.hidden}, g + s.d_fch_gelu, d_out, param(u, l, T::fc_proj_w), false);
     std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
     layers::gelu_backward(g + s.d_fch, x.fch, g + s.d_fch_gelu, N * F, cpu_);
     if (trains)
       linear::backward_weight(runtime_.library, {rows, m.hidden, sh.mlp}, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
                               g + s.d_fch, x.ln2, true);
     linear::backward_input(runtime_.library, {rows, m.hidden, sh.mlp}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
-    tp_allreduce(g + s.d_ln, N * C, "allreduce d ln2");  // column-parallel MLP up: every rank's slice contributes to ln2's gradient
-    std::copy(g + s.d_x, g + s.d_x + N * C, g + s.d_mid);  // the residual branch
-    layers::layernorm_backward(g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C,
-                               g + s.d_ln, x.x_mid, param(u, l, T::ln2_w), x.ln2_mean, x.ln2_rstd, N, C, cpu_);
+    sum_input_gradient("allreduce d ln2", "reduce-scatter d ln2");  // column-parallel MLP up: every slice contributes
+    std::copy(g + s.d_x, g + s.d_x + R * C, g + s.d_mid);  // the residual branch
+    norm_backward(g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C, x.x_mid,
+                  param(u, l, T::ln2_w), x.ln2_mean, x.ln2_rstd, "allreduce d ln2 weights");
     // Attention: x_mid = x_in + attproj(attention(ln1(x_in))).
     attention_backward(l, u, x, g + s.d_mid);
-    std::copy(g + s.d_mid, g + s.d_mid + N * C, g + s.d_x);  // the residual branch
-    layers::layernorm_backward(g + s.d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C,
-                               g + s.d_ln, x.x_in, param(u, l, T::ln1_w), x.ln1_mean, x.ln1_rstd, N, C, cpu_);
+    std::copy(g + s.d_mid, g + s.d_mid + R * C, g + s.d_x);  // the residual branch
+    norm_backward(g + s.d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C, x.x_in,
+                  param(u, l, T::ln1_w), x.ln1_mean, x.ln1_rstd, "allreduce d ln1 weights");
     call(hooks.after_backward, l);
   }
   if (lowest_layer >= 0) return;  // the embeddings are frozen
@@ -598,10 +688,11 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
                                static_cast<std::size_t>(seq_), C, cpu_);
   } else {
     // My rows of the token table from the tokens they hold; the position table, whole, from every row.
+    const float* d_embedding = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d embedding") : g + s.d_x;
     const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
     float* dwpe = dwte + V * C;
     for (std::size_t i = 0; i < N; ++i) {
-      const float* d = g + s.d_x + i * C;
+      const float* d = d_embedding + i * C;
       const std::size_t t = static_cast<std::size_t>(tokens_[i]);
       if (t >= begin && t < begin + width)
         for (std::size_t c = 0; c < C; ++c) dwte[(t - begin) * C + c] += d[c];

@@ -126,8 +126,15 @@ class GptCpu {
  public:
   // Throws std::invalid_argument when the model is invalid, seq exceeds its position table, or the
   // tensor-parallel group's size does not divide the model (tensor_shard).
+  // sequence_parallel (with a tensor-parallel group; Megatron-LM's sequence parallelism): the layer norms and
+  // residual adds run on N / T of the micro-batch's N rows (tokens) on each rank; the allreduce after a
+  // row-parallel GEMM becomes a reduce-scatter onto the rank's rows, and a layer norm's output is allgathered
+  // before the column-parallel GEMM that reads it (in backward the mirror: an allgather of the gradient before
+  // a row-parallel GEMM, a reduce-scatter of the column-parallel one's input gradient). The layer norms'
+  // gradients then come from each rank's rows and are summed over the group. N must divide by T.
   GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute = Recompute::none,
-         coll::Group* tensor_parallel = nullptr);
+         coll::Group* tensor_parallel = nullptr, bool sequence_parallel = false);
+  bool sequence_parallel() const { return sp_; }
 
   const ModelConfig& model() const { return model_; }
   const ParameterLayout& layout() const { return layout_; }
@@ -168,11 +175,20 @@ class GptCpu {
   void attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual);
   // Tensor parallelism: the group's sum of a partial (N, C) result, in place; nothing without a group.
   void tp_allreduce(float* data, std::size_t count, const char* what, coll::RedOp op = coll::RedOp::sum);
+  // Sequence parallelism: (N, width) partial sums -> my rows summed over the group, in place at my rows; and
+  // my rows -> (N, width) gathered, in place.
+  void tp_reduce_scatter(float* full, std::size_t width, const char* what);
+  void tp_allgather(float* full, std::size_t width, const char* what);
+  float* my_rows(float* full, std::size_t width) const { return full + row_begin_ * width; }
+  // Sequence parallelism: my rows of a gradient of the residual stream (R, C), gathered into `full` (N, C).
+  float* gathered(const float* mine, float* full, const char* what);
   const LayerHooks* hooks_ = nullptr;  // of the pass running, for tp_allreduce's report
   bool tensor_parallel() const { return tp_ != nullptr; }
 
   ModelConfig model_;
   coll::Group* tp_;
+  bool sp_;
+  std::size_t rows_here_ = 0, row_begin_ = 0;  // rows of the residual stream held here, and the first of them
   ParameterLayout layout_;
   int batch_, seq_;
   CpuRuntime runtime_;

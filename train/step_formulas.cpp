@@ -73,15 +73,18 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
   return t;
 }
 
-double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute, int tp) {
+double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute, int tp, bool sp) {
   const TensorShard sh = tensor_shard(model, tp, 0);
-  const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, A = sh.attention_channels(model),
-               Q = sh.qkv_channels(model), KV = sh.kv_channels(model), F = sh.mlp, a = sh.heads, V = sh.vocab_rows;
-  const double layer = 6 * C + 3 * A + Q + 2 * KV + 2 * F + a + 4, head = 2 * C + V + 6, core = 2 * A + 2 * KV + a;
+  const double N = static_cast<double>(micro_batch) * seq, R = sp ? N / tp : N, C = model.hidden,
+               A = sh.attention_channels(model), Q = sh.qkv_channels(model), KV = sh.kv_channels(model), F = sh.mlp,
+               a = sh.heads, V = sh.vocab_rows;
+  // Floats of one layer, of the head, and of the attention core (what selective recomputation drops).
+  const double layer = N * (4 * C + 3 * A + Q + 2 * KV + 2 * F + a) + R * (2 * C + 4);
+  const double head = R * (C + 2) + N * (C + V + 4), core = N * (2 * A + 2 * KV + a);
   switch (recompute) {
-    case Recompute::none: return 4 * N * (model.layers * layer + head);
-    case Recompute::full: return 4 * N * (model.layers * C + (layer - C) + head);
-    case Recompute::selective: return 4 * N * (model.layers * (layer - core) + core + head);
+    case Recompute::none: return 4 * (model.layers * layer + head);
+    case Recompute::full: return 4 * (model.layers * R * C + (layer - R * C) + head);
+    case Recompute::selective: return 4 * (model.layers * (layer - core) + core + head);
   }
   return 0;
 }
@@ -98,11 +101,12 @@ double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute re
   return 0;
 }
 
-double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp) {
+double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp, bool sp) {
   const TensorShard sh = tensor_shard(model, tp, 0);
-  const double N = static_cast<double>(micro_batch) * seq, C = model.hidden, A = sh.attention_channels(model),
-               Q = sh.qkv_channels(model), KV = sh.kv_channels(model), F = sh.mlp;
-  return 4 * N * (3 * C + 3 * A + Q + 2 * KV + 2 * F) + 8 * C;
+  const double N = static_cast<double>(micro_batch) * seq, R = sp ? N / tp : N, C = model.hidden,
+               A = sh.attention_channels(model), Q = sh.qkv_channels(model), KV = sh.kv_channels(model), F = sh.mlp;
+  const double gathered = sp ? N * C + 2 * C : 0;
+  return 4 * (2 * R * C + N * C + N * (3 * A + Q + 2 * KV + 2 * F) + gathered) + 8 * C;
 }
 
 MemoryUse memory_estimate(const DataParallelConfig& c, const DataParallelShape& shape) {
@@ -118,8 +122,9 @@ MemoryUse memory_estimate(const DataParallelConfig& c, const DataParallelShape& 
                                                      shape.m, shape.n, kFp32States);
   MemoryUse use;
   use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
-  use.activations = activation_bytes(c.model, c.micro_batch, c.seq, c.recompute, shape.tp);
-  use.workspace = workspace_bytes(c.model, c.micro_batch, c.seq, shape.tp);
+  const bool sp = c.sequence_parallel && shape.tp > 1;
+  use.activations = activation_bytes(c.model, c.micro_batch, c.seq, c.recompute, shape.tp, sp);
+  use.workspace = workspace_bytes(c.model, c.micro_batch, c.seq, shape.tp, sp);
   if (c.strategy.params != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) use.comm_buffers += 4 * trainable / shape.m;

@@ -49,15 +49,20 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
 // pre- and post-GELU; for the head the final norm and the logits.
 // Under tensor parallelism (tp > 1) the channels of one rank's shard replace C in the attention (q, the
 // attention output and its merged copy), Q, KV, F, a and V; the residual stream stays C wide.
+// Sequence parallelism (sp) keeps the residual stream and the norms' statistics of N / tp rows (R) and the
+// gathered norm outputs of all N: per layer N (4 C + 3 A + Q + 2 KV + 2 F + a) + R (2 C + 4), the head
+// R (C + 2) + N (C + V + 4).
 double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute = Recompute::none,
-                        int tp = 1);
+                        int tp = 1, bool sp = false);
 // FLOPs per token that recomputation adds to the model FLOPs in backward, in model_flops_per_token's
 // convention (2 per multiply-add of each weight, 2 L h s for attention's forward): full, every layer's
 // forward, 2 N_layers + 2 L h s; selective, the attention core, 2 L h s; none, 0.
 double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute);
 // The workspace the backward pass reuses for every layer: 4 N (6 C + Q + 2 KV + 2 F) + 8 C bytes; under tensor
 // parallelism 4 N (3 C + 3 A + Q + 2 KV + 2 F) + 8 C with the shard's A (attention channels), Q, KV, F.
-double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp = 1);
+// Sequence parallelism: the residual stream's gradients of R rows, and a gathered one of N plus 2 C for the norms'
+// gradients: 4 (2 R C + 2 N C + N (3 A + Q + 2 KV + 2 F) + 2 C) + 8 C.
+double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp = 1, bool sp = false);
 
 // What a rank is expected to hold, per category, before anything is allocated. Model states follow
 // model_state_memory (fp32: 4, 4, 8 bytes); activations and workspace the formulas above; communication

@@ -144,18 +144,21 @@ def test_tensor_parallel_trains_as_data_parallel(tmp_path):
     """The same global batch on 4 ranks as tp 2 x dp 2 and on 2 ranks as dp 2: the same losses (each tensor-parallel
     rank holds its shard), memory of the shard beside the formulas, and the degrees in the cases table."""
     runs = {}
-    for ranks, extra in ((4, ["--tp", "2", "--recompute", "none,full"]), (2, [])):
-        out = tmp_path / f"tp{ranks}.h5"
+    for ranks, extra in ((4, ["--tp", "2", "--recompute", "none,full"]), (2, []), (4, ["--tp", "2", "--sp"])):
+        out = tmp_path / f"tp{ranks}{'-sp' if '--sp' in extra else ''}.h5"
         result = mpirun(ranks, [program("strata-step"), *TINY, "--zero", "0,3", *extra, "-w", "0", "-n", "2",
                                 "--output", str(out)], cwd=str(tmp_path))
         assert result.returncode == 0, result.stdout + result.stderr
         assert "CHECK FAILED" not in result.stdout
-        runs[ranks] = sr.read_cases_with_summary(str(out), "strata-step")
-    tp, dp = runs[4], runs[2]
+        runs[ranks if "--sp" not in extra else "sp"] = sr.read_cases_with_summary(str(out), "strata-step")
+    tp, dp, sp = runs[4], runs[2], runs["sp"]
     assert set(tp["tp"]) == {2} and set(tp["dp"]) == {2} and set(dp["tp"]) == {1}
     assert np.allclose(tp["loss_last"], dp["loss_last"].iloc[0], rtol=1e-5)
     assert (tp["memory_activations"] == tp["memory_activations_formula"]).all()
     assert (tp["memory_parameters"] < dp["memory_parameters"].iloc[0]).all()  # half of the layers' weights
+    assert set(sp["sp"]) == {1} and np.allclose(sp["loss_last"], dp["loss_last"].iloc[0], rtol=1e-5)
+    assert (sp["memory_activations"] == sp["memory_activations_formula"]).all()
+    assert (sp["memory_activations"] < tp[tp["recompute"] == "none"]["memory_activations"].to_numpy()).all()
 
 
 def token_file(path, tokens, magic=20240520):
@@ -188,6 +191,7 @@ def test_a_token_file_trains(tmp_path):
     (["--seq", "4096"], "position table"),
     (["--recompute", "overlapped"], "--recompute: unknown mode 'overlapped'"),
     (["--tp", "4"], "--tp 4 does not divide the 2 ranks"),
+    (["--sp"], "--sp needs --tp 2 or more"),
     (["--tp", "2", "--heads", "1", "--kv-heads", "1"], "does not divide the layers"),
 ])
 def test_bad_input_exits_2_and_leaves_the_file(tmp_path, args, message):

@@ -148,8 +148,9 @@ TEST(DataParallel, PartialTrainingMatchesTheSingleRankStep) {
   check_every_strategy(c, {parse_strategy("ING"), parse_strategy("NNG"), parse_strategy("IIG")}, true);
 }
 
-// Tensor parallelism of degree 2 composed with the data-parallel strategies (and recomputation): the same
-// losses, gradient norms and, on each rank, the shard of the single-rank step's parameters after 3 steps.
+// Tensor parallelism of degree 2 composed with the data-parallel strategies (with sequence parallelism and
+// recomputation too): the same losses, gradient norms and, on each rank, the shard of the single-rank step's
+// parameters after 3 steps.
 TEST(DataParallel, TensorParallelShardsMatchTheSingleRankStep) {
   const int n = world_size();
   if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks (tensor parallelism of 2)";
@@ -160,14 +161,16 @@ TEST(DataParallel, TensorParallelShardsMatchTheSingleRankStep) {
   for (int rpn : n >= 4 ? std::vector<int>{0, 4} : std::vector<int>{0}) {
     coll::ProcessGroups groups({2, 1, dp}, rpn);
     for (const char* name : {"NNN", "NNG", "GGG", "IIG"})
-      for (Recompute mode : {Recompute::none, Recompute::full}) {
-        if (mode == Recompute::full && std::string(name) != "GGG") continue;
+      for (int variant = 0; variant < 3; ++variant) {  // plain; full recomputation; sequence parallelism
+        if (variant > 0 && std::string(name) != "GGG" && std::string(name) != "NNN") continue;
+        const Recompute mode = variant == 1 ? Recompute::full : Recompute::none;
         DataParallelConfig c = base;
         c.strategy = parse_strategy(name);
         c.recompute = mode;
+        c.sequence_parallel = variant == 2;
         DataParallelTrainer trainer(c, groups, *data);
         const std::string what = std::string(name) + " tp 2 x dp " + std::to_string(dp) + " rpn " + std::to_string(rpn) +
-                                 " recompute " + train::name(mode);
+                                 " recompute " + train::name(mode) + (c.sequence_parallel ? " sp" : "");
         for (int step = 1; step <= steps; ++step) {
           const StepStats stats = trainer.step(step);
           EXPECT_NEAR(stats.loss, ref.losses[static_cast<std::size_t>(step) - 1], 1e-5 * ref.losses[0]) << what << " step " << step;

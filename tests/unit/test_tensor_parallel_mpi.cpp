@@ -1,7 +1,7 @@
 // Tensor parallelism in the CPU model against the whole model on one rank, under mpirun with 2 and 4 ranks as
 // one tensor-parallel group: the same loss, every rank's shard of the gradients equal to that shard of the whole
-// model's gradients, the initialisation of a shard equal to the shard of the whole initialisation, and each
-// recomputation mode giving what keeping every activation gives. The vocabulary (23) divides by neither 2 nor
+// model's gradients, the initialisation of a shard equal to the shard of the whole initialisation, with and
+// without sequence parallelism, and each recomputation mode giving what keeping every activation gives. The vocabulary (23) divides by neither 2 nor
 // 4, so the last slice is short and holds padding rows.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -73,8 +73,11 @@ TEST(TensorParallel, ShardsTrainAsTheWholeModel) {
     const double whole_loss = whole.forward(params.data(), batch.tokens.data(), batch.targets.data());
     whole.backward(params.data(), grads.data(), normaliser);
 
+    for (bool sequence_parallel : {false, true})
     for (Recompute mode : {Recompute::none, Recompute::full, Recompute::selective}) {
-      GptCpu shard(m, B, T, {}, mode, &tp);
+      GptCpu shard(m, B, T, {}, mode, &tp, sequence_parallel);
+      const std::string what = "kv heads " + std::to_string(kv_heads) + " " + name(mode) +
+                               (sequence_parallel ? " sequence-parallel" : "");
       const TensorShard& sh = shard.shard();
       ASSERT_EQ(sh.tp, n);
       std::vector<float> local(shard.layout().total()), expected(local.size()), local_grads(local.size(), 0.0f);
@@ -82,7 +85,7 @@ TEST(TensorParallel, ShardsTrainAsTheWholeModel) {
       init_parameters(m, shard.layout(), local.data(), seed, 0.3f);
       EXPECT_EQ(local, expected) << "a shard's initialisation is the shard of the whole model's";
       const double loss = shard.forward(local.data(), batch.tokens.data(), batch.targets.data());
-      EXPECT_NEAR(loss, whole_loss, 1e-5 * std::fabs(whole_loss)) << "kv heads " << kv_heads << " " << name(mode);
+      EXPECT_NEAR(loss, whole_loss, 1e-5 * std::fabs(whole_loss)) << what;
       shard.backward(local.data(), local_grads.data(), normaliser);
       take_shard(m, sh, grads.data(), expected.data());
       int wrong = 0;
@@ -92,7 +95,7 @@ TEST(TensorParallel, ShardsTrainAsTheWholeModel) {
         worst = std::max(worst, error);
         wrong += error > 1e-5 + 1e-4 * std::fabs(expected[i]);
       }
-      EXPECT_EQ(wrong, 0) << "kv heads " << kv_heads << " " << name(mode) << ": worst gradient error " << worst;
+      EXPECT_EQ(wrong, 0) << what << ": worst gradient error " << worst;
     }
   }
 }
@@ -103,6 +106,10 @@ TEST(TensorParallel, ADegreeThatDoesNotDivideTheModelIsRefused) {
   ModelConfig m = model_for(n, 4);
   m.heads = 3 * n + 1, m.kv_heads = m.heads, m.hidden = m.heads * 4;
   EXPECT_THROW(GptCpu(m, 1, 4, {}, Recompute::none, &groups.tp()), std::invalid_argument);
+  if (n > 1) {  // 1 x 3 rows do not divide among the ranks' sequence parts
+    EXPECT_THROW(GptCpu(model_for(n, 4), 1, 2 * n + 1 <= 8 ? 2 * n + 1 : 7, {}, Recompute::none, &groups.tp(), true),
+                 std::invalid_argument);
+  }
   EXPECT_THROW(tensor_shard(model_for(n, 4), n, n), std::invalid_argument);
   ModelConfig small_vocab = model_for(n, 4);
   small_vocab.vocab = n - 1;
