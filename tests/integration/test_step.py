@@ -127,7 +127,9 @@ def test_recomputation_trains_the_same_and_holds_its_formula(tmp_path):
     assert "CHECK FAILED" not in result.stdout
     table = sr.read_cases_with_summary(str(out), "strata-step")
     assert list(table["recompute"]) == ["none", "full", "selective"] * 2
-    assert (table["loss_last"] == table["loss_last"].iloc[0]).all(), table[["strategy", "recompute", "loss_last"]]
+    for _, same in table.groupby("strategy"):  # bit for bit within a strategy; across them fp32 summation order
+        assert (same["loss_last"] == same["loss_last"].iloc[0]).all(), same[["strategy", "recompute", "loss_last"]]
+    assert np.allclose(table["loss_last"], table["loss_last"].iloc[0], rtol=1e-5)
     assert (table["memory_activations"] == table["memory_activations_formula"]).all()
     by = table[table["strategy"] == "NNN"].set_index("recompute")
     assert by.loc["full", "memory_activations"] < by.loc["selective", "memory_activations"] < by.loc["none", "memory_activations"]
