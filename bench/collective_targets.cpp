@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench/harness.h"
+#include "bench/targets.h"
 #include "collectives/algorithms.h"
 #include "collectives/layout.h"
 #include "collectives/operations.h"
@@ -22,8 +23,6 @@ namespace {
 
 using namespace strata;
 using coll::Algo;
-
-double median_of(std::vector<double> v) { return summarize(std::move(v)).median; }
 
 int run_targets(int argc, char** argv) {
   int rounds = 5, iters = 10;

@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/harness.h"
+#include "bench/targets.h"
 #include "collectives/mpi_error.h"
 #include "collectives/operations.h"
 #include "collectives/process_group.h"
@@ -57,27 +58,6 @@ using coll::Work;
 
 constexpr auto kFloat = coll::DataType::float32;
 constexpr auto kSum = coll::RedOp::sum;
-
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
-// Page-aligned and written, so no timed call takes a page fault.
-std::unique_ptr<float[], FreeDeleter> page_aligned_floats(size_t count) {
-  const size_t bytes = std::max<size_t>((count * sizeof(float) + 4095) / 4096 * 4096, 4096);
-  auto* p = static_cast<float*>(std::aligned_alloc(4096, bytes));
-  if (!p) throw RuntimeError("out of memory for " + std::to_string(bytes) + " bytes");
-  std::memset(p, 0, bytes);
-  return std::unique_ptr<float[], FreeDeleter>(p);
-}
-
-double median_of(std::vector<double> v) { return summarize(std::move(v)).median; }
-
-std::string human_bytes(size_t bytes) {
-  if (bytes >= (size_t{1} << 20) && bytes % (size_t{1} << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
-  if (bytes >= (size_t{1} << 10) && bytes % (size_t{1} << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
-  return std::to_string(bytes) + " B";
-}
 
 // Rank r's input: small integers, so every sum over ranks is exact in float.
 float input_value(int rank, size_t i) { return static_cast<float>(static_cast<int>((i * 13 + rank * 7) % 9) - 4); }

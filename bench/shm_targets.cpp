@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bench/harness.h"
+#include "bench/targets.h"
 #include "collectives/algorithms.h"
 #include "collectives/shm.h"
 #include "collectives/types.h"
@@ -27,27 +28,6 @@ namespace {
 
 using namespace strata;
 using coll::Operation;
-
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
-// Page-aligned and touched, so no timed call takes a page fault.
-std::unique_ptr<float[], FreeDeleter> page_aligned_floats(size_t count) {
-  const size_t bytes = (count * sizeof(float) + 4095) / 4096 * 4096;
-  auto* p = static_cast<float*>(std::aligned_alloc(4096, bytes));
-  if (!p) throw RuntimeError("out of memory for " + std::to_string(bytes) + " bytes");
-  std::memset(p, 0, bytes);
-  return std::unique_ptr<float[], FreeDeleter>(p);
-}
-
-double median_of(std::vector<double> v) { return summarize(std::move(v)).median; }
-
-std::string human_bytes(size_t bytes) {
-  if (bytes >= (size_t{1} << 20)) return std::to_string(bytes >> 20) + " MiB";
-  if (bytes >= (size_t{1} << 10)) return std::to_string(bytes >> 10) + " KiB";
-  return std::to_string(bytes) + " B";
-}
 
 int run_targets(int argc, char** argv) {
   int rounds = 5, iters = 10;

@@ -163,6 +163,23 @@ TEST(ProcessGroups, BroadcastFromEveryRoot) {
       }
 }
 
+// Wrong elements among the results of four operations on float inputs `filled` by each rank: a sum
+// allreduce (a), a max allreduce (b), a sum reduce-scatter (c_out) and an allgather (d_out) of `count`.
+int wrong_in_four(Group& g, std::size_t count, const std::vector<std::byte>& a, const std::vector<std::byte>& b,
+                  const std::vector<std::byte>& c_out, const std::vector<std::byte>& d_out) {
+  const std::size_t n = static_cast<std::size_t>(g.size());
+  int wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    wrong += load_value(a.data(), i, DataType::float32) != reduce_expected(RedOp::sum, g.size(), i);
+    wrong += load_value(b.data(), i, DataType::float32) != reduce_expected(RedOp::max, g.size(), i);
+    wrong += load_value(c_out.data(), i, DataType::float32) !=
+             reduce_expected(RedOp::sum, g.size(), static_cast<std::size_t>(g.rank()) * count + i);
+    for (std::size_t r = 0; r < n; ++r)
+      wrong += load_value(d_out.data(), r * count + i, DataType::float32) != input_value(static_cast<int>(r), i);
+  }
+  return wrong;
+}
+
 // Three operations in flight on one group at once, finished in the reverse of their start order, with
 // test() calls interleaved: their messages must not mix.
 TEST(ProcessGroups, OperationsInFlightTogetherDoNotMix) {
@@ -183,16 +200,7 @@ TEST(ProcessGroups, OperationsInFlightTogetherDoNotMix) {
     third.wait();
     second.wait();
     first.wait();
-    int wrong = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-      wrong += load_value(a.data(), i, DataType::float32) != reduce_expected(RedOp::sum, g.size(), i);
-      wrong += load_value(b.data(), i, DataType::float32) != reduce_expected(RedOp::max, g.size(), i);
-      wrong += load_value(c_out.data(), i, DataType::float32) !=
-               reduce_expected(RedOp::sum, g.size(), static_cast<std::size_t>(g.rank()) * count + i);
-      for (std::size_t r = 0; r < n; ++r)
-        wrong += load_value(d_out.data(), r * count + i, DataType::float32) != input_value(static_cast<int>(r), i);
-    }
-    EXPECT_EQ(wrong, 0) << "rpn " << rpn;
+    EXPECT_EQ(wrong_in_four(g, count, a, b, c_out, d_out), 0) << "rpn " << rpn;
   }
 }
 
@@ -218,16 +226,7 @@ TEST(ProcessGroups, TwoLevelOperationsInFlightTogetherThroughSharedMemory) {
       for (int i = 0; i < 5 + g.rank() * 7; ++i)  // ranks progress unevenly
         for (std::size_t w = works.size(); w-- > 0;) works[w].test();
       for (Work& w : works) w.wait();
-      int wrong = 0;
-      for (std::size_t i = 0; i < count; ++i) {
-        wrong += load_value(a.data(), i, DataType::float32) != reduce_expected(RedOp::sum, g.size(), i);
-        wrong += load_value(b.data(), i, DataType::float32) != reduce_expected(RedOp::max, g.size(), i);
-        wrong += load_value(c_out.data(), i, DataType::float32) !=
-                 reduce_expected(RedOp::sum, g.size(), static_cast<std::size_t>(g.rank()) * count + i);
-        for (std::size_t r = 0; r < n; ++r)
-          wrong += load_value(d_out.data(), r * count + i, DataType::float32) != input_value(static_cast<int>(r), i);
-      }
-      EXPECT_EQ(wrong, 0) << "rpn " << rpn << " round " << round;
+      EXPECT_EQ(wrong_in_four(g, count, a, b, c_out, d_out), 0) << "rpn " << rpn << " round " << round;
     }
   }
 }

@@ -121,25 +121,3 @@ TEST(TensorParallel, ADegreeThatDoesNotDivideTheModelIsRefused) {
 }  // namespace
 }  // namespace strata::train
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  ::testing::InitGoogleTest(&argc, argv);
-  GTEST_FLAG_SET(catch_exceptions, false);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-  if (rank != 0) delete listeners.Release(listeners.default_result_printer());
-  int failed = 0;
-  try {
-    failed = RUN_ALL_TESTS() != 0;
-  } catch (const std::exception& e) {
-    std::cerr << "rank " << rank << ": " << e.what() << std::endl;
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any && rank == 0) std::cout << "[  FAILED  ] on some rank (see above)\n";
-  MPI_Finalize();
-  return any;
-}
