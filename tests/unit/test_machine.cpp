@@ -1,6 +1,7 @@
 // The machine description: decisions that depend on the CPU are tested with injected CPUs (Intel and AMD,
 // with and without AVX-512), measurements on this machine with bounds that allow what virtual machines do
 // (turbo, noisy neighbours) but not the 3-6x errors of a wrong method.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -160,9 +161,13 @@ TEST(MeasuredPeak, AgreesWithTheImulClock) {
 TEST(MeasuredPeak, Fp64IsHalfOfFp32) {
   const CpuFeatures cpu = detect_cpu_features();
   PeakOptions options{7, 0.005, {}};
-  double ratio = 0;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    ratio = measure_peak(PeakPrecision::fp32, cpu, options).one_core / measure_peak(PeakPrecision::fp64, cpu, options).one_core;
+  // A peak is a capacity: the best of the attempts of each precision, so that a neighbour's burst during one
+  // precision's trials cannot skew the ratio as much as it slowed that precision.
+  double best_fp32 = 0, best_fp64 = 0, ratio = 0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    best_fp32 = std::max(best_fp32, measure_peak(PeakPrecision::fp32, cpu, options).one_core);
+    best_fp64 = std::max(best_fp64, measure_peak(PeakPrecision::fp64, cpu, options).one_core);
+    ratio = best_fp32 / best_fp64;
     if (ratio > 1.6 && ratio < 2.5) break;
   }
   EXPECT_GT(ratio, 1.6);
