@@ -224,6 +224,13 @@ std::optional<BinarySolution> solve_binary_program(const BinaryProgram& program,
   return solution;
 }
 
+void check_options(const PlacementOptions& options) {
+  if (!(options.time_limit_s > 0) || !std::isfinite(options.time_limit_s))
+    throw std::invalid_argument("recompute placement: the search time limit must be a finite number of seconds > 0");
+  if (!(options.block_tolerance >= 0) || !(options.block_tolerance < 1))
+    throw std::invalid_argument("recompute placement: the block tolerance must lie in [0, 1)");
+}
+
 // ---- the program of a pattern ----------------------------------------------------------------------------
 
 // A pattern decides for K template ops at once; block b applies it to its ops blocks[b][k], with window
@@ -613,6 +620,7 @@ PlacementResult summarise(const PlacementProblem& problem, Placement placement, 
 
 PlacementResult solve_optimal(const PlacementProblem& problem, const PlacementOptions& options) {
   check_problem(problem);
+  check_options(options);
   const auto start = std::chrono::steady_clock::now();
   const int windows = static_cast<int>(problem.windows.size());
   // The heuristic's placement is the search's first incumbent, so the optimum is never worse than it and a
@@ -642,6 +650,7 @@ PlacementResult solve_optimal(const PlacementProblem& problem, const PlacementOp
 
 PlacementResult solve_heuristic(const PlacementProblem& problem, const PlacementOptions& options) {
   check_problem(problem);
+  check_options(options);
   const auto start = std::chrono::steady_clock::now();
   const int windows = static_cast<int>(problem.windows.size());
   const std::vector<Block> blocks = blocks_by_layer(problem);

@@ -281,6 +281,8 @@ TEST(RecomputePlacement, MalformedProblemsAreRefused) {
   p = good;
   p.windows[1].label = "pp recv mb 0";
   refused(p, "two windows are labelled");
+  EXPECT_THROW(solve_optimal(good, {0.0, 0.02}), std::invalid_argument);
+  EXPECT_THROW(solve_heuristic(good, {1.0, -0.1}), std::invalid_argument);
 }
 
 TEST(RecomputePlacement, TheValidatorCatchesEachKindOfViolation) {
