@@ -182,6 +182,27 @@ TEST(RecomputePlacement, HeuristicEqualsOptimumOnIndependentIdenticalBlocks) {
   }
 }
 
+TEST(RecomputePlacement, HeuristicFillsWhatTheSharedPatternLeaves) {
+  // Two identical blocks; nothing may be kept (window 0's base fills the memory). Layer 1's window fits one
+  // of its two ops, layer 0's fits both: the pattern both share hides one op per block, and the fill puts
+  // layer 0's second op into the room left in its window, which is the optimum.
+  PlacementProblem problem;
+  problem.windows = {{"pp recv mb 0", 0, 8 * kMiB}, {"tp bwd L1", 1 * kMs, 0}, {"tp bwd L0", 2 * kMs, 0}};
+  for (int layer : {0, 1}) {
+    const int own = 2 - layer;
+    for (const char* name : {"a", "b"}) {
+      RecomputableOp o = op("L" + std::to_string(layer) + "." + name, layer, 1.0, 1, own, own + 1);
+      o.forward_window = 0;
+      problem.ops.push_back(o);
+    }
+  }
+  problem.memory_limit_bytes = 8 * kMiB;
+  const PlacementResult heuristic = solve_heuristic(problem);
+  EXPECT_EQ(heuristic.identical_block_classes, 1);
+  expect_same(heuristic.exposed_s, 1.0 * kMs);
+  expect_same(solve_optimal(problem).exposed_s, 1.0 * kMs);
+}
+
 // Two windows; nothing may be held at window 0's end (its base fills the limit), so keeping is impossible and
 // recomputing in window 1 is the only way to hide an op.
 PlacementProblem one_window_free(double capacity_ms, double slowdown) {
