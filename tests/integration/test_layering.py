@@ -15,11 +15,12 @@ SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh")
 MPI = re.compile(r"^mpi\.h$")
 NCCL = re.compile(r"^nccl\.h$")
 HDF5 = re.compile(r"^(hdf5\.h|H5[A-Za-z_]*\.h)$")
+GLPK = re.compile(r"^glpk\.h$")  # the placement solver of train/recompute_placement: train's alone
 FORBIDDEN = {
     "kernels": {"bench/": None, "collectives/": None, "results/": None, "train/": None, "MPI": MPI, "NCCL": NCCL,
-                "HDF5": HDF5},
-    "collectives": {"bench/": None, "results/": None, "train/": None, "HDF5": HDF5},
-    "results": {"bench/": None, "kernels/": None, "collectives/": None, "train/": None},
+                "HDF5": HDF5, "GLPK": GLPK},
+    "collectives": {"bench/": None, "results/": None, "train/": None, "HDF5": HDF5, "GLPK": GLPK},
+    "results": {"bench/": None, "kernels/": None, "collectives/": None, "train/": None, "GLPK": GLPK},
     "train": {"bench/": None, "results/": None, "HDF5": HDF5},
 }
 
@@ -59,7 +60,9 @@ def test_the_check_itself_catches_each_kind_of_violation():
     assert violations("collectives", "c.cpp", "#include <H5Fpublic.h>\n")
     assert violations("results", "r.cpp", '#include "collectives/types.h"\n')
     assert violations("train", "t.cpp", '#include "bench/harness.h"\n')
+    assert violations("collectives", "c.cpp", "#include <glpk.h>\n")
     assert not violations("train", "t.cpp", '#include "kernels/linear.h"\n#include "collectives/work.h"\n')
+    assert not violations("train", "t.cpp", "#include <glpk.h>\n")
     assert not violations("kernels", "k.cpp", "#include <cblas.h>\n// #include is fine in prose: mpi.h\n")
 
 
@@ -75,9 +78,10 @@ def cmake_target_links() -> dict[str, str]:
 def test_cmake_targets_follow_the_layers():
     links = cmake_target_links()
     forbidden = {
-        "strata_kernels": ["MPI::", "HDF5", "NCCL", "strata_results", "strata_collectives", "strata_harness", "strata_train"],
-        "strata_collectives": ["HDF5", "strata_results", "strata_harness", "strata_train"],
-        "strata_results": ["strata_kernels", "strata_collectives", "strata_harness", "strata_train", "MPI::"],
+        "strata_kernels": ["MPI::", "HDF5", "NCCL", "GLPK", "strata_results", "strata_collectives", "strata_harness",
+                           "strata_train"],
+        "strata_collectives": ["HDF5", "GLPK", "strata_results", "strata_harness", "strata_train"],
+        "strata_results": ["strata_kernels", "strata_collectives", "strata_harness", "strata_train", "MPI::", "GLPK"],
         "strata_train": ["HDF5", "strata_results", "strata_harness"],
         "strata_kernels_cuda": ["MPI::", "HDF5", "NCCL", "strata_collectives", "strata_harness"],
         "strata_train_cuda": ["HDF5", "strata_results", "strata_harness"],
@@ -89,3 +93,5 @@ def test_cmake_targets_follow_the_layers():
         assert target in links, f"CMakeLists.txt has no target {target}"
         problems += [f"{target} links {b}" for b in bad if b in links[target]]
     assert not problems, "\n".join(problems)
+    # The solver the placement needs is the training layer's own dependency.
+    assert "GLPK_LIBRARY" in links["strata_train"], "strata_train does not link GLPK"
