@@ -540,9 +540,15 @@ int run_collective(int argc, char** argv) {
   if (o.mixed && o.grid.empty()) throw UsageError("--mixed needs --grid");
   if (o.mixed && o.backend != "mpi")
     throw UsageError("--mixed runs on the MPI process groups; with --backend " + o.backend + " it is not available");
-  if (o.mixed && (algos.size() != 1 || !coll::Group::supports(Operation::allreduce, algos.front()) ||
-                  !coll::Group::supports(Operation::reduce_scatter, algos.front())))
-    throw UsageError("--mixed takes one algorithm of the process groups: library, ring or hierarchical");
+  auto mixes = [](Algo a) {
+    return coll::Group::supports(Operation::allreduce, a) && coll::Group::supports(Operation::reduce_scatter, a);
+  };
+  if (o.mixed && (algos.size() != 1 || !mixes(algos.front()))) {
+    std::string mixable;
+    for (Algo a : coll::kAllAlgos)
+      if (mixes(a)) mixable += (mixable.empty() ? "" : ", ") + std::string(coll::name(a));
+    throw UsageError("--mixed takes one algorithm of the process groups: " + mixable);
+  }
   if (!o.grid_dim.empty() && o.grid.empty()) throw UsageError("--grid-dim needs --grid");
   if (!o.grid.empty() && o.group != "world") throw UsageError("--group and --grid exclude each other; use --grid-dim");
 

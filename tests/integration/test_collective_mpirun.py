@@ -137,7 +137,8 @@ def test_mixed_pattern_runs_on_the_process_groups_with_any_of_their_algorithms(t
     assert len(data) == 4 and (data["wrong_elements"] == 0).all()
     assert set(data["algo"]) == {"hierarchical"}
     for args, message in ((["--backend", "nccl"], "--mixed runs on the MPI process groups"),
-                          (["-a", "recursive_doubling"], "--mixed takes one algorithm of the process groups"),
+                          (["-a", "recursive_doubling"],
+                           "--mixed takes one algorithm of the process groups: library, ring, hierarchical, horing, shm"),
                           (["-a", "library,ring"], "--mixed takes one algorithm of the process groups")):
         bad = tmp_path / "bad.h5"
         result, _ = collective(4, ["--grid", "tp=2,dp=2", "--mixed", *args, "--output", str(bad)], tmp_path)
