@@ -492,10 +492,10 @@ int run_collective(int argc, char** argv) {
              o.timeout, 0.0);
   cli.flag("device-buffers", 0, "MPI backend: GPU buffers (needs a CUDA-aware MPI library; library algorithms, "
            "int8/int32/float/double, no avg)", o.device_buffers);
-  cli.option("segment-bytes", 0, "Strata's ring: bytes per reduction segment (K/M/G suffixes; set, every case "
-             "runs on the blocking algorithms, which have it)", o.segment_bytes);
-  cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this (set, "
-             "every case runs on the blocking algorithms)", o.max_message_bytes);
+  cli.option("segment-bytes", 0, "Strata's ring: bytes per reduction segment (K/M/G suffixes), on the process "
+             "groups and the blocking algorithms alike", o.segment_bytes);
+  cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this, on the "
+             "process groups and the blocking algorithms alike", o.max_message_bytes);
   cli.option("inject-hang", 0, "testing the timeout: this world rank stalls before the last case", o.inject_hang, -1);
   add_harness_options(cli, h);
   cli.alias("warmup_iters", "warmup");
@@ -535,14 +535,18 @@ int run_collective(int argc, char** argv) {
   if (segment_bytes <= 0) throw UsageError("--segment-bytes must be positive, got " + o.segment_bytes);
   if (max_message_bytes <= 0 || max_message_bytes > INT_MAX)
     throw UsageError("--max-message-bytes must be in 1.." + std::to_string(INT_MAX) + ", got " + o.max_message_bytes);
-  const bool tuned = segment_bytes != parse_bytes(Options{}.segment_bytes, "--segment-bytes") ||
-                     max_message_bytes != parse_bytes(Options{}.max_message_bytes, "--max-message-bytes");
   if (o.mixed && o.grid.empty()) throw UsageError("--mixed needs --grid");
   if (o.mixed && o.backend != "mpi")
     throw UsageError("--mixed runs on the MPI process groups; with --backend " + o.backend + " it is not available");
-  if (o.mixed && (algos.size() != 1 || !coll::Group::supports(Operation::allreduce, algos.front()) ||
-                  !coll::Group::supports(Operation::reduce_scatter, algos.front())))
-    throw UsageError("--mixed takes one algorithm of the process groups: library, ring or hierarchical");
+  auto mixes = [](Algo a) {
+    return coll::Group::supports(Operation::allreduce, a) && coll::Group::supports(Operation::reduce_scatter, a);
+  };
+  if (o.mixed && (algos.size() != 1 || !mixes(algos.front()))) {
+    std::string mixable;
+    for (Algo a : coll::kAllAlgos)
+      if (mixes(a)) mixable += (mixable.empty() ? "" : ", ") + std::string(coll::name(a));
+    throw UsageError("--mixed takes one algorithm of the process groups: " + mixable);
+  }
   if (!o.grid_dim.empty() && o.grid.empty()) throw UsageError("--grid-dim needs --grid");
   if (!o.grid.empty() && o.group != "world") throw UsageError("--group and --grid exclude each other; use --grid-dim");
 
@@ -557,8 +561,8 @@ int run_collective(int argc, char** argv) {
   STRATA_MPI_CHECK(MPI_Comm_size(group.comm, &group_size));
   if (o.root >= group_size) throw UsageError("--root " + std::to_string(o.root) + " is not a rank of a group of " +
                                              std::to_string(group_size));
-  // HO-Ring exists on the process groups only, which have no device-buffer path nor the blocking path's tuning.
-  const bool on_groups = o.backend == "mpi" && !o.device_buffers && !tuned;
+  // HO-Ring and shm exist on the process groups only, which have no device-buffer path.
+  const bool on_groups = o.backend == "mpi" && !o.device_buffers;
   auto available = [&](Operation op, Algo a) {
     return coll::is_supported(op, a) || (on_groups && coll::info(op).group_algos.has(a));
   };
@@ -566,7 +570,7 @@ int run_collective(int argc, char** argv) {
     for (Algo a : algos)
       if (!available(op, a) && o.algos != "all")
         throw UsageError("algorithm " + std::string(coll::name(a)) + " is not available for " + std::string(coll::name(op)) +
-                         (coll::info(op).group_algos.has(a) ? " with --device-buffers or tuned segment or message sizes" : ""));
+                         (coll::info(op).group_algos.has(a) ? " with --device-buffers" : ""));
 
   coll::MpiTypes types;
   std::unique_ptr<Executor> executor;
@@ -625,13 +629,14 @@ int run_collective(int argc, char** argv) {
 #ifdef STRATA_HAVE_CUDA
     if (o.device_buffers) ctx.device_copy = &cuda::copy_on_device;  // the library path's copies between buffers
 #endif
-    // The process groups have no device-buffer path, nor the blocking path's segment and message sizes:
-    // either flag keeps every case on the blocking path.
+    // The process groups have no device-buffer path: --device-buffers keeps every case on the blocking path.
     std::unique_ptr<coll::Group> process_group;
-    if (!o.device_buffers && !tuned) {
+    if (!o.device_buffers) {
       MPI_Comm dup = MPI_COMM_NULL;
       STRATA_MPI_CHECK(MPI_Comm_dup(group.comm, &dup));
       process_group = std::make_unique<coll::Group>(group_kind, Comm(dup), group.node_of_rank, types);
+      process_group->ring_segment_bytes = static_cast<size_t>(segment_bytes);
+      process_group->max_message_bytes = static_cast<size_t>(max_message_bytes);
     }
     executor = std::make_unique<MpiExecutor>(ctx, std::move(process_group), o.device_buffers);
   }

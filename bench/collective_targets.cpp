@@ -45,7 +45,7 @@ int run_targets(int argc, char** argv) {
   coll::MpiTypes types;
   coll::Context ctx = coll::world_context(layout, types);
   HostTimer timer;
-  const double factor = 2.0 * (size - 1) / size;
+  const double factor = coll::bus_factor(coll::Operation::allreduce, size);
   auto say = [&](const char* format, auto... args) {
     if (rank == 0) std::printf(format, args...);
   };
@@ -110,10 +110,10 @@ int run_targets(int argc, char** argv) {
     };
     double allgather_bw = best_busbw([&](Algo algo) {
       coll::allgather(algo, in.data(), out.data(), count / size, coll::DataType::float32, ctx);
-    }, double(size - 1) / size);
+    }, coll::bus_factor(coll::Operation::allgather, size));
     double broadcast_bw = best_busbw([&](Algo algo) {
       coll::broadcast(algo, in.data(), out.data(), count, coll::DataType::float32, 0, ctx);
-    }, 1.0);
+    }, coll::bus_factor(coll::Operation::broadcast, size));
     for (auto [label, bw] : {std::pair{"allreduce", best_large_busbw}, std::pair{"allgather", allgather_bw},
                              std::pair{"broadcast", broadcast_bw}})
       say("%-28s %12.3f %10.3f  (target >= 0.8: %s)\n", label, bw / 1e9, bw / copy_bw, verdict(bw / copy_bw >= 0.8));

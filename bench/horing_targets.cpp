@@ -34,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,7 @@
 #include "bench/harness.h"
 #include "bench/targets.h"
 #include "collectives/mpi_error.h"
+#include "collectives/nccl_plan.h"  // ring_traffic
 #include "collectives/operations.h"
 #include "collectives/process_group.h"
 #include "collectives/types.h"
@@ -112,12 +114,17 @@ int run_targets(int argc, char** argv) {
   if (smoke && chunk_bytes == 0) chunk_bytes = 1024;
   if (min_bytes == 0 || min_bytes > max_bytes) throw UsageError("--minbytes must be positive and at most --maxbytes");
 
+  // The operations the process groups run with HO-Ring, as the operations table says.
+  std::string horing_ops;
+  for (Operation operation : coll::kAllOperations)
+    if (Group::supports(operation, Algo::horing))
+      horing_ops += (horing_ops.empty() ? "" : ", ") + std::string(coll::name(operation));
   std::vector<Operation> operations;
   for (const std::string& name : split(ops_text, ',')) {
-    if (name == "allreduce") operations.push_back(Operation::allreduce);
-    else if (name == "reduce_scatter") operations.push_back(Operation::reduce_scatter);
-    else if (name == "allgather") operations.push_back(Operation::allgather);
-    else throw UsageError("--ops: '" + name + "' is not allreduce, reduce_scatter or allgather");
+    const std::optional<Operation> operation = coll::parse_operation(name);
+    if (!operation || !Group::supports(*operation, Algo::horing))
+      throw UsageError("--ops: '" + name + "' is not an operation HO-Ring runs (" + horing_ops + ")");
+    operations.push_back(*operation);
   }
   std::vector<std::string> wanted = split(contenders_text, ',');
   for (const std::string& name : wanted)
@@ -216,38 +223,32 @@ int run_targets(int argc, char** argv) {
       const size_t block = count / n, shard = count / Lz, B = block * sizeof(float);
       const size_t input_count = operation == Operation::allgather ? block : count;
       for (size_t i = 0; i < input_count; ++i) in[i] = input_value(rank, i);
-      const size_t elements = operation == Operation::allreduce ? count : block;  // what HO-Ring cuts into chunks
+      // The count argument of the operation (the whole buffer of an allreduce, one rank's block otherwise), which
+      // HO-Ring cuts into chunks.
+      const size_t op_count = coll::counts_for(operation, S, sizeof(float), size).count;
       const size_t per_chunk = std::max({size_t{1}, world.horing_chunk_bytes / sizeof(float),
-                                         (elements + Group::kHoRingChunks - 1) / Group::kHoRingChunks});
-      const size_t chunks = (elements + per_chunk - 1) / per_chunk;
+                                         (op_count + Group::kHoRingChunks - 1) / Group::kHoRingChunks});
+      const size_t chunks = (op_count + per_chunk - 1) / per_chunk;
 
       // The formulas, per rank. Two-level: inside the node a ring over L ranks, across nodes a ring over g.
-      const bool right_same_node = world.node_of_rank()[static_cast<size_t>((rank + 1) % size)] ==
-                                   world.node_of_rank()[static_cast<size_t>(rank)];
-      auto on_ring_tier = [&](uint64_t bytes_sent) {
-        return right_same_node ? Traffic{bytes_sent, 0} : Traffic{0, bytes_sent};
-      };
-      Traffic two_level, ring;
+      // The flat ring: the operations table's ring model, 2(n-1)/n S or (n-1)/n S to the right neighbour.
+      const Traffic ring = coll::ring_traffic(operation, op_count, kFloat, rank, world.node_of_rank());
+      Traffic two_level;
       std::vector<Traffic> phase_formula;
       // Shared memory: an allgather inside the node counts a rank's own block, not the L - 1 it passes on.
       const uint64_t gather_share = intra_algo == Algo::shm ? 1 : Lz - 1;
-      if (operation == Operation::allreduce) {
+      if (operation == Operation::allreduce)
         phase_formula = {{(Lz - 1) * S / Lz, 0}, {0, 2 * (gz - 1) * S / (gz * Lz)}, {gather_share * S / Lz, 0}};
-        ring = on_ring_tier(2 * (n - 1) * S / n);
-      } else if (operation == Operation::reduce_scatter) {
+      else if (operation == Operation::reduce_scatter)
         phase_formula = {{(Lz - 1) * gz * B, 0}, {0, (gz - 1) * B}};
-        ring = on_ring_tier((n - 1) * B);
-      } else {
+      else
         phase_formula = {{0, (gz - 1) * B}, {gather_share * gz * B, 0}};
-        ring = on_ring_tier((n - 1) * B);
-      }
       for (const Traffic& t : phase_formula) two_level += t;
 
-      auto algorithm = [&, operation](Algo algo) {
-        return [&, operation, algo] {
-          Work w = operation == Operation::allreduce ? world.allreduce(algo, in.get(), out.get(), count, kFloat, kSum)
-                   : operation == Operation::reduce_scatter ? world.reduce_scatter(algo, in.get(), out.get(), block, kFloat, kSum)
-                                                            : world.allgather(algo, in.get(), out.get(), block, kFloat);
+      const coll::OperationInfo& op_info = coll::info(operation);
+      auto algorithm = [&, op_count](Algo algo) {
+        return [&, op_count, algo] {
+          Work w = op_info.start(world, algo, {in.get(), out.get(), op_count, kFloat, kSum}, coll::Waiting::later);
           w.wait();
           return w.traffic();
         };

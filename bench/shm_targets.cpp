@@ -68,20 +68,19 @@ int run_targets(int argc, char** argv) {
 
   // One call of `operation` moving S = `bytes` (nccl-tests' S), by the library or through the segment, in
   // place (the input already in `out`, where algorithms.h puts it) or from `in`.
+  // The operation's count and, in place, where its input sits in `out`, from the operations table.
+  auto counts = [&](Operation operation, size_t bytes) { return coll::counts_for(operation, bytes, sizeof(float), size); };
+  auto in_place_input = [&](Operation operation, size_t bytes) {
+    return out.get() + coll::in_place_offsets(operation, counts(operation, bytes), sizeof(float), rank).send / sizeof(float);
+  };
   auto call = [&](Operation operation, bool use_shm, size_t bytes, bool in_place = false) {
-    const size_t count = operation == Operation::allgather ? bytes / sizeof(float) / size : bytes / sizeof(float);
-    float* send = !in_place ? in.get() : operation == Operation::allgather ? out.get() + rank * count : out.get();
+    const size_t count = counts(operation, bytes).count;
+    const float* send = in_place ? in_place_input(operation, bytes) : in.get();
     if (use_shm) {
       shm.run(operation, send, out.get(), count, coll::DataType::float32, coll::RedOp::sum, 0);
       return;
     }
-    const auto dtype = coll::DataType::float32;
-    if (operation == Operation::allreduce)
-      coll::allreduce(coll::Algo::library, send, out.get(), count, dtype, coll::RedOp::sum, ctx);
-    else if (operation == Operation::allgather)
-      coll::allgather(coll::Algo::library, send, out.get(), count, dtype, ctx);
-    else
-      coll::broadcast(coll::Algo::library, send, out.get(), count, dtype, 0, ctx);
+    coll::info(operation).run(coll::Algo::library, {send, out.get(), count, coll::DataType::float32}, ctx);
   };
   // Samples of one contender: each the max over ranks of a loop of back-to-back calls (at least ~4 MiB).
   auto timed = [&](int warmup, const std::function<void()>& once, size_t bytes) {
@@ -97,12 +96,12 @@ int run_targets(int argc, char** argv) {
     for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(static_cast<int>((i * 13 + rank * 7) % 9) - 4);
   };
   auto check = [&](Operation operation, size_t bytes, bool in_place = false) {
-    const size_t count = operation == Operation::allgather ? bytes / sizeof(float) / size : bytes / sizeof(float);
+    const coll::Counts c = counts(operation, bytes);
+    const size_t count = c.count;
     fill_inputs(max_count);
-    if (in_place)
-      std::memcpy(operation == Operation::allgather ? out.get() + rank * count : out.get(), in.get(), count * 4);
+    if (in_place) std::memcpy(in_place_input(operation, bytes), in.get(), c.send_elems * sizeof(float));
     call(operation, true, bytes, in_place);
-    const size_t total = operation == Operation::allgather ? count * size : count;
+    const size_t total = c.recv_elems;
     size_t wrong = 0;
     for (size_t i = 0; i < total; ++i) {
       float want = 0;

@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <array>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -12,7 +11,7 @@
 
 #include "collectives/gpu_error.h"
 #include "collectives/mpi_error.h"
-#include "collectives/nccl_types.h"
+#include "collectives/nccl_calls.h"
 
 namespace strata::coll {
 
@@ -117,89 +116,6 @@ NcclBackend::~NcclBackend() = default;
 
 void* NcclBackend::stream() const { return impl_->resources.stream; }
 
-namespace {
-
-// One enqueued operation: the arguments, the group's communicator, rank and size, and scratch on the stream.
-struct NcclCall {
-  const OpArgs& args;
-  ncclComm_t comm;
-  cudaStream_t stream;
-  int rank, size;
-  ncclDataType_t type;
-  // Copies bytes of input to the backend's scratch on the stream (backend: its Impl).
-  const void* (*stage)(void* backend, const void* input, std::size_t bytes);
-  void* backend;
-  // The input, in place copied to scratch first: the grouped sends and receives of alltoall and sendrecv
-  // would otherwise read and write one buffer concurrently.
-  const void* staged(std::size_t bytes) const {
-    return args.sendbuf == args.recvbuf ? stage(backend, args.sendbuf, bytes) : args.sendbuf;
-  }
-};
-
-// The NCCL half of the operations table (operations.h), in the order of kAllOperations.
-struct NcclEntry {
-  Operation operation;
-  void (*enqueue)(const NcclCall& c);
-};
-
-constexpr std::array<NcclEntry, 7> kNcclCalls{{
-    {Operation::allreduce,
-     [](const NcclCall& c) {
-       STRATA_COLL_NCCL_CHECK(ncclAllReduce(c.args.sendbuf, c.args.recvbuf, c.args.count, c.type,
-                                            nccl_op(c.args.redop), c.comm, c.stream));
-     }},
-    {Operation::allgather,
-     [](const NcclCall& c) {
-       STRATA_COLL_NCCL_CHECK(ncclAllGather(c.args.sendbuf, c.args.recvbuf, c.args.count, c.type, c.comm, c.stream));
-     }},
-    {Operation::reduce_scatter,
-     [](const NcclCall& c) {
-       STRATA_COLL_NCCL_CHECK(ncclReduceScatter(c.args.sendbuf, c.args.recvbuf, c.args.count, c.type,
-                                                nccl_op(c.args.redop), c.comm, c.stream));
-     }},
-    // NCCL has no alltoall: grouped sends and receives, as nccl-tests does.
-    {Operation::alltoall,
-     [](const NcclCall& c) {
-       const std::size_t block = c.args.count * size_of(c.args.dtype);
-       const auto* send = static_cast<const char*>(c.staged(static_cast<std::size_t>(c.size) * block));
-       STRATA_COLL_NCCL_CHECK(ncclGroupStart());
-       for (int peer = 0; peer < c.size; ++peer) {
-         STRATA_COLL_NCCL_CHECK(ncclSend(send + peer * block, c.args.count, c.type, peer, c.comm, c.stream));
-         STRATA_COLL_NCCL_CHECK(ncclRecv(static_cast<char*>(c.args.recvbuf) + peer * block, c.args.count, c.type,
-                                         peer, c.comm, c.stream));
-       }
-       STRATA_COLL_NCCL_CHECK(ncclGroupEnd());
-     }},
-    {Operation::broadcast,
-     [](const NcclCall& c) {
-       STRATA_COLL_NCCL_CHECK(ncclBroadcast(c.args.sendbuf, c.args.recvbuf, c.args.count, c.type, c.args.root,
-                                            c.comm, c.stream));
-     }},
-    {Operation::reduce,
-     [](const NcclCall& c) {
-       STRATA_COLL_NCCL_CHECK(ncclReduce(c.args.sendbuf, c.args.recvbuf, c.args.count, c.type, nccl_op(c.args.redop),
-                                         c.args.root, c.comm, c.stream));
-     }},
-    {Operation::sendrecv,
-     [](const NcclCall& c) {
-       const void* send = c.staged(c.args.count * size_of(c.args.dtype));
-       STRATA_COLL_NCCL_CHECK(ncclGroupStart());
-       STRATA_COLL_NCCL_CHECK(ncclSend(send, c.args.count, c.type, (c.rank + 1) % c.size, c.comm, c.stream));
-       STRATA_COLL_NCCL_CHECK(
-           ncclRecv(c.args.recvbuf, c.args.count, c.type, (c.rank - 1 + c.size) % c.size, c.comm, c.stream));
-       STRATA_COLL_NCCL_CHECK(ncclGroupEnd());
-     }},
-}};
-
-constexpr bool in_table_order() {
-  for (std::size_t i = 0; i < kNcclCalls.size(); ++i)
-    if (kNcclCalls[i].operation != kAllOperations[i]) return false;
-  return kNcclCalls.size() == kAllOperations.size();
-}
-static_assert(in_table_order(), "one NCCL call per Operation, in the order of kAllOperations");
-
-}  // namespace
-
 void NcclBackend::run(Operation operation, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
                       RedOp op, int root) {
   Impl& s = *impl_;
@@ -212,8 +128,7 @@ void NcclBackend::run(Operation operation, const void* sendbuf, void* recvbuf, s
         cudaMemcpyAsync(scratch, input, bytes, cudaMemcpyDeviceToDevice, impl.resources.stream));
     return scratch;
   };
-  kNcclCalls[static_cast<std::size_t>(operation)].enqueue(
-      {args, s.group.comm, s.resources.stream, s.rank, s.size, nccl_type(dtype), stage, &s});
+  enqueue_nccl(operation, {args, s.group.comm, s.resources.stream, s.rank, s.size, stage, &s});
 }
 
 void NcclBackend::synchronize() { STRATA_COLL_CUDA_CHECK(cudaStreamSynchronize(impl_->resources.stream)); }

@@ -10,6 +10,7 @@
 #include "collectives/gpu_error.h"
 #include "collectives/mpi.h"
 #include "collectives/mpi_error.h"
+#include "collectives/nccl_calls.h"
 #include "collectives/nccl_plan.h"
 #include "collectives/nccl_types.h"
 
@@ -137,41 +138,31 @@ NcclWork NcclGroup::launch(cudaStream_t compute, Traffic traffic, Call call) {
   return work;
 }
 
+// An operation of the operations table, through its NCCL call (nccl_calls.h), with the ring model's traffic.
+NcclWork NcclGroup::start(Operation operation, const OpArgs& args, cudaStream_t compute) {
+  const Traffic traffic = ring_traffic(operation, args.count, args.dtype, rank_, node_of_rank_, args.root);
+  return launch(compute, traffic, [&](ncclComm_t comm, cudaStream_t stream) {
+    enqueue_nccl(operation, {args, comm, stream, rank_, size_});
+  });
+}
+
 NcclWork NcclGroup::allreduce(const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
                               cudaStream_t compute) {
-  const ncclDataType_t type = nccl_type(dtype);
-  const ncclRedOp_t reduction = nccl_op(op);
-  return launch(compute, ring_traffic(Operation::allreduce, count, dtype, rank_, node_of_rank_),
-                [&](ncclComm_t comm, cudaStream_t stream) {
-                  STRATA_COLL_NCCL_CHECK(ncclAllReduce(sendbuf, recvbuf, count, type, reduction, comm, stream));
-                });
+  return start(Operation::allreduce, {sendbuf, recvbuf, count, dtype, op}, compute);
 }
 
 NcclWork NcclGroup::reduce_scatter(const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype, RedOp op,
                                    cudaStream_t compute) {
-  const ncclDataType_t type = nccl_type(dtype);
-  const ncclRedOp_t reduction = nccl_op(op);
-  return launch(compute, ring_traffic(Operation::reduce_scatter, recvcount, dtype, rank_, node_of_rank_),
-                [&](ncclComm_t comm, cudaStream_t stream) {
-                  STRATA_COLL_NCCL_CHECK(ncclReduceScatter(sendbuf, recvbuf, recvcount, type, reduction, comm, stream));
-                });
+  return start(Operation::reduce_scatter, {sendbuf, recvbuf, recvcount, dtype, op}, compute);
 }
 
 NcclWork NcclGroup::allgather(const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, cudaStream_t compute) {
-  const ncclDataType_t type = nccl_type(dtype);
-  return launch(compute, ring_traffic(Operation::allgather, count, dtype, rank_, node_of_rank_),
-                [&](ncclComm_t comm, cudaStream_t stream) {
-                  STRATA_COLL_NCCL_CHECK(ncclAllGather(sendbuf, recvbuf, count, type, comm, stream));
-                });
+  return start(Operation::allgather, {sendbuf, recvbuf, count, dtype}, compute);
 }
 
 NcclWork NcclGroup::broadcast(void* buf, std::size_t count, DataType dtype, int root, cudaStream_t compute) {
   check_root(root, size_, name_.c_str());
-  const ncclDataType_t type = nccl_type(dtype);
-  return launch(compute, ring_traffic(Operation::broadcast, count, dtype, rank_, node_of_rank_, root),
-                [&](ncclComm_t comm, cudaStream_t stream) {
-                  STRATA_COLL_NCCL_CHECK(ncclBroadcast(buf, buf, count, type, root, comm, stream));
-                });
+  return start(Operation::broadcast, {buf, buf, count, dtype, RedOp::sum, root}, compute);
 }
 
 NcclWork NcclGroup::send(const void* buf, std::size_t count, DataType dtype, int peer, cudaStream_t compute) {

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/operations.h"
 #include "collectives/process_group.h"
 #include "collectives/types.h"
 #include "collectives/work.h"  // Traffic
@@ -104,6 +105,7 @@ class NcclGroup {
 
  private:
   struct Handles;
+  NcclWork start(Operation operation, const OpArgs& args, cudaStream_t compute);
   template <typename Call>
   NcclWork launch(cudaStream_t compute, Traffic traffic, Call call);
 

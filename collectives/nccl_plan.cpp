@@ -56,27 +56,12 @@ void check_exchange(int to, int from, int size, const char* group) {
 
 Traffic ring_traffic(Operation operation, std::size_t count, DataType dtype, int rank,
                      const std::vector<int>& node_of_rank, int root) {
-  const std::size_t n = node_of_rank.size(), esize = size_of(dtype);
-  if (rank < 0 || static_cast<std::size_t>(rank) >= n) throw std::invalid_argument("ring_traffic: rank out of range");
-  switch (operation) {
-    case Operation::allreduce: {
-      // Even blocks; the reduce-scatter pass sends every block but mine, the allgather pass every block but my
-      // right neighbour's.
-      auto block = [&](std::size_t b) { return count * (b + 1) / n - count * b / n; };
-      const std::size_t r = static_cast<std::size_t>(rank);
-      return to_right((2 * count - block(r) - block((r + 1) % n)) * esize, rank, node_of_rank);
-    }
-    case Operation::reduce_scatter:
-    case Operation::allgather: return to_right((n - 1) * count * esize, rank, node_of_rank);
-    case Operation::broadcast: {
-      check_root(root, static_cast<int>(n), "ring_traffic");
-      // A chain from the root: every rank but the last forwards the whole buffer.
-      const std::size_t position = (static_cast<std::size_t>(rank) + n - static_cast<std::size_t>(root)) % n;
-      return to_right(position + 1 < n ? count * esize : 0, rank, node_of_rank);
-    }
-    default: break;
-  }
-  throw std::invalid_argument("ring_traffic: no ring model for " + std::string(name(operation)));
+  const int n = static_cast<int>(node_of_rank.size());
+  if (rank < 0 || rank >= n) throw std::invalid_argument("ring_traffic: rank out of range");
+  const OperationInfo& op = info(operation);
+  if (!op.ring_elements) throw std::invalid_argument("ring_traffic: no ring model for " + std::string(op.name));
+  if (op.rooted) check_root(root, n, "ring_traffic");
+  return to_right(op.ring_elements(count, rank, n, root) * size_of(dtype), rank, node_of_rank);
 }
 
 Traffic message_traffic(std::size_t count, DataType dtype, int rank, int peer, const std::vector<int>& node_of_rank) {

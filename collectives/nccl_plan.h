@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "collectives/algorithms.h"
+#include "collectives/operations.h"
 #include "collectives/types.h"
 #include "collectives/work.h"  // Traffic
 
@@ -34,9 +34,11 @@ void check_exchange(int to, int from, int size, const char* group);
 
 // The bytes a rank sends in one operation on the group, split by whether the receiver is on its node
 // (node_of_rank[r]: the node of group rank r). Collectives are counted as the ring over group-rank order that
-// the MPI groups' Algo::ring runs (process_group.cpp), which is what NCCL's ring algorithm sends too: NCCL
-// chooses its own algorithm and ring order, so the split between tiers is a model, not a measurement.
+// the MPI groups' Algo::ring runs (the operations table's ring_elements, operations.h), which is what NCCL's
+// ring algorithm sends too: NCCL chooses its own algorithm and ring order, so the split between tiers is a
+// model, not a measurement.
 // `count` is the operation's count argument, as the groups take it (reduce_scatter: the count received).
+// std::invalid_argument for an operation without a ring (its table entry has no ring_elements).
 Traffic ring_traffic(Operation operation, std::size_t count, DataType dtype, int rank,
                      const std::vector<int>& node_of_rank, int root = 0);
 // A message of count elements from `rank` to `peer`.

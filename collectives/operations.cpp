@@ -15,7 +15,7 @@ namespace {
 
 using Elements = OperationInfo::Elements;
 
-constexpr std::array<OperationInfo, 7> kOperations{{
+constexpr auto kOperations = std::to_array<OperationInfo>({
     {.operation = Operation::allreduce,
      .name = "allreduce",
      .reduction = true,
@@ -23,6 +23,13 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .elements = [](std::size_t e, int) { return Elements{e, e, e, e}; },
      .bus_factor = [](int n) { return 2.0 * (n - 1) / n; },
      .in_place = InPlace::same_buffer,
+     // Even blocks; the reduce-scatter pass sends every block but mine, the allgather pass every block but my
+     // right neighbour's.
+     .ring_elements = [](std::size_t count, int rank, int n, int) {
+       const std::size_t r = static_cast<std::size_t>(rank), size = static_cast<std::size_t>(n);
+       auto block = [&](std::size_t b) { return count * (b + 1) / size - count * b / size; };
+       return 2 * count - block(r) - block((r + 1) % size);
+     },
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
      .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing, Algo::shm},
      .expected = [](const CheckSpec& s, std::size_t, int, int n, int, std::size_t i) -> std::optional<double> {
@@ -41,6 +48,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .elements = [](std::size_t e, int n) { return Elements{e / n, e / n, e / n * n, e / n}; },
      .bus_factor = [](int n) { return double(n - 1) / n; },
      .in_place = InPlace::send_in_rank_block,
+     .ring_elements = [](std::size_t count, int, int n, int) { return static_cast<std::size_t>(n - 1) * count; },
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
      .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing, Algo::shm},
      .expected = [](const CheckSpec& s, std::size_t count, int, int, int, std::size_t i) -> std::optional<double> {
@@ -59,6 +67,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .elements = [](std::size_t e, int n) { return Elements{e / n, e / n * n, e / n, e / n}; },
      .bus_factor = [](int n) { return double(n - 1) / n; },
      .in_place = InPlace::recv_in_rank_block,
+     .ring_elements = [](std::size_t count, int, int n, int) { return static_cast<std::size_t>(n - 1) * count; },
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
      .group_algos = {Algo::library, Algo::ring, Algo::hierarchical, Algo::horing, Algo::shm},
      .expected = [](const CheckSpec& s, std::size_t count, int rank, int n, int,
@@ -79,6 +88,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .elements = [](std::size_t e, int n) { return Elements{e / n, e / n * n, e / n * n, e / n * n}; },
      .bus_factor = [](int n) { return double(n - 1) / n; },
      .in_place = InPlace::same_buffer,
+     .ring_elements = nullptr,
      .algos = {Algo::library, Algo::ring},
      .group_algos = {},
      // Block s of the output is block `rank` of rank s's input.
@@ -98,6 +108,11 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .elements = [](std::size_t e, int) { return Elements{e, e, e, e}; },
      .bus_factor = [](int) { return 1.0; },
      .in_place = InPlace::same_buffer,
+     // A chain from the root: every rank but the last forwards the whole buffer.
+     .ring_elements = [](std::size_t count, int rank, int n, int root) -> std::size_t {
+       const int position = (rank + n - root) % n;
+       return position + 1 < n ? count : 0;
+     },
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling},
      .group_algos = {Algo::library, Algo::ring, Algo::shm},
      .expected = [](const CheckSpec& s, std::size_t, int, int, int root, std::size_t i) -> std::optional<double> {
@@ -119,6 +134,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .elements = [](std::size_t e, int) { return Elements{e, e, e, e}; },
      .bus_factor = [](int) { return 1.0; },
      .in_place = InPlace::same_buffer,
+     .ring_elements = nullptr,
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling},
      .group_algos = {},
      .expected = [](const CheckSpec& s, std::size_t, int rank, int n, int root,
@@ -137,6 +153,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
      .elements = [](std::size_t e, int) { return Elements{e, e, e, e}; },
      .bus_factor = [](int) { return 1.0; },
      .in_place = InPlace::same_buffer,
+     .ring_elements = nullptr,
      .algos = {Algo::library, Algo::ring},
      .group_algos = {},
      // From the left neighbour around the ring.
@@ -147,7 +164,7 @@ constexpr std::array<OperationInfo, 7> kOperations{{
        return sendrecv(algo, a.sendbuf, a.recvbuf, a.count, a.dtype, ctx);
      },
      .start = nullptr},
-}};
+});
 
 constexpr bool in_enum_order() {
   for (std::size_t i = 0; i < kOperations.size(); ++i)

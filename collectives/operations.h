@@ -1,13 +1,14 @@
 // The collective operations Strata measures, one table entry each, as nccl-tests has one small file per
 // collective: the name, how nccl-tests' size S becomes counts, the bus-bandwidth factor, where the input sits
-// in place, the algorithms, the expected result of the check inputs, and the calls (the blocking MPI
-// algorithms of algorithms.h and, where they have it, the process groups' non-blocking one). Everything
-// else asks the table rather than switching on the operation. The NCCL call cannot live here (NCCL code is
-// built only with CUDA): nccl_backend.cpp holds a parallel array in the order of kAllOperations, and a
-// static_assert there refuses a table it does not cover.
+// in place, the algorithms, the expected result of the check inputs, the bytes the ring sends, and the calls
+// (the blocking MPI algorithms of algorithms.h and, where they have it, the process groups' non-blocking one).
+// Everything else asks the table rather than switching on the operation. The NCCL call cannot live here
+// (NCCL code is built only with CUDA): nccl_calls.cpp holds a parallel array in the order of kAllOperations,
+// which the NCCL backend and the NCCL process groups both call, and a static_assert there refuses a table it
+// does not cover.
 //
-// Adding an operation: a value of Operation, its entry in operations.cpp, its blocking call in
-// algorithms.{h,cpp}, and its entry in nccl_backend.cpp's array.
+// Adding an operation: a value of Operation and kAllOperations, its entry in operations.cpp, its blocking call
+// in algorithms.{h,cpp}, and its NCCL call in nccl_calls.cpp.
 #pragma once
 
 #include <array>
@@ -31,12 +32,12 @@ enum class Waiting;      // process_group.h
 enum class Algo { library, ring, recursive_doubling, hierarchical, horing, shm };
 enum class Operation { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, sendrecv };
 
-inline constexpr std::array<Algo, 6> kAllAlgos{Algo::library, Algo::ring, Algo::recursive_doubling,
-                                               Algo::hierarchical, Algo::horing, Algo::shm};
-inline constexpr std::array<Operation, 7> kAllOperations{Operation::allreduce, Operation::allgather,
-                                                         Operation::reduce_scatter, Operation::alltoall,
-                                                         Operation::broadcast, Operation::reduce,
-                                                         Operation::sendrecv};
+inline constexpr auto kAllAlgos = std::to_array<Algo>(
+    {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical, Algo::horing, Algo::shm});
+// In the order of the enum, as the tables indexed by it (operations.cpp, nccl_calls.cpp) are.
+inline constexpr auto kAllOperations = std::to_array<Operation>(
+    {Operation::allreduce, Operation::allgather, Operation::reduce_scatter, Operation::alltoall, Operation::broadcast,
+     Operation::reduce, Operation::sendrecv});
 
 // A set of algorithms, one bit per Algo.
 class Algos {
@@ -97,6 +98,10 @@ struct OperationInfo {
   Elements (*elements)(std::size_t elems, int n);
   double (*bus_factor)(int n);  // nccl-tests' busbw / algbw
   InPlace in_place;
+  // Elements `rank` of n sends to its right neighbour when the operation runs as a ring over the ranks in rank
+  // order, for the count argument `count` (process_group.cpp's Algo::ring, which is also nccl_plan.h's model of
+  // NCCL's ring); null where no ring over the process groups runs it.
+  std::size_t (*ring_elements)(std::size_t count, int rank, int n, int root);
   Algos algos;        // the blocking path (algorithms.h)
   Algos group_algos;  // the process groups' non-blocking path (process_group.h)
   // The value of receive-buffer element i on `rank` of n after the operation on the check inputs

@@ -33,11 +33,17 @@ struct Channel {
   const std::vector<int>* nodes = nullptr;  // node of each rank of comm
   Traffic* traffic = nullptr;
   int tag = 0;
+  std::size_t max_message = kMaxPiece;     // larger messages go in pieces (Group::max_message_bytes)
+  std::size_t ring_segment = kMaxPiece;    // the ring reduces this much at a time (Group::ring_segment_bytes)
+  // At least one byte, and an int count.
+  std::size_t piece_limit() const { return std::clamp<std::size_t>(max_message, 1, INT_MAX); }
 };
 
+// Both ends of a message cut it into the same pieces: a group's settings are the same on every rank.
 void post_send(Requests& q, const Channel& ch, const std::byte* buf, std::size_t bytes, int peer) {
-  for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += kMaxPiece) {
-    const int piece = static_cast<int>(std::min(kMaxPiece, bytes - offset));
+  const std::size_t limit = ch.piece_limit();
+  for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += limit) {
+    const int piece = static_cast<int>(std::min(limit, bytes - offset));
     STRATA_MPI_CHECK(MPI_Isend(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, q.add()));
     if (bytes == 0) break;
   }
@@ -48,8 +54,9 @@ void post_send(Requests& q, const Channel& ch, const std::byte* buf, std::size_t
 }
 
 void post_recv(Requests& q, const Channel& ch, std::byte* buf, std::size_t bytes, int peer) {
-  for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += kMaxPiece) {
-    const int piece = static_cast<int>(std::min(kMaxPiece, bytes - offset));
+  const std::size_t limit = ch.piece_limit();
+  for (std::size_t offset = 0; offset < bytes || (bytes == 0 && offset == 0); offset += limit) {
+    const int piece = static_cast<int>(std::min(limit, bytes - offset));
     STRATA_MPI_CHECK(MPI_Irecv(buf + offset, piece, MPI_BYTE, peer, ch.tag, ch.comm, q.add()));
     if (bytes == 0) break;
   }
@@ -79,18 +86,29 @@ RedOp reduction_of(RedOp op) { return op == RedOp::avg ? RedOp::sum : op; }
 // ---- ring phases ------------------------------------------------------------------------------------------
 
 // Ring reduce-scatter in place over n blocks of buf: rank r ends holding block r reduced over every rank.
-// At step s rank r sends block r-1-s to the right and reduces block r-2-s from the left into its own copy.
+// At step s rank r sends block r-1-s to the right and reduces block r-2-s from the left into its own copy, in
+// segments of ch.ring_segment bytes (whole elements, at least one): every segment of the block it sends is
+// posted at once, and each received segment is reduced as it arrives, so scratch holds one segment. The
+// right neighbour cuts the same block into the same segments. An empty block is one empty message.
 Step ring_reduce_scatter(Channel ch, std::byte* buf, Blocks blocks, DataType dtype, RedOp op, std::byte* scratch) {
   const int n = ch.size, r = ch.rank, right = wrap(r + 1, n), left = wrap(r - 1, n);
-  const std::size_t esize = size_of(dtype);
-  Requests q;
+  const std::size_t esize = size_of(dtype), per_segment = std::max<std::size_t>(1, ch.ring_segment / esize);
+  Requests sends, q;
   for (int s = 0; s < n - 1; ++s) {
     const int send_block = wrap(r - 1 - s, n), recv_block = wrap(r - 2 - s, n);
-    q.clear();
-    post_recv(q, ch, scratch, blocks.length(recv_block) * esize, left);
-    post_send(q, ch, buf + blocks.start(send_block) * esize, blocks.length(send_block) * esize, right);
-    co_await q;
-    reduce_into(buf + blocks.start(recv_block) * esize, scratch, blocks.length(recv_block), dtype, op);
+    const std::size_t send_length = blocks.length(send_block), recv_length = blocks.length(recv_block);
+    sends.clear();
+    for (std::size_t at = 0; at < send_length || at == 0; at += per_segment)
+      post_send(sends, ch, buf + (blocks.start(send_block) + at) * esize,
+                std::min(per_segment, send_length - at) * esize, right);
+    for (std::size_t at = 0; at < recv_length || at == 0; at += per_segment) {
+      const std::size_t piece = std::min(per_segment, recv_length - at);
+      q.clear();
+      post_recv(q, ch, scratch, piece * esize, left);
+      co_await q;
+      reduce_into(buf + (blocks.start(recv_block) + at) * esize, scratch, piece, dtype, op);
+    }
+    co_await sends;
   }
 }
 
@@ -299,7 +317,8 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
                     int ranks) -> Step {
             co_await ring_allreduce(ch, buf, count, dtype, reduction_of(op), scratch);
             if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
-          }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, out, count, dtype, op, scratch.get(), n);
+          }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag,
+                    max_message_bytes, ring_segment_bytes}, out, count, dtype, op, scratch.get(), n);
         },
         scratch);
   }
@@ -359,7 +378,8 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
             std::byte* mine = work + static_cast<std::size_t>(ch.rank) * recvcount * size_of(dtype);
             if (!in_place) std::memcpy(out, mine, recvcount * size_of(dtype));
             if (op == RedOp::avg) finish_avg(out, recvcount, dtype, ch.size);
-          }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, work, out, recvcount, dtype, op,
+          }(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag,
+                    max_message_bytes, ring_segment_bytes}, work, out, recvcount, dtype, op,
                  scratch.get(), in_place);
         },
         scratch);
@@ -403,7 +423,8 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
   if (algo == Algo::ring) {
     if (!in_place) std::memcpy(out + static_cast<std::size_t>(rank_) * block_bytes, in, block_bytes);
     return Work::start([&](Traffic* traffic) {
-      return ring_allgather(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag}, out, equal_blocks(count, n), esize);
+      return ring_allgather(Channel{comm_.get(), rank_, n, &node_of_rank_, traffic, tag,
+                                    max_message_bytes, ring_segment_bytes}, out, equal_blocks(count, n), esize);
     });
   }
   if (algo == Algo::hierarchical)
@@ -433,7 +454,8 @@ Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, i
     return Work::start([&](Traffic*) { return library_then(request, nullptr, 0, dtype, size_, nullptr, nullptr, 0); });
   }
   return Work::start([&](Traffic* traffic) {
-    return ring_broadcast(Channel{comm_.get(), rank_, size_, &node_of_rank_, traffic, tag}, static_cast<std::byte*>(buf),
+    return ring_broadcast(Channel{comm_.get(), rank_, size_, &node_of_rank_, traffic, tag,
+                                  max_message_bytes, ring_segment_bytes}, static_cast<std::byte*>(buf),
                           count * size_of(dtype), root, std::size_t{256} << 10);
   });
 }
@@ -447,7 +469,8 @@ Work Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
       Requests q;
       post_send(q, ch, buf, bytes, peer);
       co_await q;
-    }(Channel{comm_.get(), rank_, size_, &node_of_rank_, traffic, tag}, static_cast<const std::byte*>(buf),
+    }(Channel{comm_.get(), rank_, size_, &node_of_rank_, traffic, tag,
+              max_message_bytes, ring_segment_bytes}, static_cast<const std::byte*>(buf),
            count * size_of(dtype), peer);
   });
 }
@@ -461,7 +484,8 @@ Work Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
       Requests q;
       post_recv(q, ch, buf, bytes, peer);
       co_await q;
-    }(Channel{comm_.get(), rank_, size_, &node_of_rank_, nullptr, tag}, static_cast<std::byte*>(buf),
+    }(Channel{comm_.get(), rank_, size_, &node_of_rank_, nullptr, tag,
+              max_message_bytes, ring_segment_bytes}, static_cast<std::byte*>(buf),
            count * size_of(dtype), peer);
   });
 }
@@ -570,8 +594,9 @@ Work Group::hierarchical_allreduce(std::byte* out, std::size_t count, DataType d
           else
             co_await ring_allgather(intra, buf, shards, esize);
           if (op == RedOp::avg) finish_avg(buf, count, dtype, ranks);
-        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
-               Channel{inter_.get(), node_position, static_cast<int>(inter_nodes_.size()), &inter_nodes_, traffic, tag},
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag, max_message_bytes, ring_segment_bytes},
+               Channel{inter_.get(), node_position, static_cast<int>(inter_nodes_.size()), &inter_nodes_, traffic, tag,
+                       max_message_bytes, ring_segment_bytes},
                out, count, dtype, op, scratch.get(), n, std::move(turns), intra_first_.get(), intra_last_.get());
       },
       scratch);
@@ -612,8 +637,9 @@ Work Group::hierarchical_reduce_scatter(const std::byte* in, std::size_t in_stri
           co_await ring_reduce_scatter(inter, super, equal_blocks(recvcount, inter.size), dtype, reduce, scratch);
           std::memcpy(out, super + static_cast<std::size_t>(inter.rank) * block_bytes, block_bytes);
           if (op == RedOp::avg) finish_avg(out, recvcount, dtype, ranks);
-        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
-               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, recvcount, dtype, op,
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag, max_message_bytes, ring_segment_bytes},
+               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag,
+                       max_message_bytes, ring_segment_bytes}, work, out, recvcount, dtype, op,
                work + total, n, std::move(turns), intra_first_.get());
       },
       scratch);
@@ -651,8 +677,9 @@ Work Group::hierarchical_allgather(const std::byte* in, std::byte* out, std::siz
             for (int m = 0; m < nodes; ++m)
               std::memcpy(out + static_cast<std::size_t>(rank_at[static_cast<std::size_t>(m * per_node + l)]) * out_stride,
                           work + (static_cast<std::size_t>(l) * nodes + m) * block_bytes, block_bytes);
-        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag},
-               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag}, work, out, out_stride, count,
+        }(Channel{intra_.get(), local, per_node, &intra_nodes_, traffic, tag, max_message_bytes, ring_segment_bytes},
+               Channel{inter_.get(), node_position, nodes, &inter_nodes_, traffic, tag,
+                       max_message_bytes, ring_segment_bytes}, work, out, out_stride, count,
                dtype, std::move(rank_at), std::move(turns), intra_last_.get());
       },
       scratch);

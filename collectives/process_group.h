@@ -84,6 +84,12 @@ class Group {
   std::size_t horing_chunk_bytes = std::size_t{1} << 20;
   static constexpr int kHoRingChunks = 16;
   static constexpr int kHoRingWindow = 3;  // chunks in flight: one per phase (intra, inter, intra)
+  // The ring's reduction steps (Algo::ring, and the hierarchical algorithms' and HO-Ring's phases of messages)
+  // move this much at a time, as algorithms.h's Context::ring_segment_bytes; point-to-point messages larger than
+  // max_message_bytes (at most INT_MAX) go as several, as Context::max_message_bytes. The same on every rank of
+  // the group, set before its operations start. Tests set them small so the segments and the splitting run.
+  std::size_t ring_segment_bytes = std::size_t{1} << 20;
+  std::size_t max_message_bytes = std::size_t{1} << 30;
   ShmOptions shm_options;                  // for the segments, before the first call that makes one
   // The hierarchical algorithms' and HO-Ring's phases inside a node go through shared memory (shm.h) where
   // the group's ranks on the node share memory and are at least two (an allreduce also needs a count, or

@@ -46,7 +46,8 @@ def test_every_operation_and_algorithm_is_correct(tmp_path, ranks, per_node):
 
 def test_tiny_ring_segments_and_split_messages_through_the_program(tmp_path):
     # Segments of 8 bytes and messages cut every 3 bytes: the segmented reduction and the splitting of
-    # messages, which the default 1 MiB / 1 GiB never reach at test sizes, give exact results.
+    # messages, which the default 1 MiB / 1 GiB never reach at test sizes, give exact results, on the process
+    # groups (which alone run horing and shm) and on the blocking algorithms (recursive doubling, reduce).
     result, out = collective(4, ["--collective", "allreduce,reduce_scatter,allgather,broadcast,reduce", "-a", "all",
                                  "-d", "int8,float,double", "-o", "sum,max", "-b", "0", "-e", "2K", "-f", "7",
                                  "--ranks-per-node", "2", "--segment-bytes", "8", "--max-message-bytes", "3",
@@ -54,6 +55,7 @@ def test_tiny_ring_segments_and_split_messages_through_the_program(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     data = sr.read_cases_with_summary(str(out))
     assert (data["wrong_elements"] == 0).all() and len(data) > 0
+    assert {"ring", "hierarchical", "horing", "shm", "recursive_doubling"} <= set(data["algo"])
 
 
 def test_nccl_tests_conventions(tmp_path):
@@ -137,7 +139,8 @@ def test_mixed_pattern_runs_on_the_process_groups_with_any_of_their_algorithms(t
     assert len(data) == 4 and (data["wrong_elements"] == 0).all()
     assert set(data["algo"]) == {"hierarchical"}
     for args, message in ((["--backend", "nccl"], "--mixed runs on the MPI process groups"),
-                          (["-a", "recursive_doubling"], "--mixed takes one algorithm of the process groups"),
+                          (["-a", "recursive_doubling"],
+                           "--mixed takes one algorithm of the process groups: library, ring, hierarchical, horing, shm"),
                           (["-a", "library,ring"], "--mixed takes one algorithm of the process groups")):
         bad = tmp_path / "bad.h5"
         result, _ = collective(4, ["--grid", "tp=2,dp=2", "--mixed", *args, "--output", str(bad)], tmp_path)

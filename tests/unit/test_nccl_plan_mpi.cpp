@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -112,36 +113,36 @@ void expect_same(const Traffic& model, const Traffic& sent, const std::string& w
   EXPECT_EQ(model.inter_bytes, sent.inter_bytes) << what;
 }
 
-// The model counts what the MPI groups' ring algorithm sends, on every group, layout and count.
+// The model counts what the MPI groups' ring algorithm sends, for every operation of the table they run as a
+// ring (so a new entry is covered by its ring_elements), on every group, layout, count and root, in place.
 TEST(NcclPlan, RingTrafficMatchesTheMpiRing) {
   const int n = world_size_now();
+  for (Operation operation : kAllOperations) {
+    const OperationInfo& op = info(operation);
+    if (op.group_algos.has(Algo::ring)) {
+      EXPECT_NE(op.ring_elements, nullptr) << op.name << " has a ring but no model";
+    }
+  }
   for (int rpn : layouts()) {
     ProcessGroups groups(grid_for(n), rpn);
     for (Group* g : every_group(groups)) {
       const std::size_t size = static_cast<std::size_t>(g->size());
       const std::string where = g->name() + " rpn " + std::to_string(rpn);
       for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{13}, std::size_t{1000}}) {
-        const std::string what = where + " count " + std::to_string(count);
         std::vector<float> buf(std::max<std::size_t>(count * size, 1), 1.0f);
-        Work work = g->allreduce(Algo::ring, buf.data(), buf.data(), count, DataType::float32, RedOp::sum);
-        work.wait();
-        expect_same(ring_traffic(Operation::allreduce, count, DataType::float32, g->rank(), g->node_of_rank()),
-                    work.traffic(), "allreduce " + what);
-        work = g->reduce_scatter(Algo::ring, buf.data(), buf.data() + static_cast<std::size_t>(g->rank()) * count, count,
-                                 DataType::float32, RedOp::sum);
-        work.wait();
-        expect_same(ring_traffic(Operation::reduce_scatter, count, DataType::float32, g->rank(), g->node_of_rank()),
-                    work.traffic(), "reduce_scatter " + what);
-        work = g->allgather(Algo::ring, buf.data() + static_cast<std::size_t>(g->rank()) * count, buf.data(), count,
-                            DataType::float32);
-        work.wait();
-        expect_same(ring_traffic(Operation::allgather, count, DataType::float32, g->rank(), g->node_of_rank()),
-                    work.traffic(), "allgather " + what);
-        for (int root = 0; root < g->size(); ++root) {
-          work = g->broadcast(Algo::ring, buf.data(), count, DataType::float32, root);
-          work.wait();
-          expect_same(ring_traffic(Operation::broadcast, count, DataType::float32, g->rank(), g->node_of_rank(), root),
-                      work.traffic(), "broadcast root " + std::to_string(root) + " " + what);
+        for (Operation operation : kAllOperations) {
+          const OperationInfo& op = info(operation);
+          if (!op.group_algos.has(Algo::ring)) continue;
+          const InPlaceOffsets at = in_place_offsets(operation, Counts{.count = count}, sizeof(float), g->rank());
+          auto* base = reinterpret_cast<std::byte*>(buf.data());
+          for (int root = 0; root < (op.rooted ? g->size() : 1); ++root) {
+            const OpArgs args{base + at.send, base + at.recv, count, DataType::float32, RedOp::sum, root};
+            Work work = op.start(*g, Algo::ring, args, Waiting::later);
+            work.wait();
+            expect_same(ring_traffic(operation, count, DataType::float32, g->rank(), g->node_of_rank(), root),
+                        work.traffic(), std::string(op.name) + " root " + std::to_string(root) + " " + where +
+                                            " count " + std::to_string(count));
+          }
         }
       }
       if (g->size() > 1) {

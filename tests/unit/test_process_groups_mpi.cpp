@@ -364,6 +364,48 @@ TEST(ProcessGroups, EveryTableOperationBothWaysMatchesTheCheck) {
   }
 }
 
+// The rings' segmented reduction and the splitting of messages, which the default 1 MiB segments and 1 GiB
+// messages never reach at test sizes: segments of 8 bytes and of 3 (less than an element: one element each),
+// messages cut every 3 bytes, for every operation on the ring, the hierarchical algorithm and HO-Ring with
+// their intra-node phases as rings of messages, in and out of place, against the exact results of the check.
+TEST(ProcessGroups, TinySegmentsAndSplitMessagesMatchTheCheck) {
+  for (int rpn : layouts()) {
+    ProcessGroups groups({1, 1, world_size_now()}, rpn);
+    Group& g = groups.world();
+    g.intra_shm = false;
+    g.horing_chunk_bytes = 8;
+    g.max_message_bytes = 3;
+    for (std::size_t segment : {std::size_t{8}, std::size_t{3}}) {
+      g.ring_segment_bytes = segment;
+      for (Operation op : kAllOperations)
+        for (Algo algo : {Algo::ring, Algo::hierarchical, Algo::horing}) {
+          if (!info(op).group_algos.has(algo)) continue;
+          for (DataType dtype : {DataType::float32, DataType::int8, DataType::float64})
+            for (std::size_t bytes : {std::size_t{0}, std::size_t{10}, std::size_t{4000}})
+              for (bool in_place : {false, true}) {
+                const std::size_t elem = size_of(dtype);
+                const Counts counts = counts_for(op, bytes / elem * elem, elem, g.size());
+                const CheckSpec spec{op, dtype, RedOp::sum};
+                const std::size_t send_bytes = counts.send_elems * elem, recv_bytes = counts.recv_elems * elem;
+                std::vector<unsigned char> a(std::max<std::size_t>(std::max(send_bytes, recv_bytes), 1));
+                std::vector<unsigned char> b(std::max<std::size_t>(recv_bytes, 1));
+                const InPlaceOffsets at = in_place ? in_place_offsets(op, counts, elem, g.rank()) : InPlaceOffsets{};
+                unsigned char* send = a.data() + at.send;
+                unsigned char* recv = in_place ? a.data() + at.recv : b.data();
+                const std::vector<unsigned char> input = check_inputs(spec, counts, g.rank());
+                if (send_bytes) std::memcpy(send, input.data(), send_bytes);
+                const int root = g.size() - 1;
+                info(op).start(g, algo, {send, recv, counts.count, dtype, RedOp::sum, root}, Waiting::later).wait();
+                const std::vector<unsigned char> out(recv, recv + recv_bytes);
+                EXPECT_EQ(count_wrong(spec, counts, out, g.rank(), g.size(), root), 0)
+                    << name(op) << " " << name(algo) << " " << name(dtype) << " " << bytes << " B in_place "
+                    << in_place << " segment " << segment << " rpn " << rpn;
+              }
+        }
+    }
+  }
+}
+
 TEST(ProcessGroups, UnsupportedRequestsAreRefused) {
   ProcessGroups groups({1, 1, world_size_now()}, 0);
   float x = 0;
