@@ -357,7 +357,9 @@ int run_step(int argc, char** argv) {
     const std::string n(name(c));
     summary.add_column("memory_" + n, ColumnKind::float64, "B", "high-water mark, max over ranks")
         .add_column("memory_" + n + "_formula", ColumnKind::float64, "B",
-                    c == MemoryCategory::comm_buffers ? "bound (train/step_formulas.h), max over ranks" : "formula, max over ranks");
+                    c == MemoryCategory::comm_buffers ? "bound (train/step_formulas.h), max over ranks" : "formula, max over ranks")
+        .add_column("memory_" + n + "_ratio", ColumnKind::float64, "1",
+                    std::string("memory_") + n + " / memory_" + n + "_formula; NaN where the formula is 0");
   }
   summary.add_column("sent_intra", ColumnKind::float64, "B", "per step, mean over ranks; NaN: the library algorithm counts none")
       .add_column("sent_inter", ColumnKind::float64, "B", "per step, mean over ranks; NaN: the library algorithm counts none")
@@ -474,10 +476,11 @@ int run_step(int argc, char** argv) {
     const double formula_intra = allreduce_sum(formula_traffic.intra_bytes) / world;
     const double formula_inter = allreduce_sum(formula_traffic.inter_bytes) / world;
     const MemoryUse formula_memory = memory_estimate(c, shape);
-    std::vector<double> measured_memory, formula_memory_max;
+    std::vector<double> measured_memory, formula_memory_max, memory_ratio;
     for (MemoryCategory cat : kCategories) {
       measured_memory.push_back(allreduce_max(MPI_COMM_WORLD, peak_memory[cat]));
       formula_memory_max.push_back(allreduce_max(MPI_COMM_WORLD, formula_of(formula_memory, cat)));
+      memory_ratio.push_back(formula_memory_max.back() > 0 ? measured_memory.back() / formula_memory_max.back() : NAN);
     }
 
     CaseResult r = run.record(samples, wrong && rank == 0 ? 1 : 0, "strategy " + label,
@@ -499,7 +502,8 @@ int run_step(int argc, char** argv) {
           }
           for (std::size_t i = 0; i < std::size(kCategories); ++i) {
             const std::string n(name(kCategories[i]));
-            row.set("memory_" + n, measured_memory[i]).set("memory_" + n + "_formula", formula_memory_max[i]);
+            row.set("memory_" + n, measured_memory[i]).set("memory_" + n + "_formula", formula_memory_max[i])
+                .set("memory_" + n + "_ratio", memory_ratio[i]);
           }
           row.set("sent_intra", counts_bytes ? sent_intra : NAN).set("sent_inter", counts_bytes ? sent_inter : NAN)
               .set("sent_intra_formula", formula_intra).set("sent_inter_formula", formula_inter);
@@ -522,6 +526,11 @@ int run_step(int argc, char** argv) {
                   trajectory_differs ? " | CHECK FAILED: the losses differ from keeping every activation"
                   : wrong            ? " | CHECK FAILED: step-1 loss differs"
                                      : "");
+      std::string ratios;
+      for (std::size_t i = 0; i < std::size(kCategories); ++i)
+        ratios += std::string(i ? ", " : "") + std::string(name(kCategories[i])) + " " +
+                  (std::isnan(memory_ratio[i]) ? std::string("n/a") : format_fixed(memory_ratio[i], 3));
+      std::printf("# %s memory/rank, measured / formula (comm_buffers: / bound; max over ranks): %s\n", label.c_str(), ratios.c_str());
       std::fflush(stdout);
     }
   }
