@@ -50,10 +50,10 @@ std::string AxisPoint::label() const {
   return label;
 }
 
-Axes& Axes::add_axis(std::string name, std::string units, std::vector<AxisValue> values) {
+Axes& Axes::add_axis(AxisColumn column, std::vector<AxisValue> values) {
   std::vector<std::vector<AxisValue>> steps;
   for (AxisValue& v : values) steps.push_back({std::move(v)});
-  return add_zipped({{std::move(name), std::move(units)}}, std::move(steps));
+  return add_zipped({std::move(column)}, std::move(steps));
 }
 
 Axes& Axes::add_zipped(std::vector<AxisColumn> columns, std::vector<std::vector<AxisValue>> tuples) {
@@ -73,16 +73,16 @@ Axes& Axes::add_zipped(std::vector<AxisColumn> columns, std::vector<std::vector<
   return *this;
 }
 
-Axes& Axes::add(std::string name, std::vector<int64_t> values, std::string units) {
-  return add_axis(std::move(name), std::move(units), {values.begin(), values.end()});
+Axes& Axes::add(std::string name, std::vector<int64_t> values, std::string units, std::string convention) {
+  return add_axis({std::move(name), std::move(units), std::move(convention)}, {values.begin(), values.end()});
 }
 
-Axes& Axes::add(std::string name, std::vector<double> values, std::string units) {
-  return add_axis(std::move(name), std::move(units), {values.begin(), values.end()});
+Axes& Axes::add(std::string name, std::vector<double> values, std::string units, std::string convention) {
+  return add_axis({std::move(name), std::move(units), std::move(convention)}, {values.begin(), values.end()});
 }
 
-Axes& Axes::add(std::string name, std::vector<std::string> values) {
-  return add_axis(std::move(name), "", {values.begin(), values.end()});
+Axes& Axes::add(std::string name, std::vector<std::string> values, std::string convention) {
+  return add_axis({std::move(name), "", std::move(convention)}, {values.begin(), values.end()});
 }
 
 std::size_t Axes::size() const {
@@ -116,7 +116,7 @@ void Axes::declare_columns(Table& cases) const {
       const ColumnKind kind = std::holds_alternative<int64_t>(first)  ? ColumnKind::int64
                               : std::holds_alternative<double>(first) ? ColumnKind::float64
                                                                       : ColumnKind::string;
-      cases.add_column(a.columns[c].name, kind, a.columns[c].units, "parameter axis");
+      cases.add_column(a.columns[c].name, kind, a.columns[c].units, a.columns[c].convention);
     }
   }
 }

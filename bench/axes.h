@@ -36,17 +36,21 @@ class AxisPoint {
   std::vector<std::pair<std::string, AxisValue>> values_;
 };
 
-// One column of a zipped axis: its name and units.
+// One column of an axis: its name, units and the convention stored beside them (what the values mean).
 struct AxisColumn {
   std::string name;
   std::string units;
+  std::string convention = "parameter axis";
 };
 
 class Axes {
  public:
-  Axes& add(std::string name, std::vector<int64_t> values, std::string units = "1");
-  Axes& add(std::string name, std::vector<double> values, std::string units);
-  Axes& add(std::string name, std::vector<std::string> values);
+  // A run's constant (the model's width, the grid) is an axis of one value: its column is declared and filled
+  // with the rest.
+  Axes& add(std::string name, std::vector<int64_t> values, std::string units = "1",
+            std::string convention = "parameter axis");
+  Axes& add(std::string name, std::vector<double> values, std::string units, std::string convention = "parameter axis");
+  Axes& add(std::string name, std::vector<std::string> values, std::string convention = "parameter axis");
   // Several columns that step together as one axis: each tuple holds one value per column (a column's kind is
   // that of its value in the first tuple; every tuple must match it). For values that are not independent,
   // such as the M, N, K of a list of shapes.
@@ -62,7 +66,7 @@ class Axes {
     std::vector<AxisColumn> columns;
     std::vector<std::vector<AxisValue>> steps;  // one value per column in each
   };
-  Axes& add_axis(std::string name, std::string units, std::vector<AxisValue> values);
+  Axes& add_axis(AxisColumn column, std::vector<AxisValue> values);
   std::vector<Axis> axes_;
 };
 

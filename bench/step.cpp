@@ -16,6 +16,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "bench/axes.h"
 #include "bench/harness.h"
 #include "bench/records.h"
 #include "bench/token_file.h"
@@ -141,6 +142,40 @@ double formula_of(const MemoryUse& m, MemoryCategory c) {
   return 0;
 }
 
+// The cases: the product of the strategies (slowest) and the recomputation modes. The run's model, batch,
+// grid and options are axes of one value, so every `cases` column is declared once and filled from the point.
+struct StepRun {
+  const Options& o;
+  const ModelConfig& model;
+  const DataParallelConfig& config;
+  const DataParallelShape& shape;
+  int64_t global_rows;
+  double psi, psi_trainable;
+};
+Axes step_axes(const std::vector<Strategy>& plan, const std::vector<Recompute>& modes, const StepRun& r) {
+  std::vector<std::string> strategy_names, mode_names;
+  for (const Strategy& s : plan) strategy_names.push_back(s.name());
+  for (Recompute mode : modes) mode_names.emplace_back(name(mode));
+  auto one = [](int64_t value) { return std::vector<int64_t>{value}; };
+  auto text = [](std::string value) { return std::vector<std::string>{std::move(value)}; };
+  Axes axes;
+  axes.add("strategy", strategy_names, "P.G.OS: N whole, I sharded in a group, G sharded over all")
+      .add("model", text(r.model.name)).add("layers", one(r.model.layers)).add("hidden", one(r.model.hidden))
+      .add("heads", one(r.model.heads)).add("kv_heads", one(r.model.kv_heads)).add("vocab", one(r.model.vocab))
+      .add("seq", one(r.o.seq)).add("micro_batch", one(r.config.micro_batch), "1", "rows per rank")
+      .add("accumulation", one(r.o.accumulation)).add("global_batch", one(r.global_rows), "1", "rows per step")
+      .add("dp", one(r.shape.n)).add("tp", one(r.shape.tp), "1", "tensor-parallel degree")
+      .add("sp", one(r.o.sp ? 1 : 0), "1", "sequence parallelism (1: on)")
+      .add("group_size", one(r.shape.m), "1", "m: data-parallel ranks per group")
+      .add("groups", one(r.shape.g), "1", "g: groups (nodes)")
+      .add("parameters", std::vector<double>{r.psi}, "1", "Ψ")
+      .add("trainable_parameters", std::vector<double>{r.psi_trainable}, "1", "Ψ'")
+      .add("trainable", text(r.o.trainable)).add("comm_algo", text(r.o.comm_algo))
+      .add("overlap", one(r.config.overlap ? 1 : 0)).add("data", text(r.o.data))
+      .add("recompute", mode_names, "what backward computes again: none, full (each layer), selective (the attention core)");
+  return axes;
+}
+
 int run_step(int argc, char** argv) {
   HarnessOptions h;
   h.warmup = 1, h.iters = 5;
@@ -252,19 +287,31 @@ int run_step(int argc, char** argv) {
 
   coll::ProcessGroups groups({o.tp, 1, dp_ranks}, o.group_size);
   const DataParallelShape shape = data_parallel_shape(groups);
+  const double psi = static_cast<double>(model.parameters());
+  double psi_trainable = 0;
+  {
+    const std::vector<Slice> units = ParameterLayout(model).units();
+    const std::vector<bool> trains = trainable_units(model, trainable);
+    for (std::size_t u = 0; u < units.size(); ++u)
+      if (trains[u]) psi_trainable += static_cast<double>(units[u].size);
+  }
+  const Axes axes = step_axes(plan, modes, {o, model, config, shape, global_rows, psi, psi_trainable});
+  const std::vector<AxisPoint> points = axes.product();
+  auto strategy_of = [](const AxisPoint& point) { return parse_strategy(point.text("strategy")); };
+  auto mode_of = [](const AxisPoint& point) { return *parse_recompute(point.text("recompute")); };
   // Before anything large is allocated: every strategy must fit.
   {
     const double limit = memory_limit(o, split_shared_memory(MPI_COMM_WORLD).size());
     double worst = 0;
     std::string worst_name, parts;
-    for (const Strategy& s : plan)
-      for (Recompute mode : modes) {
+    for (const AxisPoint& point : points) {
       DataParallelConfig c = config;
-      c.strategy = s, c.recompute = mode;
+      c.strategy = strategy_of(point), c.recompute = mode_of(point);
       const MemoryUse e = memory_estimate(c, shape);
       const double total = e.params + e.grads + e.optimizer + e.activations + e.workspace + e.comm_buffers;
       if (total > worst) {
-        worst = total, worst_name = s.name() + (mode == Recompute::none ? "" : std::string(" with ") + name(mode) + " recomputation");
+        worst = total, worst_name = c.strategy.name() + (c.recompute == Recompute::none
+                                                             ? "" : std::string(" with ") + name(c.recompute) + " recomputation");
         parts = "parameters " + gib(e.params) + ", gradients " + gib(e.grads) + ", optimizer " + gib(e.optimizer) +
                 ", activations " + gib(e.activations + e.workspace) + ", communication buffers " + gib(e.comm_buffers);
       }
@@ -281,37 +328,16 @@ int run_step(int argc, char** argv) {
   Run run("strata-step", argc, argv, h, cli.resolved_json(), "cpu");
   if (o.library == "auto") config.runtime.library = run.context().machine.description.default_gemm;
   StepRecorder recorder(run);
-  run.set_case_count(static_cast<int>(plan.size() * modes.size()));
-  const double psi = static_cast<double>(model.parameters());
-  double psi_trainable = 0;
-  {
-    const std::vector<Slice> units = ParameterLayout(model).units();
-    const std::vector<bool> trains = trainable_units(model, trainable);
-    for (std::size_t u = 0; u < units.size(); ++u)
-      if (trains[u]) psi_trainable += static_cast<double>(units[u].size);
-  }
+  run.set_case_count(static_cast<int>(points.size()));
   const double tokens_per_step = static_cast<double>(global_rows) * o.seq;
   const double flop_per_rank = model_flops_per_token(model, o.seq) * tokens_per_step / world;
   const PeakFigure& fp32 = run.context().machine.description.fp32;
   const double peak = fp32.per_rank(o.threads);
   const bool counts_bytes = config.comm_algo != coll::Algo::library;
 
-  Table& cases = run.cases();
-  cases.add_column("strategy", ColumnKind::string, "", "P.G.OS: N whole, I sharded in a group, G sharded over all")
-      .add_column("model", ColumnKind::string, "").add_column("layers", ColumnKind::int64, "1")
-      .add_column("hidden", ColumnKind::int64, "1").add_column("heads", ColumnKind::int64, "1")
-      .add_column("kv_heads", ColumnKind::int64, "1").add_column("vocab", ColumnKind::int64, "1")
-      .add_column("seq", ColumnKind::int64, "1").add_column("micro_batch", ColumnKind::int64, "1", "rows per rank")
-      .add_column("accumulation", ColumnKind::int64, "1").add_column("global_batch", ColumnKind::int64, "1", "rows per step")
-      .add_column("dp", ColumnKind::int64, "1").add_column("tp", ColumnKind::int64, "1", "tensor-parallel degree")
-      .add_column("sp", ColumnKind::int64, "1", "sequence parallelism (1: on)")
-      .add_column("group_size", ColumnKind::int64, "1", "m: data-parallel ranks per group")
-      .add_column("groups", ColumnKind::int64, "1", "g: groups (nodes)")
-      .add_column("parameters", ColumnKind::float64, "1", "Ψ").add_column("trainable_parameters", ColumnKind::float64, "1", "Ψ'")
-      .add_column("trainable", ColumnKind::string, "").add_column("comm_algo", ColumnKind::string, "")
-      .add_column("overlap", ColumnKind::int64, "1").add_column("data", ColumnKind::string, "")
+  axes.declare_columns(run.cases());
+  run.cases()
       .add_column("flop", ColumnKind::float64, "FLOP", "model FLOPs per rank per step: (6N + 6Lhs) x tokens / ranks")
-      .add_column("recompute", ColumnKind::string, "", "what backward computes again: none, full (each layer), selective (the attention core)")
       .add_column("flop_recompute", ColumnKind::float64, "FLOP",
                   "recomputed FLOPs per rank per step: full (2 N_layers + 2Lhs), selective (2Lhs) per token x tokens / ranks");
   Table& summary = run.summary();
@@ -331,7 +357,9 @@ int run_step(int argc, char** argv) {
     const std::string n(name(c));
     summary.add_column("memory_" + n, ColumnKind::float64, "B", "high-water mark, max over ranks")
         .add_column("memory_" + n + "_formula", ColumnKind::float64, "B",
-                    c == MemoryCategory::comm_buffers ? "bound (train/step_formulas.h), max over ranks" : "formula, max over ranks");
+                    c == MemoryCategory::comm_buffers ? "bound (train/step_formulas.h), max over ranks" : "formula, max over ranks")
+        .add_column("memory_" + n + "_ratio", ColumnKind::float64, "1",
+                    std::string("memory_") + n + " / memory_" + n + "_formula; NaN where the formula is 0");
   }
   summary.add_column("sent_intra", ColumnKind::float64, "B", "per step, mean over ranks; NaN: the library algorithm counts none")
       .add_column("sent_inter", ColumnKind::float64, "B", "per step, mean over ranks; NaN: the library algorithm counts none")
@@ -353,8 +381,9 @@ int run_step(int argc, char** argv) {
   std::map<std::string, double> kept_last_loss;  // per strategy, the last loss without recomputation
   const int rank = run.context().self.rank;
   HostTimer timer;
-  for (const Strategy& strategy : plan)
-    for (Recompute mode : modes) {
+  for (const AxisPoint& point : points) {
+    const Strategy strategy = strategy_of(point);
+    const Recompute mode = mode_of(point);
     DataParallelConfig c = config;
     c.strategy = strategy, c.recompute = mode;
     const std::string label = strategy.name() + (mode == Recompute::none ? "" : std::string(" recompute ") + name(mode));
@@ -447,22 +476,17 @@ int run_step(int argc, char** argv) {
     const double formula_intra = allreduce_sum(formula_traffic.intra_bytes) / world;
     const double formula_inter = allreduce_sum(formula_traffic.inter_bytes) / world;
     const MemoryUse formula_memory = memory_estimate(c, shape);
-    std::vector<double> measured_memory, formula_memory_max;
+    std::vector<double> measured_memory, formula_memory_max, memory_ratio;
     for (MemoryCategory cat : kCategories) {
       measured_memory.push_back(allreduce_max(MPI_COMM_WORLD, peak_memory[cat]));
       formula_memory_max.push_back(allreduce_max(MPI_COMM_WORLD, formula_of(formula_memory, cat)));
+      memory_ratio.push_back(formula_memory_max.back() > 0 ? measured_memory.back() / formula_memory_max.back() : NAN);
     }
 
     CaseResult r = run.record(samples, wrong && rank == 0 ? 1 : 0, "strategy " + label,
         [&](Table& row) {
-          row.set("strategy", strategy.name()).set("model", model.name).set("layers", model.layers)
-              .set("hidden", model.hidden).set("heads", model.heads).set("kv_heads", model.kv_heads)
-              .set("vocab", model.vocab).set("seq", o.seq).set("micro_batch", c.micro_batch)
-              .set("accumulation", o.accumulation).set("global_batch", global_rows).set("dp", shape.n).set("tp", shape.tp).set("sp", o.sp ? 1 : 0)
-              .set("group_size", shape.m).set("groups", shape.g).set("parameters", psi)
-              .set("trainable_parameters", psi_trainable).set("trainable", o.trainable).set("comm_algo", o.comm_algo)
-              .set("overlap", c.overlap ? 1 : 0).set("data", o.data).set("flop", flop_per_rank)
-              .set("recompute", std::string(name(mode))).set("flop_recompute", recompute_flop_per_rank);
+          axes.fill(row, point);
+          row.set("flop", flop_per_rank).set("flop_recompute", recompute_flop_per_rank);
         },
         [&](Table& row, const CaseResult& res) {
           set_flop_rates(row, flop_per_rank, res, world, peak);
@@ -478,7 +502,8 @@ int run_step(int argc, char** argv) {
           }
           for (std::size_t i = 0; i < std::size(kCategories); ++i) {
             const std::string n(name(kCategories[i]));
-            row.set("memory_" + n, measured_memory[i]).set("memory_" + n + "_formula", formula_memory_max[i]);
+            row.set("memory_" + n, measured_memory[i]).set("memory_" + n + "_formula", formula_memory_max[i])
+                .set("memory_" + n + "_ratio", memory_ratio[i]);
           }
           row.set("sent_intra", counts_bytes ? sent_intra : NAN).set("sent_inter", counts_bytes ? sent_inter : NAN)
               .set("sent_intra_formula", formula_intra).set("sent_inter_formula", formula_inter);
@@ -501,6 +526,11 @@ int run_step(int argc, char** argv) {
                   trajectory_differs ? " | CHECK FAILED: the losses differ from keeping every activation"
                   : wrong            ? " | CHECK FAILED: step-1 loss differs"
                                      : "");
+      std::string ratios;
+      for (std::size_t i = 0; i < std::size(kCategories); ++i)
+        ratios += std::string(i ? ", " : "") + std::string(name(kCategories[i])) + " " +
+                  (std::isnan(memory_ratio[i]) ? std::string("n/a") : format_fixed(memory_ratio[i], 3));
+      std::printf("# %s memory/rank, measured / formula (comm_buffers: / bound; max over ranks): %s\n", label.c_str(), ratios.c_str());
       std::fflush(stdout);
     }
   }

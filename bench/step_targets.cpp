@@ -9,13 +9,20 @@
 //    strategy NIG at the same global batch, Strata's ring: step-time ratios to DP, the fraction of the step
 //    spent waiting for communication, and the ring formula's bytes per rank beside them. No target: the figures
 //    say what sharding costs here.
-// Rounds interleave the step and the kernels (part 1) and the strategies (part 2); medians are quoted.
+// 3. With part 2, the same strategies with overlap on against off, on the same trainers (the switch changes only
+//    when collectives are waited for): step-time ratio on/off and the exposed-communication fraction of each.
+//    On the CPU a collective progresses only when the step tests it between units and while it waits, and here
+//    the ranks share the cores that compute, so overlap has little to hide behind: no target, the figure says
+//    what overlap achieves on this machine.
+// Rounds interleave the step and the kernels (part 1), and the strategies and overlap on and off (parts 2 and
+// 3, the order of on and off alternating by round); medians are quoted.
 //
 //   strata-bench-step [--model NAME] [--seq N] [--micro-batch N] [--rounds N] [--smoke]
 // Exits 3 when part 1 misses its target; --smoke runs the tiny model for the test suite, not judged.
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -167,7 +174,7 @@ int run(int argc, char** argv) {
   cli.option("rounds", 'r', "interleaved rounds (medians are quoted)", s.rounds, 1);
   cli.flag("smoke", 0, "the tiny model for the test suite: checks and table, targets not judged", s.smoke);
   if (!cli.parse(argc, argv)) return 0;
-  if (s.smoke) s.model = "tiny", s.seq = 32, s.rounds = 2;
+  if (s.smoke) s.model = "tiny", s.seq = 32, s.rounds = 1;
   int rank = 0, world = 1;
   STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
@@ -205,7 +212,7 @@ int run(int argc, char** argv) {
     return !s.smoke && ratio > target ? 3 : 0;
   }
 
-  // ---- 2: DP against ZeRO-1/2/3 and NIG at the same global batch ----
+  // ---- 2 and 3: DP against ZeRO-1/2/3 and NIG at the same global batch; each with overlap on and off ----
   const char* names[] = {"NNN", "NNG", "NGG", "GGG", "NIG"};
   std::vector<std::unique_ptr<DataParallelTrainer>> trainers;
   for (const char* name : names) {
@@ -216,37 +223,56 @@ int run(int argc, char** argv) {
   const DataParallelShape shape = data_parallel_shape(groups);
   if (rank == 0) {
     std::printf("# strata-bench-step (%d ranks as %d group(s) of %d): %s, micro-batch %d x seq %d per rank, Strata's ring; "
-                "%d rounds, strategies interleaved; step: median of the per-step max over ranks\n",
+                "%d rounds, strategies and overlap on/off interleaved; step: median of the per-step max over ranks\n",
                 world, shape.g, shape.m, model.name.c_str(), s.micro_batch, s.seq, s.rounds);
     std::printf("# %-4s %10s %8s %9s %14s %14s %14s %14s\n", "", "step(ms)", "vs DP", "exposed", "sent intra", "formula",
                 "sent inter", "formula");
     std::fflush(stdout);
   }
-  std::vector<std::vector<double>> steps(trainers.size()), exposed(trainers.size());
+  // [strategy][0: overlap on, 1: off]: per round, the step (max over ranks) and rank 0's wait for collectives.
+  std::vector<std::array<std::vector<double>, 2>> steps(trainers.size()), exposed(trainers.size());
   std::vector<coll::Traffic> sent(trainers.size());
-  for (auto& t : trainers) t->step(1);
+  std::vector<int64_t> step_index(trainers.size(), 0);
+  auto timed_step = [&](std::size_t i, int off) {
+    trainers[i]->set_overlap(off == 0);
+    STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    const double start = host_now();
+    const StepStats stats = trainers[i]->step(++step_index[i]);
+    double took = host_now() - start, slowest = 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(&took, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    if (off == 0) sent[i] = stats.traffic;  // the same collectives either way; only when they are waited for differs
+    return std::pair{slowest, stats.exposed_comm_seconds};
+  };
+  for (std::size_t i = 0; i < trainers.size(); ++i)
+    for (int off : {0, 1}) timed_step(i, off);  // warm-up: the buffer pool grows to what each mode holds at once
   for (int r = 0; r < s.rounds; ++r)
-    for (std::size_t i = 0; i < trainers.size(); ++i) {
-      STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-      const double start = host_now();
-      const StepStats stats = trainers[i]->step(r + 2);
-      double took = host_now() - start, slowest = 0;
-      STRATA_MPI_CHECK(MPI_Allreduce(&took, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-      steps[i].push_back(slowest);
-      exposed[i].push_back(stats.exposed_comm_seconds);
-      sent[i] = stats.traffic;
-    }
+    for (std::size_t i = 0; i < trainers.size(); ++i)
+      for (int k = 0; k < 2; ++k) {
+        const int off = (k + r) % 2;  // on first in even rounds, off first in odd ones
+        const auto [slowest, waited] = timed_step(i, off);
+        steps[i][static_cast<std::size_t>(off)].push_back(slowest);
+        exposed[i][static_cast<std::size_t>(off)].push_back(waited);
+      }
   int wrong = 0;  // the ring counts what the formula says, or the figures beside it mean nothing
   for (std::size_t i = 0; i < trainers.size(); ++i) {
     const coll::Traffic formula = expected_traffic(model, {}, parse_strategy(names[i]), shape, 1);
     wrong += sent[i].intra_bytes != formula.intra_bytes || sent[i].inter_bytes != formula.inter_bytes;
-    const double step = median(steps[i]), dp = median(steps[0]);
+    const double step = median(steps[i][0]), dp = median(steps[0][0]);
     if (rank == 0)
       std::printf("  %-4s %10.1f %8.3f %8.1f%% %12.2f MB %12.2f MB %12.2f MB %12.2f MB\n", names[i], step * 1e3, step / dp,
-                  100 * median(exposed[i]) / step, sent[i].intra_bytes / 1e6, formula.intra_bytes / 1e6,
+                  100 * median(exposed[i][0]) / step, sent[i].intra_bytes / 1e6, formula.intra_bytes / 1e6,
                   sent[i].inter_bytes / 1e6, formula.inter_bytes / 1e6);
   }
-  if (rank == 0) std::printf("# exposed: rank 0's median wait for collectives over the step; sent: rank 0, bytes per step\n");
+  if (rank == 0) {
+    std::printf("# overlap on: exposed is rank 0's median wait for collectives over the step; sent: rank 0, bytes per step\n");
+    std::printf("# overlap on against off, the same trainers and rounds (no target: what overlap achieves here)\n");
+    std::printf("# %-4s %10s %10s %8s %12s %12s\n", "", "on(ms)", "off(ms)", "on/off", "exposed on", "exposed off");
+    for (std::size_t i = 0; i < trainers.size(); ++i) {
+      const double on = median(steps[i][0]), off = median(steps[i][1]);
+      std::printf("  %-4s %10.1f %10.1f %8.3f %11.1f%% %11.1f%%\n", names[i], on * 1e3, off * 1e3, on / off,
+                  100 * median(exposed[i][0]) / on, 100 * median(exposed[i][1]) / off);
+    }
+  }
   if (wrong) {
     std::fprintf(stderr, "strata-bench-step: rank %d: %d strategies sent other bytes than the formula\n", rank, wrong);
     return 1;

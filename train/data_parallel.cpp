@@ -665,6 +665,8 @@ StepStats DataParallelTrainer::step(int64_t step, bool record_timeline) {
   return impl_->step(step, record_timeline || impl_->c.record_timeline);
 }
 
+void DataParallelTrainer::set_overlap(bool overlap) { impl_->c.overlap = overlap; }
+
 std::vector<float> DataParallelTrainer::full_parameters() { return impl_->full_parameters(); }
 
 MemoryUse DataParallelTrainer::memory() const {

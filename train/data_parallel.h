@@ -136,6 +136,9 @@ class DataParallelTrainer {
   // One optimizer step (step >= 1). Collective over the data-parallel group. The timeline is recorded when
   // asked here or by the configuration.
   StepStats step(int64_t step, bool record_timeline = false);
+  // Overlap on or off from the next step on (DataParallelConfig::overlap changes only when collectives are
+  // waited for, not what is allocated), so a benchmark can interleave both on one trainer's state.
+  void set_overlap(bool overlap);
   // Every parameter of this rank's tensor-parallel shard (the whole model without tensor parallelism), on
   // every rank (collective over the data-parallel group): for checks against the single-rank step.
   std::vector<float> full_parameters();

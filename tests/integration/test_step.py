@@ -37,6 +37,8 @@ def test_one_line_per_step_and_a_summary_per_strategy(four_ranks):
         for field in ("loss", "norm", "lr", "ms", "tok/s", "MFU"):
             assert field in steps[-1]
         assert any(line.startswith(f"# {name}: step") for line in stdout.splitlines())
+        ratios = [line for line in stdout.splitlines() if line.startswith(f"# {name} memory/rank, measured / formula")]
+        assert len(ratios) == 1 and "activations 1.000" in ratios[0], stdout
     assert "CHECK FAILED" not in stdout
 
 
@@ -67,6 +69,17 @@ def test_memory_is_the_formula(four_ranks):
         assert row["memory_activations"] == row["memory_activations_formula"]
         assert row["memory_workspace"] == row["memory_workspace_formula"]
         assert row["memory_comm_buffers"] <= row["memory_comm_buffers_formula"]
+        for category in ("parameters", "gradients", "optimizer", "activations", "workspace", "comm_buffers"):
+            measured, formula, ratio = (row[f"memory_{category}{suffix}"] for suffix in ("", "_formula", "_ratio"))
+            if formula > 0:
+                assert ratio == pytest.approx(measured / formula, rel=1e-12), (row["strategy"], category)
+            else:
+                assert np.isnan(ratio), (row["strategy"], category)
+        # model states within padding of the formula: a ratio within the slack's share of it
+        for category in ("parameters", "gradients", "optimizer"):
+            assert row[f"memory_{category}_ratio"] == pytest.approx(1, abs=2 * slack / row[f"memory_{category}_formula"])
+        assert row["memory_activations_ratio"] == 1 and row["memory_workspace_ratio"] == 1
+        assert np.isnan(row["memory_comm_buffers_ratio"]) or row["memory_comm_buffers_ratio"] <= 1
     memory = sr.read_run_table(path, run, "memory")
     assert set(memory["category"]) == {"parameters", "gradients", "optimizer", "activations", "workspace", "comm_buffers"}
     assert len(memory) == len(STRATEGIES) * 4 * 6
@@ -224,6 +237,8 @@ def test_report_draws_the_step_section(four_ranks, tmp_path):
     assert result.returncode == 0, result.stderr
     report = (tmp_path / "report.md").read_text()
     assert "## Training step (strata-step)" in report
+    assert "Memory per rank by category: measured high-water MB / formula MB" in report
+    assert "1.000" in report.split("Memory per rank by category")[1]
     for name in ("step_phases.png", "step_memory.png", "step_bytes.png", "step_timeline.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
         assert f"]({name})" in report

@@ -36,6 +36,29 @@ TEST(Axes, ColumnsAreDeclaredOnceWithTheirKindAndFilledPerCase) {
   EXPECT_THROW(axes.add("n", std::vector<int64_t>{1}), std::invalid_argument);
 }
 
+TEST(Axes, AnAxisOfOneValueIsAConstantColumnWithItsConvention) {
+  Axes axes;
+  axes.add("strategy", std::vector<std::string>{"NNN", "GGG"}, "P.G.OS")
+      .add("parameters", std::vector<double>{1.5e6}, "1", "Ψ")
+      .add("micro_batch", std::vector<int64_t>{4}, "1", "rows per rank")
+      .add("seq", std::vector<int64_t>{32});
+  Table cases("cases");
+  axes.declare_columns(cases);
+  EXPECT_EQ(cases.column("strategy").convention, "P.G.OS");
+  EXPECT_EQ(cases.column("parameters").convention, "Ψ");
+  EXPECT_EQ(cases.column("micro_batch").convention, "rows per rank");
+  EXPECT_EQ(cases.column("seq").convention, "parameter axis");
+  const auto points = axes.product();
+  ASSERT_EQ(points.size(), 2u);
+  for (const AxisPoint& p : points) {
+    axes.fill(cases, p);
+    cases.end_row();
+  }
+  EXPECT_EQ(cases.column("strategy").texts[1], "GGG");
+  EXPECT_EQ(cases.column("micro_batch").ints[1], 4);
+  EXPECT_DOUBLE_EQ(cases.column("parameters").reals[0], 1.5e6);
+}
+
 TEST(Axes, AnEmptyAxisMeansNoCases) {
   Axes axes;
   axes.add("a", std::vector<int64_t>{1, 2}).add("b", std::vector<std::string>{});

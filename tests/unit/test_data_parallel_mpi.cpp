@@ -14,9 +14,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <stdexcept>
 
 #include "kernels/layers.h"
 #include "train/data_parallel.h"
@@ -43,7 +46,11 @@ DataParallelConfig base_config() {
   c.adamw.weight_decay = 0.1f;
   c.adamw.eps = 1e-6f;  // bounds how far summation order can move a parameter (see the tolerance above)
   c.seed = 11;
-  if (const char* algo = std::getenv("STRATA_TEST_COMM_ALGO")) c.comm_algo = *coll::parse_algo(algo);
+  if (const char* algo = std::getenv("STRATA_TEST_COMM_ALGO")) {  // ctest runs the equivalence on each algorithm
+    const std::optional<coll::Algo> parsed = coll::parse_algo(algo);
+    if (!parsed) throw std::invalid_argument(std::string("STRATA_TEST_COMM_ALGO: no algorithm named ") + algo);
+    c.comm_algo = *parsed;
+  }
   return c;
 }
 
@@ -114,7 +121,8 @@ void check_every_strategy(const DataParallelConfig& base, const std::vector<Stra
       c.strategy = strategy;
       c.overlap = overlap;
       DataParallelTrainer trainer(c, groups, *data);
-      const std::string what = strategy.name() + " rpn " + std::to_string(rpn) + (overlap ? " overlap" : " blocking");
+      const std::string what = strategy.name() + " rpn " + std::to_string(rpn) + (overlap ? " overlap" : " blocking") + " " +
+                               std::string(coll::name(c.comm_algo));
       for (int step = 1; step <= steps; ++step) {
         const StepStats stats = trainer.step(step);
         EXPECT_NEAR(stats.loss, ref.losses[static_cast<std::size_t>(step) - 1], 1e-5 * ref.losses[0]) << what << " step " << step;
@@ -140,6 +148,31 @@ TEST(DataParallel, EveryStrategyMatchesTheSingleRankStep) {
 
 TEST(DataParallel, BlockingCommunicationGivesTheSameSteps) {
   check_every_strategy(base_config(), {parse_strategy("NNN"), parse_strategy("NIG"), parse_strategy("GGG")}, false);
+}
+
+// A benchmark switches overlap between steps of one trainer (set_overlap): the steps stay the single-rank ones.
+TEST(DataParallel, OverlapSwitchedBetweenStepsGivesTheSameSteps) {
+  const int n = world_size(), steps = 4;
+  const DataParallelConfig base = base_config();
+  const auto data = synthetic_tokens(base.model.vocab, 5);
+  const Reference ref = single_rank(base, n, steps, *data);
+  coll::ProcessGroups groups({1, 1, n}, n >= 4 ? 2 : 0);
+  for (const char* name : {"NIG", "GGG"}) {
+    DataParallelConfig c = base;
+    c.strategy = parse_strategy(name);
+    DataParallelTrainer trainer(c, groups, *data);
+    for (int step = 1; step <= steps; ++step) {
+      trainer.set_overlap(step % 2 == 0);
+      const StepStats stats = trainer.step(step);
+      EXPECT_NEAR(stats.loss, ref.losses[static_cast<std::size_t>(step) - 1], 1e-5 * ref.losses[0]) << name << " step " << step;
+      EXPECT_NEAR(stats.grad_norm, ref.norms[static_cast<std::size_t>(step) - 1], 1e-4 * ref.norms[0]) << name << " step " << step;
+    }
+    const std::vector<float> params = trainer.full_parameters();
+    ASSERT_EQ(params.size(), ref.params.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(params[i] - ref.params[i])));
+    EXPECT_LT(worst, 2e-5) << name;
+  }
 }
 
 TEST(DataParallel, PartialTrainingMatchesTheSingleRankStep) {
