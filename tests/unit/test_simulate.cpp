@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "bench/system_json.h"
+#include "bench/timeline_trace.h"
 #include "project/simulate.h"
 #include "project/system.h"
 
@@ -417,6 +418,22 @@ TEST(Simulate, DependenciesAndStreamOrder) {
   Op bad = timed_op("bad", 1.0);
   bad.depends_on = {0};
   EXPECT_THROW(simulate(s, one_rank({bad})), std::invalid_argument);
+}
+
+TEST(Simulate, TheTimelineBecomesAChromeTrace) {
+  Op c = timed_op("C", 1e-3);
+  c.depends_on = {1};
+  const Timeline t = simulate(test_system(), one_rank({timed_op("A", 1e-3), timed_op("B", 2e-3, 3), c}));
+  const nlohmann::json trace = strata::timeline_to_chrome_trace(t);
+  std::vector<nlohmann::json> spans;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("ph") == "X") spans.push_back(e);
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(spans[2].at("name"), "C");
+  EXPECT_EQ(spans[2].at("tid"), kComputeStream);
+  EXPECT_EQ(spans[1].at("tid"), 3);
+  EXPECT_NEAR(spans[2].at("ts").get<double>(), 2000, 1e-9);  // microseconds
+  EXPECT_NEAR(spans[2].at("dur").get<double>(), 1000, 1e-9);
 }
 
 TEST(Simulate, SymmetryWeightsDoNotChangeTheTime) {
