@@ -349,6 +349,14 @@ TEST(Simulate, ARecvEndsAfterTheTransferOfItsSend) {
   EXPECT_CLOSE(t.step_s, 2e-3 + transfer);
   EXPECT_CLOSE(t.breakdown[1].idle_s, 1e-3);
   EXPECT_CLOSE(t.breakdown[1].exposed_communication_s.at(kPointToPoint), transfer);
+
+  // Posted while the data is on the way: it still ends when the transfer does. Posted after: at once.
+  for (double posted : {1e-3 + transfer / 2, 1e-3 + 2 * transfer}) {
+    Workload late = w;
+    late.ranks[1].ops.insert(late.ranks[1].ops.begin(), timed_op("before", posted));
+    const Timeline u = simulate(s, late);
+    EXPECT_CLOSE(u.ops[1][1].end, std::max(posted, 1e-3 + transfer));
+  }
 }
 
 // One rank standing for a group of 2 (so the allreduce costs something): a compute op of t_alone on the
