@@ -1,6 +1,6 @@
-"""Dependencies point down: bench -> train -> kernels, collectives; results stands alone. Every #include of
-every source under the lower layers is checked against what its layer may use, and so are the libraries
-each layer's CMake targets link."""
+"""Dependencies point down: bench -> train -> kernels, collectives; bench -> project (which may use train);
+results stands alone. Every #include of every source under the lower layers is checked against what its layer
+may use, and so are the libraries each layer's CMake targets link."""
 from __future__ import annotations
 
 import os
@@ -22,6 +22,9 @@ FORBIDDEN = {
     "collectives": {"bench/": None, "results/": None, "train/": None, "HDF5": HDF5, "GLPK": GLPK},
     "results": {"bench/": None, "kernels/": None, "collectives/": None, "train/": None, "GLPK": GLPK},
     "train": {"bench/": None, "results/": None, "HDF5": HDF5},
+    # The projection computes from what it is given: no files (bench, HDF5), no MPI, no device libraries.
+    "project": {"bench/": None, "results/": None, "kernels/": None, "collectives/": None, "MPI": MPI, "NCCL": NCCL,
+                "HDF5": HDF5, "GLPK": GLPK},
 }
 
 
@@ -63,6 +66,10 @@ def test_the_check_itself_catches_each_kind_of_violation():
     assert violations("collectives", "c.cpp", "#include <glpk.h>\n")
     assert not violations("train", "t.cpp", '#include "kernels/linear.h"\n#include "collectives/work.h"\n')
     assert not violations("train", "t.cpp", "#include <glpk.h>\n")
+    assert violations("project", "p.cpp", '#include "bench/system_json.h"\n')
+    assert violations("project", "p.cpp", "#include <mpi.h>\n")
+    assert violations("project", "p.cpp", "#include <hdf5.h>\n")
+    assert not violations("project", "p.cpp", '#include "project/system.h"\n#include "train/model_config.h"\n')
     assert not violations("kernels", "k.cpp", "#include <cblas.h>\n// #include is fine in prose: mpi.h\n")
 
 
@@ -85,6 +92,8 @@ def test_cmake_targets_follow_the_layers():
         "strata_train": ["HDF5", "strata_results", "strata_harness"],
         "strata_kernels_cuda": ["MPI::", "HDF5", "NCCL", "strata_collectives", "strata_harness"],
         "strata_train_cuda": ["HDF5", "strata_results", "strata_harness"],
+        "strata_project": ["MPI::", "HDF5", "NCCL", "GLPK", "strata_results", "strata_harness", "strata_kernels",
+                           "strata_collectives", "nlohmann_json"],
     }
     problems = []
     for target, bad in forbidden.items():

@@ -1,0 +1,561 @@
+#include "project/simulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+namespace strata::project {
+
+const char* op_kind_name(OpKind kind) {
+  switch (kind) {
+    case OpKind::timed: return "timed";
+    case OpKind::gemm: return "gemm";
+    case OpKind::attention: return "attention";
+    case OpKind::elementwise: return "elementwise";
+    case OpKind::collective: return "collective";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+  }
+  return "?";
+}
+
+bool is_compute(OpKind kind) {
+  return kind == OpKind::timed || kind == OpKind::gemm || kind == OpKind::attention || kind == OpKind::elementwise;
+}
+
+Op timed_op(std::string name, double seconds, int stream) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::timed;
+  op.seconds = seconds;
+  op.stream = stream;
+  return op;
+}
+
+Op gemm_op(std::string name, std::int64_t m, std::int64_t n, std::int64_t k, std::string dtype) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::gemm;
+  op.m = m;
+  op.n = n;
+  op.k = k;
+  op.dtype = std::move(dtype);
+  return op;
+}
+
+Op attention_op(std::string name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
+                std::int64_t head_dim, bool causal, bool backward, std::string dtype) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::attention;
+  op.batch = batch;
+  op.heads = heads;
+  op.seq_q = seq_q;
+  op.seq_kv = seq_kv;
+  op.head_dim = head_dim;
+  op.causal = causal;
+  op.backward = backward;
+  op.dtype = std::move(dtype);
+  return op;
+}
+
+Op elementwise_op(std::string name, double bytes) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::elementwise;
+  op.bytes = bytes;
+  return op;
+}
+
+Op collective_op(std::string name, CollectiveOp collective, int group, double bytes) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::collective;
+  op.collective = collective;
+  op.group = group;
+  op.bytes = bytes;
+  op.stream = communication_stream(group);
+  return op;
+}
+
+Op send_op(std::string name, int peer, double bytes, int stream) {
+  Op op;
+  op.name = std::move(name);
+  op.kind = OpKind::send;
+  op.peer = peer;
+  op.bytes = bytes;
+  op.stream = stream;
+  return op;
+}
+
+Op recv_op(std::string name, int peer, double bytes, int stream) {
+  Op op = send_op(std::move(name), peer, bytes, stream);
+  op.kind = OpKind::recv;
+  return op;
+}
+
+double attention_flops(const Op& op) {
+  const double forward = 4.0 * static_cast<double>(op.batch) * static_cast<double>(op.heads) *
+                         static_cast<double>(op.seq_q) * static_cast<double>(op.seq_kv) *
+                         static_cast<double>(op.head_dim) * (op.causal ? 0.5 : 1.0);
+  return op.backward ? 2.5 * forward : forward;
+}
+
+double compute_seconds(const System& system, const Op& op) {
+  switch (op.kind) {
+    case OpKind::timed: return op.seconds;
+    case OpKind::gemm:
+      return system.device.gemm_seconds(
+          op.dtype, 2.0 * static_cast<double>(op.m) * static_cast<double>(op.n) * static_cast<double>(op.k));
+    case OpKind::attention: return system.device.gemm_seconds(op.dtype, attention_flops(op));
+    case OpKind::elementwise: return system.device.elementwise_seconds(op.bytes);
+    default: throw std::invalid_argument(std::string("compute_seconds of a ") + op_kind_name(op.kind) + " op");
+  }
+}
+
+namespace {
+
+enum class Status { waiting, reached, running, done };
+
+struct OpState {
+  Status status = Status::waiting;
+  double remaining = 0;  // compute: alone-seconds of work left
+  int sequence = -1;     // collective: its number on its group; send/recv: its number on its (from, to) channel
+};
+
+struct RankState {
+  std::map<int, std::vector<int>> streams;  // stream -> op indices in order
+  std::map<int, size_t> head;               // stream -> position of its first op not done
+  std::vector<OpState> ops;
+  int communication_running = 0;
+};
+
+struct CollectiveInstance {
+  std::vector<std::pair<int, int>> reached;  // (traced rank index, op index)
+};
+
+struct Channel {  // the sends of one (from, to) pair, matched in order with the recvs
+  std::vector<double> send_start;   // by sequence; NaN until it starts
+  std::vector<double> transfer_s;
+  std::vector<int> waiting_recv;    // op index of the recv reached before its send started, or -1
+};
+
+std::string where(const RankGraph& g, int i) {
+  return "rank " + std::to_string(g.rank) + " op " + std::to_string(i) + " (" + g.ops[static_cast<size_t>(i)].name +
+         ")";
+}
+
+class Simulator {
+ public:
+  Simulator(const System& system, const Workload& workload) : system_(system), workload_(workload) {
+    if (auto problem = find_problem(system)) throw std::invalid_argument("system description: " + *problem);
+    index_ranks();
+    index_groups();
+    index_ops();
+  }
+
+  Timeline run() {
+    timeline_.ops.resize(workload_.ranks.size());
+    for (size_t r = 0; r < workload_.ranks.size(); ++r) timeline_.ops[r].resize(workload_.ranks[r].ops.size());
+    is_dirty_.assign(state_.size(), 0);
+    for (size_t r = 0; r < state_.size(); ++r) make_dirty(r);
+    double now = 0;
+    while (true) {
+      start_everything_reachable(now);
+      if (all_done()) break;
+      const double next = next_event(now);
+      advance_compute(now, next);
+      now = next;
+      complete_at(now);
+    }
+    finish();
+    return std::move(timeline_);
+  }
+
+ private:
+  const System& system_;
+  const Workload& workload_;
+  std::unordered_map<int, int> rank_index_;  // rank -> traced index
+  std::unordered_map<int, const Group*> groups_;
+  std::vector<RankState> state_;
+  std::map<std::pair<int, int>, CollectiveInstance> collectives_;  // (group, sequence)
+  std::map<int, int> traced_members_;                               // group -> traced members
+  std::map<std::pair<int, int>, Channel> channels_;                 // (from rank, to rank)
+  std::vector<std::pair<size_t, int>> running_;                     // (traced rank index, op)
+  std::vector<size_t> dirty_;  // ranks where an op ended since their streams were last looked at
+  std::vector<char> is_dirty_;
+  size_t ops_total_ = 0, ops_done_ = 0;
+  Timeline timeline_;
+
+  [[noreturn]] static void refuse(const std::string& why) { throw std::invalid_argument("workload: " + why); }
+
+  void index_ranks() {
+    for (size_t r = 0; r < workload_.ranks.size(); ++r) {
+      const RankGraph& g = workload_.ranks[r];
+      if (g.rank < 0) refuse("rank " + std::to_string(g.rank) + " is negative");
+      if (g.weight < 1) refuse("rank " + std::to_string(g.rank) + " has weight " + std::to_string(g.weight));
+      if (!rank_index_.emplace(g.rank, static_cast<int>(r)).second)
+        refuse("rank " + std::to_string(g.rank) + " is traced twice");
+    }
+  }
+
+  void index_groups() {
+    for (const Group& group : workload_.groups) {
+      if (!groups_.emplace(group.id, &group).second) refuse("group " + std::to_string(group.id) + " is given twice");
+      std::set<int> members(group.ranks.begin(), group.ranks.end());
+      if (members.empty() || members.size() != group.ranks.size() || *members.begin() < 0)
+        refuse("group " + std::to_string(group.id) + " must list distinct non-negative ranks");
+      int traced = 0;
+      for (int rank : group.ranks) traced += rank_index_.count(rank) ? 1 : 0;
+      traced_members_[group.id] = traced;
+    }
+  }
+
+  bool same_node(int a, int b) const {
+    return a / system_.device.devices_per_node == b / system_.device.devices_per_node;
+  }
+
+  const NetworkTier& tier_of(const Group& group) const {
+    for (int rank : group.ranks)
+      if (!same_node(rank, group.ranks.front())) return system_.inter_node;
+    return system_.intra_node;
+  }
+
+  void index_ops() {
+    // (group) -> the collectives of each traced member in order, to check they match across the group.
+    std::map<int, std::vector<std::pair<int, std::vector<int>>>> by_group;
+    std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> sends, recvs;  // (from, to) -> (rank idx, op)
+    state_.resize(workload_.ranks.size());
+    for (size_t r = 0; r < workload_.ranks.size(); ++r) {
+      const RankGraph& g = workload_.ranks[r];
+      RankState& s = state_[r];
+      s.ops.resize(g.ops.size());
+      ops_total_ += g.ops.size();
+      std::map<int, std::vector<int>> collectives_of_group;
+      for (size_t i = 0; i < g.ops.size(); ++i) {
+        const Op& op = g.ops[i];
+        const int oi = static_cast<int>(i);
+        for (int d : op.depends_on)
+          if (d < 0 || d >= oi) refuse(where(g, oi) + " depends on op " + std::to_string(d) + ", not an earlier op");
+        s.streams[op.stream].push_back(oi);
+        if (is_compute(op.kind)) {
+          const double t = compute_seconds(system_, op);
+          if (!std::isfinite(t) || t < 0 || op.seconds < 0 || op.bytes < 0 || op.m < 0 || op.n < 0 || op.k < 0)
+            refuse(where(g, oi) + " has a negative size or duration");
+          s.ops[i].remaining = t;
+        } else if (op.kind == OpKind::collective) {
+          const auto group = groups_.find(op.group);
+          if (group == groups_.end()) refuse(where(g, oi) + " names group " + std::to_string(op.group) + ", unknown");
+          const auto& members = group->second->ranks;
+          if (std::find(members.begin(), members.end(), g.rank) == members.end())
+            refuse(where(g, oi) + " is on group " + std::to_string(op.group) + ", which rank " +
+                   std::to_string(g.rank) + " is not a member of");
+          if (!(op.bytes >= 0)) refuse(where(g, oi) + " has negative bytes");
+          auto& list = collectives_of_group[op.group];
+          s.ops[i].sequence = static_cast<int>(list.size());
+          list.push_back(oi);
+        } else {
+          if (!rank_index_.count(op.peer) || op.peer == g.rank)
+            refuse(where(g, oi) + " has peer " + std::to_string(op.peer) + ", not another traced rank");
+          if (!(op.bytes >= 0)) refuse(where(g, oi) + " has negative bytes");
+          auto& list = op.kind == OpKind::send ? sends[{g.rank, op.peer}] : recvs[{op.peer, g.rank}];
+          s.ops[i].sequence = static_cast<int>(list.size());
+          list.emplace_back(static_cast<int>(r), oi);
+        }
+      }
+      for (auto& [group, ops] : collectives_of_group) by_group[group].emplace_back(static_cast<int>(r), ops);
+      for (auto& [stream, ops] : s.streams) s.head[stream] = 0;
+    }
+    check_collectives_match(by_group);
+    check_transfers_match(sends, recvs);
+  }
+
+  void check_collectives_match(const std::map<int, std::vector<std::pair<int, std::vector<int>>>>& by_group) {
+    for (const auto& [group, members] : by_group) {
+      const auto& [first_rank, first_ops] = members.front();
+      const RankGraph& a = workload_.ranks[static_cast<size_t>(first_rank)];
+      if (static_cast<int>(members.size()) != traced_members_[group])
+        refuse("group " + std::to_string(group) + ": rank " + std::to_string(a.rank) +
+               " has collectives on it, some other traced member has none");
+      for (const auto& [rank, ops] : members) {
+        const RankGraph& b = workload_.ranks[static_cast<size_t>(rank)];
+        if (ops.size() != first_ops.size())
+          refuse("group " + std::to_string(group) + ": rank " + std::to_string(a.rank) + " has " +
+                 std::to_string(first_ops.size()) + " collectives on it, rank " + std::to_string(b.rank) + " " +
+                 std::to_string(ops.size()));
+        for (size_t q = 0; q < ops.size(); ++q) {
+          const Op& x = a.ops[static_cast<size_t>(first_ops[q])];
+          const Op& y = b.ops[static_cast<size_t>(ops[q])];
+          if (x.collective != y.collective || x.bytes != y.bytes || x.algorithm != y.algorithm)
+            refuse("group " + std::to_string(group) + " collective #" + std::to_string(q) + ": " +
+                   where(a, first_ops[q]) + " is a " + collective_name(x.collective) + " of " +
+                   std::to_string(x.bytes) + " B, " + where(b, ops[q]) + " a " + collective_name(y.collective) +
+                   " of " + std::to_string(y.bytes) + " B");
+        }
+      }
+      for (size_t q = 0; q < first_ops.size(); ++q) collectives_[{group, static_cast<int>(q)}];
+    }
+  }
+
+  void check_transfers_match(const std::map<std::pair<int, int>, std::vector<std::pair<int, int>>>& sends,
+                             const std::map<std::pair<int, int>, std::vector<std::pair<int, int>>>& recvs) {
+    std::set<std::pair<int, int>> pairs;
+    for (const auto& [key, list] : sends) pairs.insert(key);
+    for (const auto& [key, list] : recvs) pairs.insert(key);
+    for (const auto& key : pairs) {
+      const auto s = sends.find(key);
+      const auto r = recvs.find(key);
+      const size_t ns = s == sends.end() ? 0 : s->second.size();
+      const size_t nr = r == recvs.end() ? 0 : r->second.size();
+      if (ns != nr)
+        refuse("rank " + std::to_string(key.first) + " sends " + std::to_string(ns) + " times to rank " +
+               std::to_string(key.second) + ", which receives " + std::to_string(nr) + " times from it");
+      Channel& channel = channels_[key];
+      channel.send_start.assign(ns, std::numeric_limits<double>::quiet_NaN());
+      channel.transfer_s.resize(ns);
+      channel.waiting_recv.assign(ns, -1);
+      const NetworkTier& tier = same_node(key.first, key.second) ? system_.intra_node : system_.inter_node;
+      for (size_t q = 0; q < ns; ++q) {
+        const auto [sr, so] = s->second[q];
+        const auto [rr, ro] = r->second[q];
+        const Op& send = workload_.ranks[static_cast<size_t>(sr)].ops[static_cast<size_t>(so)];
+        const Op& recv = workload_.ranks[static_cast<size_t>(rr)].ops[static_cast<size_t>(ro)];
+        if (send.bytes != recv.bytes)
+          refuse(where(workload_.ranks[static_cast<size_t>(sr)], so) + " sends " + std::to_string(send.bytes) +
+                 " B, " + where(workload_.ranks[static_cast<size_t>(rr)], ro) + " receives " +
+                 std::to_string(recv.bytes) + " B");
+        channel.transfer_s[q] = tier.transfer_seconds(send.bytes);
+      }
+    }
+  }
+
+  void make_dirty(size_t r) {
+    if (is_dirty_[r]) return;
+    is_dirty_[r] = 1;
+    dirty_.push_back(r);
+  }
+
+  bool all_done() const { return ops_done_ == ops_total_; }
+
+  bool dependencies_done(size_t r, const Op& op) const {
+    for (int d : op.depends_on)
+      if (state_[r].ops[static_cast<size_t>(d)].status != Status::done) return false;
+    return true;
+  }
+
+  void begin_communication(size_t r, int i, double start, double end) {
+    OpState& s = state_[r].ops[static_cast<size_t>(i)];
+    OpTiming& t = timeline_.ops[r][static_cast<size_t>(i)];
+    t.start = start;
+    t.end = end;
+    s.status = Status::running;
+    ++state_[r].communication_running;
+    running_.emplace_back(r, i);
+  }
+
+  void mark_done(size_t r, int i, double end) {
+    OpState& s = state_[r].ops[static_cast<size_t>(i)];
+    if (s.status == Status::running && !is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind))
+      --state_[r].communication_running;
+    s.status = Status::done;
+    timeline_.ops[r][static_cast<size_t>(i)].end = end;
+    ++ops_done_;
+    const int stream = workload_.ranks[r].ops[static_cast<size_t>(i)].stream;
+    ++state_[r].head[stream];
+    make_dirty(r);
+  }
+
+  // Reaches every op whose stream is free and whose dependencies are done, on every rank where an op ended,
+  // until nothing more changes (zero-time ops may free further ops at the same instant).
+  void start_everything_reachable(double now) {
+    while (!dirty_.empty()) {
+      const size_t r = dirty_.back();
+      dirty_.pop_back();
+      is_dirty_[r] = 0;
+      RankState& rs = state_[r];
+      for (auto& [stream, ops] : rs.streams) {
+        const size_t h = rs.head[stream];
+        if (h >= ops.size()) continue;
+        const int i = ops[h];
+        const Op& op = workload_.ranks[r].ops[static_cast<size_t>(i)];
+        if (rs.ops[static_cast<size_t>(i)].status == Status::waiting && dependencies_done(r, op)) reach(r, i, now);
+      }
+    }
+  }
+
+  void reach(size_t r, int i, double now) {
+    const RankGraph& g = workload_.ranks[r];
+    const Op& op = g.ops[static_cast<size_t>(i)];
+    OpState& s = state_[r].ops[static_cast<size_t>(i)];
+    OpTiming& t = timeline_.ops[r][static_cast<size_t>(i)];
+    t.reached = now;
+    t.start = now;
+    s.status = Status::reached;
+    if (is_compute(op.kind)) {
+      s.status = Status::running;
+      if (s.remaining == 0) mark_done(r, i, now);
+      else running_.emplace_back(r, i);
+    } else if (op.kind == OpKind::collective) {
+      CollectiveInstance& instance = collectives_.at({op.group, s.sequence});
+      instance.reached.emplace_back(static_cast<int>(r), i);
+      if (static_cast<int>(instance.reached.size()) == traced_members_.at(op.group)) {
+        const Group& group = *groups_.at(op.group);
+        const double duration =
+            tier_of(group).collective_seconds(op.collective, op.bytes, static_cast<int>(group.ranks.size()));
+        for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
+      }
+    } else if (op.kind == OpKind::send) {
+      Channel& channel = channels_.at({g.rank, op.peer});
+      const auto q = static_cast<size_t>(s.sequence);
+      channel.send_start[q] = now;
+      begin_communication(r, i, now, now + channel.transfer_s[q]);
+      if (channel.waiting_recv[q] >= 0)
+        begin_communication(static_cast<size_t>(rank_index_.at(op.peer)), channel.waiting_recv[q], now,
+                            now + channel.transfer_s[q]);
+    } else {  // recv
+      Channel& channel = channels_.at({op.peer, g.rank});
+      const auto q = static_cast<size_t>(s.sequence);
+      if (std::isnan(channel.send_start[q])) {
+        channel.waiting_recv[q] = i;
+      } else {
+        const double arrival = channel.send_start[q] + channel.transfer_s[q];
+        if (arrival > now) begin_communication(r, i, now, arrival);
+        else mark_done(r, i, now);
+      }
+    }
+  }
+
+  double slowdown_factor(size_t r) const {
+    return state_[r].communication_running > 0 ? 1 + system_.overlap_slowdown.value : 1;
+  }
+
+  double next_event(double now) const {
+    double next = std::numeric_limits<double>::infinity();
+    for (const auto& [r, i] : running_) {
+      const OpState& s = state_[r].ops[static_cast<size_t>(i)];
+      next = std::min(next, is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind)
+                                ? now + s.remaining * slowdown_factor(r)
+                                : timeline_.ops[r][static_cast<size_t>(i)].end);
+    }
+    if (!std::isfinite(next)) {
+      std::string stuck;
+      for (size_t r = 0; r < state_.size() && stuck.size() < 400; ++r)
+        for (size_t i = 0; i < state_[r].ops.size(); ++i)
+          if (state_[r].ops[i].status == Status::reached) stuck += "\n  " + where(workload_.ranks[r], static_cast<int>(i));
+      refuse("the step deadlocks at " + std::to_string(now) + " s; waiting:" + stuck);
+    }
+    return next;
+  }
+
+  void advance_compute(double now, double next) {
+    for (const auto& [r, i] : running_) {
+      OpState& s = state_[r].ops[static_cast<size_t>(i)];
+      if (is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind))
+        s.remaining = std::max(0.0, s.remaining - (next - now) / slowdown_factor(r));
+    }
+  }
+
+  void complete_at(double now) {
+    // Work left below this many alone-seconds is rounding in the subtraction above, not work.
+    const double tolerance = 1e-12 * std::max(1.0, now);
+    // The rates of every op on a rank hold until the next event, so all ops ending now are marked before any
+    // rank's counts change.
+    std::vector<std::pair<size_t, int>> ending, still_running;
+    for (const auto& [r, i] : running_) {
+      const OpState& s = state_[r].ops[static_cast<size_t>(i)];
+      const bool ends = is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind)
+                            ? s.remaining <= tolerance
+                            : timeline_.ops[r][static_cast<size_t>(i)].end <= now;
+      (ends ? ending : still_running).emplace_back(r, i);
+    }
+    running_ = std::move(still_running);
+    for (const auto& [r, i] : ending) {
+      const bool compute = is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind);
+      mark_done(r, i, compute ? now : timeline_.ops[r][static_cast<size_t>(i)].end);
+    }
+  }
+
+  void finish() {
+    double step = 0;
+    for (const auto& rank : timeline_.ops)
+      for (const OpTiming& t : rank) step = std::max(step, t.end);
+    timeline_.step_s = step;
+    double total_weight = 0;
+    for (size_t r = 0; r < workload_.ranks.size(); ++r) {
+      const RankGraph& g = workload_.ranks[r];
+      for (size_t i = 0; i < g.ops.size(); ++i) {
+        const OpTiming& t = timeline_.ops[r][i];
+        timeline_.intervals.push_back({g.rank, g.ops[i].stream, g.ops[i].name, g.ops[i].kind, t.start, t.end});
+      }
+      timeline_.breakdown.push_back(breakdown_of(r));
+      const Breakdown& b = timeline_.breakdown.back();
+      const double w = g.weight;
+      total_weight += w;
+      timeline_.mean.compute_s += w * b.compute_s;
+      timeline_.mean.idle_s += w * b.idle_s;
+      for (const auto& [group, seconds] : b.exposed_communication_s) timeline_.mean.exposed_communication_s[group] += w * seconds;
+    }
+    if (total_weight > 0) {
+      timeline_.mean.compute_s /= total_weight;
+      timeline_.mean.idle_s /= total_weight;
+      for (auto& [group, seconds] : timeline_.mean.exposed_communication_s) seconds /= total_weight;
+    }
+  }
+
+  // A sweep over the rank's interval boundaries with the set of running compute and communication ops.
+  Breakdown breakdown_of(size_t r) const {
+    const RankGraph& g = workload_.ranks[r];
+    struct Edge {
+      double time;
+      bool opens;
+      bool compute;
+      double start;
+      int group;
+    };
+    std::vector<Edge> edges;
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      const OpTiming& t = timeline_.ops[r][i];
+      if (!(t.end > t.start)) continue;
+      const Op& op = g.ops[i];
+      const bool compute = is_compute(op.kind);
+      const int group = op.kind == OpKind::collective ? op.group : kPointToPoint;
+      edges.push_back({t.start, true, compute, t.start, group});
+      edges.push_back({t.end, false, compute, t.start, group});
+    }
+    std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.time < b.time; });
+    Breakdown b;
+    int compute_running = 0;
+    std::multiset<std::pair<double, int>> communication_running;  // (start, group): the first is exposed
+    double last = 0;
+    auto account = [&](double until) {
+      const double span = until - last;
+      if (span <= 0) return;
+      if (compute_running > 0) b.compute_s += span;
+      else if (!communication_running.empty()) b.exposed_communication_s[communication_running.begin()->second] += span;
+      else b.idle_s += span;
+    };
+    for (size_t e = 0; e < edges.size();) {
+      account(edges[e].time);
+      last = edges[e].time;
+      for (; e < edges.size() && edges[e].time == last; ++e) {
+        const Edge& x = edges[e];
+        if (x.compute) compute_running += x.opens ? 1 : -1;
+        else if (x.opens) communication_running.insert({x.start, x.group});
+        else communication_running.erase(communication_running.find({x.start, x.group}));
+      }
+    }
+    account(timeline_.step_s);
+    return b;
+  }
+};
+
+}  // namespace
+
+Timeline simulate(const System& system, const Workload& workload) { return Simulator(system, workload).run(); }
+
+}  // namespace strata::project

@@ -1,0 +1,138 @@
+// The timeline of one training step on a system (Echo's event-driven composer, research.md section 3): each
+// traced rank's operation graph, its compute and communication streams, collectives that wait for their
+// group, point-to-point transfers, and compute slowed where communication runs beside it.
+//
+// Semantics, all of them:
+// - Ops on one stream run in the order of the rank's list; an op is reached when the op before it on its stream
+//   has ended and every op it depends on (earlier ops of the same rank, any stream) has ended.
+// - Compute ops (timed, gemm, attention, elementwise) start when reached. A GEMM of dtype d takes
+//   2mnk / (peak_d * efficiency_d(2mnk)); attention counts flash-attention FLOPs (metrics.md) the same way;
+//   an elementwise kernel takes bytes / (memory bandwidth * memory efficiency).
+// - A collective is matched across its group by (group id, sequence number of the collective on that group in
+//   each member's list). It starts when the last traced member reaches it and ends at the same time on every
+//   member: alpha + S * bus_factor(n) / beta on the intra-node tier when all n members share a node (rank /
+//   devices_per_node), else on the inter-node tier. Members that are not traced are stood for by a traced rank
+//   with the same graph (symmetry), so they reach it no later than the traced ones.
+// - The k-th send from rank a to rank b matches the k-th recv on b from a. A send takes latency + bytes /
+//   bandwidth of the tier between them and does not wait for the recv (eager). A recv ends at
+//   max(reached, send start + transfer time); it is running (counts as communication) from
+//   max(reached, send start) to its end.
+// - Overlap: while any communication op of a rank is running (a collective between its start and end, a send,
+//   a recv as above), that rank's running compute ops progress at rate 1 / (1 + s), s the system's overlap
+//   slowdown. A compute op whose alone-time work is done for a fraction r while communication runs therefore
+//   takes t_alone ((1 - r) + r (1 + s)), Echo's form, also when the overlap starts or ends midway: r is the
+//   fraction of the op's work (in alone-seconds) done in the overlapped wall time. Communication is not slowed
+//   by compute here, and waiting for the group's last member does not count as running.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "project/system.h"
+
+namespace strata::project {
+
+inline constexpr int kComputeStream = 0;
+inline constexpr int kPointToPoint = -1;  // the breakdown's key for sends and recvs
+
+// The stream of a group's collectives unless an op names another: one communication stream per group.
+inline int communication_stream(int group) { return 1 + group; }
+
+enum class OpKind { timed, gemm, attention, elementwise, collective, send, recv };
+
+const char* op_kind_name(OpKind kind);
+bool is_compute(OpKind kind);
+
+// The ring algorithm's bus factors are the cost model's (system.h); others join with their own models.
+enum class CollectiveAlgorithm { ring };
+
+struct Op {
+  std::string name;
+  OpKind kind = OpKind::timed;
+  int stream = kComputeStream;
+  std::vector<int> depends_on;  // indices of earlier ops in the same rank's list
+
+  double seconds = 0;  // timed: a measured duration
+  // gemm: (m, k) x (k, n); attention: batch, heads, seq_q, seq_kv, head_dim
+  std::int64_t m = 0, n = 0, k = 0;
+  std::int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  bool causal = false, backward = false;
+  std::string dtype;
+  double bytes = 0;  // elementwise: bytes read and written; collective: S of metrics.md; send/recv: payload
+  CollectiveOp collective = CollectiveOp::allreduce;
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::ring;
+  int group = -1;  // collective
+  int peer = -1;   // send: destination rank; recv: source rank
+};
+
+Op timed_op(std::string name, double seconds, int stream = kComputeStream);
+Op gemm_op(std::string name, std::int64_t m, std::int64_t n, std::int64_t k, std::string dtype);
+Op attention_op(std::string name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
+                std::int64_t head_dim, bool causal, bool backward, std::string dtype);
+Op elementwise_op(std::string name, double bytes);
+Op collective_op(std::string name, CollectiveOp op, int group, double bytes);  // on communication_stream(group)
+Op send_op(std::string name, int peer, double bytes, int stream = kComputeStream);
+Op recv_op(std::string name, int peer, double bytes, int stream = kComputeStream);
+
+// Forward 4 b h s_q s_kv d, half of it when causal, backward 2.5 x forward (metrics.md).
+double attention_flops(const Op& op);
+
+// The alone-time of a compute op on the system's device.
+double compute_seconds(const System& system, const Op& op);
+
+struct RankGraph {
+  int rank = 0;
+  int weight = 1;  // how many ranks with this same graph it stands for (itself included)
+  std::vector<Op> ops;
+};
+
+struct Group {
+  int id = 0;
+  std::vector<int> ranks;  // every member, traced or not: n of the cost model and the tier
+};
+
+struct Workload {
+  std::vector<Group> groups;
+  std::vector<RankGraph> ranks;
+};
+
+struct OpTiming {
+  double reached = 0;  // its stream was free and its dependencies done
+  double start = 0;    // it began: a collective when its last member reached it, a recv when data began to flow
+  double end = 0;
+};
+
+// Where each rank's wall time over [0, step] went. An instant with compute running is compute; otherwise, with
+// communication running, exposed communication of the op that started first (ties: lowest group id; sends and
+// recvs under kPointToPoint); otherwise idle (waiting for data, for a group's last member, or for the step's
+// last rank). The three add up to the step time.
+struct Breakdown {
+  double compute_s = 0;
+  std::map<int, double> exposed_communication_s;
+  double idle_s = 0;
+};
+
+// One op on one rank's stream, ready for a Chrome trace (pid = rank, tid = stream).
+struct Interval {
+  int rank = 0;
+  int stream = 0;
+  std::string name;
+  OpKind kind = OpKind::timed;
+  double start = 0, end = 0;
+};
+
+struct Timeline {
+  double step_s = 0;                     // the last op's end over all ranks
+  std::vector<std::vector<OpTiming>> ops;  // [traced rank][op], in the workload's order
+  std::vector<Breakdown> breakdown;      // per traced rank
+  Breakdown mean;                        // over all ranks: traced ranks weighted by the ranks they stand for
+  std::vector<Interval> intervals;
+};
+
+// Throws std::invalid_argument for a workload that cannot run: a dependency on a later op, an unknown group or
+// peer, collectives that do not match across a group, unmatched sends, a deadlock (naming the ops waiting).
+Timeline simulate(const System& system, const Workload& workload);
+
+}  // namespace strata::project
