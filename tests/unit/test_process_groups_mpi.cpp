@@ -387,6 +387,27 @@ TEST(ProcessGroups, GridGroupsHoldTheRightRanks) {
   EXPECT_THROW(parse_grid_order("tp,tp,dp"), std::invalid_argument);
 }
 
+// One operation of the table on g through the table's call, as strata-collective makes it, on the check's
+// inputs laid out in or out of place: the wrong elements of its output (root: the last rank).
+int wrong_elements(Group& g, Operation op, Algo algo, DataType dtype, RedOp redop, std::size_t bytes, bool in_place,
+                   Waiting waiting) {
+  const std::size_t elem = size_of(dtype);
+  const Counts counts = counts_for(op, bytes / elem * elem, elem, g.size());
+  const CheckSpec spec{op, dtype, redop};
+  const std::size_t send_bytes = counts.send_elems * elem, recv_bytes = counts.recv_elems * elem;
+  std::vector<unsigned char> a(std::max<std::size_t>(std::max(send_bytes, recv_bytes), 1));
+  std::vector<unsigned char> b(std::max<std::size_t>(recv_bytes, 1));
+  const InPlaceOffsets at = in_place ? in_place_offsets(op, counts, elem, g.rank()) : InPlaceOffsets{};
+  unsigned char* send = a.data() + at.send;
+  unsigned char* recv = in_place ? a.data() + at.recv : b.data();
+  const std::vector<unsigned char> input = check_inputs(spec, counts, g.rank());
+  if (send_bytes) std::memcpy(send, input.data(), send_bytes);
+  const int root = g.size() - 1;
+  info(op).start(g, algo, {send, recv, counts.count, dtype, redop, root}, waiting).wait();
+  const std::vector<unsigned char> out(recv, recv + recv_bytes);
+  return count_wrong(spec, counts, out, g.rank(), g.size(), root);
+}
+
 // Every operation of the table that the process groups have, through the table's call as strata-collective
 // makes it: each group algorithm, waited for later (MPI's non-blocking collectives for library) and at once
 // (its blocking ones), in and out of place as the table lays them out, against the exact results of the check.
@@ -402,25 +423,10 @@ TEST(ProcessGroups, EveryTableOperationBothWaysMatchesTheCheck) {
             for (RedOp redop : info(op).reduction ? std::vector<RedOp>{RedOp::sum, RedOp::max, RedOp::avg}
                                                   : std::vector<RedOp>{RedOp::sum})
               for (std::size_t bytes : {std::size_t{0}, std::size_t{10}, std::size_t{4000}})
-                for (bool in_place : {false, true}) {
-                  const std::size_t elem = size_of(dtype);
-                  const Counts counts = counts_for(op, bytes / elem * elem, elem, g.size());
-                  const CheckSpec spec{op, dtype, redop};
-                  const std::size_t send_bytes = counts.send_elems * elem, recv_bytes = counts.recv_elems * elem;
-                  std::vector<unsigned char> a(std::max<std::size_t>(std::max(send_bytes, recv_bytes), 1));
-                  std::vector<unsigned char> b(std::max<std::size_t>(recv_bytes, 1));
-                  const InPlaceOffsets at = in_place ? in_place_offsets(op, counts, elem, g.rank()) : InPlaceOffsets{};
-                  unsigned char* send = a.data() + at.send;
-                  unsigned char* recv = in_place ? a.data() + at.recv : b.data();
-                  const std::vector<unsigned char> input = check_inputs(spec, counts, g.rank());
-                  if (send_bytes) std::memcpy(send, input.data(), send_bytes);
-                  const int root = g.size() - 1;
-                  info(op).start(g, algo, {send, recv, counts.count, dtype, redop, root}, waiting).wait();
-                  const std::vector<unsigned char> out(recv, recv + recv_bytes);
-                  EXPECT_EQ(count_wrong(spec, counts, out, g.rank(), g.size(), root), 0)
+                for (bool in_place : {false, true})
+                  EXPECT_EQ(wrong_elements(g, op, algo, dtype, redop, bytes, in_place, waiting), 0)
                       << name(op) << " " << name(algo) << " " << name(dtype) << " " << name(redop) << " " << bytes
                       << " B in_place " << in_place << " at_once " << (waiting == Waiting::at_once) << " rpn " << rpn;
-                }
       }
   }
 }
@@ -443,25 +449,10 @@ TEST(ProcessGroups, TinySegmentsAndSplitMessagesMatchTheCheck) {
           if (!info(op).group_algos.has(algo)) continue;
           for (DataType dtype : {DataType::float32, DataType::int8, DataType::float64})
             for (std::size_t bytes : {std::size_t{0}, std::size_t{10}, std::size_t{4000}})
-              for (bool in_place : {false, true}) {
-                const std::size_t elem = size_of(dtype);
-                const Counts counts = counts_for(op, bytes / elem * elem, elem, g.size());
-                const CheckSpec spec{op, dtype, RedOp::sum};
-                const std::size_t send_bytes = counts.send_elems * elem, recv_bytes = counts.recv_elems * elem;
-                std::vector<unsigned char> a(std::max<std::size_t>(std::max(send_bytes, recv_bytes), 1));
-                std::vector<unsigned char> b(std::max<std::size_t>(recv_bytes, 1));
-                const InPlaceOffsets at = in_place ? in_place_offsets(op, counts, elem, g.rank()) : InPlaceOffsets{};
-                unsigned char* send = a.data() + at.send;
-                unsigned char* recv = in_place ? a.data() + at.recv : b.data();
-                const std::vector<unsigned char> input = check_inputs(spec, counts, g.rank());
-                if (send_bytes) std::memcpy(send, input.data(), send_bytes);
-                const int root = g.size() - 1;
-                info(op).start(g, algo, {send, recv, counts.count, dtype, RedOp::sum, root}, Waiting::later).wait();
-                const std::vector<unsigned char> out(recv, recv + recv_bytes);
-                EXPECT_EQ(count_wrong(spec, counts, out, g.rank(), g.size(), root), 0)
+              for (bool in_place : {false, true})
+                EXPECT_EQ(wrong_elements(g, op, algo, dtype, RedOp::sum, bytes, in_place, Waiting::later), 0)
                     << name(op) << " " << name(algo) << " " << name(dtype) << " " << bytes << " B in_place "
                     << in_place << " segment " << segment << " rpn " << rpn;
-              }
         }
     }
   }
