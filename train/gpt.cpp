@@ -161,6 +161,15 @@ struct Activation {
                      ln2_mean, ln2_rstd, fch, fch_gelu, fcproj, count };
 };
 
+// The op whose forward computes an activation; the layer's input (x_in) belongs to none and is always kept.
+std::optional<LayerOp> op_of(int activation) {
+  using A = Activation;
+  if (activation == A::x_in) return std::nullopt;
+  if (activation <= A::qkv) return LayerOp::pre;
+  if (activation <= A::lse) return LayerOp::core;
+  return LayerOp::post;
+}
+
 // A: the attention's channels (heads x head dimension; C without tensor parallelism). R: rows of the residual
 // stream held here (N / T under sequence parallelism, whose layer-norm outputs are kept gathered, N rows).
 std::vector<std::size_t> layer_activation_sizes(std::size_t N, std::size_t R, std::size_t C, std::size_t A,
@@ -169,45 +178,65 @@ std::vector<std::size_t> layer_activation_sizes(std::size_t N, std::size_t R, st
           N * A, N * C, R * C, N * C, R, R, N * F, N * F, N * C};
 }
 
-// Whether the forward pass keeps an activation of every layer for the backward pass (else it lives in the
-// space of the one layer being computed, and backward computes it again).
-bool kept(Recompute recompute, int activation) {
-  using A = Activation;
-  switch (recompute) {
-    case Recompute::none: return true;
-    case Recompute::full: return activation == A::x_in;
-    case Recompute::selective:
-      return activation != A::q && activation != A::k && activation != A::v && activation != A::atty && activation != A::lse;
-  }
-  return true;
-}
+constexpr LayerOp kOps[kLayerOps] = {LayerOp::pre, LayerOp::core, LayerOp::post};
 
 }  // namespace
+
+const char* name(LayerOp op) {
+  switch (op) {
+    case LayerOp::pre: return "pre";
+    case LayerOp::core: return "core";
+    case LayerOp::post: return "post";
+  }
+  return "?";
+}
+
+bool keeps(Recompute recompute, LayerOp op) {
+  switch (recompute) {
+    case Recompute::none: return true;
+    case Recompute::full: return false;
+    case Recompute::selective: return op != LayerOp::core;
+    case Recompute::overlap: break;
+  }
+  throw std::logic_error("keeps: overlap keeps what its placement says (StagePlan::kept)");
+}
 
 const char* name(Recompute recompute) {
   switch (recompute) {
     case Recompute::none: return "none";
     case Recompute::full: return "full";
     case Recompute::selective: return "selective";
+    case Recompute::overlap: return "overlap";
   }
   return "?";
 }
 
 std::optional<Recompute> parse_recompute(std::string_view text) {
-  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective})
+  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap})
     if (text == name(r)) return r;
   return std::nullopt;
 }
 
-GptCpu::LayerView GptCpu::view(int l) {
-  float* own = act(layer_base_[static_cast<std::size_t>(l)]);
+bool GptCpu::kept(int layer, LayerOp op) const {
+  return kept_[static_cast<std::size_t>(local(layer))][static_cast<std::size_t>(op)];
+}
+
+GptCpu::LayerView GptCpu::view(int set, int l) {
+  const std::size_t li = static_cast<std::size_t>(local(l));
+  float* in_set = act(static_cast<std::size_t>(set) * set_stride_ + layer_in_set_[li]);
   float* shared = act(shared_base_);
-  auto at = [&](int a) { return (kept_[static_cast<std::size_t>(a)] ? own : shared) + offset_[static_cast<std::size_t>(a)]; };
+  float* recompute = act(layer_recompute_[li]);
+  auto at = [&](int a) {
+    const Place& p = place_[li][static_cast<std::size_t>(a)];
+    return (p.region == Region::set ? in_set : p.region == Region::shared ? shared : recompute) + p.offset;
+  };
   using A = Activation;
   return {at(A::x_in), at(A::ln1), at(A::ln1_mean), at(A::ln1_rstd), at(A::qkv), at(A::q), at(A::k), at(A::v),
           at(A::atty), at(A::lse), at(A::att_merged), at(A::attproj), at(A::x_mid), at(A::ln2), at(A::ln2_mean),
           at(A::ln2_rstd), at(A::fch), at(A::fch_gelu), at(A::fcproj)};
 }
+
+float* GptCpu::head_base(int set) { return act(static_cast<std::size_t>(set) * set_stride_ + head_in_set_); }
 
 namespace {
 
@@ -283,15 +312,26 @@ void call(const std::function<void(int)>& hook, int layer) {
 }  // namespace
 
 GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute,
-               coll::Group* tensor_parallel, bool sequence_parallel)
+               coll::Group* tensor_parallel, bool sequence_parallel, StagePlan stage)
     : model_(model), tp_(tensor_parallel && tensor_parallel->size() > 1 ? tensor_parallel : nullptr),
       sp_(tp_ && sequence_parallel),
       layout_(model, tensor_shard(validated(model), tp_ ? tp_->size() : 1, tp_ ? tp_->rank() : 0)), batch_(batch),
-      seq_(seq), runtime_(runtime), recompute_(recompute) {
+      seq_(seq), runtime_(runtime), recompute_(recompute), stage_(std::move(stage)) {
   if (batch <= 0 || seq <= 0) throw std::invalid_argument("batch and sequence must be positive");
   if (seq > model.max_seq)
     throw std::invalid_argument("sequence " + std::to_string(seq) + " exceeds the model's position table (" +
                                 std::to_string(model.max_seq) + ")");
+  if (stage_.layers < 0) stage_.layers = model.layers - stage_.first_layer;
+  if (stage_.first_layer < 0 || stage_.first_layer + stage_.layers > model.layers)
+    throw std::invalid_argument("stage of layers " + std::to_string(stage_.first_layer) + ".." +
+                                std::to_string(stage_.first_layer + stage_.layers - 1) + " is outside the model's " +
+                                std::to_string(model.layers) + " layers");
+  if (stage_.layers == 0 && !(stage_.embedding && stage_.head))
+    throw std::invalid_argument("a pipeline stage needs at least one layer");
+  if (stage_.activation_sets < 1) throw std::invalid_argument("a stage holds at least one micro-batch's activations");
+  if (recompute == Recompute::overlap && stage_.kept.size() != static_cast<std::size_t>(stage_.layers))
+    throw std::invalid_argument("recompute overlap needs a kept/recomputed decision for each of the stage's " +
+                                std::to_string(stage_.layers) + " layers");
   cpu_.threads = runtime.threads;
   attention_options_.threads = runtime.threads;
   const TensorShard& sh = layout_.shard();
@@ -310,17 +350,38 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime,
   }
   const std::size_t R = rows_here_;
   const std::vector<std::size_t> sizes = layer_activation_sizes(N, R, C, A, Q, KV, F, static_cast<std::size_t>(sh.heads));
-  std::size_t shared = 0;
-  for (int a = 0; a < Activation::count; ++a) {
-    kept_.push_back(kept(recompute, a));
-    std::size_t& space = kept_.back() ? per_layer_ : shared;
-    offset_.push_back(std::exchange(space, space + sizes[static_cast<std::size_t>(a)]));
+  // Where each layer's activations live: kept ones in every set; recomputed ones in one layer's shared space, or
+  // under overlap in the layer's own recompute space (several layers may be recomputed before their backward).
+  std::size_t in_set = 0, shared = 0, recompute_total = 0;
+  for (int li = 0; li < stage_.layers; ++li) {
+    KeptOps keep{};
+    for (LayerOp op : kOps)
+      keep[static_cast<std::size_t>(op)] = recompute == Recompute::overlap ? stage_.kept[static_cast<std::size_t>(li)][static_cast<std::size_t>(op)]
+                                                                          : keeps(recompute, op);
+    kept_.push_back(keep);
+    layer_in_set_.push_back(in_set);
+    layer_recompute_.push_back(recompute_total);
+    std::size_t own = 0, elsewhere = 0;
+    std::vector<Place> places;
+    for (int a = 0; a < Activation::count; ++a) {
+      const std::optional<LayerOp> op = op_of(a);
+      const std::size_t n = sizes[static_cast<std::size_t>(a)];
+      if (!op || keep[static_cast<std::size_t>(*op)]) places.push_back({Region::set, std::exchange(own, own + n)});
+      else places.push_back({recompute == Recompute::overlap ? Region::recompute : Region::shared, std::exchange(elsewhere, elsewhere + n)});
+    }
+    place_.push_back(std::move(places));
+    in_set += own;
+    if (recompute == Recompute::overlap) recompute_total += elsewhere;
+    else shared = std::max(shared, elsewhere);
   }
-  for (int l = 0; l < model.layers; ++l) layer_base_.push_back(static_cast<std::size_t>(l) * per_layer_);
-  shared_base_ = static_cast<std::size_t>(model.layers) * per_layer_;
-  head_base_ = shared_base_ + shared;
-  activations_ = TrackedBuffer<float>(MemoryCategory::activations,
-                                      head_base_ + HeadActs(N, R, C, static_cast<std::size_t>(sh.vocab_rows)).size);
+  head_in_set_ = in_set;
+  set_stride_ = in_set + (stage_.head ? HeadActs(N, R, C, static_cast<std::size_t>(sh.vocab_rows)).size : R * C);
+  shared_base_ = static_cast<std::size_t>(stage_.activation_sets) * set_stride_;
+  for (std::size_t& base : layer_recompute_) base += shared_base_ + shared;
+  activations_ = TrackedBuffer<float>(MemoryCategory::activations, shared_base_ + shared + recompute_total);
+  recomputed_for_.assign(static_cast<std::size_t>(stage_.layers), {0, 0, 0});
+  tokens_.resize(static_cast<std::size_t>(stage_.activation_sets));
+  targets_.resize(static_cast<std::size_t>(stage_.activation_sets));
   // Frozen units' layer-norm gradients land in a region after the scratch and are never read.
   scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, R, C, A, Q, KV, F).size + 2 * C);
 }
@@ -372,12 +433,6 @@ float* GptCpu::grad(const UnitPointers& u, int l, LayerTensor t) const {
   return unit ? unit + (layout_.tensor(l, t).offset - layout_.layer(l).offset) : nullptr;
 }
 
-void GptCpu::attention_core_forward(const LayerView& x) {
-  const TensorShard& sh = shard();
-  permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, sh.heads, sh.kv_heads, model_.head_dim(), true);
-  attention::flash_forward(attention_shape_, x.q, x.k, x.v, x.atty, x.lse, attention_options_);
-}
-
 namespace {
 
 // out (N, C) += bias (C): a row-parallel layer's bias, added once after the allreduce of its partial outputs.
@@ -386,64 +441,107 @@ void add_bias(float* out, const float* bias, std::size_t rows, std::size_t chann
     for (std::size_t c = 0; c < channels; ++c) out[i * channels + c] += bias[c];
 }
 
+double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
 }  // namespace
 
-void GptCpu::attention_forward(int l, const UnitPointers& u, const LayerView& x) {
-  const ModelConfig& m = model_;
-  const TensorShard& sh = shard();
-  const int64_t N = static_cast<int64_t>(batch_) * seq_;
-  using T = LayerTensor;
-  // (N, C) -> (N, Q): the three projections at once (this rank's heads).
-  linear::forward(runtime_.library, {N, m.hidden, sh.qkv_channels(m)}, x.qkv, x.ln1, param(u, l, T::qkv_w), param(u, l, T::qkv_b));
-  attention_core_forward(x);
-  permute_heads(x.atty, x.att_merged, batch_, seq_, sh.heads, m.head_dim(), true);
-  // (N, A) -> (N, C), row-parallel: partial sums over this rank's heads.
-  linear::forward(runtime_.library, {N, sh.attention_channels(m), m.hidden}, x.attproj, x.att_merged,
-                  param(u, l, T::attn_proj_w), tensor_parallel() ? nullptr : param(u, l, T::attn_proj_b));
-  const std::size_t C = static_cast<std::size_t>(m.hidden);
-  if (sp_) {
-    tp_reduce_scatter(x.attproj, C, "reduce-scatter attention out");
-    add_bias(my_rows(x.attproj, C), param(u, l, T::attn_proj_b), rows_here_, C);
-  } else if (tensor_parallel()) {
-    tp_allreduce(x.attproj, static_cast<std::size_t>(N) * C, "allreduce attention out");
-    add_bias(x.attproj, param(u, l, T::attn_proj_b), static_cast<std::size_t>(N), C);
-  }
-}
-
-void GptCpu::layer_forward(int l, const UnitPointers& u, bool write_output) {
+void GptCpu::forward_op(int set, int l, const UnitPointers& u, LayerOp op) {
   const ModelConfig& m = model_;
   const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t F = static_cast<std::size_t>(sh.mlp);
-  const std::size_t R = rows_here_;
+  const std::size_t F = static_cast<std::size_t>(sh.mlp), R = rows_here_;
   const int64_t rows = static_cast<int64_t>(N);
   using T = LayerTensor;
-  const LayerView x = view(l);
-  // The residual stream and the layer norms on this rank's rows (all N without sequence parallelism).
-  layers::layernorm_forward(my_rows(x.ln1, C), x.ln1_mean, x.ln1_rstd, x.x_in, param(u, l, T::ln1_w), param(u, l, T::ln1_b),
-                            R, C, cpu_);
-  if (sp_) tp_allgather(x.ln1, C, "allgather ln1");
-  attention_forward(l, u, x);
-  layers::residual_forward(x.x_mid, x.x_in, my_rows(x.attproj, C), R * C, cpu_);
-  layers::layernorm_forward(my_rows(x.ln2, C), x.ln2_mean, x.ln2_rstd, x.x_mid, param(u, l, T::ln2_w), param(u, l, T::ln2_b),
-                            R, C, cpu_);
-  if (sp_) tp_allgather(x.ln2, C, "allgather ln2");
-  // MLP up column-parallel, down row-parallel.
-  linear::forward(runtime_.library, {rows, m.hidden, sh.mlp}, x.fch, x.ln2, param(u, l, T::fc_w), param(u, l, T::fc_b));
-  layers::gelu_forward(x.fch_gelu, x.fch, N * F, cpu_);
-  linear::forward(runtime_.library, {rows, sh.mlp, m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
-                  tensor_parallel() ? nullptr : param(u, l, T::fc_proj_b));
-  if (sp_) {
-    tp_reduce_scatter(x.fcproj, C, "reduce-scatter mlp out");
-    add_bias(my_rows(x.fcproj, C), param(u, l, T::fc_proj_b), R, C);
-  } else if (tensor_parallel()) {
-    tp_allreduce(x.fcproj, N * C, "allreduce mlp out");
-    add_bias(x.fcproj, param(u, l, T::fc_proj_b), N, C);
+  const LayerView x = view(set, l);
+  switch (op) {
+    case LayerOp::pre:
+      // The residual stream and the layer norms on this rank's rows (all N without sequence parallelism).
+      layers::layernorm_forward(my_rows(x.ln1, C), x.ln1_mean, x.ln1_rstd, x.x_in, param(u, l, T::ln1_w), param(u, l, T::ln1_b),
+                                R, C, cpu_);
+      if (sp_) tp_allgather(x.ln1, C, "allgather ln1");
+      // (N, C) -> (N, Q): the three projections at once (this rank's heads).
+      linear::forward(runtime_.library, {rows, m.hidden, sh.qkv_channels(m)}, x.qkv, x.ln1, param(u, l, T::qkv_w),
+                      param(u, l, T::qkv_b));
+      return;
+    case LayerOp::core:
+      permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), true);
+      attention::flash_forward(attention_shape_, x.q, x.k, x.v, x.atty, x.lse, attention_options_);
+      return;
+    case LayerOp::post:
+      permute_heads(x.atty, x.att_merged, batch_, seq_, sh.heads, m.head_dim(), true);
+      // (N, A) -> (N, C), row-parallel: partial sums over this rank's heads.
+      linear::forward(runtime_.library, {rows, sh.attention_channels(m), m.hidden}, x.attproj, x.att_merged,
+                      param(u, l, T::attn_proj_w), tensor_parallel() ? nullptr : param(u, l, T::attn_proj_b));
+      if (sp_) {
+        tp_reduce_scatter(x.attproj, C, "reduce-scatter attention out");
+        add_bias(my_rows(x.attproj, C), param(u, l, T::attn_proj_b), R, C);
+      } else if (tensor_parallel()) {
+        tp_allreduce(x.attproj, N * C, "allreduce attention out");
+        add_bias(x.attproj, param(u, l, T::attn_proj_b), N, C);
+      }
+      layers::residual_forward(x.x_mid, x.x_in, my_rows(x.attproj, C), R * C, cpu_);
+      layers::layernorm_forward(my_rows(x.ln2, C), x.ln2_mean, x.ln2_rstd, x.x_mid, param(u, l, T::ln2_w), param(u, l, T::ln2_b),
+                                R, C, cpu_);
+      if (sp_) tp_allgather(x.ln2, C, "allgather ln2");
+      // MLP up column-parallel, down row-parallel.
+      linear::forward(runtime_.library, {rows, m.hidden, sh.mlp}, x.fch, x.ln2, param(u, l, T::fc_w), param(u, l, T::fc_b));
+      layers::gelu_forward(x.fch_gelu, x.fch, N * F, cpu_);
+      linear::forward(runtime_.library, {rows, sh.mlp, m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
+                      tensor_parallel() ? nullptr : param(u, l, T::fc_proj_b));
+      if (sp_) {
+        tp_reduce_scatter(x.fcproj, C, "reduce-scatter mlp out");
+        add_bias(my_rows(x.fcproj, C), param(u, l, T::fc_proj_b), R, C);
+      } else if (tensor_parallel()) {
+        tp_allreduce(x.fcproj, N * C, "allreduce mlp out");
+        add_bias(x.fcproj, param(u, l, T::fc_proj_b), N, C);
+      }
+      return;
   }
-  if (!write_output) return;
-  float* out = l + 1 < m.layers ? view(l + 1).x_in : act(head_base_) + HeadActs(N, R, C, static_cast<std::size_t>(sh.vocab_rows)).x_final;
-  layers::residual_forward(out, x.x_mid, my_rows(x.fcproj, C), R * C, cpu_);
 }
+
+void GptCpu::recompute_on_demand(int set, int l, const UnitPointers& u, const LayerHooks& hooks) {
+  auto& ready = recomputed_for_[static_cast<std::size_t>(local(l))];
+  bool any = false;
+  for (LayerOp op : kOps) {
+    const std::size_t i = static_cast<std::size_t>(op);
+    if (kept_[static_cast<std::size_t>(local(l))][i] || ready[i] == set + 1) continue;
+    if (!any) call(hooks.before_recompute, l);
+    any = true;
+    forward_op(set, l, u, op);
+    ready[i] = set + 1;
+  }
+  if (any) call(hooks.after_recompute, l);
+}
+
+void GptCpu::recompute(int set, int layer, LayerOp op, const UnitPointers& u, const LayerHooks& hooks) {
+  if (recompute_ != Recompute::overlap) throw std::logic_error("recompute ahead of backward needs Recompute::overlap");
+  if (layer < first_layer() || layer >= end_layer() || set < 0 || set >= stage_.activation_sets)
+    throw std::logic_error("recompute: layer " + std::to_string(layer) + " or set " + std::to_string(set) + " is not on this stage");
+  const std::size_t li = static_cast<std::size_t>(local(layer)), i = static_cast<std::size_t>(op);
+  if (kept_[li][i]) throw std::logic_error(std::string("recompute: op ") + name(op) + " of layer " + std::to_string(layer) + " is kept");
+  auto available = [&](LayerOp producer) {
+    const std::size_t p = static_cast<std::size_t>(producer);
+    return kept_[li][p] || recomputed_for_[li][p] == set + 1;
+  };
+  if ((op == LayerOp::core && !available(LayerOp::pre)) || (op == LayerOp::post && !available(LayerOp::core)))
+    throw std::logic_error(std::string("recompute: op ") + name(op) + " of layer " + std::to_string(layer) +
+                           " before its producer");
+  hooks_ = &hooks;
+  forward_op(set, layer, u, op);
+  recomputed_for_[li][i] = set + 1;
+}
+
+float* GptCpu::stage_input(int set) {
+  if (stage_.embedding) throw std::logic_error("stage_input: the first stage reads tokens");
+  return view(set, first_layer()).x_in;
+}
+
+const float* GptCpu::stage_output(int set) const {
+  if (stage_.head) throw std::logic_error("stage_output: the last stage ends in the loss");
+  return act(static_cast<std::size_t>(set) * set_stride_ + head_in_set_);
+}
+
+const float* GptCpu::input_grad() const { return scratch_.data() + Scratch(0, 0, 0, 0, 0, 0, 0).d_x; }
 
 double GptCpu::forward(const float* params, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
   return forward(UnitPointers::flat(layout_, params, nullptr), tokens, targets, hooks);
@@ -454,60 +552,88 @@ void GptCpu::backward(const float* params, float* grads, float normaliser, const
 }
 
 double GptCpu::forward(const UnitPointers& u, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
+  return forward(0, u, tokens, targets, hooks);
+}
+
+void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks& hooks) {
+  backward(0, u, normaliser, nullptr, false, hooks);
+}
+
+double GptCpu::forward(int set, const UnitPointers& u, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
   const ModelConfig& m = model_;
   const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
   const std::size_t V = static_cast<std::size_t>(sh.vocab_rows);
-  tokens_.assign(tokens, tokens + N);
-  targets_.assign(targets, targets + N);
+  if (set < 0 || set >= stage_.activation_sets) throw std::logic_error("forward: no activation set " + std::to_string(set));
+  if (stage_.embedding) {
+    if (!tokens) throw std::logic_error("forward: the first stage needs tokens");
+    tokens_[static_cast<std::size_t>(set)].assign(tokens, tokens + N);
+  }
+  if (stage_.head) {
+    if (!targets) throw std::logic_error("forward: the last stage needs targets");
+    targets_[static_cast<std::size_t>(set)].assign(targets, targets + N);
+  }
   hooks_ = &hooks;
   const std::size_t R = rows_here_;
   const HeadActs h(N, R, C, V);
-  float* head = act(head_base_);
+  float* head = head_base(set);
+  const int first = first_layer(), end = end_layer();
+  for (auto& ready : recomputed_for_) ready = {0, 0, 0};  // this forward overwrites the recompute spaces
 
-  // Each unit's pointer is read after its hook, which may have just gathered it.
-  call(hooks.before_forward, -1);
-  const float* wpe = u.params[0] + V * C;
-  float* first_input = m.layers > 0 ? view(0).x_in : head + h.x_final;
-  if (!tensor_parallel()) {
-    layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
-                              static_cast<std::size_t>(seq_), C, V, cpu_);
-  } else {
-    // Vocabulary-parallel lookup: my rows of the token table, zeros for the others' tokens, summed over the
-    // group (onto my rows under sequence parallelism, through the workspace); then the position table, whole on
-    // every rank.
-    const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
-    float* looked_up = sp_ ? scratch_.data() + Scratch(N, R, C, static_cast<std::size_t>(sh.attention_channels(m)),
-                                                        static_cast<std::size_t>(sh.qkv_channels(m)),
-                                                        static_cast<std::size_t>(sh.kv_channels(m)),
-                                                        static_cast<std::size_t>(sh.mlp)).d_full
-                           : first_input;
-    for (std::size_t i = 0; i < N; ++i) {
-      const int32_t token = tokens[i];
-      if (token < 0 || token >= m.vocab)
-        throw std::invalid_argument("token " + std::to_string(token) + " at position " + std::to_string(i) +
-                                    " is outside the vocabulary of " + std::to_string(m.vocab));
-      const std::size_t t = static_cast<std::size_t>(token);
-      float* row = looked_up + i * C;
-      if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
-      else std::fill(row, row + C, 0.0f);
-    }
-    if (sp_) {
-      tp_reduce_scatter(looked_up, C, "reduce-scatter embedding");
-      std::copy(my_rows(looked_up, C), my_rows(looked_up, C) + R * C, first_input);
+  if (stage_.embedding) {
+    // Each unit's pointer is read after its hook, which may have just gathered it.
+    call(hooks.before_forward, -1);
+    const float* wpe = u.params[0] + V * C;
+    float* first_input = end > first ? view(set, first).x_in : head + h.x_final;
+    if (!tensor_parallel()) {
+      layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
+                                static_cast<std::size_t>(seq_), C, V, cpu_);
     } else {
-      tp_allreduce(first_input, N * C, "allreduce embedding");
+      // Vocabulary-parallel lookup: my rows of the token table, zeros for the others' tokens, summed over the
+      // group (onto my rows under sequence parallelism, through the workspace); then the position table, whole on
+      // every rank.
+      const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
+      float* looked_up = sp_ ? scratch_.data() + Scratch(N, R, C, static_cast<std::size_t>(sh.attention_channels(m)),
+                                                          static_cast<std::size_t>(sh.qkv_channels(m)),
+                                                          static_cast<std::size_t>(sh.kv_channels(m)),
+                                                          static_cast<std::size_t>(sh.mlp)).d_full
+                             : first_input;
+      for (std::size_t i = 0; i < N; ++i) {
+        const int32_t token = tokens[i];
+        if (token < 0 || token >= m.vocab)
+          throw std::invalid_argument("token " + std::to_string(token) + " at position " + std::to_string(i) +
+                                      " is outside the vocabulary of " + std::to_string(m.vocab));
+        const std::size_t t = static_cast<std::size_t>(token);
+        float* row = looked_up + i * C;
+        if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
+        else std::fill(row, row + C, 0.0f);
+      }
+      if (sp_) {
+        tp_reduce_scatter(looked_up, C, "reduce-scatter embedding");
+        std::copy(my_rows(looked_up, C), my_rows(looked_up, C) + R * C, first_input);
+      } else {
+        tp_allreduce(first_input, N * C, "allreduce embedding");
+      }
+      for (std::size_t i = 0; i < R; ++i)
+        for (std::size_t c = 0; c < C; ++c)
+          first_input[i * C + c] += wpe[((row_begin_ + i) % static_cast<std::size_t>(seq_)) * C + c];
     }
-    for (std::size_t i = 0; i < R; ++i)
-      for (std::size_t c = 0; c < C; ++c)
-        first_input[i * C + c] += wpe[((row_begin_ + i) % static_cast<std::size_t>(seq_)) * C + c];
   }
-  const int64_t rows = static_cast<int64_t>(N);
-  for (int l = 0; l < m.layers; ++l) {
+  for (int l = first; l < end; ++l) {
     call(hooks.before_forward, l);
-    layer_forward(l, u, true);
+    for (LayerOp op : kOps) {
+      const double start = hooks.forward_op ? seconds_now() : 0;
+      forward_op(set, l, u, op);
+      if (hooks.forward_op) hooks.forward_op(l, op, seconds_now() - start);
+    }
+    // The next layer's input, or the stage's output (the head's input on the last stage).
+    const LayerView x = view(set, l);
+    float* out = l + 1 < end ? view(set, l + 1).x_in : head + (stage_.head ? h.x_final : 0);
+    layers::residual_forward(out, x.x_mid, my_rows(x.fcproj, C), R * C, cpu_);
   }
+  if (!stage_.head) return 0;
   call(hooks.before_forward, m.layers);
+  const int64_t rows = static_cast<int64_t>(N);
   const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
   const float* wte = u.params[0];
   layers::layernorm_forward(my_rows(head + h.lnf, C), head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final, lnf, lnf + C,
@@ -581,26 +707,36 @@ float* GptCpu::gathered(const float* mine, float* full, const char* what) {
   return full;
 }
 
-void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks& hooks) {
+void GptCpu::backward(int set, const UnitPointers& u, float normaliser, const float* output_grad, bool input_grad,
+                      const LayerHooks& hooks) {
   const ModelConfig& m = model_;
   const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden), R = rows_here_;
   const std::size_t F = static_cast<std::size_t>(sh.mlp), V = static_cast<std::size_t>(sh.vocab_rows);
+  if (set < 0 || set >= stage_.activation_sets) throw std::logic_error("backward: no activation set " + std::to_string(set));
+  if (!stage_.head && !output_grad) throw std::logic_error("backward: a stage without the head needs its output's gradient");
   const HeadActs h(N, R, C, V);
   const Scratch s(N, R, C, static_cast<std::size_t>(sh.attention_channels(m)), static_cast<std::size_t>(sh.qkv_channels(m)),
                   static_cast<std::size_t>(sh.kv_channels(m)), F);
-  float* head = act(head_base_);
+  float* head = head_base(set);
   float* g = scratch_.data();
   float* discard = g + s.size;  // 2C floats: layer-norm gradients of frozen units
   const int64_t rows = static_cast<int64_t>(N);
   const std::size_t last = static_cast<std::size_t>(m.layers) + 1;
-  // Below the lowest trainable unit nothing needs a gradient: the pass stops there.
-  int lowest = -1;  // the first unit with a gradient buffer
-  for (std::size_t unit = 0; unit <= last && lowest < 0; ++unit)
-    if (u.grads[unit]) lowest = static_cast<int>(unit);
-  if (lowest < 0) return;  // nothing trains
+  const int first = first_layer(), end = end_layer();
+  const std::vector<int32_t>& tokens = tokens_[static_cast<std::size_t>(set)];
+  const std::vector<int32_t>& targets = targets_[static_cast<std::size_t>(set)];
+  // Below the lowest layer that trains nothing needs a gradient, and the pass stops there, unless the stage's
+  // input gradient is asked for (an earlier stage trains) or the embeddings train here.
+  const bool embedding_trains = stage_.embedding && u.grads[0] != nullptr;
+  int lowest_layer = end;
+  if (input_grad || embedding_trains) lowest_layer = first;
+  else
+    for (int l = end - 1; l >= first; --l)
+      if (u.grads[static_cast<std::size_t>(l) + 1]) lowest_layer = l;
+  const bool head_trains = stage_.head && (u.grads[last] != nullptr || u.grads[0] != nullptr);
+  if (lowest_layer == end && !head_trains && !embedding_trains) return;  // nothing trains here
   hooks_ = &hooks;
-  const int lowest_layer = lowest - 1;  // unit i is layer i - 1; -1: the embeddings train
   using T = LayerTensor;
   // The gradient of a column-parallel GEMM's input (N, C), summed over the group: onto my rows under sequence
   // parallelism, where the layer norm that produced the input runs.
@@ -624,39 +760,38 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
     for (std::size_t c = 0; c < C; ++c) dweight[c] += partial[c], dbias[c] += partial[C + c];
   };
 
-  // Head: dlogits in place of the logits, from the forward's row statistics.
-  call(hooks.before_backward, m.layers);
-  const float* wte = u.params[0];
-  float* dwte = u.grads[0];
-  const float* lnf = u.params[last];
-  float* dlnf = u.grads[last];
-  const layers::VocabSlice slice =
-      tensor_parallel() ? layers::VocabSlice{N, static_cast<std::size_t>(sh.vocab_width), V,
-                                             static_cast<std::size_t>(sh.vocab_begin), static_cast<std::size_t>(m.vocab)}
-                        : layers::whole_vocab(N, V);
-  float* logits = head + h.logits;
-  layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets_.data(), head + h.row_stats,
-                                      head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
-  if (tensor_parallel() && V > static_cast<std::size_t>(sh.vocab_width))  // the padding rows of the last slice
-    for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
-  if (dwte) linear::backward_weight(runtime_.library, {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
-  linear::backward_input(runtime_.library, {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
-  sum_input_gradient("allreduce d lnf", "reduce-scatter d lnf");  // every slice of the vocabulary contributes
-  std::fill(g + s.d_x, g + s.d_x + R * C, 0.0f);
-  norm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, head + h.x_final, lnf, head + h.lnf_mean,
-                head + h.lnf_rstd, "allreduce d lnf weights");
-  call(hooks.after_backward, m.layers);
+  if (stage_.head) {
+    // Head: dlogits in place of the logits, from the forward's row statistics.
+    call(hooks.before_backward, m.layers);
+    const float* wte = u.params[0];
+    float* dwte = u.grads[0];
+    const float* lnf = u.params[last];
+    float* dlnf = u.grads[last];
+    const layers::VocabSlice slice =
+        tensor_parallel() ? layers::VocabSlice{N, static_cast<std::size_t>(sh.vocab_width), V,
+                                               static_cast<std::size_t>(sh.vocab_begin), static_cast<std::size_t>(m.vocab)}
+                          : layers::whole_vocab(N, V);
+    float* logits = head + h.logits;
+    layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets.data(), head + h.row_stats,
+                                        head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
+    if (tensor_parallel() && V > static_cast<std::size_t>(sh.vocab_width))  // the padding rows of the last slice
+      for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
+    if (dwte) linear::backward_weight(runtime_.library, {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
+    linear::backward_input(runtime_.library, {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
+    sum_input_gradient("allreduce d lnf", "reduce-scatter d lnf");  // every slice of the vocabulary contributes
+    std::fill(g + s.d_x, g + s.d_x + R * C, 0.0f);
+    norm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, head + h.x_final, lnf, head + h.lnf_mean,
+                  head + h.lnf_rstd, "allreduce d lnf weights");
+    call(hooks.after_backward, m.layers);
+  } else {
+    std::copy(output_grad, output_grad + R * C, g + s.d_x);
+  }
 
   // d_x holds the gradient of the current layer's output (my rows); each layer turns it into its input's gradient.
-  for (int l = m.layers - 1; l >= std::max(lowest_layer, 0); --l) {
+  for (int l = end - 1; l >= lowest_layer; --l) {
     call(hooks.before_backward, l);
-    const LayerView x = view(l);
-    if (recompute_ != Recompute::none) {
-      call(hooks.before_recompute, l);
-      if (recompute_ == Recompute::full) layer_forward(l, u, false);
-      else attention_core_forward(x);
-      call(hooks.after_recompute, l);
-    }
+    recompute_on_demand(set, l, u, hooks);
+    const LayerView x = view(set, l);
     const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
     // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))). The row-parallel MLP down reads every row's gradient.
     const float* d_out = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d mlp out") : g + s.d_x;
@@ -679,12 +814,14 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
     std::copy(g + s.d_mid, g + s.d_mid + R * C, g + s.d_x);  // the residual branch
     norm_backward(g + s.d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C, x.x_in,
                   param(u, l, T::ln1_w), x.ln1_mean, x.ln1_rstd, "allreduce d ln1 weights");
+    recomputed_for_[static_cast<std::size_t>(local(l))] = {0, 0, 0};
     call(hooks.after_backward, l);
   }
-  if (lowest_layer >= 0) return;  // the embeddings are frozen
+  if (!embedding_trains) return;  // the input's gradient is in d_x, or the embeddings are frozen
   call(hooks.before_backward, -1);
+  float* dwte = u.grads[0];  // read after the hook, which may have just provided it
   if (!tensor_parallel()) {
-    layers::embedding_backward(dwte, dwte + V * C, g + s.d_x, tokens_.data(), static_cast<std::size_t>(batch_),
+    layers::embedding_backward(dwte, dwte + V * C, g + s.d_x, tokens.data(), static_cast<std::size_t>(batch_),
                                static_cast<std::size_t>(seq_), C, cpu_);
   } else {
     // My rows of the token table from the tokens they hold; the position table, whole, from every row.
@@ -693,7 +830,7 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
     float* dwpe = dwte + V * C;
     for (std::size_t i = 0; i < N; ++i) {
       const float* d = d_embedding + i * C;
-      const std::size_t t = static_cast<std::size_t>(tokens_[i]);
+      const std::size_t t = static_cast<std::size_t>(tokens[i]);
       if (t >= begin && t < begin + width)
         for (std::size_t c = 0; c < C; ++c) dwte[(t - begin) * C + c] += d[c];
       float* pos = dwpe + (i % static_cast<std::size_t>(seq_)) * C;

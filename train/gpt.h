@@ -10,6 +10,7 @@
 // N = B * T rows.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -72,15 +73,44 @@ void init_parameters(const ModelConfig& model, const ParameterLayout& layout, fl
 // gradients): `local` is laid out by ParameterLayout(model, shard); vocabulary rows beyond V are zero.
 void take_shard(const ModelConfig& model, const TensorShard& shard, const float* whole, float* local);
 
+// The recomputable parts of a layer's forward pass, in order; each reads its predecessor's outputs (and the
+// layer's input, which is always kept):
+//   pre   ln1 and its statistics, the QKV projection;
+//   core  q, k, v in head layout, the attention output and its log-sum-exp (the attention core);
+//   post  the attention's merged output and projection, the residual, ln2 and its statistics, the MLP.
+enum class LayerOp { pre, core, post };
+inline constexpr int kLayerOps = 3;
+const char* name(LayerOp op);  // "pre", "core", "post"
+
 // What the forward pass keeps for the backward pass, and what the backward pass computes again first:
 //   none       every layer's activations;
 //   full       each layer's input only; backward runs the layer's forward again, into one layer's space;
-//   selective  all but the attention core's (q, k, v in head layout, the attention output and its log-sum-exp),
-//              which backward recomputes from the kept qkv (Megatron's selective mode: the core attention).
+//   selective  all but the attention core (q, k, v in head layout, the attention output and its log-sum-exp),
+//              which backward recomputes from the kept qkv (Megatron's selective mode: the core attention);
+//   overlap    per layer and op, kept or recomputed as a placement decides (StagePlan::kept); a recomputed op
+//              gets its own space in the layer (one micro-batch's worth), so the trainer can recompute it before
+//              the layer's backward, while the rank waits for communication (Lynx), or on demand.
 // Without dropout the recomputed activations equal the kept ones bit for bit, so every mode trains the same.
-enum class Recompute { none, full, selective };
+enum class Recompute { none, full, selective, overlap };
 const char* name(Recompute recompute);
 std::optional<Recompute> parse_recompute(std::string_view text);
+// Whether a mode other than overlap keeps an op's outputs.
+bool keeps(Recompute recompute, LayerOp op);
+
+using KeptOps = std::array<bool, kLayerOps>;  // per op of one layer: kept (else recomputed)
+
+// The part of the model one pipeline stage runs: layers [first_layer, first_layer + layers), the embeddings on
+// the first stage, and on the last the final norm and the LM head, which reads its own copy of the tied token
+// table (the trainer keeps the copies equal); and how many micro-batches' activations it holds at once (a
+// pipeline schedule's micro-batches in flight on the stage).
+struct StagePlan {
+  int first_layer = 0;
+  int layers = -1;  // -1: every layer from first_layer on
+  bool embedding = true;
+  bool head = true;
+  int activation_sets = 1;
+  std::vector<KeptOps> kept;  // Recompute::overlap: per layer of the stage
+};
 
 struct CpuRuntime {
   cpu_gemm::Backend library = cpu_gemm::Backend::openblas;
@@ -113,6 +143,8 @@ struct LayerHooks {
   // After each tensor-parallel collective (blocking, so all of it exposed): what, its interval on the host
   // steady clock (seconds since its epoch), and the bytes of its buffer.
   std::function<void(const char* what, double start, double end, std::size_t bytes)> tensor_parallel_comm;
+  // After each op of a layer's forward pass (not recomputations): its time, for placing recomputation.
+  std::function<void(int layer, LayerOp op, double seconds)> forward_op;
 };
 
 // With a tensor-parallel group of T ranks (Megatron-LM's scheme), each rank holds its TensorShard and the
@@ -124,16 +156,17 @@ struct LayerHooks {
 // the same residual stream. The allreduces are blocking (the group's library algorithm).
 class GptCpu {
  public:
-  // Throws std::invalid_argument when the model is invalid, seq exceeds its position table, or the
-  // tensor-parallel group's size does not divide the model (tensor_shard).
+  // Throws std::invalid_argument when the model is invalid, seq exceeds its position table, the tensor-parallel
+  // group's size does not divide the model (tensor_shard), or the stage is empty or outside the model.
   // sequence_parallel (with a tensor-parallel group; Megatron-LM's sequence parallelism): the layer norms and
   // residual adds run on N / T of the micro-batch's N rows (tokens) on each rank; the allreduce after a
   // row-parallel GEMM becomes a reduce-scatter onto the rank's rows, and a layer norm's output is allgathered
   // before the column-parallel GEMM that reads it (in backward the mirror: an allgather of the gradient before
   // a row-parallel GEMM, a reduce-scatter of the column-parallel one's input gradient). The layer norms'
   // gradients then come from each rank's rows and are summed over the group. N must divide by T.
+  // stage: the pipeline stage this model runs (the whole model by default).
   GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute = Recompute::none,
-         coll::Group* tensor_parallel = nullptr, bool sequence_parallel = false);
+         coll::Group* tensor_parallel = nullptr, bool sequence_parallel = false, StagePlan stage = {});
   bool sequence_parallel() const { return sp_; }
 
   const ModelConfig& model() const { return model_; }
@@ -142,36 +175,61 @@ class GptCpu {
   int batch() const { return batch_; }
   int seq() const { return seq_; }
   Recompute recompute() const { return recompute_; }
+  const StagePlan& stage() const { return stage_; }
+  int first_layer() const { return stage_.first_layer; }
+  int end_layer() const { return stage_.first_layer + stage_.layers; }
+  bool kept(int layer, LayerOp op) const;
+  std::size_t rows_here() const { return rows_here_; }  // rows of the residual stream on this rank (R)
   std::size_t activation_floats() const { return activations_.size(); }  // kept for the backward pass
   std::size_t workspace_floats() const { return scratch_.size(); }     // gradients of activations, reused per layer
 
-  // tokens, targets (B, T). Returns the summed loss of the rows whose target counts (target >= 0); the caller
-  // divides by the tokens of the whole (global) batch, the normaliser it then passes to backward.
+  // tokens, targets (B, T): tokens on the first stage (the lookup), targets on the last (the loss); either may
+  // be null elsewhere. A stage without the embeddings reads its input (R, C) from stage_input(set), which the
+  // caller fills first. `set` (< activation_sets) holds this micro-batch's activations until its backward.
+  // Returns the summed loss of the rows whose target counts (target >= 0) on the last stage, 0 elsewhere; the
+  // caller divides by the tokens of the whole (global) batch, the normaliser it then passes to backward.
+  double forward(int set, const UnitPointers& units, const int32_t* tokens, const int32_t* targets,
+                 const LayerHooks& hooks = {});
+  float* stage_input(int set);               // (R, C): the first layer's input, on stages without the embeddings
+  const float* stage_output(int set) const;  // (R, C): the last layer's output, on stages without the head
+  // grads += d(sum of losses / normaliser) / d(params) for every unit with a gradient buffer, for the micro-batch
+  // of set `set`. A stage without the head starts from output_grad (R, C), the gradient of its output. With
+  // input_grad the pass goes down to the stage's first layer and leaves the gradient of its input in
+  // input_grad() (R, C), valid until the next backward; without it, the pass stops at the lowest unit with a
+  // gradient buffer.
+  void backward(int set, const UnitPointers& units, float normaliser, const float* output_grad, bool input_grad,
+                const LayerHooks& hooks = {});
+  const float* input_grad() const;
+  // Recompute::overlap: computes op of layer again into the layer's recompute space for the micro-batch of set
+  // `set`, ahead of that micro-batch's backward (which then uses it). The op's producers must be kept or
+  // recomputed already; std::logic_error otherwise.
+  void recompute(int set, int layer, LayerOp op, const UnitPointers& units, const LayerHooks& hooks = {});
+
+  // The whole model (or stage) on one micro-batch, activation set 0: tokens, targets (B, T).
   double forward(const UnitPointers& units, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks = {});
-  // grads += d(sum of losses / normaliser) / d(params) for every unit with a gradient buffer, for the batch of
-  // the last forward.
   void backward(const UnitPointers& units, float normaliser, const LayerHooks& hooks = {});
   // The same on one flat parameter and gradient buffer.
   double forward(const float* params, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks = {});
   void backward(const float* params, float* grads, float normaliser, const LayerHooks& hooks = {});
 
  private:
-  // One layer's activations: where each lives (its own space, or the space shared by the layer being
-  // computed or recomputed, as the mode has it).
+  // One layer's activations: where each lives (the micro-batch's set, the layer's recompute space, or the space
+  // shared by the layer being computed or recomputed, as the mode has it).
   struct LayerView {
     float *x_in, *ln1, *ln1_mean, *ln1_rstd, *qkv, *q, *k, *v, *atty, *lse, *att_merged, *attproj, *x_mid, *ln2,
         *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj;
   };
-  LayerView view(int l);
+  LayerView view(int set, int l);
   float* act(std::size_t offset) { return activations_.data() + offset; }
-  // The layer's forward from its input; `write_output` false when recomputing (the next layer's input is kept).
-  void layer_forward(int l, const UnitPointers& u, bool write_output);
-  // q, k, v, the attention output and its log-sum-exp, from the layer's qkv.
-  void attention_core_forward(const LayerView& x);
+  const float* act(std::size_t offset) const { return activations_.data() + offset; }
+  float* head_base(int set);
+  // One op of layer l's forward for the micro-batch of `set`, into wherever the op's outputs live.
+  void forward_op(int set, int l, const UnitPointers& u, LayerOp op);
+  // The ops of layer l not kept and not yet recomputed for `set`, computed again before its backward.
+  void recompute_on_demand(int set, int l, const UnitPointers& u, const LayerHooks& hooks);
   // Tensor t of layer l in the unit buffers (unit l + 1).
   const float* param(const UnitPointers& u, int l, LayerTensor t) const;
   float* grad(const UnitPointers& u, int l, LayerTensor t) const;
-  void attention_forward(int l, const UnitPointers& u, const LayerView& x);
   void attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual);
   // Tensor parallelism: the group's sum of a partial (N, C) result, in place; nothing without a group.
   void tp_allreduce(float* data, std::size_t count, const char* what, coll::RedOp op = coll::RedOp::sum);
@@ -184,6 +242,7 @@ class GptCpu {
   float* gathered(const float* mine, float* full, const char* what);
   const LayerHooks* hooks_ = nullptr;  // of the pass running, for tp_allreduce's report
   bool tensor_parallel() const { return tp_ != nullptr; }
+  int local(int l) const { return l - stage_.first_layer; }  // index of layer l within the stage
 
   ModelConfig model_;
   coll::Group* tp_;
@@ -196,14 +255,24 @@ class GptCpu {
   attention::CpuOptions attention_options_;
   attention::Shape attention_shape_;
   Recompute recompute_;
-  TrackedBuffer<float> activations_;  // per layer, the shared layer space, and the head's
-  TrackedBuffer<float> scratch_;      // gradients of activations, reused by every layer (workspace)
-  std::vector<std::size_t> layer_base_;
-  std::size_t per_layer_ = 0, shared_base_ = 0, head_base_ = 0;
-  // Per activation of a layer: whether it lives in the layer's own space (else the shared one), and where.
-  std::vector<bool> kept_;
-  std::vector<std::size_t> offset_;
-  std::vector<int32_t> tokens_, targets_;
+  StagePlan stage_;
+  // Activations: per set, each layer's kept ones and then the head's or the stage's output; after the sets, the
+  // shared layer space and the layers' recompute spaces.
+  TrackedBuffer<float> activations_;
+  TrackedBuffer<float> scratch_;  // gradients of activations, reused by every layer (workspace)
+  enum class Region { set, shared, recompute };
+  struct Place {
+    Region region = Region::set;
+    std::size_t offset = 0;  // from the layer's base in its region
+  };
+  std::vector<std::vector<Place>> place_;  // per stage layer, per activation
+  std::vector<KeptOps> kept_;              // per stage layer
+  std::vector<std::size_t> layer_in_set_;  // per stage layer: its kept activations' offset within a set
+  std::vector<std::size_t> layer_recompute_;  // per stage layer: its recompute space, from the activations' start
+  std::size_t set_stride_ = 0, head_in_set_ = 0, shared_base_ = 0;
+  // Per stage layer and op: 1 + the set whose micro-batch the recompute space holds, 0 when it holds none.
+  std::vector<std::array<int, kLayerOps>> recomputed_for_;
+  std::vector<std::vector<int32_t>> tokens_, targets_;  // per set
 };
 
 }  // namespace strata::train

@@ -2,6 +2,7 @@
 #include "train/step_formulas.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "train/gpt.h"
 
@@ -73,20 +74,39 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
   return t;
 }
 
-double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute, int tp, bool sp) {
+LayerActivationFloats layer_activation_floats(const ModelConfig& model, int micro_batch, int seq, int tp, bool sp) {
   const TensorShard sh = tensor_shard(model, tp, 0);
   const double N = static_cast<double>(micro_batch) * seq, R = sp ? N / tp : N, C = model.hidden,
                A = sh.attention_channels(model), Q = sh.qkv_channels(model), KV = sh.kv_channels(model), F = sh.mlp,
                a = sh.heads, V = sh.vocab_rows;
-  // Floats of one layer, of the head, and of the attention core (what selective recomputation drops).
-  const double layer = N * (4 * C + 3 * A + Q + 2 * KV + 2 * F + a) + R * (2 * C + 4);
-  const double head = R * (C + 2) + N * (C + V + 4), core = N * (2 * A + 2 * KV + a);
-  switch (recompute) {
-    case Recompute::none: return 4 * (model.layers * layer + head);
-    case Recompute::full: return 4 * (model.layers * R * C + (layer - R * C) + head);
-    case Recompute::selective: return 4 * (model.layers * (layer - core) + core + head);
+  LayerActivationFloats f;
+  f.input = R * C;
+  f.op[static_cast<std::size_t>(LayerOp::pre)] = N * C + 2 * R + N * Q;              // ln1, its statistics, qkv
+  f.op[static_cast<std::size_t>(LayerOp::core)] = 2 * N * A + 2 * N * KV + N * a;     // q, k, v, output, lse
+  f.op[static_cast<std::size_t>(LayerOp::post)] = N * A + 3 * N * C + R * C + 2 * R + 2 * N * F;  // merged, proj,
+  // x_mid, ln2 and its statistics, the MLP's pre- and post-GELU and its output
+  f.head = R * (C + 2) + N * (C + V + 4);
+  f.stage_output = R * C;
+  return f;
+}
+
+double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute, int tp, bool sp,
+                        const StagePlan& stage) {
+  const LayerActivationFloats f = layer_activation_floats(model, micro_batch, seq, tp, sp);
+  const int layers = stage.layers < 0 ? model.layers - stage.first_layer : stage.layers;
+  double per_set = stage.head ? f.head : f.stage_output, shared = 0, recompute_space = 0;
+  for (int l = 0; l < layers; ++l) {
+    double kept = f.input, elsewhere = 0;
+    for (int op = 0; op < kLayerOps; ++op) {
+      const bool keep = recompute == Recompute::overlap ? stage.kept.at(static_cast<std::size_t>(l))[static_cast<std::size_t>(op)]
+                                                        : keeps(recompute, static_cast<LayerOp>(op));
+      (keep ? kept : elsewhere) += f.op[static_cast<std::size_t>(op)];
+    }
+    per_set += kept;
+    if (recompute == Recompute::overlap) recompute_space += elsewhere;
+    else shared = std::max(shared, elsewhere);
   }
-  return 0;
+  return 4 * (stage.activation_sets * per_set + shared + recompute_space);
 }
 
 double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute) {
@@ -97,8 +117,9 @@ double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute re
     case Recompute::none: return 0;
     case Recompute::full: return 2 * layer_weights + attention_forward;
     case Recompute::selective: return attention_forward;
+    case Recompute::overlap: break;
   }
-  return 0;
+  throw std::logic_error("recompute_flops_per_token: overlap recomputes what its placement says; count its ops");
 }
 
 double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp, bool sp) {

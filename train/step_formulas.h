@@ -3,10 +3,12 @@
 // category. The step's measured figures are stored beside these, and the tests hold the two equal.
 #pragma once
 
+#include <array>
 #include <cstddef>
 
 #include "collectives/process_group.h"
 #include "train/data_parallel.h"
+#include "train/gpt.h"
 #include "train/model_config.h"
 #include "train/strategy.h"
 
@@ -38,22 +40,35 @@ DataParallelShape data_parallel_shape(coll::ProcessGroups& groups);
 coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& trainable, const Strategy& strategy,
                                const DataParallelShape& shape, int accumulation);
 
-// Bytes of the activations the CPU model keeps for its backward pass (fp32, flash attention so no (T, T)
-// scores; N = B T rows, C hidden, Q = (a + 2 kv) D, KV = kv D, F the MLP width, a heads), with
-// A = 9 C + Q + 2 KV + 2 F + a + 4 one layer's and H = 2 C + V + 6 the head's:
-//   none       4 N (L A + H)
-//   full       4 N (L C + (A - C) + H)            each layer's input, and one layer's space to recompute in
-//   selective  4 N (L (A - 2 C - 2 KV - a) + 2 C + 2 KV + a + H)   the attention core (q, k, v, its output and
-//                                                 log-sum-exp) in one layer's space
-// per layer the inputs of each GEMM, norm statistics, q/k/v, the attention output and its log-sum-exp, the MLP
-// pre- and post-GELU; for the head the final norm and the logits.
-// Under tensor parallelism (tp > 1) the channels of one rank's shard replace C in the attention (q, the
-// attention output and its merged copy), Q, KV, F, a and V; the residual stream stays C wide.
-// Sequence parallelism (sp) keeps the residual stream and the norms' statistics of N / tp rows (R) and the
-// gathered norm outputs of all N: per layer N (4 C + 3 A + Q + 2 KV + 2 F + a) + R (2 C + 4), the head
-// R (C + 2) + N (C + V + 4).
+// Floats of one layer's activations on one rank for one micro-batch (fp32, flash attention so no (T, T) scores;
+// N = B T rows, R the rows of the residual stream held here (N, or N / tp under sequence parallelism), C hidden;
+// under tensor parallelism the shard's A = heads x D, Q = (heads + 2 kv) D, KV = kv D, F the MLP width, a heads,
+// V the vocabulary rows): the layer's input R C (always kept), and per op (gpt.h's LayerOp)
+//   pre   N C + 2 R + N Q             ln1, its mean and rstd, qkv
+//   core  2 N A + 2 N KV + N a        q, k, v in head layout, the attention output, its log-sum-exp
+//   post  N A + 3 N C + R C + 2 R + 2 N F   the merged attention output, its projection, x_mid, ln2 and its
+//                                     statistics, the MLP's pre- and post-GELU and its output
+// one layer in all N (4 C + 3 A + Q + 2 KV + 2 F + a) + R (2 C + 4); the head R (C + 2) + N (C + V + 4) (the last
+// layer's output, the final norm, its statistics, the logits, losses and row statistics); a stage without the
+// head holds its output R C instead.
+struct LayerActivationFloats {
+  double input = 0;
+  std::array<double, kLayerOps> op{};
+  double head = 0, stage_output = 0;
+};
+LayerActivationFloats layer_activation_floats(const ModelConfig& model, int micro_batch, int seq, int tp = 1, bool sp = false);
+
+// Bytes of the activations a stage of the CPU model keeps for its backward pass (4 per float):
+//   sets x (each layer's input and kept ops + the head or the stage's output)
+//   + the recomputed ops' space: one layer's (the largest) for full and selective, every layer's own for overlap
+// with sets the micro-batches in flight (StagePlan::activation_sets). For the whole model on one set, with
+// one layer's floats A and the head's H (metrics.md's per-layer formula is Korthikanti's 16-bit count with
+// dropout masks and materialised scores; this model is fp32 with flash attention and no dropout):
+//   none       4 (L A + H)
+//   full       4 (L R C + (A - R C) + H)
+//   selective  4 (L (A - core) + core + H)
 double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute = Recompute::none,
-                        int tp = 1, bool sp = false);
+                        int tp = 1, bool sp = false, const StagePlan& stage = {});
 // FLOPs per token that recomputation adds to the model FLOPs in backward, in model_flops_per_token's
 // convention (2 per multiply-add of each weight, 2 L h s for attention's forward): full, every layer's
 // forward, 2 N_layers + 2 L h s; selective, the attention core, 2 L h s; none, 0.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <cstdlib>
 #include <random>
 
@@ -195,6 +196,101 @@ TEST(GptCpu, HooksSeeEveryUnitInOrder) {
   model.backward(params.data(), grads.data(), 4.0f, hooks);
   const std::vector<int> expected = {99, 100, 101, 102, 202, 302, 201, 301, 200, 300, 199, 299};
   EXPECT_EQ(seen, expected);
+}
+
+// Pipeline stages chained by hand: the model cut into stages (embeddings on the first, the head with its own copy
+// of the token table on the last), two micro-batches in flight (both forwards, then both backwards, as GPipe
+// runs them), activations and gradients handed from stage to stage. Every loss equals the whole model's bit for
+// bit (the same kernels on the same rows); every gradient too, but the token table's, which the stages sum in
+// another order (the head's and the lookup's parts apart, then added). In every recomputation mode, and under
+// overlap with every op recomputed ahead of its backward, on demand, or kept.
+TEST(GptCpu, StagesChainedAreTheWholeModel) {
+  const uint64_t seed = test_seed();
+  ModelConfig m = small_model();
+  m.layers = 4;
+  const int B = 2, T = 7, micro = 2;
+  const ParameterLayout layout(m);
+  std::vector<float> params(layout.total());
+  init_parameters(m, layout, params.data(), seed, 0.3f);
+  std::mt19937_64 random(seed);
+  std::vector<std::vector<int32_t>> tokens(micro, std::vector<int32_t>(B * T)), targets = tokens;
+  for (int i = 0; i < micro; ++i) {
+    for (auto& t : tokens[static_cast<std::size_t>(i)]) t = static_cast<int32_t>(random() % m.vocab);
+    for (auto& t : targets[static_cast<std::size_t>(i)]) t = static_cast<int32_t>(random() % m.vocab);
+  }
+  const float normaliser = static_cast<float>(micro * B * T);
+  GptCpu whole(m, B, T, {});
+  std::vector<float> want(layout.total(), 0.0f);
+  std::vector<double> want_loss;
+  for (int i = 0; i < micro; ++i) {
+    want_loss.push_back(whole.forward(params.data(), tokens[static_cast<std::size_t>(i)].data(), targets[static_cast<std::size_t>(i)].data()));
+    whole.backward(params.data(), want.data(), normaliser);
+  }
+  const std::size_t R = static_cast<std::size_t>(B * T), C = static_cast<std::size_t>(m.hidden);
+  // Overlap's decisions: layer l keeps op o when (l + o) % 3 == 0, so every pattern of producers shows up.
+  auto overlap_kept = [](int first, int layers) {
+    std::vector<KeptOps> kept;
+    for (int l = first; l < first + layers; ++l) kept.push_back({(l + 0) % 3 == 0, (l + 1) % 3 == 0, (l + 2) % 3 == 0});
+    return kept;
+  };
+  const std::vector<std::pair<int, int>> cuts = {{0, 1}, {1, 2}, {3, 1}};  // (first layer, layers) per stage
+  for (Recompute mode : {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap})
+    for (bool ahead : {false, true}) {
+      if (ahead && mode != Recompute::overlap) continue;
+      std::vector<std::unique_ptr<GptCpu>> stages;
+      for (std::size_t k = 0; k < cuts.size(); ++k) {
+        StagePlan plan{cuts[k].first, cuts[k].second, k == 0, k + 1 == cuts.size(), micro, {}};
+        if (mode == Recompute::overlap) plan.kept = overlap_kept(cuts[k].first, cuts[k].second);
+        stages.push_back(std::make_unique<GptCpu>(m, B, T, CpuRuntime{}, mode, nullptr, false, plan));
+      }
+      // Every stage has its own gradients; the last one's token table is the head's copy.
+      std::vector<std::vector<float>> grads(stages.size(), std::vector<float>(layout.total(), 0.0f));
+      std::vector<UnitPointers> units;
+      for (auto& g : grads) units.push_back(UnitPointers::flat(layout, params.data(), g.data()));
+      const std::string what = std::string(name(mode)) + (ahead ? " recomputed ahead" : "");
+      for (int i = 0; i < micro; ++i) {
+        const std::size_t mb = static_cast<std::size_t>(i);
+        double loss = 0;
+        for (std::size_t k = 0; k < stages.size(); ++k) {
+          if (k > 0) std::copy(stages[k - 1]->stage_output(i), stages[k - 1]->stage_output(i) + R * C, stages[k]->stage_input(i));
+          loss = stages[k]->forward(i, units[k], tokens[mb].data(), targets[mb].data());
+        }
+        EXPECT_EQ(loss, want_loss[mb]) << what << " micro-batch " << i;
+      }
+      for (int i = 0; i < micro; ++i) {
+        std::vector<float> d_out;
+        for (std::size_t k = stages.size(); k-- > 0;) {
+          GptCpu& stage = *stages[k];
+          if (ahead)  // every op not kept, recomputed before the backward that needs it, producers first
+            for (int l = stage.first_layer(); l < stage.end_layer(); ++l)
+              for (LayerOp op : {LayerOp::pre, LayerOp::core, LayerOp::post})
+                if (!stage.kept(l, op)) stage.recompute(i, l, op, units[k]);
+          stage.backward(i, units[k], normaliser, k + 1 < stages.size() ? d_out.data() : nullptr, k > 0);
+          if (k > 0) d_out.assign(stage.input_grad(), stage.input_grad() + R * C);
+        }
+      }
+      std::vector<float> got(layout.total(), 0.0f);
+      for (auto& g : grads)
+        for (std::size_t j = 0; j < got.size(); ++j) got[j] += g[j];
+      for (std::size_t j = 0; j < got.size(); ++j) {
+        if (j < layout.wte().end()) ASSERT_NEAR(got[j], want[j], 1e-6f + 1e-5f * std::fabs(want[j])) << what << " wte " << j;
+        else ASSERT_EQ(got[j], want[j]) << what << " parameter " << j;
+      }
+      for (std::size_t k = 0; k < stages.size(); ++k) {
+        StagePlan plan{cuts[k].first, cuts[k].second, k == 0, k + 1 == cuts.size(), micro, {}};
+        if (mode == Recompute::overlap) plan.kept = overlap_kept(cuts[k].first, cuts[k].second);
+        EXPECT_EQ(4.0 * static_cast<double>(stages[k]->activation_floats()), activation_bytes(m, B, T, mode, 1, false, plan))
+            << what << " stage " << k;
+      }
+    }
+  // A producer not yet recomputed, a kept op, and a stage outside the model are refused.
+  StagePlan plan{1, 2, false, false, 1, overlap_kept(1, 2)};
+  GptCpu stage(m, B, T, {}, Recompute::overlap, nullptr, false, plan);
+  const UnitPointers u = UnitPointers::flat(layout, params.data(), nullptr);
+  EXPECT_THROW(stage.recompute(0, 1, LayerOp::core, u), std::logic_error);  // layer 1 recomputes pre, not yet
+  EXPECT_THROW(stage.recompute(0, 2, LayerOp::core, u), std::logic_error);  // (2 + 1) % 3: layer 2 keeps core
+  EXPECT_THROW(GptCpu(m, B, T, {}, Recompute::none, nullptr, false, StagePlan{3, 2, false, true, 1, {}}), std::invalid_argument);
+  EXPECT_THROW(GptCpu(m, B, T, {}, Recompute::overlap, nullptr, false, StagePlan{0, 2, true, false, 1, {}}), std::invalid_argument);
 }
 
 // A task a model can learn: every sequence is one of four fixed random sequences, so after its first tokens
