@@ -22,7 +22,7 @@
 #include "bench/token_file.h"
 #include "collectives/process_group.h"
 #include "train/data.h"
-#include "train/data_parallel.h"
+#include "train/trainer.h"
 #include "train/memory.h"
 #include "train/step_formulas.h"
 
@@ -147,7 +147,7 @@ double formula_of(const MemoryUse& m, MemoryCategory c) {
 struct StepRun {
   const Options& o;
   const ModelConfig& model;
-  const DataParallelConfig& config;
+  const TrainConfig& config;
   const DataParallelShape& shape;
   int64_t global_rows;
   double psi, psi_trainable;
@@ -252,7 +252,7 @@ int run_step(int argc, char** argv) {
   if (o.group_size > 0 && o.group_size % o.tp != 0)
     throw UsageError("--group-size " + std::to_string(o.group_size) + " is not a multiple of --tp " + std::to_string(o.tp) +
                      ": tensor-parallel groups stay inside a node");
-  DataParallelConfig config;
+  TrainConfig config;
   config.model = model, config.seq = o.seq, config.accumulation = o.accumulation, config.trainable = trainable;
   config.micro_batch = o.micro_batch;
   if (o.global_batch > 0) {
@@ -305,7 +305,7 @@ int run_step(int argc, char** argv) {
     double worst = 0;
     std::string worst_name, parts;
     for (const AxisPoint& point : points) {
-      DataParallelConfig c = config;
+      TrainConfig c = config;
       c.strategy = strategy_of(point), c.recompute = mode_of(point);
       const MemoryUse e = memory_estimate(c, shape);
       const double total = e.params + e.grads + e.optimizer + e.activations + e.workspace + e.comm_buffers;
@@ -384,7 +384,7 @@ int run_step(int argc, char** argv) {
   for (const AxisPoint& point : points) {
     const Strategy strategy = strategy_of(point);
     const Recompute mode = mode_of(point);
-    DataParallelConfig c = config;
+    TrainConfig c = config;
     c.strategy = strategy, c.recompute = mode;
     const std::string label = strategy.name() + (mode == Recompute::none ? "" : std::string(" recompute ") + name(mode));
     const double recompute_flop_per_rank = recompute_flops_per_token(model, o.seq, mode) * tokens_per_step / world;
@@ -394,7 +394,7 @@ int run_step(int argc, char** argv) {
     double first_loss = NAN, last_loss = NAN;
     {
       reset_memory_peaks();
-      DataParallelTrainer trainer(c, groups, *data);
+      Trainer trainer(c, groups, *data);
       double spent = 0;
       for (int k = 0; k < h.warmup + h.iters; ++k) {
         const bool timing = k >= h.warmup;

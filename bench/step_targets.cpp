@@ -40,7 +40,7 @@
 #include "kernels/layers.h"
 #include "kernels/linear.h"
 #include "train/data.h"
-#include "train/data_parallel.h"
+#include "train/trainer.h"
 #include "train/step_formulas.h"
 
 namespace {
@@ -184,12 +184,12 @@ int run(int argc, char** argv) {
   const int group_size = world >= 4 ? 2 : 0;
   coll::ProcessGroups groups({1, 1, world}, group_size);
   const auto data = synthetic_tokens(model.vocab, 1);
-  DataParallelConfig base;
+  TrainConfig base;
   base.model = model, base.micro_batch = s.micro_batch, base.seq = s.seq, base.runtime.library = library;
   base.comm_algo = coll::Algo::ring;
 
   if (world == 1) {  // ---- 1: the step against its kernels timed alone ----
-    DataParallelTrainer trainer(base, groups, *data);
+    Trainer trainer(base, groups, *data);
     StepKernels kernels(model, s.micro_batch, s.seq, library);
     std::printf("# strata-bench-step (1 rank): %s, micro-batch %d x seq %d, %s GEMMs, one thread; %d rounds, step and "
                 "kernels interleaved, medians\n", model.name.c_str(), s.micro_batch, s.seq, cpu_gemm::name(library).c_str(),
@@ -214,11 +214,11 @@ int run(int argc, char** argv) {
 
   // ---- 2 and 3: DP against ZeRO-1/2/3 and NIG at the same global batch; each with overlap on and off ----
   const char* names[] = {"NNN", "NNG", "NGG", "GGG", "NIG"};
-  std::vector<std::unique_ptr<DataParallelTrainer>> trainers;
+  std::vector<std::unique_ptr<Trainer>> trainers;
   for (const char* name : names) {
-    DataParallelConfig c = base;
+    TrainConfig c = base;
     c.strategy = parse_strategy(name);
-    trainers.push_back(std::make_unique<DataParallelTrainer>(c, groups, *data));
+    trainers.push_back(std::make_unique<Trainer>(c, groups, *data));
   }
   const DataParallelShape shape = data_parallel_shape(groups);
   if (rank == 0) {

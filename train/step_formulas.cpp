@@ -130,7 +130,7 @@ double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int t
   return 4 * (2 * R * C + N * C + N * (3 * A + Q + 2 * KV + 2 * F) + gathered) + 8 * C;
 }
 
-MemoryUse memory_estimate(const DataParallelConfig& c, const DataParallelShape& shape) {
+MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) {
   const ParameterLayout layout(c.model, tensor_shard(c.model, shape.tp, 0));
   const std::vector<Slice> units = layout.units();
   const std::vector<bool> trains = trainable_units(c.model, c.trainable);

@@ -7,7 +7,7 @@
 #include <cstddef>
 
 #include "collectives/process_group.h"
-#include "train/data_parallel.h"
+#include "train/trainer.h"
 #include "train/gpt.h"
 #include "train/model_config.h"
 #include "train/strategy.h"
@@ -85,6 +85,6 @@ double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int t
 // next, the embeddings and the final norm), four more when gradients are reduced per micro-batch (the unit
 // being written, those still being reduced, their reduction targets), and Ψ'/m when an unsharded gradient is
 // first reduce-scattered inside the node.
-MemoryUse memory_estimate(const DataParallelConfig& config, const DataParallelShape& shape);
+MemoryUse memory_estimate(const TrainConfig& config, const DataParallelShape& shape);
 
 }  // namespace strata::train

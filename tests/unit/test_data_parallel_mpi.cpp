@@ -22,7 +22,7 @@
 #include <stdexcept>
 
 #include "kernels/layers.h"
-#include "train/data_parallel.h"
+#include "train/trainer.h"
 #include "train/memory.h"
 #include "train/step_formulas.h"
 
@@ -35,8 +35,8 @@ int world_size() {
   return n;
 }
 
-DataParallelConfig base_config() {
-  DataParallelConfig c;
+TrainConfig base_config() {
+  TrainConfig c;
   c.model.name = "dp-check";
   c.model.layers = 2, c.model.hidden = 32, c.model.heads = 4, c.model.kv_heads = 2, c.model.vocab = 64;
   c.model.max_seq = 16;
@@ -60,7 +60,7 @@ struct Reference {
 };
 
 // The single-rank step of the same global batch, from the model and kernels alone.
-Reference single_rank(const DataParallelConfig& c, int dp, int steps, const TokenSource& data) {
+Reference single_rank(const TrainConfig& c, int dp, int steps, const TokenSource& data) {
   const int rows = dp * c.micro_batch;  // one micro-batch of every rank at once
   GptCpu model(c.model, rows, c.seq, c.runtime);
   const ParameterLayout& layout = model.layout();
@@ -107,7 +107,7 @@ std::vector<int> layouts() {
   return {2};                 // two ranks per node
 }
 
-void check_every_strategy(const DataParallelConfig& base, const std::vector<Strategy>& strategies, bool overlap) {
+void check_every_strategy(const TrainConfig& base, const std::vector<Strategy>& strategies, bool overlap) {
   const int n = world_size(), steps = 3;
   const auto data = synthetic_tokens(base.model.vocab, 5);
   const Reference ref = single_rank(base, n, steps, *data);
@@ -117,10 +117,10 @@ void check_every_strategy(const DataParallelConfig& base, const std::vector<Stra
       // STRATA_TEST_STRATEGIES=NII,GGG narrows a run to those, for debugging one strategy.
       if (const char* only = std::getenv("STRATA_TEST_STRATEGIES"); only && std::string(only).find(strategy.name()) == std::string::npos)
         continue;
-      DataParallelConfig c = base;
+      TrainConfig c = base;
       c.strategy = strategy;
       c.overlap = overlap;
-      DataParallelTrainer trainer(c, groups, *data);
+      Trainer trainer(c, groups, *data);
       const std::string what = strategy.name() + " rpn " + std::to_string(rpn) + (overlap ? " overlap" : " blocking") + " " +
                                std::string(coll::name(c.comm_algo));
       for (int step = 1; step <= steps; ++step) {
@@ -141,7 +141,7 @@ void check_every_strategy(const DataParallelConfig& base, const std::vector<Stra
 }
 
 TEST(DataParallel, EveryStrategyMatchesTheSingleRankStep) {
-  const DataParallelConfig base = base_config();
+  const TrainConfig base = base_config();
   ASSERT_GT(single_rank(base, 1, 1, *synthetic_tokens(64, 5)).norms[0], base.max_grad_norm) << "clipping must be active";
   check_every_strategy(base, runnable_strategies(), true);
 }
@@ -153,14 +153,14 @@ TEST(DataParallel, BlockingCommunicationGivesTheSameSteps) {
 // A benchmark switches overlap between steps of one trainer (set_overlap): the steps stay the single-rank ones.
 TEST(DataParallel, OverlapSwitchedBetweenStepsGivesTheSameSteps) {
   const int n = world_size(), steps = 4;
-  const DataParallelConfig base = base_config();
+  const TrainConfig base = base_config();
   const auto data = synthetic_tokens(base.model.vocab, 5);
   const Reference ref = single_rank(base, n, steps, *data);
   coll::ProcessGroups groups({1, 1, n}, n >= 4 ? 2 : 0);
   for (const char* name : {"NIG", "GGG"}) {
-    DataParallelConfig c = base;
+    TrainConfig c = base;
     c.strategy = parse_strategy(name);
-    DataParallelTrainer trainer(c, groups, *data);
+    Trainer trainer(c, groups, *data);
     for (int step = 1; step <= steps; ++step) {
       trainer.set_overlap(step % 2 == 0);
       const StepStats stats = trainer.step(step);
@@ -176,7 +176,7 @@ TEST(DataParallel, OverlapSwitchedBetweenStepsGivesTheSameSteps) {
 }
 
 TEST(DataParallel, PartialTrainingMatchesTheSingleRankStep) {
-  DataParallelConfig c = base_config();
+  TrainConfig c = base_config();
   c.trainable = parse_trainable("last:1");
   check_every_strategy(c, {parse_strategy("ING"), parse_strategy("NNG"), parse_strategy("IIG")}, true);
 }
@@ -187,7 +187,7 @@ TEST(DataParallel, PartialTrainingMatchesTheSingleRankStep) {
 TEST(DataParallel, TensorParallelShardsMatchTheSingleRankStep) {
   const int n = world_size();
   if (n % 2 != 0) GTEST_SKIP() << "needs an even number of ranks (tensor parallelism of 2)";
-  const DataParallelConfig base = base_config();
+  const TrainConfig base = base_config();
   const int steps = 3, dp = n / 2;
   const auto data = synthetic_tokens(base.model.vocab, 5);
   const Reference ref = single_rank(base, dp, steps, *data);
@@ -197,11 +197,11 @@ TEST(DataParallel, TensorParallelShardsMatchTheSingleRankStep) {
       for (int variant = 0; variant < 3; ++variant) {  // plain; full recomputation; sequence parallelism
         if (variant > 0 && std::string(name) != "GGG" && std::string(name) != "NNN") continue;
         const Recompute mode = variant == 1 ? Recompute::full : Recompute::none;
-        DataParallelConfig c = base;
+        TrainConfig c = base;
         c.strategy = parse_strategy(name);
         c.recompute = mode;
         c.sequence_parallel = variant == 2;
-        DataParallelTrainer trainer(c, groups, *data);
+        Trainer trainer(c, groups, *data);
         const std::string what = std::string(name) + " tp 2 x dp " + std::to_string(dp) + " rpn " + std::to_string(rpn) +
                                  " recompute " + train::name(mode) + (c.sequence_parallel ? " sp" : "");
         for (int step = 1; step <= steps; ++step) {
@@ -226,9 +226,9 @@ TEST(DataParallel, ModelStateMemoryIsTheFormulasUpToPadding) {
   coll::ProcessGroups groups({1, 1, n}, n >= 4 ? 2 : 0);
   const auto data = synthetic_tokens(64, 5);
   for (const Strategy& s : runnable_strategies()) {
-    DataParallelConfig c = base_config();
+    TrainConfig c = base_config();
     c.strategy = s;
-    DataParallelTrainer trainer(c, groups, *data);
+    Trainer trainer(c, groups, *data);
     const double psi = static_cast<double>(c.model.parameters());
     const ModelStateMemory formula = model_state_memory(s, psi, psi, groups.dp_intra().size(), n);
     const MemoryUse used = trainer.memory();
@@ -249,9 +249,9 @@ TEST(DataParallel, BytesPerTierAreTheFormulasOnRings) {
   const auto data = synthetic_tokens(64, 5);
   for (const char* trainable : {"all", "last:1"})
     for (const Strategy& s : runnable_strategies()) {
-      DataParallelConfig c = base_config();
+      TrainConfig c = base_config();
       c.strategy = s, c.comm_algo = coll::Algo::ring, c.trainable = parse_trainable(trainable);
-      DataParallelTrainer trainer(c, groups, *data);
+      Trainer trainer(c, groups, *data);
       const StepStats stats = trainer.step(1);
       const coll::Traffic formula = expected_traffic(c.model, c.trainable, s, shape, c.accumulation);
       EXPECT_DOUBLE_EQ(stats.traffic.intra_bytes, formula.intra_bytes) << s.name() << " " << trainable;
@@ -270,9 +270,9 @@ TEST(DataParallel, MemoryTimelineAndTiersAreConsistent) {
   const DataParallelShape shape = data_parallel_shape(groups);
   const auto data = synthetic_tokens(64, 5);
   for (const char* name : {"NNN", "NIG", "GGG", "ING"}) {
-    DataParallelConfig c = base_config();
+    TrainConfig c = base_config();
     c.strategy = parse_strategy(name), c.record_timeline = true;
-    DataParallelTrainer trainer(c, groups, *data);
+    Trainer trainer(c, groups, *data);
     const MemoryFigures before = memory_current();
     trainer.step(1);
     const StepStats stats = trainer.step(2);
@@ -307,10 +307,10 @@ TEST(DataParallel, MemoryTimelineAndTiersAreConsistent) {
 TEST(DataParallel, RefusedStrategiesAndBadTrainableSayWhy) {
   coll::ProcessGroups groups({1, 1, world_size()}, 0);
   const auto data = synthetic_tokens(64, 5);
-  DataParallelConfig c = base_config();
+  TrainConfig c = base_config();
   c.strategy = {Sharding::global, Sharding::none, Sharding::none};
   try {
-    DataParallelTrainer trainer(c, groups, *data);
+    Trainer trainer(c, groups, *data);
     FAIL() << "GNN was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("GNN is not run"), std::string::npos) << e.what();

@@ -53,7 +53,7 @@ struct LrSchedule {
 };
 float learning_rate(const LrSchedule& schedule, int64_t step);
 
-struct DataParallelConfig {
+struct TrainConfig {
   ModelConfig model;
   int micro_batch = 1;   // rows per rank per micro-batch
   int seq = 64;
@@ -121,22 +121,22 @@ struct StepStats {
   double idle_seconds = 0;
   std::array<TierComm, kCommTiers> comm;
   coll::Traffic traffic;  // bytes this rank sent in the step (Strata's own algorithms count them; library: 0)
-  std::vector<TimelineEvent> timeline;  // when DataParallelConfig::record_timeline
+  std::vector<TimelineEvent> timeline;  // when TrainConfig::record_timeline
 };
 
-class DataParallelTrainer {
+class Trainer {
  public:
   // Collective over the data-parallel group. Throws std::invalid_argument when the strategy is refused, or the
   // groups are uneven for an I strategy.
-  DataParallelTrainer(const DataParallelConfig& config, coll::ProcessGroups& groups, const TokenSource& data);
-  ~DataParallelTrainer();
-  DataParallelTrainer(const DataParallelTrainer&) = delete;
-  DataParallelTrainer& operator=(const DataParallelTrainer&) = delete;
+  Trainer(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& data);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // One optimizer step (step >= 1). Collective over the data-parallel group. The timeline is recorded when
   // asked here or by the configuration.
   StepStats step(int64_t step, bool record_timeline = false);
-  // Overlap on or off from the next step on (DataParallelConfig::overlap changes only when collectives are
+  // Overlap on or off from the next step on (TrainConfig::overlap changes only when collectives are
   // waited for, not what is allocated), so a benchmark can interleave both on one trainer's state.
   void set_overlap(bool overlap);
   // Every parameter of this rank's tensor-parallel shard (the whole model without tensor parallelism), on

@@ -1,5 +1,5 @@
-// Implementation of the data-parallel step (see data_parallel.h).
-#include "train/data_parallel.h"
+// Implementation of the training step (see trainer.h).
+#include "train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
@@ -103,7 +103,7 @@ class BufferPool {
 
 }  // namespace
 
-struct DataParallelTrainer::Impl {
+struct Trainer::Impl {
   struct Unit {
     std::size_t size = 0, padded = 0, piece_g = 0, piece_i = 0;
     bool trains = false;
@@ -135,7 +135,7 @@ struct DataParallelTrainer::Impl {
   };
   static constexpr long kSecondPhaseDelay = 2;  // hooks: long enough to overlap, short enough to bound memory
 
-  DataParallelConfig c;
+  TrainConfig c;
   coll::Group& dp;
   coll::Group& intra;
   coll::Group& inter;
@@ -162,7 +162,7 @@ struct DataParallelTrainer::Impl {
   std::array<double, kCommTiers> tier_busy_since{};
   std::vector<TimelineEvent>* timeline = nullptr;  // the current step's, when recorded
 
-  Impl(const DataParallelConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
+  Impl(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
       : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), data(source),
         model(config.model, config.micro_batch, config.seq, config.runtime, config.recompute, &groups.tp(),
               config.sequence_parallel) {
@@ -654,22 +654,22 @@ struct DataParallelTrainer::Impl {
   }
 };
 
-DataParallelTrainer::DataParallelTrainer(const DataParallelConfig& config, coll::ProcessGroups& groups,
+Trainer::Trainer(const TrainConfig& config, coll::ProcessGroups& groups,
                                          const TokenSource& data)
     : impl_(std::make_unique<Impl>(config, groups, data)) {}
 
-DataParallelTrainer::~DataParallelTrainer() = default;
+Trainer::~Trainer() = default;
 
-StepStats DataParallelTrainer::step(int64_t step, bool record_timeline) {
+StepStats Trainer::step(int64_t step, bool record_timeline) {
   if (step < 1) throw std::invalid_argument("steps count from 1");
   return impl_->step(step, record_timeline || impl_->c.record_timeline);
 }
 
-void DataParallelTrainer::set_overlap(bool overlap) { impl_->c.overlap = overlap; }
+void Trainer::set_overlap(bool overlap) { impl_->c.overlap = overlap; }
 
-std::vector<float> DataParallelTrainer::full_parameters() { return impl_->full_parameters(); }
+std::vector<float> Trainer::full_parameters() { return impl_->full_parameters(); }
 
-MemoryUse DataParallelTrainer::memory() const {
+MemoryUse Trainer::memory() const {
   MemoryUse use;
   use.params = 4.0 * static_cast<double>(impl_->params.size());
   use.grads = 4.0 * static_cast<double>(impl_->grads.size());
@@ -680,7 +680,7 @@ MemoryUse DataParallelTrainer::memory() const {
   return use;
 }
 
-int64_t DataParallelTrainer::global_rows() const {
+int64_t Trainer::global_rows() const {
   return static_cast<int64_t>(impl_->n) * impl_->c.accumulation * impl_->c.micro_batch;
 }
 
