@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <numbers>
+#include <numeric>
 #include <stdexcept>
 
 #include "collectives/mpi_error.h"
@@ -60,6 +61,26 @@ float learning_rate(const LrSchedule& s, int64_t step) {
   return s.min_lr + static_cast<float>(0.5 * (1 + std::cos(std::numbers::pi * progress))) * (s.max_lr - s.min_lr);
 }
 
+std::vector<int> stage_partition(const ModelConfig& model, int stages, const std::vector<int>& stage_layers) {
+  const int L = model.layers;
+  if (stage_layers.empty()) {
+    if (stages == 1) return {L};
+    if (L % stages != 0)
+      throw std::invalid_argument(std::to_string(L) + " layers do not divide into " + std::to_string(stages) +
+                                  " pipeline stages evenly: give each stage's layers (--stage-layers)");
+    return std::vector<int>(static_cast<std::size_t>(stages), L / stages);
+  }
+  if (stage_layers.size() != static_cast<std::size_t>(stages))
+    throw std::invalid_argument("--stage-layers gives " + std::to_string(stage_layers.size()) + " stages, the pipeline has " +
+                                std::to_string(stages));
+  for (int layers : stage_layers)
+    if (layers < 1) throw std::invalid_argument("--stage-layers: every stage needs at least one layer");
+  if (std::accumulate(stage_layers.begin(), stage_layers.end(), 0) != L)
+    throw std::invalid_argument("--stage-layers adds up to " + std::to_string(std::accumulate(stage_layers.begin(), stage_layers.end(), 0)) +
+                                " layers, the model has " + std::to_string(L));
+  return stage_layers;
+}
+
 const char* name(CommTier tier) {
   switch (tier) {
     case CommTier::intra: return "intra";
@@ -106,6 +127,7 @@ class BufferPool {
 struct Trainer::Impl {
   struct Unit {
     std::size_t size = 0, padded = 0, piece_g = 0, piece_i = 0;
+    bool present = false;  // one of this rank's stages holds it (the head's copy of the token table included)
     bool trains = false;
     std::size_t param_at = 0, grad_at = 0, opt_at = 0;  // offsets in the persistent stores
   };
@@ -140,9 +162,18 @@ struct Trainer::Impl {
   coll::Group& intra;
   coll::Group& inter;
   coll::Group& tp;  // the tensor-parallel group (size 1 without tensor parallelism)
+  coll::Group& pp;  // the pipeline group (size 1 without pipeline parallelism)
   std::unique_ptr<coll::Group> pieces;  // the data-parallel ranks ordered by global piece
+  // The first and the last stage's ranks of my pipeline (p > 1): they sum the tied token table's gradient.
+  std::unique_ptr<coll::Group> embedding;
   const TokenSource& data;
-  GptCpu model;
+  PipelineShape shape;
+  std::vector<int> partition;             // layers per stage
+  std::vector<PipelineAction> actions;    // this rank's schedule
+  std::vector<std::unique_ptr<GptCpu>> chunks;  // one model per stage this rank runs (chunk c: stage c p + rank)
+  std::vector<bool> chunk_backward;       // whether the chunk's stage has a backward pass (something at or below trains)
+  std::vector<bool> chunk_input_grad;     // whether the chunk's stage sends its input's gradient back
+  std::vector<TrackedBuffer<float>> output_grads;  // per chunk: the received gradient of its output (R, C)
   int n = 1, m = 1, g = 1, local = 0, node = 0, my_piece = 0;
   std::vector<Unit> units;
   std::vector<Slice> unit_slices;  // each unit in the model's layout
@@ -163,12 +194,42 @@ struct Trainer::Impl {
   std::vector<TimelineEvent>* timeline = nullptr;  // the current step's, when recorded
 
   Impl(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
-      : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), data(source),
-        model(config.model, config.micro_batch, config.seq, config.runtime, config.recompute, &groups.tp(),
-              config.sequence_parallel) {
+      : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), pp(groups.pp()),
+        data(source) {
     if (const std::string why = refusal_reason(c.strategy); !why.empty())
       throw std::invalid_argument("strategy " + c.strategy.name() + " is not run: " + why);
     if (c.accumulation < 1) throw std::invalid_argument("accumulation must be at least 1 micro-batch");
+    shape = {pp.size(), c.accumulation, c.virtual_stages};
+    if (const std::string why = schedule_refusal(c.schedule, shape); !why.empty())
+      throw std::invalid_argument(std::string("schedule ") + name(c.schedule) + " on " + std::to_string(shape.stages) +
+                                  " pipeline stages: " + why);
+    const int stages = shape.stages * shape.chunks, last_stage = stages - 1;
+    partition = stage_partition(c.model, stages, c.stage_layers);
+    if (c.recompute == Recompute::overlap && c.kept_ops.size() != static_cast<std::size_t>(stages))
+      throw std::invalid_argument("recompute overlap needs the kept ops of each of the " + std::to_string(stages) + " stages");
+    actions = pipeline_actions(c.schedule, shape, pp.rank());
+    const std::vector<int> held_at_once = train::in_flight(actions, shape.chunks);
+    const std::vector<bool> trains = trainable_units(c.model, c.trainable);
+    std::size_t lowest_trains = trains.size();  // the lowest unit that trains (0: the embeddings)
+    for (std::size_t u = trains.size(); u-- > 0;)
+      if (trains[u]) lowest_trains = u;
+    for (int chunk = 0; chunk < shape.chunks; ++chunk) {
+      const int stage = stage_of(shape, pp.rank(), chunk);
+      const int first = std::accumulate(partition.begin(), partition.begin() + stage, 0);
+      StagePlan plan{first, partition[static_cast<std::size_t>(stage)], stage == 0, stage == last_stage,
+                     std::max(1, held_at_once[static_cast<std::size_t>(chunk)]), {}};
+      if (c.recompute == Recompute::overlap) plan.kept = c.kept_ops[static_cast<std::size_t>(stage)];
+      chunks.push_back(std::make_unique<GptCpu>(c.model, c.micro_batch, c.seq, c.runtime, c.recompute, &groups.tp(),
+                                                c.sequence_parallel, plan));
+      // A stage has a backward pass when anything at or below it trains (the head's copy of the token table trains
+      // with the embeddings), and sends its input's gradient back when something below it trains.
+      const std::size_t first_unit = stage == 0 ? 0 : static_cast<std::size_t>(first) + 1;
+      const std::size_t last_unit = stage == last_stage ? trains.size() - 1 : static_cast<std::size_t>(first + plan.layers);
+      chunk_backward.push_back(lowest_trains <= last_unit || (stage == last_stage && trains[0]));
+      chunk_input_grad.push_back(stage > 0 && lowest_trains < first_unit);
+      output_grads.emplace_back(MemoryCategory::comm_buffers,
+                                stage == last_stage ? 0 : chunks.back()->rows_here() * static_cast<std::size_t>(c.model.hidden));
+    }
     n = dp.size(), m = intra.size(), g = inter.size(), local = intra.rank(), node = inter.rank();
     int fewest = m, most = m;
     STRATA_MPI_CHECK(MPI_Allreduce(&m, &fewest, 1, MPI_INT, MPI_MIN, dp.comm()));
@@ -182,12 +243,35 @@ struct Trainer::Impl {
     std::vector<int> piece_nodes(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) piece_nodes[static_cast<std::size_t>(r)] = r % g;  // piece l g + k lives on node k
     pieces = std::make_unique<coll::Group>("dp_by_piece", coll::Comm(ordered), std::move(piece_nodes), groups.types());
+    if (shape.stages > 1) {
+      // The two copies of the token table must be cut into the same pieces: the same place in the data-parallel
+      // groups on both stages.
+      const bool member = pp.rank() == 0 || pp.rank() == shape.stages - 1;
+      MPI_Comm ends = MPI_COMM_NULL;
+      STRATA_MPI_CHECK(MPI_Comm_split(pp.comm(), member ? 0 : MPI_UNDEFINED, pp.rank(), &ends));
+      if (member) {
+        const std::vector<int>& nodes = pp.node_of_rank();
+        embedding = std::make_unique<coll::Group>("embedding", coll::Comm(ends),
+                                                  std::vector<int>{nodes.front(), nodes.back()}, groups.types());
+        int pieces_here[2] = {my_piece, -my_piece};
+        STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pieces_here, 2, MPI_INT, MPI_MAX, embedding->comm()));
+        if (pieces_here[0] != -pieces_here[1])
+          throw std::invalid_argument("the first and the last pipeline stage place their data-parallel ranks differently "
+                                      "over the groups: the tied token table's shards would not match");
+      }
+    }
 
-    const ParameterLayout& layout = model.layout();  // this rank's tensor-parallel shard
-    const std::vector<bool> trains = trainable_units(c.model, c.trainable);
+    const ParameterLayout& layout = chunks.front()->layout();  // this rank's tensor-parallel shard
     const std::vector<Slice> slices = layout.units();
     unit_slices = slices;
     if (tp.size() > 1) replicated = layout.replicated();
+    std::vector<bool> present(slices.size(), false);
+    for (const auto& chunk : chunks) {
+      const StagePlan& plan = chunk->stage();
+      for (int l = plan.first_layer; l < plan.first_layer + plan.layers; ++l) present[static_cast<std::size_t>(l) + 1] = true;
+      if (plan.embedding || plan.head) present[0] = true;
+      if (plan.head) present.back() = true;
+    }
     std::size_t param_total = 0, grad_total = 0, opt_total = 0;
     for (std::size_t u = 0; u < slices.size(); ++u) {
       Unit unit;
@@ -195,8 +279,9 @@ struct Trainer::Impl {
       unit.padded = (unit.size + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
       unit.piece_g = unit.padded / static_cast<std::size_t>(n);
       unit.piece_i = unit.padded / static_cast<std::size_t>(m);
-      unit.trains = trains[u];
-      unit.param_at = std::exchange(param_total, param_total + held(unit, c.strategy.params));
+      unit.present = present[u];
+      unit.trains = present[u] && trains[u];
+      if (unit.present) unit.param_at = std::exchange(param_total, param_total + held(unit, c.strategy.params));
       if (unit.trains) {
         unit.grad_at = std::exchange(grad_total, grad_total + held(unit, c.strategy.grads));
         unit.opt_at = std::exchange(opt_total, opt_total + held(unit, c.strategy.optimizer));
@@ -221,6 +306,7 @@ struct Trainer::Impl {
     init_parameters(c.model, layout, full.data(), c.seed, c.init_std);
     for (std::size_t u = 0; u < units.size(); ++u) {
       const Unit& unit = units[u];
+      if (!unit.present) continue;
       const std::size_t begin = piece_offset(unit, c.strategy.params);
       for (std::size_t i = 0; i < held(unit, c.strategy.params); ++i) {
         const std::size_t at = begin + i;  // position in the padded unit
@@ -415,7 +501,8 @@ struct Trainer::Impl {
                                       unit.piece_g, DataType::float32, RedOp::sum));
   }
 
-  void gradients_ready(std::size_t u, int micro, bool last) {
+  // first, last: this is the first or the last backward of the unit's stage in the step.
+  void gradients_ready(std::size_t u, bool first, bool last) {
     const Unit& unit = units[u];
     if (!unit.trains) return;
     const Sharding gs = c.strategy.grads;
@@ -423,23 +510,23 @@ struct Trainer::Impl {
       if (last) launch(reduce_for_optimizer(u));
       return;
     }
-    // Reduce this micro-batch's unit gradient into the kept shard: straight into it at the first micro-batch,
+    // Reduce this micro-batch's unit gradient into the kept shard: straight into it at the first backward,
     // through a buffer and a sum after that.
     coll::Group& group = gs == Sharding::intra ? intra : *pieces;
     const std::size_t count = held(unit, gs);
     float* store = grads.data() + unit.grad_at;
     float* out = store;
-    if (micro > 0) {
+    if (!first) {
       allocate(reduced[u], count);
       out = reduced[u].data();
     }
     Op work = track(group, "reduce_scatter grads " + std::to_string(u), unit.padded,
                     group.reduce_scatter(c.comm_algo, unit_grads[u].data(), out, count, DataType::float32, RedOp::sum));
     reducing[u] = true;
-    auto then = [this, u, micro, count, store, out] {
+    auto then = [this, u, first, count, store, out] {
       reducing[u] = false;
       release(unit_grads[u]);
-      if (micro > 0) {
+      if (!first) {
         for (std::size_t i = 0; i < count; ++i) store[i] += out[i];
         release(reduced[u]);
       }
@@ -492,6 +579,54 @@ struct Trainer::Impl {
     return value;
   }
 
+  // ---- the pipeline: transfers between stages -------------------------------------------------------------
+  // A send or receive of the pp group, and what the records need.
+  struct Transfer {
+    coll::Work work;
+    std::string what;
+    double bytes = 0, start = 0;
+    TrackedBuffer<float> buffer;  // a send's copy, returned to the pool when done
+  };
+  std::vector<Transfer> sends;                 // in flight
+  std::vector<std::optional<Transfer>> sets_sending;  // per chunk and set: the send of that set's output
+  std::optional<Transfer> receiving;           // the receive the next action waits for
+  PipelineStats pipeline_stats;
+
+  void finished(Transfer& t) {
+    if (timeline) timeline->push_back({t.what, "comm", "pp", t.start, now(), t.bytes});
+  }
+  // Tests the sends in flight; those done return their buffers.
+  void progress_sends() {
+    for (std::size_t i = 0; i < sends.size();) {
+      if (!sends[i].work.test()) {
+        ++i;
+        continue;
+      }
+      finished(sends[i]);
+      release(sends[i].buffer);
+      sends.erase(sends.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  void send(const float* data, std::size_t floats, int to_stage, std::string what, TrackedBuffer<float> copy = {}) {
+    const int peer = to_stage % shape.stages;
+    Transfer t{pp.send(data, floats, DataType::float32, peer), std::move(what), 4.0 * static_cast<double>(floats), now(), std::move(copy)};
+    pipeline_stats.sent_bytes += t.bytes;
+    ++pipeline_stats.sends;
+    sends.push_back(std::move(t));
+  }
+  // Waits for a transfer, progressing everything in flight; the time is the pipeline's wait (exposed).
+  void wait_transfer(coll::Work& work) {
+    double last = now();
+    while (!work.test()) {
+      progress();
+      progress_sends();
+      const double t_now = now();
+      pipeline_stats.wait_seconds += t_now - last;
+      exposed += t_now - last;
+      last = t_now;
+    }
+  }
+
   // ---- the step -----------------------------------------------------------------------------------------
   StepStats step(int64_t step_index, bool record_timeline) {
     StepStats stats;
@@ -499,58 +634,117 @@ struct Trainer::Impl {
     exposed = 0;
     traffic = {};
     comm = {};
+    pipeline_stats = {};
     timeline = record_timeline ? &stats.timeline : nullptr;
     // Time of a compute phase without the waits inside it, and its interval on the timeline.
-    auto compute_phase = [&](const char* what, double& seconds, const auto& body) {
+    auto compute_phase = [&](const std::string& what, double& seconds, const auto& body) {
       const double exposed_before = exposed, start = now();
       body();
       const double end = now();
       seconds += end - start - (exposed - exposed_before);
       if (timeline) timeline->push_back({what, "compute", "", start, end, 0});
     };
-    const int L = c.model.layers;
-    const std::size_t U = units.size();
+    const int L = c.model.layers, last_stage = shape.stages * shape.chunks - 1;
+    const std::size_t U = units.size(), C = static_cast<std::size_t>(c.model.hidden);
     const float normaliser = static_cast<float>(static_cast<double>(n) * c.accumulation * c.micro_batch * c.seq);
+    // Each chunk's first and last backward in the schedule: where gradients start and finish accumulating.
+    std::vector<int> first_backward(chunks.size(), -1), last_backward(chunks.size(), -1);
+    for (std::size_t k = 0; k < actions.size(); ++k)
+      if (actions[k].pass == PipelineAction::Pass::backward) {
+        const auto ch = static_cast<std::size_t>(actions[k].chunk);
+        if (first_backward[ch] < 0) first_backward[ch] = static_cast<int>(k);
+        last_backward[ch] = static_cast<int>(k);
+      }
+    sets_sending.resize(0);
+    for (const auto& chunk : chunks) sets_sending.resize(sets_sending.size() + static_cast<std::size_t>(chunk->stage().activation_sets));
+    std::vector<std::size_t> set_base(chunks.size(), 0);  // chunk's first entry in sets_sending
+    for (std::size_t ch = 1; ch < chunks.size(); ++ch)
+      set_base[ch] = set_base[ch - 1] + static_cast<std::size_t>(chunks[ch - 1]->stage().activation_sets);
+
     double loss_sum = 0;
-    for (int micro = 0; micro < c.accumulation; ++micro) {
-      const bool last = micro + 1 == c.accumulation;
-      const int64_t first_row = (static_cast<int64_t>(micro) * n + dp.rank()) * c.micro_batch;
-      data.rows(step_index, first_row, c.micro_batch, c.seq, tokens.data(), targets.data());
-      UnitPointers pointers;
-      pointers.params.assign(U, nullptr);
-      pointers.grads.assign(U, nullptr);
-      auto point = [&](std::size_t u) { pointers.params[u] = unit_params(u); };
+    UnitPointers pointers;
+    pointers.params.assign(U, nullptr);
+    pointers.grads.assign(U, nullptr);
+    auto point = [&](std::size_t u) { pointers.params[u] = unit_params(u); };
+    // What an action receives before it runs: a stage's input (forward) or its output's gradient (backward).
+    auto receive_for = [&](std::size_t k) -> std::optional<Transfer> {
+      const PipelineAction& a = actions[k];
+      const auto ch = static_cast<std::size_t>(a.chunk);
+      GptCpu& model = *chunks[ch];
+      const int stage = stage_of(shape, pp.rank(), a.chunk), set = a.micro % model.stage().activation_sets;
+      const std::size_t floats = model.rows_here() * C;
+      const std::string label = " mb " + std::to_string(a.micro) + " stage " + std::to_string(stage);
+      if (a.pass == PipelineAction::Pass::forward && stage > 0)
+        return Transfer{pp.recv(model.stage_input(set), floats, DataType::float32, (stage - 1) % shape.stages),
+                        "recv activations" + label, 4.0 * static_cast<double>(floats), now(), {}};
+      if (a.pass == PipelineAction::Pass::backward && stage < last_stage && chunk_backward[ch])
+        return Transfer{pp.recv(output_grads[ch].data(), floats, DataType::float32, (stage + 1) % shape.stages),
+                        "recv gradients" + label, 4.0 * static_cast<double>(floats), now(), {}};
+      return std::nullopt;
+    };
+    if (!actions.empty()) receiving = receive_for(0);
+    for (std::size_t k = 0; k < actions.size(); ++k) {
+      const PipelineAction& a = actions[k];
+      const auto ch = static_cast<std::size_t>(a.chunk);
+      GptCpu& model = *chunks[ch];
+      const StagePlan& plan = model.stage();
+      const int stage = stage_of(shape, pp.rank(), a.chunk), set = a.micro % plan.activation_sets;
+      const bool forward = a.pass == PipelineAction::Pass::forward;
+      const std::string label = " mb " + std::to_string(a.micro) + (shape.stages > 1 ? " stage " + std::to_string(stage) : "");
+      if (receiving) {
+        wait_transfer(receiving->work);
+        finished(*receiving);
+        receiving.reset();
+      }
+      // The micro-batch's rows: tokens for the first stage, targets for the last.
+      if (forward && (plan.embedding || plan.head)) {
+        const int64_t first_row = (static_cast<int64_t>(a.micro) * n + dp.rank()) * c.micro_batch;
+        tokens.resize(static_cast<std::size_t>(c.micro_batch) * c.seq);
+        targets.resize(tokens.size());
+        data.rows(step_index, first_row, c.micro_batch, c.seq, tokens.data(), targets.data());
+      }
+      const bool first = static_cast<int>(k) == first_backward[ch], last = static_cast<int>(k) == last_backward[ch];
+      const int first_unit = plan.first_layer + 1, end_unit = plan.first_layer + plan.layers + 1;  // the layers' units
+      // The lowest unit this backward reaches (the pass stops at the lowest trainable one unless the stage sends
+      // its input's gradient back).
+      const std::size_t lowest_reached = plan.embedding && units[0].trains ? 0
+                                         : chunk_input_grad[ch]           ? static_cast<std::size_t>(first_unit)
+                                                                          : std::max(lowest_trainable, static_cast<std::size_t>(first_unit));
       LayerHooks hooks;
       hooks.before_forward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
         at_hook();
         need_params(u);
         point(u);
-        if (c.overlap) start_gather(u + 1);  // the next unit arrives while this one computes
+        const bool next_here = static_cast<int>(u) + 1 < end_unit || (plan.head && static_cast<int>(u) + 1 == end_unit);
+        if (c.overlap && next_here) start_gather(u + 1);  // the next unit arrives while this one computes
         if (u == static_cast<std::size_t>(L) + 1) need_params(0), point(0);  // the tied head reads the token table
-        if (u >= 2 && u <= static_cast<std::size_t>(L)) drop_params(u - 1);    // layers are gathered again for backward
+        if (static_cast<int>(u) > first_unit && static_cast<int>(u) < end_unit) drop_params(u - 1);  // gathered again for backward
         if (u == static_cast<std::size_t>(L) + 1 && L >= 1) drop_params(static_cast<std::size_t>(L));
       };
       hooks.before_backward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
         at_hook();
-        if (u >= 1 && u <= static_cast<std::size_t>(L)) {
+        if (u >= 1) {
           need_params(u);
           point(u);
         }
-        if (c.overlap && u >= 2 && u - 1 >= lowest_trainable) start_gather(u - 1);  // the pass stops at the lowest
+        if (u == static_cast<std::size_t>(L) + 1) need_params(0), point(0);  // the head's backward reads the token table
+        if (c.overlap && static_cast<int>(u) - 1 >= first_unit && u - 1 >= lowest_reached && u >= 2) start_gather(u - 1);
         if (units[u].trains) pointers.grads[u] = unit_grad_buffer(u);
-        if (u == static_cast<std::size_t>(L) + 1 && units[0].trains) pointers.grads[0] = unit_grad_buffer(0);  // the head writes dwte
+        // The token table's gradient buffer: the head's (its copy, or the one table when the stage has both).
+        if (u == static_cast<std::size_t>(L) + 1 && units[0].trains) pointers.grads[0] = unit_grad_buffer(0);
       };
       hooks.after_backward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
         if (u == static_cast<std::size_t>(L) + 1) {
-          gradients_ready(u, micro, last);
+          gradients_ready(u, first, last);
           drop_params(u);
+          if (!plan.embedding) gradients_ready(0, first, last);  // the head's copy is complete
           drop_params(0);  // the head was the last reader of the token table
         } else {
           if (u >= 1) drop_params(u);
-          gradients_ready(u, micro, last);
+          gradients_ready(u, first, last);
         }
         at_hook();
       };
@@ -568,26 +762,78 @@ struct Trainer::Impl {
         stats.recompute_seconds += end - recompute_start;
         if (timeline) timeline->push_back({"recompute " + std::to_string(layer), "compute", "", recompute_start, end, 0});
       };
-      compute_phase("forward", stats.forward_seconds,
-                    [&] { loss_sum += model.forward(pointers, tokens.data(), targets.data(), hooks); });
-      // Frozen units have no gradient buffer, so the model computes none for them; sharded gradients get a
-      // buffer per unit from the hooks, as the unit's backward starts.
-      for (std::size_t u = 0; u < U; ++u)
-        pointers.grads[u] = !units[u].trains                         ? nullptr
-                            : c.strategy.grads == Sharding::none     ? grads.data() + units[u].grad_at
-                                                                     : UnitPointers::pending();
-      compute_phase("backward", stats.backward_seconds, [&] { model.backward(pointers, normaliser, hooks); });
+      for (std::size_t u = 0; u < U; ++u) pointers.params[u] = nullptr, pointers.grads[u] = nullptr;
+      if (forward) {
+        // The set's previous output must have left before this forward writes it again.
+        std::optional<Transfer>& previous = sets_sending[set_base[ch] + static_cast<std::size_t>(set)];
+        if (previous) {
+          wait_transfer(previous->work);
+          finished(*previous);
+          previous.reset();
+        }
+        compute_phase("forward" + label, stats.forward_seconds, [&] {
+          loss_sum += model.forward(set, pointers, tokens.data(), targets.data(), hooks);
+        });
+        if (stage < last_stage) {
+          const std::size_t floats = model.rows_here() * C;
+          const int peer = (stage + 1) % shape.stages;
+          previous = Transfer{pp.send(model.stage_output(set), floats, DataType::float32, peer), "send activations" + label,
+                              4.0 * static_cast<double>(floats), now(), {}};
+          pipeline_stats.sent_bytes += previous->bytes;
+          ++pipeline_stats.sends;
+        }
+      } else if (chunk_backward[ch]) {
+        // Frozen units have no gradient buffer, so the model computes none for them; sharded gradients get a
+        // buffer per unit from the hooks, as the unit's backward starts.
+        for (std::size_t u = 0; u < U; ++u)
+          pointers.grads[u] = !units[u].trains                     ? nullptr
+                              : c.strategy.grads == Sharding::none ? grads.data() + units[u].grad_at
+                                                                   : UnitPointers::pending();
+        compute_phase("backward" + label, stats.backward_seconds, [&] {
+          model.backward(set, pointers, normaliser, plan.head ? nullptr : output_grads[ch].data(), chunk_input_grad[ch], hooks);
+        });
+        if (chunk_input_grad[ch]) {
+          const std::size_t floats = model.rows_here() * C;
+          TrackedBuffer<float> copy = pool.take(floats);  // the next backward overwrites input_grad()
+          float* data = copy.data();
+          std::copy(model.input_grad(), model.input_grad() + floats, data);
+          send(data, floats, stage - 1, "send gradients" + label, std::move(copy));
+        }
+      }
+      if (k + 1 < actions.size()) receiving = receive_for(k + 1);
+      progress_sends();
     }
     wait_all();
+    for (auto& pending : sets_sending)
+      if (pending) {
+        wait_transfer(pending->work);
+        finished(*pending);
+        pending.reset();
+      }
+    while (!sends.empty()) {  // taken out first: waiting tests the others, and drops those that are done
+      Transfer t = std::move(sends.front());
+      sends.erase(sends.begin());
+      wait_transfer(t.work);
+      finished(t);
+      release(t.buffer);
+    }
 
-    // Global gradient norm over the optimizer's shards (distinct within the group that partitions them).
+    // The two copies of the token table take the same step: the first and the last stage sum their gradients.
+    if (embedding && units[0].trains) {
+      const std::size_t count = held(units[0], c.strategy.optimizer);
+      embedding->allreduce(coll::Algo::library, optimizer_grads(0), optimizer_grads(0), count, DataType::float32, RedOp::sum,
+                           coll::Waiting::at_once).wait();
+    }
+    // Global gradient norm over the optimizer's shards (distinct within the group that partitions them), every
+    // stage's, the token table once.
     const double optimizer_start = now(), exposed_before_optimizer = exposed;
     double squares = 0;
     for (std::size_t u = 0; u < U; ++u)
-      if (units[u].trains) squares += gradient_squares(u);
+      if (units[u].trains && !(u == 0 && embedding && pp.rank() != 0)) squares += gradient_squares(u);
     if (c.strategy.optimizer == Sharding::intra) squares = allreduce_sum(intra, squares);
     if (c.strategy.optimizer == Sharding::global) squares = allreduce_sum(dp, squares);
     if (tp.size() > 1) squares = allreduce_sum(tp, squares);
+    if (pp.size() > 1) squares = allreduce_sum(pp, squares);
     stats.grad_norm = std::sqrt(squares);
     const float scale = layers::clip_scale(stats.grad_norm, c.max_grad_norm);
     layers::AdamWConfig adamw = c.adamw;
@@ -609,10 +855,14 @@ struct Trainer::Impl {
     stats.optimizer_seconds = optimizer_end - optimizer_start - (exposed - exposed_before_optimizer);
     if (timeline) timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
 
-    stats.loss = allreduce_sum(dp, loss_sum) / normaliser;
+    // The loss is the last stage's: summed over its data-parallel ranks, then handed to every stage.
+    stats.loss = allreduce_sum(dp, loss_sum);
+    if (pp.size() > 1) stats.loss = allreduce_sum(pp, chunks.back()->stage().head ? stats.loss : 0.0);
+    stats.loss /= normaliser;
     stats.exposed_comm_seconds = exposed;
     stats.comm = comm;
     stats.traffic = traffic;
+    stats.pipeline = pipeline_stats;
     stats.seconds = now() - step_start;
     stats.idle_seconds = std::max(0.0, stats.seconds - stats.forward_seconds - stats.backward_seconds -
                                            stats.optimizer_seconds - stats.exposed_comm_seconds);
@@ -636,10 +886,12 @@ struct Trainer::Impl {
   }
 
   std::vector<float> full_parameters() {
-    const ParameterLayout& layout = model.layout();
+    const ParameterLayout& layout = chunks.front()->layout();
     const std::vector<Slice> slices = layout.units();
-    std::vector<float> full(layout.total());
+    std::vector<float> full(layout.total(), 0.0f);
     for (std::size_t u = 0; u < units.size(); ++u) {
+      // Each unit from the stage that holds it; the token table from the first stage's copy.
+      if (!units[u].present || (u == 0 && pp.rank() != 0)) continue;
       std::vector<float> whole(units[u].padded);
       const float* held_params = params.data() + units[u].param_at;
       if (c.strategy.params == Sharding::none)
@@ -650,6 +902,7 @@ struct Trainer::Impl {
         pieces->allgather(coll::Algo::library, held_params, whole.data(), units[u].piece_g, DataType::float32).wait();
       std::copy(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(units[u].size), full.begin() + static_cast<std::ptrdiff_t>(slices[u].offset));
     }
+    if (pp.size() > 1) pp.allreduce(coll::Algo::library, full.data(), full.data(), full.size(), DataType::float32, RedOp::sum).wait();
     return full;
   }
 };
@@ -674,10 +927,19 @@ MemoryUse Trainer::memory() const {
   use.params = 4.0 * static_cast<double>(impl_->params.size());
   use.grads = 4.0 * static_cast<double>(impl_->grads.size());
   use.optimizer = 4.0 * static_cast<double>(impl_->adam_m.size() + impl_->adam_v.size());
-  use.activations = 4.0 * static_cast<double>(impl_->model.activation_floats());
-  use.workspace = 4.0 * static_cast<double>(impl_->model.workspace_floats());
+  for (const auto& chunk : impl_->chunks) {
+    use.activations += 4.0 * static_cast<double>(chunk->activation_floats());
+    use.workspace += 4.0 * static_cast<double>(chunk->workspace_floats());
+  }
   use.comm_buffers = impl_->pool.held_bytes();
+  for (const auto& received : impl_->output_grads) use.comm_buffers += 4.0 * static_cast<double>(received.size());
   return use;
+}
+
+std::vector<StagePlan> Trainer::stages() const {
+  std::vector<StagePlan> plans;
+  for (const auto& chunk : impl_->chunks) plans.push_back(chunk->stage());
+  return plans;
 }
 
 int64_t Trainer::global_rows() const {

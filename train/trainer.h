@@ -1,7 +1,17 @@
-// One training step of the GPT model under a data-parallel partitioning strategy (strategy.h), on the CPU:
-// micro-batches of forward and backward, the strategy's collectives (research.md's table: which state is
-// gathered or reduced, over which group, when), the global gradient norm and clipping, AdamW on the
-// optimizer's shard, and the parameter synchronisation after it.
+// One training step of the GPT model on the CPU, on the process groups' grid: tensor parallelism inside the model
+// (gpt.h), pipeline parallelism over stages run by a schedule (schedule.h), and in the data-parallel dimension a
+// partitioning strategy (strategy.h): micro-batches of forward and backward, the strategy's collectives
+// (research.md's table: which state is gathered or reduced, over which group, when), the global gradient norm
+// and clipping, AdamW on the optimizer's shard, and the parameter synchronisation after it.
+//
+// Pipeline. Each pipeline rank runs its stages (one, or v model chunks interleaved) in the schedule's order: a
+// forward receives its input from the previous stage (the same tensor- and data-parallel coordinates) and sends
+// its output on; a backward receives its output's gradient from the next stage and sends its input's gradient
+// back, all as non-blocking point-to-point operations of the pp group, progressed with the data-parallel
+// collectives. The first stage holds the embeddings, the last the final norm, the head and its copy of the tied
+// token table, whose gradient the two sum (an allreduce between the first and the last stage, as Megatron-LM's
+// embedding group does) before the optimizer, so both copies take the same step. Data-parallel strategies shard
+// and reduce the units each rank holds; the gradient norm sums over the pipeline stages too.
 //
 // Sharding. Every unit of the model (embeddings, each layer, the final norm) is padded to a multiple of the
 // data-parallel degree n and cut into n global pieces. The n ranks form g groups (nodes) of m ranks; the rank
@@ -28,6 +38,7 @@
 #include "kernels/layers.h"
 #include "train/data.h"
 #include "train/gpt.h"
+#include "train/schedule.h"
 #include "train/strategy.h"
 
 namespace strata::train {
@@ -68,10 +79,28 @@ struct TrainConfig {
   CpuRuntime runtime;
   Recompute recompute = Recompute::none;
   bool sequence_parallel = false;  // with tensor parallelism (the process groups' tp dimension)
+  // Pipeline parallelism (the process groups' pp dimension, p ranks): accumulation is the step's micro-batches m.
+  Schedule schedule = Schedule::one_f_one_b;
+  int virtual_stages = 1;        // v: model chunks per pipeline rank (interleaved)
+  std::vector<int> stage_layers;  // layers of each of the p v stages; empty: L / (p v) each (must divide)
+  // Recompute::overlap: per stage (p v of them), per layer of the stage, which ops are kept (the rest are
+  // recomputed); and which recomputations run while this rank waits for a pipeline receive, before the action
+  // (index in this rank's schedule) that needs it, instead of on demand. From a placement (overlap.h).
+  std::vector<std::vector<KeptOps>> kept_ops;
+  struct WindowRecompute {
+    int action = 0;  // the receive this rank waits for before running action `action` of its schedule
+    int micro = 0, chunk = 0, layer = 0;
+    LayerOp op = LayerOp::pre;
+  };
+  std::vector<WindowRecompute> window_recomputes;
   uint64_t seed = 1;
   float init_std = 0.02f;
   bool record_timeline = false;
 };
+
+// The layers of each of the p v pipeline stages: `stage_layers` when given (p v entries, each >= 1, summing to L),
+// else L / (p v) each. std::invalid_argument saying why otherwise.
+std::vector<int> stage_partition(const ModelConfig& model, int stages, const std::vector<int>& stage_layers);
 
 // Bytes each category holds on this rank, as allocated: the model states, the model's activations and
 // workspace, and the pool of communication buffers (gathered units, per-micro-batch gradients, reduction
@@ -105,6 +134,14 @@ struct TimelineEvent {
   double bytes = 0;  // the collective's buffer: what each rank contributes or receives whole
 };
 
+// Pipeline figures of one step on this rank: the waits for a stage's input or output gradient (the bubble,
+// with transfers), and the activations and gradients sent to other stages.
+struct PipelineStats {
+  double wait_seconds = 0;   // waiting for receives from other stages, no compute to do
+  double sent_bytes = 0;
+  int sends = 0;
+};
+
 struct StepStats {
   double loss = 0;       // mean over the global batch's tokens
   double grad_norm = 0;  // global, before clipping
@@ -114,20 +151,21 @@ struct StepStats {
   // (reading data, the loss and norm reductions of a few bytes).
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
   double recompute_seconds = 0;     // inside backward: the forward work it does again first (Recompute)
-  double exposed_comm_seconds = 0;  // waiting for collectives that were not done
+  double exposed_comm_seconds = 0;  // waiting for collectives and pipeline receives that were not done
   // Tensor-parallel collectives (blocking, inside forward and backward, counted in exposed_comm_seconds): their
   // time, and the bytes of their buffers.
   double tp_comm_seconds = 0, tp_comm_bytes = 0;
   double idle_seconds = 0;
   std::array<TierComm, kCommTiers> comm;
   coll::Traffic traffic;  // bytes this rank sent in the step (Strata's own algorithms count them; library: 0)
+  PipelineStats pipeline;
   std::vector<TimelineEvent> timeline;  // when TrainConfig::record_timeline
 };
 
 class Trainer {
  public:
-  // Collective over the data-parallel group. Throws std::invalid_argument when the strategy is refused, or the
-  // groups are uneven for an I strategy.
+  // Collective over the world. Throws std::invalid_argument when the strategy is refused, the groups are uneven
+  // for an I strategy, the schedule is refused on the grid, or the layers do not divide into the stages.
   Trainer(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& data);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -139,11 +177,14 @@ class Trainer {
   // Overlap on or off from the next step on (TrainConfig::overlap changes only when collectives are
   // waited for, not what is allocated), so a benchmark can interleave both on one trainer's state.
   void set_overlap(bool overlap);
-  // Every parameter of this rank's tensor-parallel shard (the whole model without tensor parallelism), on
-  // every rank (collective over the data-parallel group): for checks against the single-rank step.
+  // Every parameter of this rank's tensor-parallel shard (the whole model without tensor parallelism), every
+  // stage's, on every rank (collective over the data-parallel and pipeline groups): for checks against the
+  // single-rank step.
   std::vector<float> full_parameters();
   MemoryUse memory() const;
   int64_t global_rows() const;  // rows of the global batch: dp ranks x accumulation x micro_batch
+  // The stages this rank runs (one per model chunk), as the model runs them.
+  std::vector<StagePlan> stages() const;
 
  private:
   struct Impl;

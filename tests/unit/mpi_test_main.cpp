@@ -13,16 +13,18 @@ namespace {
 class FailuresOfThisRank : public ::testing::EmptyTestEventListener {
  public:
   explicit FailuresOfThisRank(int rank) : rank_(rank) {}
+  // The test's name is taken here: asking GoogleTest for the current test while it reports a result would wait
+  // on the lock it holds.
+  void OnTestStart(const ::testing::TestInfo& test) override { test_ = test.test_suite_name() + std::string(".") + test.name(); }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::cerr << "[rank " << rank_ << "] " << (test ? test->test_suite_name() + std::string(".") + test->name() : "")
-              << " " << (result.file_name() ? result.file_name() : "") << ":" << result.line_number() << ": "
-              << result.message() << std::endl;
+    std::cerr << "[rank " << rank_ << "] " << test_ << " " << (result.file_name() ? result.file_name() : "") << ":"
+              << result.line_number() << ": " << result.message() << std::endl;
   }
 
  private:
   int rank_;
+  std::string test_;
 };
 
 }  // namespace
