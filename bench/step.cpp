@@ -472,7 +472,7 @@ int run_step(int argc, char** argv) {
     }
     const double sent_intra = per_step([](const StepStats& s) { return s.traffic.intra_bytes; });
     const double sent_inter = per_step([](const StepStats& s) { return s.traffic.inter_bytes; });
-    const coll::Traffic formula_traffic = expected_traffic(model, trainable, strategy, shape, o.accumulation);
+    const coll::Traffic formula_traffic = expected_traffic(c, shape);
     const double formula_intra = allreduce_sum(formula_traffic.intra_bytes) / world;
     const double formula_inter = allreduce_sum(formula_traffic.inter_bytes) / world;
     const MemoryUse formula_memory = memory_estimate(c, shape);

@@ -255,7 +255,9 @@ int run(int argc, char** argv) {
       }
   int wrong = 0;  // the ring counts what the formula says, or the figures beside it mean nothing
   for (std::size_t i = 0; i < trainers.size(); ++i) {
-    const coll::Traffic formula = expected_traffic(model, {}, parse_strategy(names[i]), shape, 1);
+    TrainConfig c = base;
+    c.strategy = parse_strategy(names[i]);
+    const coll::Traffic formula = expected_traffic(c, shape);
     wrong += sent[i].intra_bytes != formula.intra_bytes || sent[i].inter_bytes != formula.inter_bytes;
     const double step = median(steps[i][0]), dp = median(steps[0][0]);
     if (rank == 0)

@@ -2,6 +2,7 @@
 #include "train/step_formulas.h"
 
 #include <algorithm>
+#include <vector>
 #include <stdexcept>
 
 #include "train/gpt.h"
@@ -13,6 +14,7 @@ DataParallelShape data_parallel_shape(coll::ProcessGroups& groups) {
   coll::Group& dp = groups.dp();
   s.n = dp.size(), s.m = groups.dp_intra().size(), s.g = groups.dp_inter().size();
   s.tp = groups.tp().size();
+  s.pp = groups.pp().size(), s.pp_rank = groups.pp_index();
   const std::vector<int>& nodes = dp.node_of_rank();
   if (!nodes.empty() && s.n > 1)
     s.dp_hop_crosses_nodes = nodes[static_cast<std::size_t>(dp.rank())] != nodes[static_cast<std::size_t>((dp.rank() + 1) % s.n)];
@@ -32,9 +34,38 @@ std::size_t padded(std::size_t size, int n) {
 
 }  // namespace
 
-coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& trainable, const Strategy& s,
-                               const DataParallelShape& shape, int accumulation) {
-  const int n = shape.n, m = shape.m, g = shape.g;
+namespace {
+
+// The rank's stages, the units they hold, and per held unit whether a backward pass gathers it again.
+struct RankUnits {
+  std::vector<StagePlan> stages;
+  std::vector<bool> held, backward_reaches;
+};
+
+RankUnits rank_units(const TrainConfig& c, const DataParallelShape& shape) {
+  RankUnits r;
+  r.stages = rank_stages(c, shape.pp, shape.pp_rank);
+  r.held = units_held(c.model, r.stages);
+  const std::vector<bool> trains = trainable_units(c.model, c.trainable);
+  std::size_t lowest = trains.size();  // the lowest unit that trains anywhere
+  for (std::size_t u = trains.size(); u-- > 0;)
+    if (trains[u]) lowest = u;
+  r.backward_reaches.assign(r.held.size(), false);
+  for (const StagePlan& plan : r.stages) {
+    const std::size_t first_unit = static_cast<std::size_t>(plan.first_layer) + 1, end_unit = first_unit + static_cast<std::size_t>(plan.layers);
+    // The stage's backward goes down to its first layer when something below it trains; else to the lowest
+    // of its own units that trains.
+    const std::size_t reached = !plan.embedding && lowest < first_unit ? first_unit : std::max(lowest, first_unit);
+    for (std::size_t u = reached; u < end_unit; ++u) r.backward_reaches[u] = true;
+  }
+  return r;
+}
+
+}  // namespace
+
+coll::Traffic expected_traffic(const TrainConfig& config, const DataParallelShape& shape) {
+  const Strategy& s = config.strategy;
+  const int n = shape.n, m = shape.m, g = shape.g, accumulation = config.accumulation;
   coll::Traffic t;
   // One collective on a group: intra, inter, or global (ordered by piece: every hop crosses nodes when g > 1),
   // or the data-parallel ring in rank order.
@@ -46,18 +77,13 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
   };
   auto on = [](Sharding sharding) { return sharding == Sharding::intra ? On::intra : On::global; };
 
-  const std::vector<Slice> units = ParameterLayout(model, tensor_shard(model, shape.tp, 0)).units();
-  const std::vector<bool> trains = trainable_units(model, trainable);
-  std::size_t lowest = units.size();
-  for (std::size_t u = units.size(); u-- > 0;)
-    if (trains[u]) lowest = u;
-  const std::size_t L = static_cast<std::size_t>(model.layers);
+  const std::vector<Slice> units = ParameterLayout(config.model, tensor_shard(config.model, shape.tp, 0)).units();
+  const std::vector<bool> trains = trainable_units(config.model, config.trainable);
+  const RankUnits here = rank_units(config, shape);
   for (std::size_t u = 0; u < units.size(); ++u) {
+    if (!here.held[u]) continue;
     const double unit = 4.0 * static_cast<double>(padded(units[u].size, n)), piece_i = unit / m;
-    if (s.params != Sharding::none) {
-      const bool backward_gathers = u >= 1 && u <= L && lowest < units.size() && u >= lowest;
-      add(on(s.params), unit, false, accumulation * (backward_gathers ? 2 : 1));
-    }
+    if (s.params != Sharding::none) add(on(s.params), unit, false, accumulation * (here.backward_reaches[u] ? 2 : 1));
     if (!trains[u]) continue;
     if (s.grads != Sharding::none) add(on(s.grads), unit, false, accumulation);
     if (s.grads == Sharding::none && s.optimizer == Sharding::none) {
@@ -72,6 +98,21 @@ coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& traina
     }
   }
   return t;
+}
+
+double pipeline_sent_bytes(const TrainConfig& c, const DataParallelShape& shape) {
+  const std::vector<bool> trains = trainable_units(c.model, c.trainable);
+  std::size_t lowest = trains.size();
+  for (std::size_t u = trains.size(); u-- > 0;)
+    if (trains[u]) lowest = u;
+  const double rows = static_cast<double>(c.micro_batch) * c.seq / (c.sequence_parallel && shape.tp > 1 ? shape.tp : 1);
+  const double message = 4.0 * rows * c.model.hidden;
+  double bytes = 0;
+  for (const StagePlan& plan : rank_stages(c, shape.pp, shape.pp_rank)) {
+    if (!plan.head) bytes += c.accumulation * message;
+    if (!plan.embedding && lowest < static_cast<std::size_t>(plan.first_layer) + 1) bytes += c.accumulation * message;
+  }
+  return bytes;
 }
 
 LayerActivationFloats layer_activation_floats(const ModelConfig& model, int micro_batch, int seq, int tp, bool sp) {
@@ -134,18 +175,25 @@ MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) 
   const ParameterLayout layout(c.model, tensor_shard(c.model, shape.tp, 0));
   const std::vector<Slice> units = layout.units();
   const std::vector<bool> trains = trainable_units(c.model, c.trainable);
-  double trainable = 0, largest = 0;
+  const RankUnits here = rank_units(c, shape);
+  double held = 0, trainable = 0, largest = 0;
   for (std::size_t u = 0; u < units.size(); ++u) {
+    if (!here.held[u]) continue;
+    held += static_cast<double>(units[u].size);
     if (trains[u]) trainable += static_cast<double>(units[u].size);
     largest = std::max(largest, 4.0 * static_cast<double>(padded(units[u].size, shape.n)));
   }
-  const ModelStateMemory states = model_state_memory(c.strategy, static_cast<double>(layout.total()), trainable,
-                                                     shape.m, shape.n, kFp32States);
+  const ModelStateMemory states = model_state_memory(c.strategy, held, trainable, shape.m, shape.n, kFp32States);
   MemoryUse use;
   use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
   const bool sp = c.sequence_parallel && shape.tp > 1;
-  use.activations = activation_bytes(c.model, c.micro_batch, c.seq, c.recompute, shape.tp, sp);
-  use.workspace = workspace_bytes(c.model, c.micro_batch, c.seq, shape.tp, sp);
+  const double message = 4.0 * static_cast<double>(c.micro_batch) * c.seq / (sp ? shape.tp : 1) * c.model.hidden;
+  for (const StagePlan& plan : here.stages) {
+    use.activations += activation_bytes(c.model, c.micro_batch, c.seq, c.recompute, shape.tp, sp, plan);
+    use.workspace += workspace_bytes(c.model, c.micro_batch, c.seq, shape.tp, sp);
+    if (!plan.head) use.comm_buffers += message;                          // the received gradient of the output
+    if (!plan.embedding) use.comm_buffers += plan.activation_sets * message;  // copies of the input's gradient
+  }
   if (c.strategy.params != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) use.comm_buffers += 4 * trainable / shape.m;

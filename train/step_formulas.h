@@ -1,6 +1,7 @@
-// What a data-parallel step should cost, from the model's shape and the strategy alone (research.md's table of
-// collectives; metrics.md's memory rules): the bytes each rank sends per tier, and the bytes it holds per
-// category. The step's measured figures are stored beside these, and the tests hold the two equal.
+// What a training step should cost, from the model's shape, the grid, the schedule and the strategy alone
+// (research.md's table of collectives; metrics.md's memory rules): the bytes each rank sends per tier and to other
+// pipeline stages, and the bytes it holds per category. The step's measured figures are stored beside these, and
+// the tests hold the two equal.
 #pragma once
 
 #include <array>
@@ -19,6 +20,7 @@ namespace strata::train {
 struct DataParallelShape {
   int n = 1, m = 1, g = 1;
   int tp = 1;  // the tensor-parallel degree: each data-parallel rank holds a shard of the model
+  int pp = 1, pp_rank = 0;  // the pipeline: each data-parallel group runs the stages of one pipeline rank
   bool dp_hop_crosses_nodes = false;
 };
 DataParallelShape data_parallel_shape(coll::ProcessGroups& groups);
@@ -36,9 +38,15 @@ DataParallelShape data_parallel_shape(coll::ProcessGroups& groups);
 //   P != O:    after the update, the parameter holders gather the optimizer's shards (intra for N/I,
 //              global for N/G, inter for I/G).
 // Units are padded to a multiple of n, as the step pads them. The scalar reductions (loss, gradient norm)
-// are left out.
-coll::Traffic expected_traffic(const ModelConfig& model, const Trainable& trainable, const Strategy& strategy,
-                               const DataParallelShape& shape, int accumulation);
+// are left out. With a pipeline, only the units of the rank's stages count (the last stage's copy of the token
+// table as a unit of its own), and a stage's backward reaches down to its first layer when an earlier stage
+// trains.
+coll::Traffic expected_traffic(const TrainConfig& config, const DataParallelShape& shape);
+
+// Bytes this rank sends to other pipeline stages in one step: each of its stages but the last sends its output,
+// (R, C) floats per micro-batch, and each stage below which something trains sends its input's gradient back,
+// as much; R = micro-batch x sequence rows (over tp under sequence parallelism).
+double pipeline_sent_bytes(const TrainConfig& config, const DataParallelShape& shape);
 
 // Floats of one layer's activations on one rank for one micro-batch (fp32, flash attention so no (T, T) scores;
 // N = B T rows, R the rows of the residual stream held here (N, or N / tp under sequence parallelism), C hidden;
@@ -79,12 +87,14 @@ double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute re
 // gradients: 4 (2 R C + 2 N C + N (3 A + Q + 2 KV + 2 F) + 2 C) + 8 C.
 double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp = 1, bool sp = false);
 
-// What a rank is expected to hold, per category, before anything is allocated. Model states follow
-// model_state_memory (fp32: 4, 4, 8 bytes); activations and workspace the formulas above; communication
-// buffers are a bound, in units of the largest padded unit: four when parameters are gathered (this unit, the
-// next, the embeddings and the final norm), four more when gradients are reduced per micro-batch (the unit
-// being written, those still being reduced, their reduction targets), and Ψ'/m when an unsharded gradient is
-// first reduce-scattered inside the node.
+// What a rank is expected to hold, per category, before anything is allocated, for the units and stages it
+// runs. Model states follow model_state_memory (fp32: 4, 4, 8 bytes) on the units the rank holds; activations
+// the formula above for each of its stages and workspace one per stage; communication buffers are a bound, in
+// units of the largest padded unit: four when parameters are gathered (this unit, the next, the embeddings and
+// the final norm), four more when gradients are reduced per micro-batch (the unit being written, those still
+// being reduced, their reduction targets), and Ψ'/m when an unsharded gradient is first reduce-scattered
+// inside the node; with a pipeline, per stage the received gradient of its output and a copy of its input's
+// gradient per micro-batch in flight, (R, C) floats each.
 MemoryUse memory_estimate(const TrainConfig& config, const DataParallelShape& shape);
 
 }  // namespace strata::train

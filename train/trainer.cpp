@@ -81,6 +81,34 @@ std::vector<int> stage_partition(const ModelConfig& model, int stages, const std
   return stage_layers;
 }
 
+std::vector<StagePlan> rank_stages(const TrainConfig& c, int pp, int pp_rank) {
+  const PipelineShape shape{pp, c.accumulation, c.virtual_stages};
+  const int stages = pp * c.virtual_stages;
+  const std::vector<int> partition = stage_partition(c.model, stages, c.stage_layers);
+  const std::vector<int> held = in_flight(pipeline_actions(c.schedule, shape, pp_rank), c.virtual_stages);
+  if (c.recompute == Recompute::overlap && c.kept_ops.size() != static_cast<std::size_t>(stages))
+    throw std::invalid_argument("recompute overlap needs the kept ops of each of the " + std::to_string(stages) + " stages");
+  std::vector<StagePlan> plans;
+  for (int chunk = 0; chunk < c.virtual_stages; ++chunk) {
+    const int stage = stage_of(shape, pp_rank, chunk);
+    StagePlan plan{std::accumulate(partition.begin(), partition.begin() + stage, 0), partition[static_cast<std::size_t>(stage)],
+                   stage == 0, stage == stages - 1, std::max(1, held[static_cast<std::size_t>(chunk)]), {}};
+    if (c.recompute == Recompute::overlap) plan.kept = c.kept_ops[static_cast<std::size_t>(stage)];
+    plans.push_back(std::move(plan));
+  }
+  return plans;
+}
+
+std::vector<bool> units_held(const ModelConfig& model, const std::vector<StagePlan>& stages) {
+  std::vector<bool> held(static_cast<std::size_t>(model.layers) + 2, false);
+  for (const StagePlan& plan : stages) {
+    for (int l = plan.first_layer; l < plan.first_layer + plan.layers; ++l) held[static_cast<std::size_t>(l) + 1] = true;
+    if (plan.embedding || plan.head) held[0] = true;
+    if (plan.head) held.back() = true;
+  }
+  return held;
+}
+
 const char* name(CommTier tier) {
   switch (tier) {
     case CommTier::intra: return "intra";
@@ -203,32 +231,27 @@ struct Trainer::Impl {
     if (const std::string why = schedule_refusal(c.schedule, shape); !why.empty())
       throw std::invalid_argument(std::string("schedule ") + name(c.schedule) + " on " + std::to_string(shape.stages) +
                                   " pipeline stages: " + why);
-    const int stages = shape.stages * shape.chunks, last_stage = stages - 1;
-    partition = stage_partition(c.model, stages, c.stage_layers);
-    if (c.recompute == Recompute::overlap && c.kept_ops.size() != static_cast<std::size_t>(stages))
-      throw std::invalid_argument("recompute overlap needs the kept ops of each of the " + std::to_string(stages) + " stages");
+    const int last_stage = shape.stages * shape.chunks - 1;
+    partition = stage_partition(c.model, last_stage + 1, c.stage_layers);
     actions = pipeline_actions(c.schedule, shape, pp.rank());
-    const std::vector<int> held_at_once = train::in_flight(actions, shape.chunks);
     const std::vector<bool> trains = trainable_units(c.model, c.trainable);
     std::size_t lowest_trains = trains.size();  // the lowest unit that trains (0: the embeddings)
     for (std::size_t u = trains.size(); u-- > 0;)
       if (trains[u]) lowest_trains = u;
+    const std::vector<StagePlan> plans = rank_stages(c, shape.stages, pp.rank());
     for (int chunk = 0; chunk < shape.chunks; ++chunk) {
+      const StagePlan& plan = plans[static_cast<std::size_t>(chunk)];
       const int stage = stage_of(shape, pp.rank(), chunk);
-      const int first = std::accumulate(partition.begin(), partition.begin() + stage, 0);
-      StagePlan plan{first, partition[static_cast<std::size_t>(stage)], stage == 0, stage == last_stage,
-                     std::max(1, held_at_once[static_cast<std::size_t>(chunk)]), {}};
-      if (c.recompute == Recompute::overlap) plan.kept = c.kept_ops[static_cast<std::size_t>(stage)];
       chunks.push_back(std::make_unique<GptCpu>(c.model, c.micro_batch, c.seq, c.runtime, c.recompute, &groups.tp(),
                                                 c.sequence_parallel, plan));
       // A stage has a backward pass when anything at or below it trains (the head's copy of the token table trains
       // with the embeddings), and sends its input's gradient back when something below it trains.
-      const std::size_t first_unit = stage == 0 ? 0 : static_cast<std::size_t>(first) + 1;
-      const std::size_t last_unit = stage == last_stage ? trains.size() - 1 : static_cast<std::size_t>(first + plan.layers);
-      chunk_backward.push_back(lowest_trains <= last_unit || (stage == last_stage && trains[0]));
+      const std::size_t first_unit = stage == 0 ? 0 : static_cast<std::size_t>(plan.first_layer) + 1;
+      const std::size_t last_unit = plan.head ? trains.size() - 1 : static_cast<std::size_t>(plan.first_layer + plan.layers);
+      chunk_backward.push_back(lowest_trains <= last_unit);
       chunk_input_grad.push_back(stage > 0 && lowest_trains < first_unit);
       output_grads.emplace_back(MemoryCategory::comm_buffers,
-                                stage == last_stage ? 0 : chunks.back()->rows_here() * static_cast<std::size_t>(c.model.hidden));
+                                plan.head ? 0 : chunks.back()->rows_here() * static_cast<std::size_t>(c.model.hidden));
     }
     n = dp.size(), m = intra.size(), g = inter.size(), local = intra.rank(), node = inter.rank();
     int fewest = m, most = m;
@@ -265,13 +288,7 @@ struct Trainer::Impl {
     const std::vector<Slice> slices = layout.units();
     unit_slices = slices;
     if (tp.size() > 1) replicated = layout.replicated();
-    std::vector<bool> present(slices.size(), false);
-    for (const auto& chunk : chunks) {
-      const StagePlan& plan = chunk->stage();
-      for (int l = plan.first_layer; l < plan.first_layer + plan.layers; ++l) present[static_cast<std::size_t>(l) + 1] = true;
-      if (plan.embedding || plan.head) present[0] = true;
-      if (plan.head) present.back() = true;
-    }
+    const std::vector<bool> present = units_held(c.model, plans);
     std::size_t param_total = 0, grad_total = 0, opt_total = 0;
     for (std::size_t u = 0; u < slices.size(); ++u) {
       Unit unit;
@@ -720,6 +737,7 @@ struct Trainer::Impl {
         if (c.overlap && next_here) start_gather(u + 1);  // the next unit arrives while this one computes
         if (u == static_cast<std::size_t>(L) + 1) need_params(0), point(0);  // the tied head reads the token table
         if (static_cast<int>(u) > first_unit && static_cast<int>(u) < end_unit) drop_params(u - 1);  // gathered again for backward
+        if (static_cast<int>(u) == first_unit && !plan.head) drop_params(0);  // the first stage's lookup is done
         if (u == static_cast<std::size_t>(L) + 1 && L >= 1) drop_params(static_cast<std::size_t>(L));
       };
       hooks.before_backward = [&](int layer) {
@@ -774,6 +792,7 @@ struct Trainer::Impl {
         compute_phase("forward" + label, stats.forward_seconds, [&] {
           loss_sum += model.forward(set, pointers, tokens.data(), targets.data(), hooks);
         });
+        if (!plan.head) drop_params(static_cast<std::size_t>(end_unit) - 1);  // gathered again for its backward
         if (stage < last_stage) {
           const std::size_t floats = model.rows_here() * C;
           const int peer = (stage + 1) % shape.stages;

@@ -102,6 +102,15 @@ struct TrainConfig {
 // else L / (p v) each. std::invalid_argument saying why otherwise.
 std::vector<int> stage_partition(const ModelConfig& model, int stages, const std::vector<int>& stage_layers);
 
+// The stages pipeline rank `pp_rank` of `pp` runs under the configuration, one per model chunk (chunk c: stage
+// c pp + pp_rank): layers, embeddings, head, micro-batches in flight under the schedule, kept ops. Throws
+// std::invalid_argument as the trainer does (schedule refused, layers that do not divide).
+std::vector<StagePlan> rank_stages(const TrainConfig& config, int pp, int pp_rank);
+
+// Which units (embeddings 0, layers 1..L, final norm L + 1) the stages hold: a stage its layers, the first the
+// embeddings, the last the final norm and its copy of the token table.
+std::vector<bool> units_held(const ModelConfig& model, const std::vector<StagePlan>& stages);
+
 // Bytes each category holds on this rank, as allocated: the model states, the model's activations and
 // workspace, and the pool of communication buffers (gathered units, per-micro-batch gradients, reduction
 // targets), which holds the most that were in use at once.

@@ -209,7 +209,7 @@ TEST(DataParallel, BytesPerTierAreTheFormulasOnRings) {
       c.strategy = s, c.comm_algo = coll::Algo::ring, c.trainable = parse_trainable(trainable);
       Trainer trainer(c, groups, *data);
       const StepStats stats = trainer.step(1);
-      const coll::Traffic formula = expected_traffic(c.model, c.trainable, s, shape, c.accumulation);
+      const coll::Traffic formula = expected_traffic(c, shape);
       EXPECT_DOUBLE_EQ(stats.traffic.intra_bytes, formula.intra_bytes) << s.name() << " " << trainable;
       EXPECT_DOUBLE_EQ(stats.traffic.inter_bytes, formula.inter_bytes) << s.name() << " " << trainable;
       if (n > 1) {

@@ -119,5 +119,40 @@ TEST(Pipeline, EveryScheduleAndGridMatchesTheSingleRankStep) {
   }
 }
 
+// On Strata's ring every data-parallel collective counts its bytes, and the pipeline counts what it sends: both
+// must be the formulas (train/step_formulas.h) for the units and stages each rank holds. Activations and workspace
+// are their formulas exactly (with the schedule's micro-batches in flight), model states up to padding, and the
+// communication buffers stay within their bound.
+TEST(Pipeline, BytesAndMemoryAreTheFormulas) {
+  const int n = world_size();
+  const std::vector<GridCase> all = cases(n);
+  if (all.empty()) GTEST_SKIP() << "cases for 2, 4 and 8 ranks";
+  const auto data = synthetic_tokens(64, 5);
+  for (const GridCase& g : all) {
+    const std::string what = describe(g);
+    TrainConfig c = base_config();
+    c.strategy = parse_strategy(g.strategy), c.comm_algo = coll::Algo::ring;
+    c.schedule = g.schedule, c.virtual_stages = g.virtual_stages, c.stage_layers = g.stage_layers;
+    c.recompute = g.recompute, c.sequence_parallel = g.sp, c.trainable = parse_trainable(g.trainable);
+    coll::ProcessGroups groups(g.grid, g.ranks_per_node);
+    const DataParallelShape shape = data_parallel_shape(groups);
+    Trainer trainer(c, groups, *data);
+    trainer.step(1);
+    const StepStats stats = trainer.step(2);
+    const coll::Traffic formula = expected_traffic(c, shape);
+    EXPECT_DOUBLE_EQ(stats.traffic.intra_bytes, formula.intra_bytes) << what;
+    EXPECT_DOUBLE_EQ(stats.traffic.inter_bytes, formula.inter_bytes) << what;
+    EXPECT_DOUBLE_EQ(stats.pipeline.sent_bytes, pipeline_sent_bytes(c, shape)) << what;
+    const MemoryUse used = trainer.memory(), estimate = memory_estimate(c, shape);
+    EXPECT_DOUBLE_EQ(used.activations, estimate.activations) << what;
+    EXPECT_DOUBLE_EQ(used.workspace, estimate.workspace) << what;
+    EXPECT_LE(used.comm_buffers, estimate.comm_buffers) << what;
+    const double slack = 4.0 * (c.model.layers + 2) * shape.n * 3;  // each unit padded to a multiple of n
+    EXPECT_NEAR(used.params, estimate.params, slack) << what;
+    EXPECT_NEAR(used.grads, estimate.grads, slack) << what;
+    EXPECT_NEAR(used.optimizer, estimate.optimizer, 2 * slack) << what;
+  }
+}
+
 }  // namespace
 }  // namespace strata::train
