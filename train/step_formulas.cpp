@@ -192,7 +192,9 @@ MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) 
     use.activations += activation_bytes(c.model, c.micro_batch, c.seq, c.recompute, shape.tp, sp, plan);
     use.workspace += workspace_bytes(c.model, c.micro_batch, c.seq, shape.tp, sp);
     if (!plan.head) use.comm_buffers += message;                          // the received gradient of the output
-    if (!plan.embedding) use.comm_buffers += plan.activation_sets * message;  // copies of the input's gradient
+    // Copies of the input's gradient wait for the stage below to receive them: at most one per micro-batch in
+    // flight there, which in 1F1B is one more than here.
+    if (!plan.embedding) use.comm_buffers += (plan.activation_sets + 1) * message;
   }
   if (c.strategy.params != Sharding::none) use.comm_buffers += 4 * largest;
   if (c.strategy.grads != Sharding::none) use.comm_buffers += 4 * largest;

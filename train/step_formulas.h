@@ -93,8 +93,9 @@ double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int t
 // units of the largest padded unit: four when parameters are gathered (this unit, the next, the embeddings and
 // the final norm), four more when gradients are reduced per micro-batch (the unit being written, those still
 // being reduced, their reduction targets), and Ψ'/m when an unsharded gradient is first reduce-scattered
-// inside the node; with a pipeline, per stage the received gradient of its output and a copy of its input's
-// gradient per micro-batch in flight, (R, C) floats each.
+// inside the node; with a pipeline, per stage the received gradient of its output and copies of its input's
+// gradient waiting for the stage below, one per micro-batch in flight there (one more than here in 1F1B), (R, C)
+// floats each.
 MemoryUse memory_estimate(const TrainConfig& config, const DataParallelShape& shape);
 
 }  // namespace strata::train
