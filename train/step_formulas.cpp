@@ -150,17 +150,27 @@ double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Reco
   return 4 * (stage.activation_sets * per_set + shared + recompute_space);
 }
 
-double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute) {
-  const double attention_forward = 2.0 * model.layers * model.hidden * seq;
-  const ParameterLayout layout(model);
-  const double layer_weights = model.layers > 0 ? static_cast<double>(model.layers) * static_cast<double>(layout.layer(0).size) : 0;
-  switch (recompute) {
-    case Recompute::none: return 0;
-    case Recompute::full: return 2 * layer_weights + attention_forward;
-    case Recompute::selective: return attention_forward;
-    case Recompute::overlap: break;
+std::array<double, kLayerOps> op_flops_per_token(const ModelConfig& model, int seq) {
+  const double C = model.hidden, Q = model.qkv_channels(), F = model.mlp();
+  return {2 * (2 * C + Q * C + Q),                              // ln1, QKV with its bias
+          2 * C * seq,                                          // attention forward, causal: 2 h s
+          2 * (C * C + C + 2 * C + F * C + F + C * F + C)};     // projection, ln2, MLP up and down
+}
+
+double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute,
+                                 const std::vector<std::vector<KeptOps>>& kept_ops) {
+  const std::array<double, kLayerOps> per_op = op_flops_per_token(model, seq);
+  double flops = 0;
+  if (recompute == Recompute::overlap) {
+    for (const auto& stage : kept_ops)
+      for (const KeptOps& layer : stage)
+        for (int o = 0; o < kLayerOps; ++o)
+          if (!layer[static_cast<std::size_t>(o)]) flops += per_op[static_cast<std::size_t>(o)];
+    return flops;
   }
-  throw std::logic_error("recompute_flops_per_token: overlap recomputes what its placement says; count its ops");
+  for (int o = 0; o < kLayerOps; ++o)
+    if (!keeps(recompute, static_cast<LayerOp>(o))) flops += model.layers * per_op[static_cast<std::size_t>(o)];
+  return flops;
 }
 
 double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int tp, bool sp) {

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstddef>
+#include <vector>
 
 #include "collectives/process_group.h"
 #include "train/trainer.h"
@@ -77,10 +78,15 @@ LayerActivationFloats layer_activation_floats(const ModelConfig& model, int micr
 //   selective  4 (L (A - core) + core + H)
 double activation_bytes(const ModelConfig& model, int micro_batch, int seq, Recompute recompute = Recompute::none,
                         int tp = 1, bool sp = false, const StagePlan& stage = {});
-// FLOPs per token that recomputation adds to the model FLOPs in backward, in model_flops_per_token's
-// convention (2 per multiply-add of each weight, 2 L h s for attention's forward): full, every layer's
-// forward, 2 N_layers + 2 L h s; selective, the attention core, 2 L h s; none, 0.
-double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute);
+// FLOPs per token of each op of one layer's forward, in model_flops_per_token's convention (2 per multiply-add
+// of each weight, 2 h s for causal attention's forward): pre 2 (2 h + Q h + Q), core 2 h s, post
+// 2 (h^2 + h + 2 h + F h + F + h F + h); together 2 N_layer + 2 h s.
+std::array<double, kLayerOps> op_flops_per_token(const ModelConfig& model, int seq);
+// FLOPs per token that recomputation adds to the model FLOPs in backward: each op not kept, once per layer
+// (full 2 N_layers + 2 L h s, selective 2 L h s, none 0; overlap: the ops kept_ops, per stage and layer, does
+// not keep, whether recomputed in a window or on demand).
+double recompute_flops_per_token(const ModelConfig& model, int seq, Recompute recompute,
+                                 const std::vector<std::vector<KeptOps>>& kept_ops = {});
 // The workspace the backward pass reuses for every layer: 4 N (6 C + Q + 2 KV + 2 F) + 8 C bytes; under tensor
 // parallelism 4 N (3 C + 3 A + Q + 2 KV + 2 F) + 8 C with the shard's A (attention channels), Q, KV, F.
 // Sequence parallelism: the residual stream's gradients of R rows, and a gathered one of N plus 2 C for the norms'

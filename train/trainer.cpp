@@ -644,6 +644,34 @@ struct Trainer::Impl {
     }
   }
 
+  // ---- recomputation in windows (Recompute::overlap) -------------------------------------------------------
+  // Before waiting for action k's receive, the recomputations placed there run, in order (producers first); the
+  // time until the receive is seen done is hidden behind the wait, the rest is on the critical path. Each layer
+  // is gathered first where parameters are sharded; it stays for the backward that follows.
+  template <typename Point>
+  void run_window(std::size_t k, StepStats& stats, UnitPointers& pointers, const Point& point, const LayerHooks& hooks) {
+    const double start = now(), exposed_before = exposed;
+    double hidden_until = 0;  // when the receive was first seen done
+    bool any = false;
+    for (const TrainConfig::WindowRecompute& w : c.window_recomputes) {
+      if (w.action != static_cast<int>(k)) continue;
+      any = true;
+      const std::size_t u = static_cast<std::size_t>(w.layer) + 1;
+      need_params(u);
+      point(u);
+      GptCpu& model = *chunks[static_cast<std::size_t>(w.chunk)];
+      const double op_start = now();
+      model.recompute(w.micro % model.stage().activation_sets, w.layer, w.op, pointers, hooks);
+      if (timeline)
+        timeline->push_back({"recompute mb " + std::to_string(w.micro) + " L" + std::to_string(w.layer) + " " + name(w.op),
+                             "compute", "", op_start, now(), 0});
+      if (hidden_until == 0 && (!receiving || receiving->work.test())) hidden_until = now();
+    }
+    if (!any) return;
+    const double end = now(), waited = exposed - exposed_before;
+    stats.recompute_window_seconds += end - start - waited;
+    stats.recompute_hidden_seconds += std::max(0.0, (hidden_until > 0 ? hidden_until : end) - start - waited);
+  }
   // ---- the step -----------------------------------------------------------------------------------------
   StepStats step(int64_t step_index, bool record_timeline) {
     StepStats stats;
@@ -678,6 +706,10 @@ struct Trainer::Impl {
     for (std::size_t ch = 1; ch < chunks.size(); ++ch)
       set_base[ch] = set_base[ch - 1] + static_cast<std::size_t>(chunks[ch - 1]->stage().activation_sets);
 
+    stats.receive_waits.assign(actions.size(), 0.0);
+    stats.forward_op_seconds.clear();
+    for (const auto& chunk : chunks)
+      stats.forward_op_seconds.emplace_back(static_cast<std::size_t>(chunk->stage().layers), std::array<double, kLayerOps>{});
     double loss_sum = 0;
     UnitPointers pointers;
     pointers.params.assign(U, nullptr);
@@ -700,6 +732,15 @@ struct Trainer::Impl {
       return std::nullopt;
     };
     if (!actions.empty()) receiving = receive_for(0);
+    // Tensor-parallel collectives block inside the passes: all of their time is exposed communication.
+    auto tensor_parallel_comm = [&](const char* what, double start, double end, std::size_t bytes) {
+      exposed += end - start;
+      stats.tp_comm_seconds += end - start;
+      stats.tp_comm_bytes += static_cast<double>(bytes);
+      if (timeline) timeline->push_back({what, "comm", "tp", start, end, static_cast<double>(bytes)});
+    };
+    LayerHooks window_hooks;  // recomputations in windows report their tensor-parallel collectives too
+    window_hooks.tensor_parallel_comm = tensor_parallel_comm;
     for (std::size_t k = 0; k < actions.size(); ++k) {
       const PipelineAction& a = actions[k];
       const auto ch = static_cast<std::size_t>(a.chunk);
@@ -708,8 +749,11 @@ struct Trainer::Impl {
       const int stage = stage_of(shape, pp.rank(), a.chunk), set = a.micro % plan.activation_sets;
       const bool forward = a.pass == PipelineAction::Pass::forward;
       const std::string label = " mb " + std::to_string(a.micro) + (shape.stages > 1 ? " stage " + std::to_string(stage) : "");
+      run_window(k, stats, pointers, point, window_hooks);
       if (receiving) {
+        const double waited_before = pipeline_stats.wait_seconds;
         wait_transfer(receiving->work);
+        stats.receive_waits[k] = pipeline_stats.wait_seconds - waited_before;
         finished(*receiving);
         receiving.reset();
       }
@@ -766,12 +810,9 @@ struct Trainer::Impl {
         }
         at_hook();
       };
-      // Tensor-parallel collectives block inside the passes: all of their time is exposed communication.
-      hooks.tensor_parallel_comm = [&](const char* what, double start, double end, std::size_t bytes) {
-        exposed += end - start;
-        stats.tp_comm_seconds += end - start;
-        stats.tp_comm_bytes += static_cast<double>(bytes);
-        if (timeline) timeline->push_back({what, "comm", "tp", start, end, static_cast<double>(bytes)});
+      hooks.tensor_parallel_comm = tensor_parallel_comm;
+      hooks.forward_op = [&](int layer, LayerOp op, double seconds) {
+        stats.forward_op_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)][static_cast<std::size_t>(op)] += seconds;
       };
       double recompute_start = 0;
       hooks.before_recompute = [&](int) { recompute_start = now(); };
@@ -884,7 +925,7 @@ struct Trainer::Impl {
     stats.pipeline = pipeline_stats;
     stats.seconds = now() - step_start;
     stats.idle_seconds = std::max(0.0, stats.seconds - stats.forward_seconds - stats.backward_seconds -
-                                           stats.optimizer_seconds - stats.exposed_comm_seconds);
+                                           stats.recompute_window_seconds - stats.optimizer_seconds - stats.exposed_comm_seconds);
     timeline = nullptr;
     return stats;
   }
@@ -954,6 +995,8 @@ MemoryUse Trainer::memory() const {
   for (const auto& received : impl_->output_grads) use.comm_buffers += 4.0 * static_cast<double>(received.size());
   return use;
 }
+
+const std::vector<PipelineAction>& Trainer::actions() const { return impl_->actions; }
 
 std::vector<StagePlan> Trainer::stages() const {
   std::vector<StagePlan> plans;

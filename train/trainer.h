@@ -160,14 +160,23 @@ struct StepStats {
   // (reading data, the loss and norm reductions of a few bytes).
   double forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
   double recompute_seconds = 0;     // inside backward: the forward work it does again first (Recompute)
+  // Recompute::overlap: recomputation run in windows, before a backward, while this rank waits for the gradient
+  // from the next stage (a compute phase of its own); and the part of it done before that gradient arrived, so
+  // hidden behind the wait. The rest of it, and recompute_seconds, are on the critical path.
+  double recompute_window_seconds = 0, recompute_hidden_seconds = 0;
   double exposed_comm_seconds = 0;  // waiting for collectives and pipeline receives that were not done
   // Tensor-parallel collectives (blocking, inside forward and backward, counted in exposed_comm_seconds): their
   // time, and the bytes of their buffers.
   double tp_comm_seconds = 0, tp_comm_bytes = 0;
-  double idle_seconds = 0;
+  double idle_seconds = 0;  // the step less forward, backward, recompute in windows, optimizer, exposed comm
   std::array<TierComm, kCommTiers> comm;
   coll::Traffic traffic;  // bytes this rank sent in the step (Strata's own algorithms count them; library: 0)
   PipelineStats pipeline;
+  // For placing recomputation: per action of this rank's schedule, the time it waited for its receive (0: it
+  // has none); per model chunk, per layer of its stage and op, the forward time summed over the step's
+  // micro-batches.
+  std::vector<double> receive_waits;
+  std::vector<std::vector<std::array<double, kLayerOps>>> forward_op_seconds;
   std::vector<TimelineEvent> timeline;  // when TrainConfig::record_timeline
 };
 
@@ -183,6 +192,8 @@ class Trainer {
   // One optimizer step (step >= 1). Collective over the data-parallel group. The timeline is recorded when
   // asked here or by the configuration.
   StepStats step(int64_t step, bool record_timeline = false);
+  // This rank's schedule.
+  const std::vector<PipelineAction>& actions() const;
   // Overlap on or off from the next step on (TrainConfig::overlap changes only when collectives are
   // waited for, not what is allocated), so a benchmark can interleave both on one trainer's state.
   void set_overlap(bool overlap);

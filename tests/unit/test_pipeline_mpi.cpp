@@ -15,6 +15,7 @@
 #include <string>
 
 #include "tests/unit/single_rank_step.h"
+#include "train/overlap.h"
 #include "train/step_formulas.h"
 
 namespace strata::train {
@@ -152,6 +153,67 @@ TEST(Pipeline, BytesAndMemoryAreTheFormulas) {
     EXPECT_NEAR(used.grads, estimate.grads, slack) << what;
     EXPECT_NEAR(used.optimizer, estimate.optimizer, 2 * slack) << what;
   }
+}
+
+// Recomputation overlapped with communication: a placement built from a measured step (every op recomputed in
+// the window before its backward where there is one, on demand elsewhere; and Lynx's heuristic's, agreed over
+// the tensor-parallel group) trains exactly as keeping everything, with tensor-parallel collectives and sharded
+// parameter gathers inside the windows, and the windows really run.
+TEST(Pipeline, OverlappedRecomputationMatchesTheSingleRankStep) {
+  const int n = world_size(), steps = 3;
+  std::vector<GridCase> all;
+  using S = Schedule;
+  if (n == 2) all = {{{1, 2, 1}, S::one_f_one_b}, {{1, 2, 1}, S::gpipe}};
+  if (n == 4) all = {{{2, 2, 1}, S::one_f_one_b, 1, "NNN", Recompute::overlap, true}, {{1, 2, 2}, S::one_f_one_b, 1, "GGG"}};
+  if (n == 8) all = {{{2, 2, 2}, S::interleaved, 2, "NIG", Recompute::overlap, false, {}, "all", 4}};
+  if (all.empty()) GTEST_SKIP() << "cases for 2, 4 and 8 ranks";
+  const auto data = synthetic_tokens(64, 5);
+  for (const GridCase& g : all)
+    for (bool heuristic : {false, true}) {
+      const std::string what = describe(g) + (heuristic ? " heuristic placement" : " every op in its window");
+      TrainConfig c = base_config();
+      c.strategy = parse_strategy(g.strategy);
+      c.schedule = g.schedule, c.virtual_stages = g.virtual_stages, c.sequence_parallel = g.sp;
+      const Reference ref = single_rank(c, g.grid.dp, steps, *data);
+      coll::ProcessGroups groups(g.grid, g.ranks_per_node);
+      TrainConfig profiled = c;
+      profiled.recompute = Recompute::full;
+      StepProfile profile;
+      {
+        Trainer measuring(profiled, groups, *data);
+        profile = profile_of(measuring.step(1), c.accumulation);
+      }
+      const OverlapProblem problem = overlap_problem(c, g.grid.pp, groups.pp_index(), g.grid.tp, g.sp, profile);
+      Placement placement;
+      if (heuristic) {
+        placement = agree(groups.tp(), solve_heuristic(problem.problem).placement);
+      } else {
+        for (const RecomputableOp& op : problem.problem.ops)
+          placement.push_back(op.earliest_window < op.deadline_window ? OpPlacement{RecomputeMode::window, op.earliest_window}
+                                                                     : OpPlacement{RecomputeMode::on_demand, -1});
+      }
+      EXPECT_FALSE(heuristic && find_violation(problem.problem, placement).has_value()) << what;
+      apply_placement(problem, placement, g.grid.pp, groups.pp_index(), c);
+      Trainer trainer(c, groups, *data);
+      double in_windows = 0;
+      for (int step = 1; step <= steps; ++step) {
+        const StepStats stats = trainer.step(step);
+        in_windows += stats.recompute_window_seconds;
+        EXPECT_NEAR(stats.loss, ref.losses[static_cast<std::size_t>(step) - 1], 1e-5 * ref.losses[0]) << what << " step " << step;
+        EXPECT_NEAR(stats.grad_norm, ref.norms[static_cast<std::size_t>(step) - 1], 1e-4 * ref.norms[0]) << what << " step " << step;
+      }
+      if (!heuristic && !problem.problem.windows.empty()) {
+        EXPECT_GT(in_windows, 0) << what << ": nothing ran in the windows";
+      }
+      const TensorShard shard = tensor_shard(c.model, g.grid.tp, groups.tp_index());
+      std::vector<float> expected(ParameterLayout(c.model, shard).total());
+      take_shard(c.model, shard, ref.params.data(), expected.data());
+      const std::vector<float> params = trainer.full_parameters();
+      ASSERT_EQ(params.size(), expected.size()) << what;
+      double worst = 0;
+      for (std::size_t i = 0; i < params.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(params[i] - expected[i])));
+      EXPECT_LT(worst, 2e-5) << what;
+    }
 }
 
 }  // namespace
