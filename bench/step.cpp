@@ -1,9 +1,11 @@
-// strata-step: a GPT model trained for real under data-parallel partitioning strategies (DP, ZeRO-1/2/3 and
-// every runnable PaRO strategy, research.md), one strategy per case on the same model, data and
-// initialisation, so they can be compared side by side. Each step prints one line (loss, gradient norm,
-// learning rate, time, tokens/s, MFU); each case records the step time over ranks, phases (forward, backward,
-// optimizer, exposed communication per tier, idle), one step's timeline, memory per category against the
-// formula, and the bytes each rank sent per tier against the formula (train/step_formulas.h).
+// strata-step: a GPT model trained for real on a grid of tensor, pipeline and data parallelism, under data-parallel
+// partitioning strategies (DP, ZeRO-1/2/3 and every runnable PaRO strategy, research.md), pipeline schedules and
+// recomputation modes (none, full, selective, and overlapped with communication as Lynx does), one case per
+// strategy and mode on the same model, data and initialisation, so they can be compared side by side. Each step
+// prints one line (loss, gradient norm, learning rate, time, tokens/s, MFU); each case records the step time over
+// ranks, phases (forward, backward, recomputation on the critical path and hidden, optimizer, exposed communication
+// per tier, pipeline waits, idle), one step's timeline, memory per category against the formula, and the bytes each
+// rank sent per tier and to other stages against the formulas (train/step_formulas.h).
 //
 // MFU convention: model FLOPs 6 N + 6 L h s per token (llm.c's count, causal attention as half), over the step
 // time (median over timed steps of the per-step maximum over ranks) and the measured FP32 peak of every rank.
@@ -14,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "bench/axes.h"
@@ -22,9 +25,12 @@
 #include "bench/token_file.h"
 #include "collectives/process_group.h"
 #include "train/data.h"
-#include "train/trainer.h"
+#include "bench/recompute_policy.h"
 #include "train/memory.h"
+#include "train/overlap.h"
+#include "train/partition.h"
 #include "train/step_formulas.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -53,17 +59,23 @@ struct Options {
   double memory_limit_gib = 0;
   int timeline_steps = 1;
   std::string recompute = "none";
-  int tp = 1;
+  int tp = 1, pp = 1;
   bool sp = false;
+  std::string grid, grid_order = "tp,pp,dp";
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  std::string stage_layers, partition = "uniform";
+  std::string recompute_solver = "heuristic", recompute_policy;
+  double recompute_time_limit = 10;
 };
 
 // --recompute none,full | all: the modes, in the order given.
 std::vector<Recompute> recompute_modes(const std::string& text) {
-  if (text == "all") return {Recompute::none, Recompute::full, Recompute::selective};
+  if (text == "all") return {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap};
   std::vector<Recompute> out;
   for (const std::string& item : split(text, ',')) {
     const std::optional<Recompute> mode = parse_recompute(item);
-    if (!mode) throw UsageError("--recompute: unknown mode '" + item + "' (none, full, selective or all)");
+    if (!mode) throw UsageError("--recompute: unknown mode '" + item + "' (none, full, selective, overlap or all)");
     out.push_back(*mode);
   }
   return out;
@@ -125,9 +137,12 @@ double allreduce_sum(double value) {
   return value;
 }
 
-// recompute is a part of backward: the forward work it does again first; comm_tp a part of comm_exposed: the
-// tensor-parallel collectives, which block.
-constexpr const char* kPhases[] = {"forward", "backward", "optimizer", "comm_exposed", "idle", "recompute", "comm_tp"};
+// recompute is a part of backward: the forward work it does again first, on demand; recompute_window a compute
+// phase of its own: recomputation run while waiting for a stage's output gradient (overlap), recompute_hidden the
+// part of it done before that gradient arrived; comm_tp and pipeline_wait parts of comm_exposed: the
+// tensor-parallel collectives, which block, and the waits for other stages.
+constexpr const char* kPhases[] = {"forward", "backward", "optimizer", "comm_exposed", "idle", "recompute", "comm_tp",
+                                   "pipeline_wait", "recompute_window", "recompute_hidden"};
 constexpr MemoryCategory kCategories[] = {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer,
                                           MemoryCategory::activations, MemoryCategory::workspace, MemoryCategory::comm_buffers};
 double formula_of(const MemoryUse& m, MemoryCategory c) {
@@ -140,6 +155,128 @@ double formula_of(const MemoryUse& m, MemoryCategory c) {
     case MemoryCategory::comm_buffers: return m.comm_buffers;
   }
   return 0;
+}
+
+// One step of `config` with every recomputation on demand (overlap's baseline, full): what a partition and a
+// placement are made from.
+StepStats measured_step(TrainConfig config, coll::ProcessGroups& groups, const TokenSource& data) {
+  if (config.recompute == Recompute::overlap) {
+    config.recompute = Recompute::full;
+    config.kept_ops.clear(), config.window_recomputes.clear();
+  }
+  Trainer trainer(config, groups, data);
+  trainer.step(1);  // the first step touches every page and prepares the GEMM kernels: not representative
+  return trainer.step(2);
+}
+
+// --partition balanced: a step on the even split measures every layer, the embeddings and the head; the split whose
+// slowest stage is fastest, among those whose stages fit in `limit` bytes per rank (activations with the stage's
+// micro-batches in flight and the model states of its units), runs.
+std::vector<int> balanced_stages(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& data,
+                                 const DataParallelShape& shape, double limit) {
+  TrainConfig c = config;
+  const int stages = shape.pp * c.virtual_stages;
+  c.stage_layers = even_partition(c.model.layers, stages);
+  if (c.recompute == Recompute::overlap) c.recompute = Recompute::full, c.kept_ops.clear();
+  const StepStats stats = measured_step(c, groups, data);
+  const LayerCosts costs = layer_costs(stats, rank_stages(c, shape.pp, shape.pp_rank), c.model, MPI_COMM_WORLD);
+  StageCost cost = costs.cost();
+  // The micro-batches in flight of each stage do not depend on the split.
+  std::vector<int> sets(static_cast<std::size_t>(stages), 1);
+  for (int r = 0; r < shape.pp; ++r)
+    for (const StagePlan& plan : rank_stages(c, shape.pp, r)) {
+      int stage = 0;
+      for (int l = 0; l < plan.first_layer; stage += (l += c.stage_layers[static_cast<std::size_t>(stage)], 1)) {}
+      sets[static_cast<std::size_t>(stage)] = plan.activation_sets;
+    }
+  const ParameterLayout layout(c.model, tensor_shard(c.model, shape.tp, 0));
+  cost.fits = [&, sets](int stage, int first, int end) {
+    StagePlan plan{first, end - first, stage == 0, end == c.model.layers, sets[static_cast<std::size_t>(stage)], {}};
+    const double layer_floats = static_cast<double>(layout.layer(0).size);
+    const double psi = layer_floats * (end - first);
+    const ModelStateMemory states = model_state_memory(c.strategy, psi, psi, shape.m, shape.n);
+    return activation_bytes(c.model, c.micro_batch, c.seq, c.recompute, shape.tp, c.sequence_parallel && shape.tp > 1, plan) +
+           states.total() <= limit;
+  };
+  return balanced_partition(c.model.layers, stages, cost);
+}
+
+// --recompute overlap: a step recomputing on demand measures every op and the waits for other stages; a placement
+// from a policy file or a solver (agreed over the tensor-parallel group, whose ranks run collectives inside their
+// recomputations) becomes the configuration. The whole pipeline's placement, as a policy file holds it, comes back
+// on rank 0 for the run's record.
+struct Placed {
+  PlacementResult chosen;
+  double heuristic_exposed_s = NAN, heuristic_search_s = NAN;  // beside the optimum, when the optimal solver ran
+  std::string policy;                                         // JSON, on world rank 0
+};
+
+// The entries of a policy file that belong to this rank's ops; the count of entries no rank claims is checked by
+// the caller over the pipeline.
+Placement policy_for_rank(const std::string& path, const PlacementProblem& problem, int& claimed, int& entries) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("recompute policy " + path + ": cannot open the file");
+  nlohmann::json policy;
+  try {
+    policy = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw UsageError("recompute policy " + path + ": not JSON: " + e.what());
+  }
+  if (policy.is_object() && policy.contains("placement") && policy["placement"].is_array()) {
+    std::set<std::string> mine;
+    for (const RecomputableOp& op : problem.ops) mine.insert(op.name);
+    nlohmann::json kept = nlohmann::json::array();
+    for (const nlohmann::json& entry : policy["placement"])
+      if (!entry.is_object() || !entry.contains("op") || !entry["op"].is_string() || mine.count(entry["op"].get<std::string>()))
+        kept.push_back(entry);
+    entries = static_cast<int>(policy["placement"].size());
+    claimed = static_cast<int>(kept.size());
+    policy["placement"] = kept;
+  }
+  Placement placement = placement_from_json(problem, policy, path);
+  if (const auto violation = find_violation(problem, placement))
+    throw UsageError("recompute policy " + path + " does not fit this run: " + *violation);
+  return placement;
+}
+
+Placed place_recomputation(TrainConfig& c, coll::ProcessGroups& groups, const TokenSource& data, const Options& o,
+                           const DataParallelShape& shape, double activation_limit) {
+  const StepProfile profile = profile_of(measured_step(c, groups, data), c.accumulation);
+  const OverlapProblem problem = overlap_problem(c, shape.pp, shape.pp_rank, shape.tp, c.sequence_parallel && shape.tp > 1,
+                                                 profile, activation_limit);
+  Placed placed;
+  PlacementOptions options;
+  options.time_limit_s = o.recompute_time_limit;
+  Placement placement;
+  if (!o.recompute_policy.empty()) {
+    int claimed = 0, entries = 0;
+    placement = policy_for_rank(o.recompute_policy, problem.problem, claimed, entries);
+    // Each op is on one pipeline rank: the claims of the pipeline's ranks add up to the file's entries.
+    int all_claimed = groups.tp_index() == 0 && groups.dp_index() == 0 ? claimed : 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_claimed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+    if (all_claimed != entries)
+      throw UsageError("recompute policy " + o.recompute_policy + ": " + std::to_string(entries - all_claimed) +
+                       " entries name no op of this run");
+    placed.chosen = summarise(problem.problem, placement, 0, false);
+  } else if (o.recompute_solver == "heuristic") {
+    placed.chosen = solve_heuristic(problem.problem, options);
+  } else {
+    const PlacementResult heuristic = solve_heuristic(problem.problem, options);
+    placed.heuristic_exposed_s = heuristic.exposed_s, placed.heuristic_search_s = heuristic.search_s;
+    placed.chosen = solve_optimal(problem.problem, options);
+  }
+  placement = agree(groups.tp(), placed.chosen.placement);
+  apply_placement(problem, placement, shape.pp, shape.pp_rank, c);
+  // The pipeline's policy: each stage's entries from its first tensor- and data-parallel rank, to world rank 0.
+  const bool speaks = groups.tp_index() == 0 && groups.dp_index() == 0;
+  const std::string mine = speaks ? placement_to_json(problem.problem, placement)["placement"].dump() : "";
+  const std::vector<std::string> parts = gather_strings(MPI_COMM_WORLD, mine);
+  nlohmann::json entries = nlohmann::json::array();
+  for (const std::string& part : parts)
+    if (!part.empty())
+      for (const nlohmann::json& entry : nlohmann::json::parse(part)) entries.push_back(entry);
+  placed.policy = nlohmann::json{{"format", "strata-recompute-policy"}, {"version", 1}, {"placement", entries}}.dump();
+  return placed;
 }
 
 // The cases: the product of the strategies (slowest) and the recomputation modes. The run's model, batch,
@@ -165,6 +302,11 @@ Axes step_axes(const std::vector<Strategy>& plan, const std::vector<Recompute>& 
       .add("seq", one(r.o.seq)).add("micro_batch", one(r.config.micro_batch), "1", "rows per rank")
       .add("accumulation", one(r.o.accumulation)).add("global_batch", one(r.global_rows), "1", "rows per step")
       .add("dp", one(r.shape.n)).add("tp", one(r.shape.tp), "1", "tensor-parallel degree")
+      .add("pp", one(r.shape.pp), "1", "pipeline stages (ranks)")
+      .add("schedule", text(name(r.config.schedule)), "pipeline schedule: gpipe, 1f1b, interleaved")
+      .add("virtual_stages", one(r.config.virtual_stages), "1", "model chunks per pipeline rank (interleaved)")
+      .add("partition", text(r.o.stage_layers.empty() ? r.o.partition : "given"),
+           "stage split: uniform, balanced (measured costs), given (--stage-layers)")
       .add("sp", one(r.o.sp ? 1 : 0), "1", "sequence parallelism (1: on)")
       .add("group_size", one(r.shape.m), "1", "m: data-parallel ranks per group")
       .add("groups", one(r.shape.g), "1", "g: groups (nodes)")
@@ -172,7 +314,8 @@ Axes step_axes(const std::vector<Strategy>& plan, const std::vector<Recompute>& 
       .add("trainable_parameters", std::vector<double>{r.psi_trainable}, "1", "Ψ'")
       .add("trainable", text(r.o.trainable)).add("comm_algo", text(r.o.comm_algo))
       .add("overlap", one(r.config.overlap ? 1 : 0)).add("data", text(r.o.data))
-      .add("recompute", mode_names, "what backward computes again: none, full (each layer), selective (the attention core)");
+      .add("recompute", mode_names, "what backward computes again: none, full (each layer), selective (the attention core), "
+           "overlap (a placement's ops, in the waits for other stages or on demand)");
   return axes;
 }
 
@@ -215,12 +358,28 @@ int run_step(int argc, char** argv) {
   cli.option("memory-limit", 0, "GiB a rank may hold (0: the node's available memory over its ranks)", o.memory_limit_gib, 0.0);
   cli.option("timeline-steps", 0, "timed steps whose timeline is recorded", o.timeline_steps, 0);
   cli.option("tp", 0, "tensor-parallel degree T (Megatron-LM's split; T consecutive ranks, inside a node); the "
-             "data-parallel degree is the ranks over T", o.tp, 1);
+             "data-parallel degree is the ranks over T x P", o.tp, 1);
+  cli.option("pp", 0, "pipeline stages P (pipeline ranks)", o.pp, 1);
+  cli.option("grid", 0, "the whole grid instead of --tp/--pp: tp=T,pp=P,dp=D (dp left out: the ranks over T x P)", o.grid);
+  cli.option("grid-order", 0, "order of the grid's dimensions, fastest varying first (tp inside a node by default)", o.grid_order);
   cli.flag("sp", 0, "sequence parallelism with --tp (Megatron-LM's): norms and residuals on 1/T of the tokens", o.sp);
+  cli.choice("schedule", 0, "pipeline schedule", o.schedule, {"gpipe", "1f1b", "interleaved"});
+  cli.option("virtual-stages", 0, "model chunks per pipeline rank v (interleaved)", o.virtual_stages, 1);
+  cli.option("stage-layers", 0, "layers of each of the P x v stages, comma-separated (default: L / (P v) each)", o.stage_layers);
+  cli.choice("partition", 0, "stage split: uniform, or balanced (layers moved so the slowest stage, recomputation "
+             "included, is fastest, from a measured step)", o.partition, {"uniform", "balanced"});
   cli.option("recompute", 0, "what backward computes again instead of keeping: none, full (each layer from its input), "
-             "selective (the attention core), comma-separated, or all; one case per strategy and mode", o.recompute);
+             "selective (the attention core), overlap (placed in the waits for other stages, Lynx), comma-separated, or "
+             "all; one case per strategy and mode", o.recompute);
+  cli.choice("recompute-solver", 0, "overlap's placement: heuristic (one block's pattern for every identical block) or "
+             "optimal (a mixed-integer program in GLPK; the heuristic's gap to it is reported)", o.recompute_solver,
+             {"heuristic", "optimal"});
+  cli.option("recompute-policy", 0, "overlap's placement from a JSON file (as stored with a run) instead of a solver",
+             o.recompute_policy);
+  cli.option("recompute-time-limit", 0, "seconds the optimal solver may search", o.recompute_time_limit, 0.001);
   add_harness_options(cli, h);
   cli.alias("steps", "iters");
+  cli.alias("microbatches", "accumulation");
   if (!cli.parse(argc, argv)) return 0;
   if (o.backend == "cuda")
     throw UsageError("--backend cuda: the GPU training step is not built yet; strata-step trains on the CPU");
@@ -239,13 +398,37 @@ int run_step(int argc, char** argv) {
   }();
   (void)trainable_units(model, trainable);  // refuses last:K beyond the model's layers
   const int world = world_size();
-  if (world % o.tp != 0) throw UsageError("--tp " + std::to_string(o.tp) + " does not divide the " + std::to_string(world) + " ranks");
+  coll::GridShape grid{o.tp, o.pp, 0};
+  if (!o.grid.empty()) {
+    if (o.tp != 1 || o.pp != 1) throw UsageError("--grid and --tp/--pp both given: choose one");
+    try {
+      grid = coll::parse_grid(o.grid);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--grid: ") + e.what());
+    }
+    if (o.grid.find("dp=") == std::string::npos) grid.dp = 0;
+  }
+  if (grid.dp == 0) {
+    if (world % (grid.tp * grid.pp) != 0)
+      throw UsageError("tp " + std::to_string(grid.tp) + " x pp " + std::to_string(grid.pp) + " does not divide the " +
+                       std::to_string(world) + " ranks");
+    grid.dp = world / (grid.tp * grid.pp);
+  }
+  if (grid.size() != world)
+    throw UsageError("--grid " + coll::format_grid(grid) + " has " + std::to_string(grid.size()) + " ranks, the job " +
+                     std::to_string(world));
+  try {
+    (void)coll::parse_grid_order(o.grid_order);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--grid-order: ") + e.what());
+  }
+  o.tp = grid.tp;
   try {
     (void)tensor_shard(model, o.tp, 0);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("--tp: ") + e.what());
   }
-  const int dp_ranks = world / o.tp;
+  const int dp_ranks = grid.dp;
   if (o.sp && o.tp < 2) throw UsageError("--sp needs --tp 2 or more");
   if (o.group_size > 0 && world % o.group_size != 0)
     throw UsageError("--group-size " + std::to_string(o.group_size) + " does not divide the " + std::to_string(world) + " ranks");
@@ -268,6 +451,23 @@ int run_step(int argc, char** argv) {
     throw UsageError("--sp: the " + std::to_string(static_cast<int64_t>(config.micro_batch) * o.seq) +
                      " tokens of a micro-batch do not divide among --tp " + std::to_string(o.tp) + " ranks");
   config.overlap = o.overlap == "on";
+  config.schedule = *parse_schedule(o.schedule);
+  config.virtual_stages = o.virtual_stages;
+  if (!o.stage_layers.empty()) {
+    if (o.partition == "balanced") throw UsageError("--stage-layers and --partition balanced both given: choose one");
+    for (const std::string& item : split(o.stage_layers, ','))
+      config.stage_layers.push_back(static_cast<int>(parse_int(item, "--stage-layers")));
+  }
+  if (const std::string why = schedule_refusal(config.schedule, {grid.pp, o.accumulation, o.virtual_stages}); !why.empty())
+    throw UsageError("--schedule " + o.schedule + " on " + std::to_string(grid.pp) + " stage(s), " +
+                     std::to_string(o.accumulation) + " micro-batch(es), " + std::to_string(o.virtual_stages) +
+                     " chunk(s) per rank: " + why);
+  try {
+    if (o.partition == "balanced") (void)even_partition(model.layers, grid.pp * o.virtual_stages);
+    else (void)stage_partition(model, grid.pp * o.virtual_stages, config.stage_layers);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   config.adamw.weight_decay = static_cast<float>(o.weight_decay);
   config.lr = {static_cast<float>(o.lr), static_cast<float>(o.min_lr), o.lr_warmup,
                o.lr_steps > 0 ? o.lr_steps : static_cast<int64_t>(h.warmup + h.iters)};
@@ -285,7 +485,7 @@ int run_step(int argc, char** argv) {
     throw UsageError("--data " + o.data + ": " + e.what());
   }
 
-  coll::ProcessGroups groups({o.tp, 1, dp_ranks}, o.group_size);
+  coll::ProcessGroups groups(grid, o.group_size, o.grid_order);
   const DataParallelShape shape = data_parallel_shape(groups);
   const double psi = static_cast<double>(model.parameters());
   double psi_trainable = 0;
@@ -300,13 +500,16 @@ int run_step(int argc, char** argv) {
   auto strategy_of = [](const AxisPoint& point) { return parse_strategy(point.text("strategy")); };
   auto mode_of = [](const AxisPoint& point) { return *parse_recompute(point.text("recompute")); };
   // Before anything large is allocated: every strategy must fit.
+  const double rank_limit = memory_limit(o, split_shared_memory(MPI_COMM_WORLD).size());
   {
-    const double limit = memory_limit(o, split_shared_memory(MPI_COMM_WORLD).size());
+    const double limit = rank_limit;
     double worst = 0;
     std::string worst_name, parts;
     for (const AxisPoint& point : points) {
       TrainConfig c = config;
       c.strategy = strategy_of(point), c.recompute = mode_of(point);
+      if (o.partition == "balanced") c.stage_layers = even_partition(model.layers, grid.pp * o.virtual_stages);
+      if (c.recompute == Recompute::overlap) recompute_everything(c, grid.pp);
       const MemoryUse e = memory_estimate(c, shape);
       const double total = e.params + e.grads + e.optimizer + e.activations + e.workspace + e.comm_buffers;
       if (total > worst) {
@@ -339,7 +542,11 @@ int run_step(int argc, char** argv) {
   run.cases()
       .add_column("flop", ColumnKind::float64, "FLOP", "model FLOPs per rank per step: (6N + 6Lhs) x tokens / ranks")
       .add_column("flop_recompute", ColumnKind::float64, "FLOP",
-                  "recomputed FLOPs per rank per step: full (2 N_layers + 2Lhs), selective (2Lhs) per token x tokens / ranks");
+                  "recomputed FLOPs per rank per step: full (2 N_layers + 2Lhs), selective (2Lhs), overlap (the ops it does "
+                  "not keep) per token x tokens / ranks")
+      .add_column("stage_layers", ColumnKind::string, "1", "layers of each pipeline stage, in stage order")
+      .add_column("recompute_policy", ColumnKind::string, "",
+                  "overlap: the placement of every op (strata-recompute-policy JSON, --recompute-policy reads it)");
   Table& summary = run.summary();
   add_flop_rate_columns(summary, "flop");
   summary.add_column("tokens_per_s", ColumnKind::float64, "1/s", "tokens of the global batch over the median step (max over ranks)")
@@ -361,6 +568,17 @@ int run_step(int argc, char** argv) {
         .add_column("memory_" + n + "_ratio", ColumnKind::float64, "1",
                     std::string("memory_") + n + " / memory_" + n + "_formula; NaN where the formula is 0");
   }
+  summary.add_column("bubble_fraction", ColumnKind::float64, "1",
+                     "pipeline wait / (forward + backward + recompute in windows) per rank, median step, mean over ranks")
+      .add_column("bubble_fraction_formula", ColumnKind::float64, "1", "(p - 1) / (v m): uniform stages, free transfers")
+      .add_column("sent_pipeline", ColumnKind::float64, "B", "to other stages per step, mean over ranks")
+      .add_column("sent_pipeline_formula", ColumnKind::float64, "B", "(R, C) floats per micro-batch and direction, mean over ranks")
+      .add_column("recompute_exposed", ColumnKind::float64, "s",
+                  "recomputation on the critical path: on demand + in windows after the gradient came; median step, mean over ranks")
+      .add_column("placement_exposed", ColumnKind::float64, "s", "overlap: on-demand recomputation the placement plans, pipeline rank 0")
+      .add_column("placement_search", ColumnKind::float64, "s", "overlap: the solver's search time, pipeline rank 0")
+      .add_column("heuristic_gap", ColumnKind::float64, "1",
+                  "overlap, optimal solver: the heuristic's planned on-demand time / the optimum's - 1; NaN otherwise");
   summary.add_column("sent_intra", ColumnKind::float64, "B", "per step, mean over ranks; NaN: the library algorithm counts none")
       .add_column("sent_inter", ColumnKind::float64, "B", "per step, mean over ranks; NaN: the library algorithm counts none")
       .add_column("sent_intra_formula", ColumnKind::float64, "B", "ring volumes per step, mean over ranks")
@@ -387,7 +605,42 @@ int run_step(int argc, char** argv) {
     TrainConfig c = config;
     c.strategy = strategy, c.recompute = mode;
     const std::string label = strategy.name() + (mode == Recompute::none ? "" : std::string(" recompute ") + name(mode));
-    const double recompute_flop_per_rank = recompute_flops_per_token(model, o.seq, mode) * tokens_per_step / world;
+    if (o.partition == "balanced") c.stage_layers = balanced_stages(c, groups, *data, shape, rank_limit);
+    Placed placed;
+    if (mode == Recompute::overlap) {
+      recompute_everything(c, grid.pp);
+      const MemoryUse e = memory_estimate(c, shape);
+      const double allowance = o.memory_limit_gib > 0 ? rank_limit - (e.params + e.grads + e.optimizer + e.workspace + e.comm_buffers) : 0;
+      placed = place_recomputation(c, groups, *data, o, shape, allowance);
+    }
+    const std::string stage_layers = [&] {
+      std::string text;
+      for (int layers : stage_partition(model, grid.pp * o.virtual_stages, c.stage_layers))
+        text += (text.empty() ? "" : ",") + std::to_string(layers);
+      return text;
+    }();
+    // Overlap's kept ops differ per stage; each rank knows its own: the recomputed FLOPs are summed over the stages.
+    const double recompute_flop_per_rank = [&] {
+      if (mode != Recompute::overlap) return recompute_flops_per_token(model, o.seq, mode) * tokens_per_step / world;
+      std::vector<std::vector<KeptOps>> mine;
+      for (const StagePlan& plan : rank_stages(c, grid.pp, shape.pp_rank)) mine.push_back(plan.kept);
+      const bool speaks = groups.tp_index() == 0 && groups.dp_index() == 0;
+      return allreduce_sum(speaks ? recompute_flops_per_token(model, o.seq, mode, mine) : 0.0) * tokens_per_step / world;
+    }();
+    if (run.is_root() && mode == Recompute::overlap) {
+      const PlacementResult& r = placed.chosen;
+      std::printf("# %s placement (pipeline rank 0; %s): %.2f ms of recomputation in windows, %.2f ms on demand, "
+                  "search %.3f s%s\n", label.c_str(),
+                  !o.recompute_policy.empty() ? ("policy " + o.recompute_policy).c_str() : o.recompute_solver.c_str(),
+                  r.hidden_s * 1e3, r.exposed_s * 1e3, r.search_s,
+                  std::isnan(placed.heuristic_exposed_s)
+                      ? ""
+                      : (" | heuristic " + format_fixed(placed.heuristic_exposed_s * 1e3, 2) + " ms on demand in " +
+                         format_fixed(placed.heuristic_search_s, 3) + " s, gap to the optimum " +
+                         format_fixed(100 * (r.exposed_s > 0 ? placed.heuristic_exposed_s / r.exposed_s - 1 : 0), 1) + "%" +
+                         (r.proven_optimal ? "" : " (optimum not proven)")).c_str());
+      std::fflush(stdout);
+    }
     MemoryFigures peak_memory;
     std::vector<double> samples;
     std::vector<StepStats> timed;
@@ -423,6 +676,11 @@ int run_step(int argc, char** argv) {
         recorder.add_phase("idle", stats.idle_seconds);
         recorder.add_phase("recompute", stats.recompute_seconds);
         recorder.add_phase("comm_tp", stats.tp_comm_seconds);
+        recorder.add_phase("pipeline_wait", stats.pipeline.wait_seconds);
+        recorder.add_phase("recompute_window", stats.recompute_window_seconds);
+        recorder.add_phase("recompute_hidden", stats.recompute_hidden_seconds);
+        recorder.add_metric("pipeline_rank", shape.pp_rank);
+        recorder.add_metric("sent_pipeline", stats.pipeline.sent_bytes, "B");
         recorder.add_metric("sent_tp_buffers", stats.tp_comm_bytes, "B");
         for (int t = 0; t < kCommTiers; ++t) {
           const std::string tier = name(static_cast<CommTier>(t));
@@ -464,7 +722,19 @@ int run_step(int argc, char** argv) {
         per_step([](const StepStats& s) { return s.optimizer_seconds; }),
         per_step([](const StepStats& s) { return s.exposed_comm_seconds; }), per_step([](const StepStats& s) { return s.idle_seconds; }),
         per_step([](const StepStats& s) { return s.recompute_seconds; }),
-        per_step([](const StepStats& s) { return s.tp_comm_seconds; })};
+        per_step([](const StepStats& s) { return s.tp_comm_seconds; }),
+        per_step([](const StepStats& s) { return s.pipeline.wait_seconds; }),
+        per_step([](const StepStats& s) { return s.recompute_window_seconds; }),
+        per_step([](const StepStats& s) { return s.recompute_hidden_seconds; })};
+    // Each rank's pipeline idle time against its compute in the pipelined passes (the ideal time of
+    // metrics.md's bubble), mean over ranks.
+    const double bubble = per_step([](const StepStats& s) {
+      const double compute = s.forward_seconds + s.backward_seconds + s.recompute_window_seconds;
+      return compute > 0 ? s.pipeline.wait_seconds / compute : 0.0;
+    });
+    const double bubble_formula = grid.pp > 1 ? (grid.pp - 1.0) / (o.virtual_stages * o.accumulation) : 0.0;
+    const double sent_pipeline = per_step([](const StepStats& s) { return s.pipeline.sent_bytes; });
+    const double sent_pipeline_formula = allreduce_sum(pipeline_sent_bytes(c, shape)) / world;
     std::vector<double> busy, exposed;
     for (std::size_t t = 0; t < kCommTiers; ++t) {
       busy.push_back(per_step([t](const StepStats& s) { return s.comm[t].busy_seconds; }));
@@ -486,7 +756,8 @@ int run_step(int argc, char** argv) {
     CaseResult r = run.record(samples, wrong && rank == 0 ? 1 : 0, "strategy " + label,
         [&](Table& row) {
           axes.fill(row, point);
-          row.set("flop", flop_per_rank).set("flop_recompute", recompute_flop_per_rank);
+          row.set("flop", flop_per_rank).set("flop_recompute", recompute_flop_per_rank).set("stage_layers", stage_layers)
+              .set("recompute_policy", placed.policy);
         },
         [&](Table& row, const CaseResult& res) {
           set_flop_rates(row, flop_per_rank, res, world, peak);
@@ -505,6 +776,14 @@ int run_step(int argc, char** argv) {
             row.set("memory_" + n, measured_memory[i]).set("memory_" + n + "_formula", formula_memory_max[i])
                 .set("memory_" + n + "_ratio", memory_ratio[i]);
           }
+          const PlacementResult& plan = placed.chosen;
+          row.set("bubble_fraction", bubble).set("bubble_fraction_formula", bubble_formula)
+              .set("sent_pipeline", sent_pipeline).set("sent_pipeline_formula", sent_pipeline_formula)
+              .set("recompute_exposed", phase_medians[5] + phase_medians[8] - phase_medians[9])
+              .set("placement_exposed", mode == Recompute::overlap ? plan.exposed_s : NAN)
+              .set("placement_search", mode == Recompute::overlap ? plan.search_s : NAN)
+              .set("heuristic_gap", std::isnan(placed.heuristic_exposed_s) ? NAN
+                                    : plan.exposed_s > 0 ? placed.heuristic_exposed_s / plan.exposed_s - 1 : 0.0);
           row.set("sent_intra", counts_bytes ? sent_intra : NAN).set("sent_inter", counts_bytes ? sent_inter : NAN)
               .set("sent_intra_formula", formula_intra).set("sent_inter_formula", formula_inter);
         });

@@ -20,14 +20,19 @@ StepProfile profile_of(const StepStats& stats, int micro_batches) {
   return p;
 }
 
+void recompute_everything(TrainConfig& c, int pp) {
+  c.recompute = Recompute::overlap;
+  c.kept_ops.clear();
+  for (int layers : stage_partition(c.model, pp * c.virtual_stages, c.stage_layers))
+    c.kept_ops.emplace_back(static_cast<std::size_t>(layers), KeptOps{false, false, false});
+  c.window_recomputes.clear();
+}
+
 OverlapProblem overlap_problem(const TrainConfig& config, int pp, int pp_rank, int tp, bool sp, const StepProfile& profile,
                                double memory_limit_bytes, double slowdown) {
   TrainConfig c = config;
-  c.recompute = Recompute::overlap;
+  recompute_everything(c, pp);
   const int stages = pp * c.virtual_stages;
-  const std::vector<int> partition = stage_partition(c.model, stages, c.stage_layers);
-  c.kept_ops.clear();
-  for (int layers : partition) c.kept_ops.emplace_back(static_cast<std::size_t>(layers), KeptOps{false, false, false});
   const std::vector<StagePlan> plans = rank_stages(c, pp, pp_rank);
   const PipelineShape shape{pp, c.accumulation, c.virtual_stages};
   const std::vector<PipelineAction> actions = pipeline_actions(c.schedule, shape, pp_rank);
@@ -37,9 +42,16 @@ OverlapProblem overlap_problem(const TrainConfig& config, int pp, int pp_rank, i
   OverlapProblem out;
   PlacementProblem& problem = out.problem;
   problem.slowdown = slowdown;
-  double base = 0;  // nothing kept: each layer's input and the head per set, and the recompute space
-  for (const StagePlan& plan : plans) base += activation_bytes(c.model, c.micro_batch, c.seq, Recompute::overlap, tp, sp, plan);
-  problem.memory_limit_bytes = std::max(base, memory_limit_bytes);
+  // Nothing kept: each layer's input and the head per set, and the recompute space, which the recomputed ops of
+  // the micro-batch whose backward is next fill (they count against the limit themselves).
+  const LayerActivationFloats floats = layer_activation_floats(c.model, c.micro_batch, c.seq, tp, sp);
+  double allocated = 0, recompute_space = 0;
+  for (const StagePlan& plan : plans) {
+    allocated += activation_bytes(c.model, c.micro_batch, c.seq, Recompute::overlap, tp, sp, plan);
+    recompute_space += 4 * plan.layers * (floats.op[0] + floats.op[1] + floats.op[2]);
+  }
+  const double base = allocated - recompute_space;
+  problem.memory_limit_bytes = std::max(allocated, memory_limit_bytes);
   // Windows: the backwards that wait for a gradient, in schedule order.
   std::vector<int> window_of_action(actions.size(), -1);
   for (std::size_t k = 0; k < actions.size(); ++k) {
@@ -58,7 +70,6 @@ OverlapProblem overlap_problem(const TrainConfig& config, int pp, int pp_rank, i
       if (window_of_action[j] >= 0) return window_of_action[j];
     return windows;
   };
-  const LayerActivationFloats floats = layer_activation_floats(c.model, c.micro_batch, c.seq, tp, sp);
   for (int micro = 0; micro < c.accumulation; ++micro)
     for (std::size_t chunk = 0; chunk < plans.size(); ++chunk) {
       std::size_t forward = 0, backward = 0;
@@ -91,14 +102,10 @@ void apply_placement(const OverlapProblem& problem, const Placement& placement, 
   if (placement.size() != problem.ops.size())
     throw std::invalid_argument("recompute overlap: the placement decides " + std::to_string(placement.size()) + " ops of " +
                                 std::to_string(problem.ops.size()));
-  const int stages = pp * c.virtual_stages;
-  const std::vector<int> partition = stage_partition(c.model, stages, c.stage_layers);
-  c.recompute = Recompute::overlap;
-  c.kept_ops.clear();
-  for (int layers : partition) c.kept_ops.emplace_back(static_cast<std::size_t>(layers), KeptOps{false, false, false});
+  recompute_everything(c, pp);
+  const std::vector<int> partition = stage_partition(c.model, pp * c.virtual_stages, c.stage_layers);
   std::vector<int> first_layer(partition.size(), 0);
   std::partial_sum(partition.begin(), partition.end() - 1, first_layer.begin() + 1);
-  c.window_recomputes.clear();
   for (std::size_t i = 0; i < placement.size(); ++i) {
     const OverlapProblem::OpRef& ref = problem.ops[i];
     const std::size_t stage = static_cast<std::size_t>(stage_of({pp, c.accumulation, c.virtual_stages}, pp_rank, ref.chunk));

@@ -13,9 +13,10 @@
 // micro-batch's recomputed ops at a time (its layers' recompute space), so micro-batch i's ops may be recomputed
 // only in the window right before its own backward, if that backward waits for a gradient at all.
 // Memory. The base at every window is what the rank holds whatever is decided: each layer's input and the head,
-// per micro-batch in flight, and the recompute space. The limit is that base unless the caller gives more; a kept
-// op costs its output from its forward to its backward for every micro-batch in flight, and the trainer keeps an
-// op of a layer for every micro-batch when the placement keeps it for any.
+// per micro-batch in flight. The limit is that plus the recompute space, which the ops recomputed in a window fill,
+// unless the caller gives more; a kept op costs its output from its forward to its backward, and the trainer keeps
+// an op of a layer for every micro-batch (its space is in every set) when the placement keeps it for any, which
+// can hold more than the placement counted.
 #pragma once
 
 #include <vector>
@@ -44,6 +45,10 @@ struct OverlapProblem {
   std::vector<OpRef> ops;
   std::vector<int> window_action;
 };
+
+// Recompute::overlap with nothing kept and nothing in windows (every op recomputed on demand into its layer's
+// space): the configuration a memory estimate is made for before a placement exists.
+void recompute_everything(TrainConfig& config, int pp);
 
 // The problem of pipeline rank `pp_rank` under `config` (whose recompute mode is ignored), with the measured
 // profile; memory_limit_bytes 0: the base (nothing may be kept). slowdown: compute in a window against alone.

@@ -708,8 +708,16 @@ struct Trainer::Impl {
 
     stats.receive_waits.assign(actions.size(), 0.0);
     stats.forward_op_seconds.clear();
-    for (const auto& chunk : chunks)
-      stats.forward_op_seconds.emplace_back(static_cast<std::size_t>(chunk->stage().layers), std::array<double, kLayerOps>{});
+    stats.layer_backward_seconds.clear();
+    stats.layer_recompute_seconds.clear();
+    stats.stage_extra_seconds.assign(chunks.size(), 0.0);
+    for (const auto& chunk : chunks) {
+      const std::size_t layers = static_cast<std::size_t>(chunk->stage().layers);
+      stats.forward_op_seconds.emplace_back(layers, std::array<double, kLayerOps>{});
+      stats.layer_backward_seconds.emplace_back(layers, 0.0);
+      stats.layer_recompute_seconds.emplace_back(layers, 0.0);
+    }
+    double unit_backward_start = 0, unit_exposed_start = 0, unit_recompute = 0;  // the unit whose backward runs
     double loss_sum = 0;
     UnitPointers pointers;
     pointers.params.assign(U, nullptr);
@@ -787,6 +795,7 @@ struct Trainer::Impl {
       hooks.before_backward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
         at_hook();
+        unit_backward_start = now(), unit_exposed_start = exposed, unit_recompute = 0;
         if (u >= 1) {
           need_params(u);
           point(u);
@@ -799,6 +808,13 @@ struct Trainer::Impl {
       };
       hooks.after_backward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
+        const double spent = now() - unit_backward_start - (exposed - unit_exposed_start) - unit_recompute;
+        if (layer >= plan.first_layer && layer < plan.first_layer + plan.layers) {
+          stats.layer_backward_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += spent;
+          stats.layer_recompute_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += unit_recompute;
+        } else {
+          stats.stage_extra_seconds[ch] += spent;  // the head's or the embeddings' backward
+        }
         if (u == static_cast<std::size_t>(L) + 1) {
           gradients_ready(u, first, last);
           drop_params(u);
@@ -819,6 +835,7 @@ struct Trainer::Impl {
       hooks.after_recompute = [&](int layer) {
         const double end = now();
         stats.recompute_seconds += end - recompute_start;
+        unit_recompute += end - recompute_start;
         if (timeline) timeline->push_back({"recompute " + std::to_string(layer), "compute", "", recompute_start, end, 0});
       };
       for (std::size_t u = 0; u < U; ++u) pointers.params[u] = nullptr, pointers.grads[u] = nullptr;
@@ -830,9 +847,15 @@ struct Trainer::Impl {
           finished(*previous);
           previous.reset();
         }
+        const double forward_before = stats.forward_seconds;
+        double layer_ops_before = 0;
+        for (const auto& layer : stats.forward_op_seconds[ch]) layer_ops_before += layer[0] + layer[1] + layer[2];
         compute_phase("forward" + label, stats.forward_seconds, [&] {
           loss_sum += model.forward(set, pointers, tokens.data(), targets.data(), hooks);
         });
+        double layer_ops = -layer_ops_before;
+        for (const auto& layer : stats.forward_op_seconds[ch]) layer_ops += layer[0] + layer[1] + layer[2];
+        stats.stage_extra_seconds[ch] += std::max(0.0, stats.forward_seconds - forward_before - layer_ops);
         if (!plan.head) drop_params(static_cast<std::size_t>(end_unit) - 1);  // gathered again for its backward
         if (stage < last_stage) {
           const std::size_t floats = model.rows_here() * C;

@@ -177,6 +177,11 @@ struct StepStats {
   // micro-batches.
   std::vector<double> receive_waits;
   std::vector<std::vector<std::array<double, kLayerOps>>> forward_op_seconds;
+  // For partitioning stages: per model chunk, per layer of its stage, the backward time (on-demand recomputation
+  // and waits left out) and the on-demand recomputation; per chunk, the rest of its forward and backward passes
+  // (its embeddings, or its final norm, head and loss), all summed over the step's micro-batches.
+  std::vector<std::vector<double>> layer_backward_seconds, layer_recompute_seconds;
+  std::vector<double> stage_extra_seconds;
   std::vector<TimelineEvent> timeline;  // when TrainConfig::record_timeline
 };
 
