@@ -234,9 +234,36 @@ Placement policy_for_rank(const std::string& path, const PlacementProblem& probl
     policy["placement"] = kept;
   }
   Placement placement = placement_from_json(problem, policy, path);
-  if (const auto violation = find_violation(problem, placement))
+  // A window's measured length varies from run to run: a policy that overfills one runs, with the excess on the
+  // critical path. Its structure (windows before the backward, producers first) and memory must hold.
+  PlacementProblem unbounded = problem;
+  for (RecomputeWindow& w : unbounded.windows) w.capacity_s = 1e30;
+  if (const auto violation = find_violation(unbounded, placement))
     throw UsageError("recompute policy " + path + " does not fit this run: " + *violation);
   return placement;
+}
+
+// A check some ranks may fail alone (each reads its own part of a file): every rank throws the message of the
+// lowest failing rank, so the job ends together with exit 2 instead of leaving the others waiting.
+template <typename Body>
+void on_every_rank(const Body& body) {
+  std::string message;
+  try {
+    body();
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+  }
+  int rank = 0, size = 1;
+  STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  int first = message.empty() ? size : rank;
+  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (first == size) return;
+  int length = static_cast<int>(message.size());
+  STRATA_MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT, first, MPI_COMM_WORLD));
+  message.resize(static_cast<std::size_t>(length));
+  STRATA_MPI_CHECK(MPI_Bcast(message.data(), length, MPI_CHAR, first, MPI_COMM_WORLD));
+  throw UsageError(message);
 }
 
 Placed place_recomputation(TrainConfig& c, coll::ProcessGroups& groups, const TokenSource& data, const Options& o,
@@ -250,7 +277,7 @@ Placed place_recomputation(TrainConfig& c, coll::ProcessGroups& groups, const To
   Placement placement;
   if (!o.recompute_policy.empty()) {
     int claimed = 0, entries = 0;
-    placement = policy_for_rank(o.recompute_policy, problem.problem, claimed, entries);
+    on_every_rank([&] { placement = policy_for_rank(o.recompute_policy, problem.problem, claimed, entries); });
     // Each op is on one pipeline rank: the claims of the pipeline's ranks add up to the file's entries.
     int all_claimed = groups.tp_index() == 0 && groups.dp_index() == 0 ? claimed : 0;
     STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_claimed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
