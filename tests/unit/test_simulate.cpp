@@ -211,6 +211,12 @@ TEST(SystemJson, TheSpecSheetSystemsLoadAndValidate) {
     EXPECT_FALSE(s.inter_node.latency.source.empty());
     // An 8-GPU node moves bytes faster inside than between nodes.
     EXPECT_GT(s.intra_node.bandwidth.value, s.inter_node.bandwidth.value);
+    // Version 2: every assumption beyond the datasheets says so.
+    EXPECT_NE(s.inter_node.source.find("not measured"), std::string::npos);
+    ASSERT_TRUE(s.collective_contention.has_value());
+    EXPECT_NE(s.collective_contention->source.find("assumption"), std::string::npos);
+    ASSERT_TRUE(s.communication_slowdown.has_value());
+    EXPECT_NE(s.overlap_slowdown.source.find("assumption"), std::string::npos);
   }
   const System a100 = strata::read_system(std::string(STRATA_SYSTEMS_DIR) + "/a100-80gb-sxm-hdr200.json");
   const System h100 = strata::read_system(std::string(STRATA_SYSTEMS_DIR) + "/h100-sxm-ndr400.json");
