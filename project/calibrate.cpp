@@ -85,8 +85,9 @@ struct Solved {
   Eigen::MatrixXd covariance;
 };
 
-// The non-negative least-squares solution of min || A c - 1 || with c >= lower, for a few columns: every subset
-// of columns held at their bound is tried, and the best feasible solution kept (exact for so few columns).
+// The least-squares solution of min || A c - 1 || with c >= lower, for a few columns: every subset of columns held
+// at their bound is tried, and the best feasible solution kept (exact for so few columns). A bound of -infinity
+// leaves its column free.
 Solved solve_bounded(const Eigen::MatrixXd& a, const Eigen::VectorXd& lower) {
   const int columns = static_cast<int>(a.cols());
   const Eigen::VectorXd ones = Eigen::VectorXd::Ones(a.rows());
@@ -94,10 +95,12 @@ Solved solve_bounded(const Eigen::MatrixXd& a, const Eigen::VectorXd& lower) {
   for (int mask = 0; mask < (1 << columns); ++mask) {
     std::vector<int> free;
     Eigen::VectorXd fixed = Eigen::VectorXd::Zero(columns);
+    bool holds_unbounded = false;
     for (int j = 0; j < columns; ++j) {
       if (mask & (1 << j)) free.push_back(j);
-      else fixed(j) = lower(j);
+      else fixed(j) = lower(j), holds_unbounded = holds_unbounded || std::isinf(lower(j));
     }
+    if (holds_unbounded) continue;
     // Held columns contribute their bound; the free ones fit what is left.
     const Eigen::VectorXd held = a * fixed;
     Solved s;
@@ -132,7 +135,8 @@ Solved solve_bounded(const Eigen::MatrixXd& a, const Eigen::VectorXd& lower) {
     }
     if (!best || s.sse < best->sse) best = s;
   }
-  return *best;  // the all-held subset is always feasible
+  if (!best) throw std::logic_error("no feasible least-squares solution");  // the all-free subset always is
+  return *best;
 }
 
 // The rows of t = sum_j c_j f_j(x) divided by t, so the residuals are relative.
@@ -162,13 +166,13 @@ void check_series(const SizeSeries& series, size_t minimum) {
 
 }  // namespace
 
-LinearFit fit_relative(const std::vector<double>& x, const std::vector<double>& t) {
+LinearFit fit_relative(const std::vector<double>& x, const std::vector<double>& t, double min_intercept) {
   if (x.empty() || x.size() != t.size()) throw std::invalid_argument("fit_relative: no points, or x and t differ");
   for (double v : t)
     if (!(v > 0)) throw std::invalid_argument("fit_relative: times must be positive");
   const Eigen::MatrixXd a = relative_design({std::vector<double>(x.size(), 1.0), x}, t);
   Eigen::VectorXd lower(2);
-  lower << 0.0, kMinSlope;
+  lower << min_intercept, kMinSlope;
   const Solved s = solve_bounded(a, lower);
   LinearFit fit;
   fit.intercept = s.coefficients(0);
@@ -188,12 +192,18 @@ RangesFit fit_ranges(const SizeSeries& series, int max_ranges) {
   std::vector<double> x(n);
   for (size_t i = 0; i < n; ++i) x[i] = series.bytes[i] * series.bus_factor;
   std::map<std::pair<size_t, size_t>, LinearFit> cache;
+  // The first range's intercept is the latency (>= 0); a later range is a piece of the curve whose line may cross
+  // zero below it (a steeper piece where the buffers leave a cache), as long as it is positive where it starts.
   auto segment = [&](size_t first, size_t last) -> const LinearFit& {
     auto [it, fresh] = cache.try_emplace({first, last});
-    if (fresh)
-      it->second = fit_relative(std::vector<double>(x.begin() + static_cast<long>(first), x.begin() + static_cast<long>(last) + 1),
-                                std::vector<double>(series.seconds.begin() + static_cast<long>(first),
-                                                    series.seconds.begin() + static_cast<long>(last) + 1));
+    if (fresh) {
+      const std::vector<double> xs(x.begin() + static_cast<long>(first), x.begin() + static_cast<long>(last) + 1);
+      const std::vector<double> ts(series.seconds.begin() + static_cast<long>(first),
+                                   series.seconds.begin() + static_cast<long>(last) + 1);
+      it->second = fit_relative(xs, ts, first == 0 ? 0.0 : -INFINITY);
+      const double lowest = first == 0 ? 0 : x[first - 1];  // the previous range's last size
+      if (it->second.intercept + it->second.slope * lowest <= 0) it->second = fit_relative(xs, ts, 0.0);
+    }
     return it->second;
   };
   // Every split into k ranges of at least kMinSizes consecutive sizes: the ends of the first k - 1 ranges.
@@ -218,10 +228,19 @@ RangesFit fit_ranges(const SizeSeries& series, int max_ranges) {
       ends.pop_back();
     }
   };
+  // More ranges are kept only on strong evidence: a BIC lower by more than 10 than the best with fewer (Kass and
+  // Raftery's "very strong"), since choosing the best of many splits favours fitting noise.
+  constexpr double kStrongEvidence = 10;
+  std::vector<size_t> chosen_ends;
+  double chosen_bic = 0, chosen_sse = 0;
   for (int k = 1; k <= std::max(1, max_ranges); ++k) {
     std::vector<size_t> ends;
+    found = false;
     search(ends, 0, k);
+    if (found && (k == 1 || best_bic < chosen_bic - kStrongEvidence))
+      chosen_ends = best_ends, chosen_bic = best_bic, chosen_sse = best_sse;
   }
+  best_ends = chosen_ends, best_bic = chosen_bic, best_sse = chosen_sse;
   RangesFit out;
   size_t first = 0;
   std::vector<size_t> ends = best_ends;
@@ -230,7 +249,7 @@ RangesFit fit_ranges(const SizeSeries& series, int max_ranges) {
     const LinearFit& f = segment(first, ends[r]);
     SizeRange range;
     if (r + 1 < ends.size()) range.up_to_bytes = series.bytes[ends[r]];
-    range.model.latency = fitted(f.intercept, relative(f.intercept_se, f.intercept));
+    range.model.latency = fitted(f.intercept, relative(f.intercept_se, std::abs(f.intercept)));
     range.model.bandwidth = fitted(1 / f.slope, relative(f.slope_se, f.slope));
     range.residual = significant(f.residual, 3);
     range.sizes = f.points;
@@ -286,14 +305,14 @@ CollectiveModel fit_collective(CollectiveOp op, const std::string& algorithm, Gr
   if (series.bytes.size() >= 4) {
     const ChunkedFit chunked = fit_chunked(series);
     m.compared["chunked"] = significant(chunked.model.residual, 3);
-    if (chunked.bic < ranges.bic) {
+    if (chunked.bic < ranges.bic - 10) {  // as a range more: only on very strong evidence
       m.form = CollectiveForm::chunked;
       m.chunked = chunked.model;
       m.ranges.clear();
       kept = "chunked (" + bytes_text(chunked.model.chunk_bytes) + " chunks)";
     }
   }
-  m.source = source + "; kept " + kept + ", the lower Bayesian information criterion";
+  m.source = source + "; kept " + kept + " by the Bayesian information criterion";
   return m;
 }
 

@@ -7,11 +7,14 @@
 //   (p95 - p05) / (2 median) of its iterations); the efficiency curve behind the roofline is the median efficiency
 //   per quarter decade of FLOPs, its spread the RMS relative deviation of the points from it.
 // - Collectives, per operation, algorithm, group kind and group size: t(S) = alpha + S bus_factor(n) / beta on up
-//   to three size ranges, by weighted least squares on relative residuals (times span decades), the breaks and the
-//   number of ranges chosen by the Bayesian information criterion over every split into ranges of at least three
-//   sizes; beside it Echo's chunked form t = a + ceil(x / C) c + x / beta for chunk sizes C of 4 KiB to 4 MiB; the
-//   form with the lower BIC is kept, and both residuals are recorded. alpha and beta carry the standard errors of
-//   the fit (relative), each range its RMS relative residual.
+//   to three size ranges, by weighted least squares on relative residuals (times span decades). The breaks and the
+//   number of ranges come from the Bayesian information criterion (BIC) over every split into ranges of at least
+//   three sizes; a range more is kept only when it lowers the BIC by more than 10 (very strong evidence: the best of
+//   many splits otherwise fits noise). alpha >= 0 on the first range; a later range's line may cross zero below it
+//   (a steeper piece, where buffers leave a cache) if it is positive where the range starts. Beside it Echo's
+//   chunked form t = a + ceil(x / C) c + x / beta, x = S bus_factor(n), for chunk sizes C of 4 KiB to 4 MiB, kept
+//   when its BIC is lower by more than 10 too; both residuals are recorded. alpha and beta carry the relative
+//   standard errors of the fit, each range its RMS relative residual.
 // - The contention of concurrent groups and the overlap slowdowns: the median over cases of (slowdown - 1), its
 //   spread from a bootstrap of that median (90% interval), relative to the value (or to 0.01 when it is smaller).
 #pragma once
@@ -27,8 +30,9 @@ namespace strata::project {
 
 // ---- the fits, each usable alone ----------------------------------------------------------------------------
 
-// t = intercept + slope x, minimising sum ((fit - t) / t)^2, with intercept >= 0 and slope >= kMinSlope (a bound
-// that binds refits the other). Standard errors from the weighted residuals (0 with no degree of freedom left).
+// t = intercept + slope x, minimising sum ((fit - t) / t)^2, with intercept >= min_intercept (-INFINITY: free) and
+// slope >= kMinSlope (a bound that binds refits the other). Standard errors from the weighted residuals (0 with no
+// degree of freedom left).
 inline constexpr double kMinSlope = 1e-15;  // s/B: a bandwidth of 1 PB/s stands for "not resolved"
 struct LinearFit {
   double intercept = 0, slope = 0;
@@ -37,7 +41,7 @@ struct LinearFit {
   double residual = 0;  // sqrt(sse / points)
   int points = 0;
 };
-LinearFit fit_relative(const std::vector<double>& x, const std::vector<double>& t);
+LinearFit fit_relative(const std::vector<double>& x, const std::vector<double>& t, double min_intercept = 0);
 
 // Sizes S (ascending, distinct), their median times and the group's bus factor.
 struct SizeSeries {

@@ -350,8 +350,19 @@ std::optional<std::string> check_collective(const std::string& field, const Coll
         return f + ".up_to_bytes must be positive (got " + number(r.up_to_bytes) + "); only the last range is unbounded";
       if (i > 0 && !last && r.up_to_bytes <= m.ranges[i - 1].up_to_bytes)
         return f + ".up_to_bytes must exceed the previous range's";
-      if (auto p = check_non_negative(f + ".latency", r.model.latency)) return p;
       if (auto p = check_positive(f + ".bandwidth", r.model.bandwidth)) return p;
+      if (i == 0) {
+        if (auto p = check_non_negative(f + ".latency", r.model.latency)) return p;
+      } else {
+        // A later range is a piece of the curve: its line may cross zero below it, not inside it.
+        if (!std::isfinite(r.model.latency.value))
+          return f + ".latency must be a number (got " + number(r.model.latency.value) + ")";
+        if (auto p = check_spread(f + ".latency", r.model.latency.relative_spread)) return p;
+        const double start = m.ranges[i - 1].up_to_bytes * bus_factor(m.op, std::max(m.ranks, 2));
+        if (r.model.latency.value + start / r.model.bandwidth.value <= 0)
+          return f + ".latency makes the time at the range's start (" + number(m.ranges[i - 1].up_to_bytes) +
+                 " B) negative (got " + number(r.model.latency.value) + " s)";
+      }
       if (auto p = check_residual(f + ".residual", r.residual)) return p;
       if (r.sizes < 0) return f + ".sizes must not be negative";
     }

@@ -175,6 +175,10 @@ def test_interference_tables_and_a_wrong_element(tmp_path):
     assert (alone["slowdown_vs_alone"] == 1).all()
     overlapped = data[data["overlapped"] == 1]
     assert (overlapped["slowdown_vs_alone"] > 0).all()
+    # The overlapped compute section tested the collective between calls; nothing else did.
+    assert (overlapped[overlapped["section"] == "compute"]["test_seconds"] > 0).all()
+    assert overlapped[overlapped["section"] == "communication"]["test_seconds"].isna().all()
+    assert (overlapped[overlapped["section"] == "communication"]["exposed_seconds"] >= 0).all()
     medians = data.set_index(["kernel", "section", "overlapped"])["time_rankmax_median"]
     for kernel in ("gemm", "attention"):
         for section in ("compute", "communication"):

@@ -26,6 +26,8 @@ namespace {
 
 double relative_error(double got, double want) { return std::abs(got - want) / std::abs(want); }
 
+System small_system();  // a description with round numbers, below
+
 // ---- synthetic series ----------------------------------------------------------------------------------------
 
 // S = 8 B, 32 B, ... 64 MiB (x4): the sizes a strata-collective suite run covers.
@@ -80,7 +82,35 @@ TEST(CalibrateFits, TwoRegimesGiveTwoRangesWithTheBreakBetweenThem) {
   SizeSeries one = series;
   for (size_t i = 0; i < one.bytes.size(); ++i) one.seconds[i] = 5e-6 + one.bytes[i] / 4e9;
   EXPECT_EQ(fit_ranges(one).ranges.size(), 1u);
+  // With 5% noise (seeded) still one: extra ranges must pay for their parameters.
+  std::mt19937_64 random(11);
+  std::normal_distribution<double> noise(0, 0.05);
+  for (double& t : one.seconds) t *= 1 + noise(random);
+  EXPECT_EQ(fit_ranges(one).ranges.size(), 1u);
   EXPECT_THROW(fit_ranges({{8, 16}, {1e-6, 2e-6}, 1}), std::invalid_argument);
+}
+
+TEST(CalibrateFits, ALaterRangeMayBeASteeperPieceWhoseLineCrossesZeroBelowIt) {
+  // In the cache up to 512 KiB (1 us + S / 10 GB/s), then four times slower per byte: beyond the first range the
+  // line of the tail is -80 us + S / 2.5 GB/s, positive from 256 KiB up.
+  SizeSeries series;
+  for (double s = 8; s <= 32.0 * (1 << 20); s *= 2) {
+    series.bytes.push_back(s);
+    series.seconds.push_back(s <= 524288 ? 1e-6 + s / 10e9 : -80e-6 + s / 2.5e9);
+  }
+  const RangesFit fit = fit_ranges(series);
+  ASSERT_EQ(fit.ranges.size(), 2u);
+  EXPECT_LT(relative_error(fit.ranges[1].model.latency.value, -80e-6), 1e-3);
+  EXPECT_LT(relative_error(fit.ranges[1].model.bandwidth.value, 2.5e9), 1e-3);
+  EXPECT_LT(relative_error(fit.ranges[0].model.latency.value, 1e-6), 1e-3);
+  EXPECT_LT(fit.residual, 1e-6);
+  CollectiveModel m;
+  m.algorithm = "ring";
+  m.ranks = 2;
+  m.ranges = fit.ranges;
+  System s = small_system();
+  s.collectives = {m};
+  EXPECT_FALSE(find_problem(s).has_value());
 }
 
 TEST(CalibrateFits, EchosChunkedFormIsKeptWhereTheTimesStepPerChunk) {
@@ -315,8 +345,11 @@ TEST(SystemJsonV2, EveryValidationErrorNamesItsField) {
       {[](System& s) { s.collectives[0].ranges[0].up_to_bytes = INFINITY; }, "collectives[0].ranges[0].up_to_bytes must be positive"},
       {[](System& s) { s.collectives[0].ranges[0].model.bandwidth.value = -1e9; },
        "collectives[0].ranges[0].bandwidth must be positive"},
-      {[](System& s) { s.collectives[0].ranges[1].model.latency.value = -1e-6; },
-       "collectives[0].ranges[1].latency must not be negative"},
+      {[](System& s) { s.collectives[0].ranges[0].model.latency.value = -1e-6; },
+       "collectives[0].ranges[0].latency must not be negative"},
+      {[](System& s) { s.collectives[0].ranges[1].model.latency.value = -1e-3; },
+       "collectives[0].ranges[1].latency makes the time at the range's start"},
+      {[](System& s) { s.collectives[0].ranges[1].model.latency.value = NAN; }, "collectives[0].ranges[1].latency must be a number"},
       {[](System& s) { s.collectives[0].ranges[0].residual = -0.1; }, "collectives[0].ranges[0].residual"},
       {[](System& s) { s.collectives[0].compared["chunked"] = NAN; }, "collectives[0].compared.chunked"},
       {[](System& s) { s.collectives[1].chunked.chunk_bytes = 0; }, "collectives[1].chunk_bytes must be positive"},
