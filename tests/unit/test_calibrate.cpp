@@ -154,6 +154,17 @@ TEST(CalibrateFits, EfficiencyCurveAndBootstrap) {
   EXPECT_EQ(again.low, m.low);  // seeded: the same interval every time
 }
 
+TEST(CalibrateFits, OverlapFasterThanAloneIsNoise) {
+  // Slowdowns below 1 on every case: the median (0.95 - 1) is noise; s is 0 and its source says so.
+  CalibrationInput input;
+  for (double f : {0.93, 0.95, 0.97}) input.interference.push_back({"gemm", "allreduce", 1e6, f, f});
+  const Calibration c = calibrate(input, nullptr, "");
+  EXPECT_EQ(c.system.overlap_slowdown.value, 0);
+  EXPECT_NE(c.system.overlap_slowdown.source.find("taken as 0"), std::string::npos);
+  EXPECT_GT(c.system.overlap_slowdown.relative_spread, 0);
+  EXPECT_FALSE(c.missing.empty());  // everything else is
+}
+
 // ---- lookups on measured points and fitted models -----------------------------------------------------------
 
 System small_system() {
