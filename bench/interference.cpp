@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
-#include <numeric>
 
 #include "bench/axes.h"
 #include "bench/gemm_cases.h"

@@ -646,6 +646,45 @@ TEST(CalibrateFiles, RecoversTheKnownParametersOfSyntheticRuns) {
   EXPECT_NE(report.find("overlap slowdown s = 0.1500"), std::string::npos) << report;
 }
 
+TEST(CalibrateFiles, AGpuGemmRunMakesTheDeviceTheGpuWhoseMemoryComesFromTheBase) {
+  TempDir dir;
+  const std::string path = dir.file("gpu.h5");
+  FileBuilder file(path);
+  write_gemm(file);  // CPU runs in the same file are left out once the device is the GPU
+  Table cases("cases"), summary("summary");
+  cases.add_column("case", ColumnKind::int64, "1").add_column("backend", ColumnKind::string, "")
+      .add_column("dtype", ColumnKind::string, "").add_column("library", ColumnKind::string, "")
+      .add_column("m", ColumnKind::int64, "1").add_column("n", ColumnKind::int64, "1").add_column("k", ColumnKind::int64, "1");
+  summary.add_column("case", ColumnKind::int64, "1").add_column("peak_per_rank", ColumnKind::float64, "FLOP/s")
+      .add_column("peak_source", ColumnKind::string, "");
+  for (const char* stat : {"median", "p05", "p95"}) summary.add_column(std::string("time_rankmean_") + stat, ColumnKind::float64, "s");
+  for (int i = 0; i < 3; ++i) {
+    const int64_t m = 4096 << i;
+    const double seconds = 2.0 * m * m * m / (989e12 * 0.6);
+    cases.set("case", i).set("backend", "cuda").set("dtype", "bf16").set("library", "cublaslt").set("m", m).set("n", m)
+        .set("k", m).end_row();
+    summary.set("case", i).set("peak_per_rank", 989e12).set("peak_source", "H100 table").set("time_rankmean_median", seconds)
+        .set("time_rankmean_p05", seconds).set("time_rankmean_p95", seconds).end_row();
+  }
+  file.run("strata-gemm", cases, summary, {}, "{\"backend\":\"cuda\"}");
+  const CalibrationFiles read = read_calibration_input({path}, "auto");
+  ASSERT_EQ(read.input.gemm.size(), 3u);
+  EXPECT_EQ(read.input.peaks.at("bf16").value, 989e12);
+  EXPECT_FALSE(read.input.memory_bandwidth.has_value());
+  const Calibration alone = calibrate(read.input, nullptr, "");
+  std::string missing;
+  for (const auto& m : alone.missing) missing += m + "\n";
+  EXPECT_NE(missing.find("no measured memory bandwidth"), std::string::npos) << missing;
+  const System base = small_system();
+  const Calibration merged = calibrate(read.input, &base, "spec.json");
+  ASSERT_TRUE(merged.missing.empty());
+  EXPECT_EQ(merged.system.device.compute.count("fp32"), 0u);  // the GPU's dtypes only
+  EXPECT_NEAR(merged.system.device.compute.at("bf16").efficiency.at(2.0 * 8192 * 8192 * 8192), 0.6, 1e-3);
+  EXPECT_NE(merged.system.device.memory_bandwidth.source.find("not measured here: from spec.json"), std::string::npos);
+  // Told to, the same file describes the CPU.
+  EXPECT_EQ(read_calibration_input({path}, "cpu").input.gemm.size(), 10u);
+}
+
 TEST(CalibrateFiles, MissingBenchmarksAreNamedAndABaseStandsInMarked) {
   TempDir dir;
   const std::string path = dir.file("gemm-only.h5");
