@@ -110,17 +110,21 @@ def test_a_file_that_is_not_results_exits_2(runs):
     folder, full, _ = runs
     notes = folder / "notes.txt"
     notes.write_text("not results\n")
-    out = folder / "never.json"
+    out = folder / "kept-too.json"
+    out.write_text("an earlier description\n")
+    before = digest(str(out))
     result = calibrate([full, str(notes), "-o", str(out)], folder)
     assert result.returncode == 2
     assert "is not an HDF5 file" in result.stderr
-    assert not out.exists()
+    assert digest(str(out)) == before
     other = folder / "other.h5"
     with h5py.File(other, "w") as f:
         f.attrs["something"] = 1
     result = calibrate([str(other), "-o", str(out)], folder)
     assert result.returncode == 2 and "strata-project calibrate: error:" in result.stderr
-    assert not out.exists()
+    assert "not a Strata results file" in result.stderr or "schema" in result.stderr, result.stderr
+    assert digest(str(out)) == before
+    assert not list(folder.glob("kept-too.json.tmp-*"))  # no temporary left behind
 
 
 def test_a_negative_value_in_the_base_is_named(runs, tmp_path):
