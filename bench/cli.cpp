@@ -174,6 +174,11 @@ void Cli::alias(const std::string& long_name, const std::string& existing) {
   option->aliases.push_back(long_name);
 }
 
+void Cli::positionals(const std::string& name, const std::string& help, std::vector<std::string>& target,
+                      size_t minimum) {
+  positionals_ = {name, help, &target, minimum};
+}
+
 void Cli::build(CLI::App& app) const {
   app.name(program_);
   app.description(summary_);
@@ -209,6 +214,10 @@ void Cli::build(CLI::App& app) const {
           ->trigger_on_parse();
     }
   }
+  if (positionals_.target) {
+    // Bound to the vector itself: CLI11 2.1 gives a callback-only positional a single value.
+    app.add_option(positionals_.name, *positionals_.target, positionals_.help)->type_name("");
+  }
 }
 
 bool Cli::parse(int argc, const char* const* argv) {
@@ -228,6 +237,7 @@ bool Cli::parse(int argc, const char* const* argv) {
 
   CLI::App app;
   build(app);
+  if (positionals_.target) positionals_.target->clear();
   try {
     app.parse(args);
   } catch (const CLI::CallForHelp&) {
@@ -250,6 +260,9 @@ bool Cli::parse(int argc, const char* const* argv) {
       throw UsageError("unknown flag " + arg.substr(0, 2) + " (see --help)");
     throw UsageError("unexpected argument '" + arg + "' (see --help)");
   }
+  if (positionals_.target && positionals_.target->size() < positionals_.minimum)
+    throw UsageError("expected at least " + std::to_string(positionals_.minimum) + " " + positionals_.name +
+                     " argument" + (positionals_.minimum > 1 ? "s" : "") + " (see --help)");
   return true;
 }
 
@@ -262,6 +275,7 @@ std::string Cli::usage() const {
 std::string Cli::resolved_json() const {
   nlohmann::ordered_json resolved = nlohmann::ordered_json::object();
   for (const auto& o : options_) resolved[o.long_name] = o.show();
+  if (positionals_.target) resolved[positionals_.name] = *positionals_.target;
   return resolved.dump();
 }
 

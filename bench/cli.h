@@ -52,6 +52,10 @@ class Cli {
   // Another long name for an option already declared (nccl-tests spellings beside Strata's).
   void alias(const std::string& long_name, const std::string& existing);
 
+  // The arguments without a flag (e.g. input files), in order; fewer than `minimum` is a usage error.
+  void positionals(const std::string& name, const std::string& help, std::vector<std::string>& target,
+                   size_t minimum);
+
   // Returns false when --help was asked for (usage printed to stdout), true otherwise.
   bool parse(int argc, const char* const* argv);
   std::string usage() const;
@@ -72,9 +76,17 @@ class Cli {
   bool taken(const std::string& long_name) const;
   void build(CLI::App& app) const;
 
+  struct Positionals {
+    std::string name;
+    std::string help;
+    std::vector<std::string>* target = nullptr;
+    size_t minimum = 0;
+  };
+
   std::string program_;
   std::string summary_;
   std::vector<Option> options_;
+  Positionals positionals_;
 };
 
 }  // namespace strata

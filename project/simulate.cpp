@@ -99,6 +99,13 @@ Op recv_op(std::string name, int peer, double bytes, int stream) {
   return op;
 }
 
+const char* algorithm_name(CollectiveAlgorithm algorithm) {
+  switch (algorithm) {
+    case CollectiveAlgorithm::ring: return "ring";
+  }
+  return "?";
+}
+
 double attention_flops(const Op& op) {
   const double forward = 4.0 * static_cast<double>(op.batch) * static_cast<double>(op.heads) *
                          static_cast<double>(op.seq_q) * static_cast<double>(op.seq_kv) *
@@ -109,10 +116,10 @@ double attention_flops(const Op& op) {
 double compute_seconds(const System& system, const Op& op) {
   switch (op.kind) {
     case OpKind::timed: return op.seconds;
-    case OpKind::gemm:
-      return system.device.gemm_seconds(
-          op.dtype, 2.0 * static_cast<double>(op.m) * static_cast<double>(op.n) * static_cast<double>(op.k));
-    case OpKind::attention: return system.device.gemm_seconds(op.dtype, attention_flops(op));
+    case OpKind::gemm: return system.device.gemm_seconds(op.dtype, op.m, op.n, op.k);
+    case OpKind::attention:
+      return system.device.attention_seconds(
+          op.dtype, {op.batch, op.heads, op.kv_heads, op.seq_q, op.seq_kv, op.head_dim, op.causal, op.backward});
     case OpKind::elementwise: return system.device.elementwise_seconds(op.bytes);
     default: throw std::invalid_argument(std::string("compute_seconds of a ") + op_kind_name(op.kind) + " op");
   }
@@ -220,10 +227,10 @@ class Simulator {
     return a / system_.device.devices_per_node == b / system_.device.devices_per_node;
   }
 
-  const NetworkTier& tier_of(const Group& group) const {
-    for (int rank : group.ranks)
-      if (!same_node(rank, group.ranks.front())) return system_.inter_node;
-    return system_.intra_node;
+  GroupKind kind_of(const Group& group) const {
+    std::vector<int> nodes;
+    for (int rank : group.ranks) nodes.push_back(rank / system_.device.devices_per_node);
+    return group_kind_of(nodes);
   }
 
   void index_ops() {
@@ -405,8 +412,8 @@ class Simulator {
       instance.reached.emplace_back(static_cast<int>(r), i);
       if (static_cast<int>(instance.reached.size()) == traced_members_.at(op.group)) {
         const Group& group = *groups_.at(op.group);
-        const double duration =
-            tier_of(group).collective_seconds(op.collective, op.bytes, static_cast<int>(group.ranks.size()));
+        const double duration = system_.collective_seconds(op.collective, algorithm_name(op.algorithm), kind_of(group),
+                                                           op.bytes, static_cast<int>(group.ranks.size()));
         for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
       }
     } else if (op.kind == OpKind::send) {

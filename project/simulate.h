@@ -5,13 +5,17 @@
 // Semantics, all of them:
 // - Ops on one stream run in the order of the rank's list; an op is reached when the op before it on its stream
 //   has ended and every op it depends on (earlier ops of the same rank, any stream) has ended.
-// - Compute ops (timed, gemm, attention, elementwise) start when reached. A GEMM of dtype d takes
-//   2mnk / (peak_d * efficiency_d(2mnk)); attention counts flash-attention FLOPs (metrics.md) the same way;
-//   an elementwise kernel takes bytes / (memory bandwidth * memory efficiency).
+// - Compute ops (timed, gemm, attention, elementwise) start when reached. A GEMM of dtype d takes its measured
+//   time where the system has points for it, else 2mnk / (peak_d * efficiency_d(2mnk)) or its memory traffic's
+//   time, whichever is longer (Device::gemm_seconds, system.h); attention counts flash-attention FLOPs
+//   (metrics.md) the same way (Device::attention_seconds); an elementwise kernel takes bytes / (memory bandwidth
+//   * memory efficiency).
 // - A collective is matched across its group by (group id, sequence number of the collective on that group in
 //   each member's list). It starts when the last traced member reaches it and ends at the same time on every
-//   member: alpha + S * bus_factor(n) / beta on the intra-node tier when all n members share a node (rank /
-//   devices_per_node), else on the inter-node tier. Members that are not traced are stood for by a traced rank
+//   member: the system's model of that operation and algorithm for the group's kind (all n members on one node
+//   (rank / devices_per_node): intra_node; one per node: inter_node; else hierarchical), else alpha + S *
+//   bus_factor(n) / beta on the intra-node tier when all share a node, else on the inter-node tier
+//   (System::collective_seconds). Members that are not traced are stood for by a traced rank
 //   with the same graph (symmetry), so they reach it no later than the traced ones.
 // - The k-th send from rank a to rank b matches the k-th recv on b from a. A send takes latency + bytes /
 //   bandwidth of the tier between them and does not wait for the recv (eager). A recv ends at
@@ -47,6 +51,7 @@ bool is_compute(OpKind kind);
 
 // The ring algorithm's bus factors are the cost model's (system.h); others join with their own models.
 enum class CollectiveAlgorithm { ring };
+const char* algorithm_name(CollectiveAlgorithm algorithm);  // as the system's collective models name it
 
 struct Op {
   std::string name;
@@ -55,9 +60,9 @@ struct Op {
   std::vector<int> depends_on;  // indices of earlier ops in the same rank's list
 
   double seconds = 0;  // timed: a measured duration
-  // gemm: (m, k) x (k, n); attention: batch, heads, seq_q, seq_kv, head_dim
+  // gemm: (m, k) x (k, n); attention: batch, heads, seq_q, seq_kv, head_dim, kv_heads (0: as heads)
   std::int64_t m = 0, n = 0, k = 0;
-  std::int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  std::int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0, kv_heads = 0;
   bool causal = false, backward = false;
   std::string dtype;
   double bytes = 0;  // elementwise: bytes read and written; collective: S of metrics.md; send/recv: payload

@@ -1,9 +1,12 @@
 // The system description a prediction runs on: what one device computes, how fast its memory is, how fast each
 // network tier moves bytes, and how much compute slows down while communication runs beside it. It is written
-// by hand from spec sheets (project/systems/) or, later, fitted from Strata's own result files; its file form
-// is bench/system_json.h. Units are SI throughout: FLOP/s, B/s, s.
+// by hand from spec sheets (project/systems/) or fitted from Strata's own result files (project/calibrate.h,
+// `strata-project calibrate`); its file form is bench/system_json.h, every field documented in project/SYSTEM.md.
+// Units are SI throughout: FLOP/s, B/s, s.
 #pragma once
 
+#include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -11,7 +14,10 @@
 
 namespace strata::project {
 
-inline constexpr int kSystemFormatVersion = 1;
+// Version 2 adds measured GEMM and attention points, attention efficiency curves, fitted collective models per
+// algorithm and group kind, the contention of concurrent groups and the communication slowdown; version 1
+// files are read as version 2 descriptions without them.
+inline constexpr int kSystemFormatVersion = 2;
 
 // A figure with its relative spread (0.1: the true value is believed within +-10%) and where it came from.
 struct Quantity {
@@ -35,12 +41,46 @@ struct EfficiencyCurve {
   double at(double flops) const;
 };
 
-// One dtype's tensor or vector throughput: GEMM and attention of that dtype take
-// flops / (peak_flops * efficiency(flops)).
+// One measured GEMM, C (m, n) = A (m, k) W (n, k)^T: the median time of one call and its relative spread.
+struct GemmPoint {
+  std::int64_t m = 0, n = 0, k = 0;
+  Quantity seconds;
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
+};
+
+// One attention call's shape, flash-attention FLOP convention (metrics.md).
+struct AttentionShape {
+  std::int64_t batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  bool causal = false;
+  bool backward = false;  // the backward pass alone (2.5x the forward's FLOPs)
+  double flops() const;   // forward 4 b h s_q s_kv d, half when causal; backward 2.5x
+};
+
+struct AttentionPoint {
+  AttentionShape shape;
+  Quantity seconds;
+};
+
+// One dtype's tensor or vector throughput and what was measured of it.
+//
+// A GEMM's time (Device::gemm_seconds): a measured point of exactly that shape gives its time; otherwise the
+// efficiencies (flops / (peak * seconds)) of the points of similar aspect (m/k and n/k each within a factor 2 of
+// the call's) are interpolated linearly in log10 FLOPs, when the call's FLOPs lie between theirs; outside them
+// the roofline: max(flops / (peak * efficiency(flops)), bytes / (memory bandwidth * memory efficiency)), bytes
+// = (mk + nk + mn) elements of the dtype. Attention (Device::attention_seconds) likewise: an exact point, else
+// the points of the same pass, causality and head dimension interpolated in log FLOPs, else the pass's
+// attention efficiency curve (the GEMM curve where the description has none).
 struct ComputePeak {
   Quantity peak_flops;  // FLOP/s, dense
   EfficiencyCurve efficiency;
+  std::map<std::string, EfficiencyCurve> attention_efficiency;  // by pass: "fwd", "bwd"; optional
+  std::vector<GemmPoint> gemm_points;
+  std::vector<AttentionPoint> attention_points;
 };
+
+// Bytes of one element of a dtype as GEMM inputs and outputs hold it (fp8: 1, fp16/bf16: 2, fp32/tf32: 4,
+// fp64: 8); nothing for an unknown name.
+std::optional<double> dtype_bytes(const std::string& dtype);
 
 struct Device {
   std::string name;
@@ -50,7 +90,11 @@ struct Device {
   Quantity memory_bandwidth;                   // B/s, peak
   Quantity memory_efficiency;                  // achieved fraction of it in elementwise kernels
 
-  double gemm_seconds(const std::string& dtype, double flops) const;  // throws std::invalid_argument: no such dtype
+  // From the efficiency curve alone; throws std::invalid_argument: no such dtype.
+  double gemm_seconds(const std::string& dtype, double flops) const;
+  // The measured points first (see ComputePeak), then the roofline.
+  double gemm_seconds(const std::string& dtype, std::int64_t m, std::int64_t n, std::int64_t k) const;
+  double attention_seconds(const std::string& dtype, const AttentionShape& shape) const;
   double elementwise_seconds(double bytes) const;
 };
 
@@ -78,10 +122,57 @@ struct NetworkTier {
   Quantity bandwidth;  // B/s per device, one direction
   Quantity latency;    // s
   std::map<CollectiveOp, LatencyBandwidth> collectives;
+  std::string source;  // how the tier was described: spec sheet, measured, emulated on one machine, not measured
 
   LatencyBandwidth model(CollectiveOp op) const;
   double collective_seconds(CollectiveOp op, double bytes, int ranks) const;
   double transfer_seconds(double bytes) const;
+};
+
+// Which ranks a collective's group spans: all on one node, one per node, or several nodes with several ranks
+// each (two-level algorithms run both tiers).
+enum class GroupKind { intra_node, inter_node, hierarchical };
+
+const char* group_kind_name(GroupKind kind);
+std::optional<GroupKind> group_kind_from_name(const std::string& name);
+// The kind of a group whose members sit on these nodes (one entry per member).
+GroupKind group_kind_of(const std::vector<int>& node_of_member);
+
+// alpha + S * bus_factor(n) / beta for the sizes S up to `up_to_bytes` (above the previous range's).
+struct SizeRange {
+  double up_to_bytes = std::numeric_limits<double>::infinity();  // S, B; infinite for the last range
+  LatencyBandwidth model;
+  double residual = 0;  // RMS of (fit - measured) / measured over the range's sizes
+  int sizes = 0;        // measured sizes the range was fitted on (0: written by hand)
+};
+
+// Echo's chunked form on one tier (research.md section 3): the bus bytes x = S * bus_factor(n) move in
+// ceil(x / chunk_bytes) chunks; t = latency + chunks * per_chunk + x / bandwidth.
+struct ChunkedModel {
+  Quantity latency;        // s
+  double chunk_bytes = 0;  // B of bus traffic per chunk
+  Quantity per_chunk;      // s per chunk
+  Quantity bandwidth;      // B/s, the per-byte term (Echo's reduction throughput and transfer together)
+  double residual = 0;     // RMS of (fit - measured) / measured over every size
+  int sizes = 0;
+};
+
+enum class CollectiveForm { latency_bandwidth, chunked };
+const char* collective_form_name(CollectiveForm form);
+
+// One collective's time on one algorithm and group kind, fitted from measured sizes (or written by hand).
+struct CollectiveModel {
+  CollectiveOp op = CollectiveOp::allreduce;
+  std::string algorithm;  // as strata-collective names it: library, ring, hierarchical, horing, shm, ...
+  GroupKind group = GroupKind::intra_node;
+  int ranks = 0;          // the group size it was measured at; other sizes scale through the bus factor
+  CollectiveForm form = CollectiveForm::latency_bandwidth;
+  std::vector<SizeRange> ranges;  // latency_bandwidth: by increasing up_to_bytes, the last unbounded
+  ChunkedModel chunked;           // chunked
+  std::map<std::string, double> compared;  // each form's relative residual on the same sizes, the kept one included
+  std::string source;
+
+  double seconds(double bytes, int ranks) const;
 };
 
 struct System {
@@ -91,9 +182,25 @@ struct System {
   Device device;
   NetworkTier intra_node;
   NetworkTier inter_node;
+  // Fitted per collective, algorithm and group kind; a collective without one takes its tier's model.
+  std::vector<CollectiveModel> collectives;
+  // A collective running while another group's collective runs on the same ranks takes (1 + c) times as long
+  // (strata-collective --mixed). Absent: not measured (not yet used by the simulator).
+  std::optional<Quantity> collective_contention;
   // Echo's s: a compute kernel overlapped with communication for a fraction r of its work takes
   // t_alone ((1 - r) + r (1 + s)).
   Quantity overlap_slowdown;
+  // The other direction: a collective overlapped with compute takes (1 + value) times as long (strata-interference).
+  // Absent: not measured (not yet used by the simulator).
+  std::optional<Quantity> communication_slowdown;
+
+  // The time of collective `op` of S = `bytes` on `ranks` ranks of a group of `kind`: the fitted model of that
+  // operation, algorithm and kind (of the nearest measured group size), else the tier's model (a hierarchical
+  // group takes the inter-node tier's).
+  double collective_seconds(CollectiveOp op, const std::string& algorithm, GroupKind kind, double bytes,
+                            int ranks) const;
+  const CollectiveModel* find_collective(CollectiveOp op, const std::string& algorithm, GroupKind kind,
+                                         int ranks) const;
 };
 
 // The first problem with a description (missing, negative, non-finite or out-of-range values), named by its

@@ -13,12 +13,12 @@ packages=(
   libhdf5-dev hdf5-tools
   libopenblas-pthread-dev
   libbenchmark-dev libgtest-dev
-  libdnnl-dev libhwloc-dev nlohmann-json3-dev libcli11-dev libglpk-dev
+  libdnnl-dev libhwloc-dev nlohmann-json3-dev libcli11-dev libglpk-dev libeigen3-dev
   python3
 )
 # Headers checked through the compiler after the packages, so a library installed by hand (a cluster's module,
 # spack) counts and a package that did not install its header does not.
-headers=(glpk.h)
+headers=(glpk.h eigen3/Eigen/Dense)
 python_modules=(h5py numpy pandas matplotlib scipy pytest)
 python_debs=(python3-h5py python3-numpy python3-pandas python3-matplotlib python3-scipy python3-pytest)
 
@@ -52,8 +52,8 @@ explain_manual_install() {
 How to get them:
   Debian/Ubuntu:  sudo apt-get install g++ make cmake pkg-config openmpi-bin libopenmpi-dev libhdf5-dev \
                   hdf5-tools libopenblas-pthread-dev libbenchmark-dev libgtest-dev libdnnl-dev \
-                  libhwloc-dev nlohmann-json3-dev libcli11-dev libglpk-dev python3
-  HPC cluster:    module load gcc cmake openmpi hdf5 openblas hwloc glpk   (module names vary by site; use the
+                  libhwloc-dev nlohmann-json3-dev libcli11-dev libglpk-dev libeigen3-dev python3
+  HPC cluster:    module load gcc cmake openmpi hdf5 openblas hwloc glpk eigen   (module names vary by site; use the
                   pthread or OpenMP OpenBLAS, never a serial one), then build GoogleTest, Google Benchmark,
                   nlohmann-json, CLI11 and (optional) oneDNN from your site's software stack or spack
                   (spack install googletest benchmark nlohmann-json cli11 onednn)
@@ -89,7 +89,7 @@ missing_headers() {
   done
 }
 mapfile -t need_headers < <(missing_headers)
-[ "${#need_headers[@]}" -eq 0 ] || explain_manual_install "headers ${need_headers[*]} (glpk.h: libglpk-dev)" ""
+[ "${#need_headers[@]}" -eq 0 ] || explain_manual_install "headers ${need_headers[*]} (glpk.h: libglpk-dev; eigen3/Eigen/Dense: libeigen3-dev)" ""
 
 # ---- Python modules -----------------------------------------------------------------------------------
 mapfile -t need_py < <(missing_python_modules)

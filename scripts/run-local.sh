@@ -6,7 +6,7 @@
 #   STRATA_NP         ranks [cores, or GPUs]
 #   STRATA_OUTPUT     results file [results/runs/suite-<UTC time>.h5]
 #   STRATA_ITERS      timed iterations per case [10]
-#   STRATA_MPIRUN     mpirun command [mpirun]
+#   STRATA_MPIRUN     mpirun command [mpirun]#   STRATA_SYSTEM     this machine's system description, fitted from the suite [results/runs/system-<UTC time>.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${STRATA_BUILD_DIR:-build}
@@ -18,7 +18,9 @@ if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null 
 np=${STRATA_NP:-$([ "$gpus" -gt 0 ] && echo "$gpus" || echo "$cores")}
 iters=${STRATA_ITERS:-10}
 mkdir -p results/runs
-output=${STRATA_OUTPUT:-results/runs/suite-$(date -u +%Y%m%dT%H%M%SZ).h5}
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+output=${STRATA_OUTPUT:-results/runs/suite-$stamp.h5}
+system=${STRATA_SYSTEM:-results/runs/system-$stamp.json}
 
 # Root-safe mpirun: Open MPI refuses root unless told; oversubscribe so np may exceed the slot count.
 mpirun_args=(--oversubscribe --bind-to none)
@@ -38,6 +40,10 @@ for run in "${cpu_runs[@]}"; do
   read -r -a argv <<<"$args"
   "${mpirun[@]}" "$build/$name" "${argv[@]}" "${common[@]}"
 done
+# The contention of concurrent groups (strata-project calibrate) needs TP and DP groups of two or more ranks each.
+if [ "$gpus" -eq 0 ] && [ "$np" -ge 4 ] && [ $((np % 2)) -eq 0 ]; then
+  "${mpirun[@]}" "$build/strata-collective" --grid "tp=2,dp=$((np / 2))" --mixed -a ring -b 64K -e 4M -f 4 "${common[@]}"
+fi
 if [ "$gpus" -gt 0 ]; then
   mapfile -t gpu_runs < <(strata_suite_runs . gpu)
   for run in "${gpu_runs[@]}"; do
@@ -50,3 +56,12 @@ fi
 report_dir="${output%.h5}-report"
 scripts/strata-report "$output" --out "$report_dir"
 echo "[run-local] results: $output; report and plots: $report_dir/" >&2
+
+# This machine's system description, fitted from the runs above; the latest one also under a stable name.
+echo "[run-local] calibrating this machine's system description from $output" >&2
+if "$build/strata-project" calibrate "$output" -o "$system"; then
+  cp "$system" results/runs/system-latest.json
+  echo "[run-local] system description: $system (also results/runs/system-latest.json)" >&2
+else
+  echo "[run-local] no system description written (see above)" >&2
+fi

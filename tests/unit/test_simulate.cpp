@@ -27,12 +27,16 @@ System test_system() {
   s.name = "test";
   s.device.name = "test device";
   s.device.devices_per_node = 8;
-  s.device.compute["bf16"] = {{100e12, 0.05, "round"}, {{{1e6, 0.25}, {1e9, 0.5}}, 0.1, "round"}};
-  s.device.compute["fp32"] = {{20e12, 0, ""}, {{{1, 1.0}}, 0, ""}};
+  s.device.compute["bf16"].peak_flops = {100e12, 0.05, "round"};
+  s.device.compute["bf16"].efficiency = {{{1e6, 0.25}, {1e9, 0.5}}, 0.1, "round"};
+  s.device.compute["fp32"].peak_flops = {20e12, 0, ""};
+  s.device.compute["fp32"].efficiency = {{{1, 1.0}}, 0, ""};
   s.device.memory_bandwidth = {1e12, 0, ""};
   s.device.memory_efficiency = {0.8, 0, ""};
-  s.intra_node = {{100e9, 0, ""}, {2e-6, 0, ""}, {}};
-  s.inter_node = {{10e9, 0, ""}, {10e-6, 0, ""}, {}};
+  s.intra_node.bandwidth = {100e9, 0, ""};
+  s.intra_node.latency = {2e-6, 0, ""};
+  s.inter_node.bandwidth = {10e9, 0, ""};
+  s.inter_node.latency = {10e-6, 0, ""};
   s.overlap_slowdown = {0.25, 0, ""};
   return s;
 }
@@ -97,8 +101,8 @@ TEST(SystemDescription, ValidationNamesTheFirstProblem) {
   s.inter_node.collectives[CollectiveOp::allgather] = {{1e-6, 0, ""}, {-5, 0, ""}};
   expect_problem(s, "network.inter_node.collectives.allgather.bandwidth");
   s = test_system();
-  s.version = 2;
-  expect_problem(s, "version must be 1");
+  s.version = 1;
+  expect_problem(s, "version must be 2");
 }
 
 TEST(SystemDescription, BusFactorsAreThoseOfNcclTests) {
@@ -207,6 +211,12 @@ TEST(SystemJson, TheSpecSheetSystemsLoadAndValidate) {
     EXPECT_FALSE(s.inter_node.latency.source.empty());
     // An 8-GPU node moves bytes faster inside than between nodes.
     EXPECT_GT(s.intra_node.bandwidth.value, s.inter_node.bandwidth.value);
+    // Version 2: every assumption beyond the datasheets says so.
+    EXPECT_NE(s.inter_node.source.find("not measured"), std::string::npos);
+    ASSERT_TRUE(s.collective_contention.has_value());
+    EXPECT_NE(s.collective_contention->source.find("assumption"), std::string::npos);
+    ASSERT_TRUE(s.communication_slowdown.has_value());
+    EXPECT_NE(s.overlap_slowdown.source.find("assumption"), std::string::npos);
   }
   const System a100 = strata::read_system(std::string(STRATA_SYSTEMS_DIR) + "/a100-80gb-sxm-hdr200.json");
   const System h100 = strata::read_system(std::string(STRATA_SYSTEMS_DIR) + "/h100-sxm-ndr400.json");
@@ -226,11 +236,14 @@ TEST(Simulate, OneGemmTakesFlopsOverPeakTimesEfficiency) {
   const Timeline t = simulate(s, one_rank({gemm_op("mm", 4096, 4096, 4096, "bf16")}));
   EXPECT_CLOSE(t.step_s, 2.0 * 4096 * 4096 * 4096 / (100e12 * 0.5));
   EXPECT_CLOSE(t.breakdown[0].compute_s, t.step_s);
-  // 2 * 100^3 = 2e6 FLOPs: log10(2) of the three decades from 1e6 to 1e9 up the curve.
-  const double flops = 2e6;
+  // 2 * 200^3 = 1.6e7 FLOPs: log10(16) of the three decades from 1e6 to 1e9 up the curve.
+  const double flops = 1.6e7;
   const double efficiency = 0.25 + 0.25 * std::log10(flops / 1e6) / 3;
-  EXPECT_CLOSE(simulate(s, one_rank({gemm_op("small", 100, 100, 100, "bf16")})).step_s,
+  EXPECT_CLOSE(simulate(s, one_rank({gemm_op("small", 200, 200, 200, "bf16")})).step_s,
                flops / (100e12 * efficiency));
+  // 100^3 is memory-bound on the roofline: A, W and C, 3e4 bf16 elements, at 0.8 TB/s take 75 ns, longer than
+  // its 2e6 FLOPs at efficiency 0.25 + 0.25 log10(2) / 3 (72.7 ns).
+  EXPECT_CLOSE(simulate(s, one_rank({gemm_op("tiny", 100, 100, 100, "bf16")})).step_s, 3e4 * 2 / 0.8e12);
   // Attention: causal forward 4 b h s s d / 2, backward 2.5 times that; elementwise bytes / (1 TB/s * 0.8).
   const Op fwd = attention_op("attn", 2, 16, 2048, 2048, 128, true, false, "bf16");
   EXPECT_DOUBLE_EQ(attention_flops(fwd), 4.0 * 2 * 16 * 2048 * 2048 * 128 / 2);
