@@ -121,7 +121,10 @@ project::Workload workload(const Case& c, double tf, double tb) {
 TEST(Schedule, IdleTimeIsTheClosedFormOnUniformStages) {
   project::System system;
   system.device.devices_per_node = 64;
-  system.device.compute["fp32"] = {{1e12, 0, ""}, {{{1, 1.0}}, 0, ""}};
+  project::ComputePeak fp32;
+  fp32.peak_flops.value = 1e12;
+  fp32.efficiency.points = {{1, 1.0}};
+  system.device.compute["fp32"] = fp32;
   system.device.memory_bandwidth.value = 1, system.device.memory_efficiency.value = 1;
   system.intra_node.bandwidth.value = 1e30, system.inter_node.bandwidth.value = 1e30;  // free transfers
   system.overlap_slowdown.value = 0;
