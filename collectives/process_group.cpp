@@ -2,6 +2,7 @@
 #include "collectives/process_group.h"
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
 #include <deque>
@@ -188,8 +189,58 @@ void require(bool condition, Message message) {
 
 }  // namespace
 
+Group::Group(std::string name, std::vector<int> world_ranks, int rank, std::vector<int> node_of_rank, GroupTrace& trace)
+    : name_(std::move(name)), rank_(rank), size_(static_cast<int>(world_ranks.size())), node_of_rank_(std::move(node_of_rank)),
+      trace_(&trace), world_ranks_(std::move(world_ranks)) {
+  if (node_of_rank_.size() != world_ranks_.size() || rank_ < 0 || rank_ >= size_)
+    throw std::invalid_argument("traced group " + name_ + ": " + std::to_string(world_ranks_.size()) + " members, " +
+                                std::to_string(node_of_rank_.size()) + " nodes, rank " + std::to_string(rank_));
+  std::map<int, int> per_node;
+  for (int node : node_of_rank_) ++per_node[node];
+  node_count_ = static_cast<int>(per_node.size());
+  even_nodes_ = std::all_of(per_node.begin(), per_node.end(), [&](auto& kv) { return kv.second == per_node.begin()->second; });
+  send_sequence_.assign(static_cast<std::size_t>(size_), 0);
+  recv_sequence_.assign(static_cast<std::size_t>(size_), 0);
+}
+
+std::unique_ptr<Group> Group::reordered(std::string name, const std::vector<int>& key_of_rank) const {
+  if (static_cast<int>(key_of_rank.size()) != size_) throw std::invalid_argument("reordered: one key per rank of " + name_);
+  std::vector<int> nodes(node_of_rank_.size()), world(world_ranks_.size());
+  for (int r = 0; r < size_; ++r) {
+    const auto to = static_cast<std::size_t>(key_of_rank[static_cast<std::size_t>(r)]);
+    if (to >= nodes.size()) throw std::invalid_argument("reordered: keys of " + name_ + " are not a permutation");
+    nodes[to] = node_of_rank_[static_cast<std::size_t>(r)];
+    if (trace_) world[to] = world_ranks_[static_cast<std::size_t>(r)];
+  }
+  const int me = key_of_rank[static_cast<std::size_t>(rank_)];
+  if (trace_) return std::make_unique<Group>(std::move(name), std::move(world), me, std::move(nodes), *trace_);
+  MPI_Comm comm = MPI_COMM_NULL;
+  STRATA_MPI_CHECK(MPI_Comm_split(comm_.get(), 0, me, &comm));
+  return std::make_unique<Group>(std::move(name), Comm(comm), std::move(nodes), *types_);
+}
+
+std::unique_ptr<Group> Group::subgroup(std::string name, const std::vector<int>& members) const {
+  std::vector<int> distinct = members;
+  std::sort(distinct.begin(), distinct.end());
+  if (std::adjacent_find(distinct.begin(), distinct.end()) != distinct.end() || distinct.empty() || distinct.front() < 0 ||
+      distinct.back() >= size_)
+    throw std::invalid_argument("subgroup of " + name_ + ": members must be distinct ranks of the group");
+  const auto at = std::find(members.begin(), members.end(), rank_);
+  const bool in = at != members.end();
+  std::vector<int> nodes, world;
+  for (int r : members) {
+    nodes.push_back(node_of_rank_.at(static_cast<std::size_t>(r)));
+    if (trace_) world.push_back(world_ranks_.at(static_cast<std::size_t>(r)));
+  }
+  const int me = static_cast<int>(at - members.begin());
+  if (trace_) return in ? std::make_unique<Group>(std::move(name), std::move(world), me, std::move(nodes), *trace_) : nullptr;
+  MPI_Comm comm = MPI_COMM_NULL;
+  STRATA_MPI_CHECK(MPI_Comm_split(comm_.get(), in ? 0 : MPI_UNDEFINED, me, &comm));
+  return in ? std::make_unique<Group>(std::move(name), Comm(comm), std::move(nodes), *types_) : nullptr;
+}
+
 Group::Group(std::string name, Comm comm, std::vector<int> node_of_rank, const MpiTypes& types)
-    : name_(std::move(name)), comm_(std::move(comm)), node_of_rank_(std::move(node_of_rank)), types_(types) {
+    : name_(std::move(name)), comm_(std::move(comm)), node_of_rank_(std::move(node_of_rank)), types_(&types) {
   STRATA_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
   STRATA_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
   if (static_cast<int>(node_of_rank_.size()) != size_)
@@ -289,20 +340,21 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
           [&] { return "allreduce has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
           [&] { return std::string(coll::name(algo)) + " allreduce needs the same number of ranks on every node"; });
+  if (trace_) return trace_->collective(*this, Operation::allreduce, algo, count, dtype);
   const std::size_t bytes = count * size_of(dtype);
   auto* out = static_cast<std::byte*>(recvbuf);
   if (algo == Algo::shm) return shm().start(Operation::allreduce, sendbuf, recvbuf, count, dtype, op);
   const int tag = next_collective_tag();
   if (algo == Algo::library && waiting == Waiting::at_once) {
     STRATA_MPI_CHECK(MPI_Allreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
-                                   types_.datatype(dtype), types_.op(dtype, op), comm_.get()));
+                                   types_->datatype(dtype), types_->op(dtype, op), comm_.get()));
     if (op == RedOp::avg) finish_avg(out, count, dtype, size_);
     return Work();
   }
   if (algo == Algo::library) {
     MPI_Request request;
     STRATA_MPI_CHECK(MPI_Iallreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
-                                         types_.datatype(dtype), types_.op(dtype, op), comm_.get(), &request));
+                                         types_->datatype(dtype), types_->op(dtype, op), comm_.get(), &request));
     return Work::start([&](Traffic*) {
       return library_then(request, op == RedOp::avg ? out : nullptr, count, dtype, size_, nullptr, nullptr, 0);
     });
@@ -336,6 +388,7 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
           [&] { return "reduce_scatter has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
           [&] { return std::string(coll::name(algo)) + " reduce_scatter needs the same number of ranks on every node"; });
+  if (trace_) return trace_->collective(*this, Operation::reduce_scatter, algo, recvcount, dtype);
   const std::size_t esize = size_of(dtype), block_bytes = recvcount * esize, total = block_bytes * static_cast<std::size_t>(size_);
   const auto* in = static_cast<const std::byte*>(sendbuf);
   auto* out = static_cast<std::byte*>(recvbuf);
@@ -346,8 +399,8 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
     // In place the input may be overwritten: MPI leaves the result at its start, NCCL's layout at my block.
     std::byte* in_place_input = const_cast<std::byte*>(in);
     STRATA_MPI_CHECK(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : sendbuf, in_place ? in_place_input : out,
-                                              static_cast<int>(recvcount), types_.datatype(dtype),
-                                              types_.op(dtype, op), comm_.get()));
+                                              static_cast<int>(recvcount), types_->datatype(dtype),
+                                              types_->op(dtype, op), comm_.get()));
     if (in_place && rank_ != 0) std::memcpy(out, in_place_input, block_bytes);
     if (op == RedOp::avg) finish_avg(out, recvcount, dtype, size_);
     return Work();
@@ -359,7 +412,7 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
     if (in_place) std::memcpy(scratch.get(), in, total);
     MPI_Request request;
     STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? scratch.get() : in, out, static_cast<int>(recvcount),
-                                                    types_.datatype(dtype), types_.op(dtype, op), comm_.get(), &request));
+                                                    types_->datatype(dtype), types_->op(dtype, op), comm_.get(), &request));
     return Work::start(
         [&](Traffic*) { return library_then(request, op == RedOp::avg ? out : nullptr, recvcount, dtype, size_, nullptr, nullptr, 0); },
         scratch);
@@ -402,6 +455,7 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
           [&] { return "allgather has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
           [&] { return std::string(coll::name(algo)) + " allgather needs the same number of ranks on every node"; });
+  if (trace_) return trace_->collective(*this, Operation::allgather, algo, count, dtype);
   const std::size_t esize = size_of(dtype), block_bytes = count * esize;
   auto* out = static_cast<std::byte*>(recvbuf);
   const auto* in = static_cast<const std::byte*>(sendbuf);
@@ -409,14 +463,14 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
   if (algo == Algo::shm) return shm().start(Operation::allgather, sendbuf, recvbuf, count, dtype);
   const int tag = next_collective_tag();
   if (algo == Algo::library && waiting == Waiting::at_once) {
-    STRATA_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_.datatype(dtype),
-                                   recvbuf, static_cast<int>(count), types_.datatype(dtype), comm_.get()));
+    STRATA_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_->datatype(dtype),
+                                   recvbuf, static_cast<int>(count), types_->datatype(dtype), comm_.get()));
     return Work();
   }
   if (algo == Algo::library) {
     MPI_Request request;
-    STRATA_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_.datatype(dtype),
-                                         recvbuf, static_cast<int>(count), types_.datatype(dtype), comm_.get(), &request));
+    STRATA_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), types_->datatype(dtype),
+                                         recvbuf, static_cast<int>(count), types_->datatype(dtype), comm_.get(), &request));
     return Work::start([&](Traffic*) { return library_then(request, nullptr, 0, dtype, size_, nullptr, nullptr, 0); });
   }
   const int n = size_;
@@ -442,15 +496,16 @@ Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, i
           [&] { return "broadcast has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require(root >= 0 && root < size_,
           [&] { return "broadcast root " + std::to_string(root) + " is not a rank of group " + name_; });
+  if (trace_) return trace_->collective(*this, Operation::broadcast, algo, count, dtype);
   if (algo == Algo::shm) return shm().start(Operation::broadcast, buf, buf, count, dtype, RedOp::sum, root);
   const int tag = next_collective_tag();
   if (algo == Algo::library && waiting == Waiting::at_once) {
-    STRATA_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get()));
+    STRATA_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(count), types_->datatype(dtype), root, comm_.get()));
     return Work();
   }
   if (algo == Algo::library) {
     MPI_Request request;
-    STRATA_MPI_CHECK(MPI_Ibcast(buf, static_cast<int>(count), types_.datatype(dtype), root, comm_.get(), &request));
+    STRATA_MPI_CHECK(MPI_Ibcast(buf, static_cast<int>(count), types_->datatype(dtype), root, comm_.get(), &request));
     return Work::start([&](Traffic*) { return library_then(request, nullptr, 0, dtype, size_, nullptr, nullptr, 0); });
   }
   return Work::start([&](Traffic* traffic) {
@@ -463,6 +518,7 @@ Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, i
 Work Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
   require(peer >= 0 && peer < size_ && peer != rank_,
           [&] { return "send: peer " + std::to_string(peer) + " of group " + name_; });
+  if (trace_) return trace_->point_to_point(*this, true, peer, count, dtype);
   const int tag = next_tag(send_sequence_, peer);
   return Work::start([&](Traffic* traffic) {
     return [](Channel ch, const std::byte* buf, std::size_t bytes, int peer) -> Step {
@@ -478,6 +534,7 @@ Work Group::send(const void* buf, std::size_t count, DataType dtype, int peer) {
 Work Group::recv(void* buf, std::size_t count, DataType dtype, int peer) {
   require(peer >= 0 && peer < size_ && peer != rank_,
           [&] { return "recv: peer " + std::to_string(peer) + " of group " + name_; });
+  if (trace_) return trace_->point_to_point(*this, false, peer, count, dtype);
   const int tag = next_tag(recv_sequence_, peer);
   return Work::start([&](Traffic*) {
     return [](Channel ch, std::byte* buf, std::size_t bytes, int peer) -> Step {
@@ -506,6 +563,51 @@ std::vector<std::string> parse_grid_order(const std::string& text) {
   return order;
 }
 
+namespace {
+
+// Where every world rank sits in the grid, without MPI: both constructors build the groups from this, so a
+// traced job has the same groups as a running one.
+struct GridPlaces {
+  std::array<int, 3> sizes{}, stride{1, 1, 1};
+
+  GridPlaces(const GridShape& grid, const std::vector<std::string>& order) : sizes{grid.tp, grid.pp, grid.dp} {
+    int next = 1;
+    for (const std::string& name : order) {
+      const std::size_t d = name == "tp" ? 0 : name == "pp" ? 1 : 2;
+      stride[d] = next;
+      next *= sizes[d];
+    }
+  }
+  int index(int rank, std::size_t d) const { return rank / stride[d] % sizes[d]; }
+  // The world ranks that differ from `rank` in coordinate d only, in that coordinate's order.
+  std::vector<int> dimension(int rank, std::size_t d) const {
+    std::vector<int> members;
+    const int base = rank - index(rank, d) * stride[d];
+    for (int k = 0; k < sizes[d]; ++k) members.push_back(base + k * stride[d]);
+    return members;
+  }
+};
+
+// Inside a data-parallel group (members in dp order, their nodes): my position among my node's members, and the
+// members on my node (intra) and those with my position on theirs (inter), in dp order.
+struct DataParallelSplit {
+  int local = 0;
+  std::vector<int> intra, inter;  // dp ranks
+  DataParallelSplit(const std::vector<int>& dp_nodes, int dp_rank) {
+    const int my_node = dp_nodes[static_cast<std::size_t>(dp_rank)];
+    for (int r = 0; r < dp_rank; ++r) local += dp_nodes[static_cast<std::size_t>(r)] == my_node;
+    std::map<int, int> seen;  // node -> DP ranks counted so far
+    for (int r = 0; r < static_cast<int>(dp_nodes.size()); ++r) {
+      const int node = dp_nodes[static_cast<std::size_t>(r)];
+      const int index = seen[node]++;
+      if (node == my_node) intra.push_back(r);
+      if (index == local) inter.push_back(r);
+    }
+  }
+};
+
+}  // namespace
+
 ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const std::string& order)
     : grid_(grid), order_(parse_grid_order(order)), types_(std::make_unique<MpiTypes>()) {
   const Layout layout(ranks_per_node);
@@ -513,26 +615,19 @@ ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const st
   if (grid.size() != world_size)
     throw std::invalid_argument("grid " + format_grid(grid) + " has " + std::to_string(grid.size()) + " ranks, the job " +
                                 std::to_string(world_size));
-  const int sizes[3] = {grid.tp, grid.pp, grid.dp};
-  auto dim = [](const std::string& name) { return name == "tp" ? 0 : name == "pp" ? 1 : 2; };
-  int stride = 1;
-  for (const std::string& name : order_) {
-    stride_[dim(name)] = stride;
-    stride *= sizes[dim(name)];
-  }
-  for (int d = 0; d < 3; ++d) index_[d] = me / stride_[d] % sizes[d];
+  const GridPlaces places(grid, order_);
+  for (std::size_t d = 0; d < 3; ++d) stride_[d] = places.stride[d], index_[d] = places.index(me, d);
   const std::vector<int>& world_nodes = layout.node_of_rank();
 
   MPI_Comm dup = MPI_COMM_NULL;
   STRATA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
   world_ = std::make_unique<Group>("world", Comm(dup), world_nodes, *types_);
-  // A dimension's group: the world ranks that differ from mine in that coordinate only.
-  auto dimension_group = [&](int d, const char* name) {
-    const int base = me - index_[d] * stride_[d];
+  auto dimension_group = [&](std::size_t d, const char* name) {
+    const std::vector<int> members = places.dimension(me, d);
     std::vector<int> nodes;
-    for (int k = 0; k < sizes[d]; ++k) nodes.push_back(world_nodes[static_cast<std::size_t>(base + k * stride_[d])]);
+    for (int r : members) nodes.push_back(world_nodes[static_cast<std::size_t>(r)]);
     MPI_Comm comm = MPI_COMM_NULL;
-    STRATA_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, base, index_[d], &comm));
+    STRATA_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, members.front(), index_[d], &comm));
     return std::make_unique<Group>(name, Comm(comm), std::move(nodes), *types_);
   };
   tp_ = dimension_group(0, "tp");
@@ -541,22 +636,49 @@ ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const st
 
   // Inside data parallelism: the DP ranks on my node, and those with my index among their node's DP ranks.
   const std::vector<int>& dp_nodes = dp_->node_of_rank();
-  const int my_node = dp_nodes[static_cast<std::size_t>(dp_->rank())];
-  int local = 0;
-  for (int r = 0; r < dp_->rank(); ++r) local += dp_nodes[static_cast<std::size_t>(r)] == my_node;
-  std::vector<int> intra_nodes, inter_nodes;
-  std::map<int, int> seen;  // node -> DP ranks counted so far
-  for (int r = 0; r < dp_->size(); ++r) {
-    const int node = dp_nodes[static_cast<std::size_t>(r)];
-    const int index = seen[node]++;
-    if (node == my_node) intra_nodes.push_back(node);
-    if (index == local) inter_nodes.push_back(node);
-  }
+  const DataParallelSplit split(dp_nodes, dp_->rank());
+  auto nodes_of = [&](const std::vector<int>& dp_ranks) {
+    std::vector<int> nodes;
+    for (int r : dp_ranks) nodes.push_back(dp_nodes[static_cast<std::size_t>(r)]);
+    return nodes;
+  };
   MPI_Comm intra = MPI_COMM_NULL, inter = MPI_COMM_NULL;
-  STRATA_MPI_CHECK(MPI_Comm_split(dp_->comm(), my_node, dp_->rank(), &intra));
-  dp_intra_ = std::make_unique<Group>("dp_intra", Comm(intra), std::move(intra_nodes), *types_);
-  STRATA_MPI_CHECK(MPI_Comm_split(dp_->comm(), local, dp_->rank(), &inter));
-  dp_inter_ = std::make_unique<Group>("dp_inter", Comm(inter), std::move(inter_nodes), *types_);
+  STRATA_MPI_CHECK(MPI_Comm_split(dp_->comm(), dp_nodes[static_cast<std::size_t>(dp_->rank())], dp_->rank(), &intra));
+  dp_intra_ = std::make_unique<Group>("dp_intra", Comm(intra), nodes_of(split.intra), *types_);
+  STRATA_MPI_CHECK(MPI_Comm_split(dp_->comm(), split.local, dp_->rank(), &inter));
+  dp_inter_ = std::make_unique<Group>("dp_inter", Comm(inter), nodes_of(split.inter), *types_);
+}
+
+ProcessGroups::ProcessGroups(const GridShape& grid, int ranks_per_node, const std::string& order, int rank, GroupTrace& trace)
+    : grid_(grid), order_(parse_grid_order(order)) {
+  const long long world_size = grid.size();
+  if (ranks_per_node < 1 || world_size % ranks_per_node != 0)
+    throw std::invalid_argument("a traced grid needs ranks per node that divide its " + std::to_string(world_size) + " ranks");
+  if (rank < 0 || rank >= world_size)
+    throw std::invalid_argument("rank " + std::to_string(rank) + " of a grid of " + std::to_string(world_size));
+  const GridPlaces places(grid, order_);
+  for (std::size_t d = 0; d < 3; ++d) stride_[d] = places.stride[d], index_[d] = places.index(rank, d);
+  auto group = [&](const char* name, std::vector<int> members) {
+    std::vector<int> nodes;
+    for (int r : members) nodes.push_back(r / ranks_per_node);
+    const int me = static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+    return std::make_unique<Group>(name, std::move(members), me, std::move(nodes), trace);
+  };
+  std::vector<int> everyone(static_cast<std::size_t>(world_size));
+  std::iota(everyone.begin(), everyone.end(), 0);
+  world_ = group("world", everyone);
+  tp_ = group("tp", places.dimension(rank, 0));
+  pp_ = group("pp", places.dimension(rank, 1));
+  const std::vector<int> dp_members = places.dimension(rank, 2);
+  dp_ = group("dp", dp_members);
+  const DataParallelSplit split(dp_->node_of_rank(), dp_->rank());
+  auto world_of = [&](const std::vector<int>& dp_ranks) {
+    std::vector<int> members;
+    for (int r : dp_ranks) members.push_back(dp_members[static_cast<std::size_t>(r)]);
+    return members;
+  };
+  dp_intra_ = group("dp_intra", world_of(split.intra));
+  dp_inter_ = group("dp_inter", world_of(split.inter));
 }
 
 int ProcessGroups::world_rank_of(int tp, int pp, int dp) const {

@@ -41,11 +41,26 @@ namespace strata::coll {
 // the same value: a blocking collective never matches a non-blocking one.
 enum class Waiting { later, at_once };
 
+class Group;
+
+// A group can stand for ranks that are not running (a trace of a job larger than the one at hand): a traced group
+// has no communicator, and hands its operations to a GroupTrace, which records them and returns operations that
+// complete when the trace says so. count and dtype are the operation's arguments (allgather: each rank's block;
+// reduce_scatter: each rank's result).
+class GroupTrace {
+ public:
+  virtual ~GroupTrace() = default;
+  virtual Work collective(const Group& group, Operation operation, Algo algo, std::size_t count, DataType dtype) = 0;
+  virtual Work point_to_point(const Group& group, bool send, int peer, std::size_t count, DataType dtype) = 0;
+};
+
 class Group {
  public:
   // Collective over `comm` (which the group takes over). `node_of_rank[r]` is the node of group rank r.
   // Splits the intra and inter communicators that the hierarchical algorithms use.
   Group(std::string name, Comm comm, std::vector<int> node_of_rank, const MpiTypes& types);
+  // A traced group: `world_ranks` are its members in group order, `rank` my place among them. No MPI.
+  Group(std::string name, std::vector<int> world_ranks, int rank, std::vector<int> node_of_rank, GroupTrace& trace);
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
   ~Group();
@@ -57,6 +72,13 @@ class Group {
   const std::vector<int>& node_of_rank() const { return node_of_rank_; }
   int node_count() const { return node_count_; }
   bool even_nodes() const { return even_nodes_; }  // every node holds the same number of the group's ranks
+  bool traced() const { return trace_ != nullptr; }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }  // a traced group's members; empty otherwise
+
+  // The same ranks in another order: rank r at position key_of_rank[r] (a permutation). Collective.
+  std::unique_ptr<Group> reordered(std::string name, const std::vector<int>& key_of_rank) const;
+  // The ranks at `members` (ranks of this group, in that order); nullptr on the others. Collective.
+  std::unique_ptr<Group> subgroup(std::string name, const std::vector<int>& members) const;
 
   // Algorithms: library (MPI_I* collectives), ring, hierarchical (reduce-scatter in the node, the shard
   // across nodes among ranks of the same local index, allgather in the node; needs even nodes), horing
@@ -151,7 +173,9 @@ class Group {
   bool even_nodes_ = true;
   Comm intra_, inter_;
   std::vector<int> intra_nodes_, inter_nodes_;  // node of each rank of intra_ / inter_, for traffic
-  const MpiTypes& types_;
+  const MpiTypes* types_ = nullptr;
+  GroupTrace* trace_ = nullptr;
+  std::vector<int> world_ranks_;
   unsigned collective_sequence_ = 0;
   std::vector<unsigned> send_sequence_, recv_sequence_;  // per peer
 };
@@ -165,6 +189,10 @@ class ProcessGroups {
   // Collective over MPI_COMM_WORLD. ranks_per_node 0: real nodes (ranks sharing memory); otherwise emulated
   // nodes of that many consecutive world ranks. The grid must multiply to the world size.
   ProcessGroups(const GridShape& grid, int ranks_per_node = 0, const std::string& order = "tp,pp,dp");
+  // The groups of world rank `rank` of a job with this grid and `ranks_per_node` ranks per node (at least 1),
+  // traced: no MPI, every operation handed to `trace` (GroupTrace). The same membership as the collective
+  // constructor builds.
+  ProcessGroups(const GridShape& grid, int ranks_per_node, const std::string& order, int rank, GroupTrace& trace);
   ProcessGroups(const ProcessGroups&) = delete;
   ProcessGroups& operator=(const ProcessGroups&) = delete;
 
@@ -182,7 +210,7 @@ class ProcessGroups {
   Group& dp() { return *dp_; }
   Group& dp_intra() { return *dp_intra_; }
   Group& dp_inter() { return *dp_inter_; }
-  const MpiTypes& types() const { return *types_; }
+  const MpiTypes& types() const { return *types_; }  // not for traced groups
 
  private:
   GridShape grid_;

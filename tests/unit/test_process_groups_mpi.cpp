@@ -309,6 +309,67 @@ TEST(ProcessGroups, SharedMemoryIntraPhasesCountTheBytesTheyWrite) {
 }
 
 // Pipeline-style exchange: two messages to the right neighbour in flight at once, received in order.
+// A traced job's groups (no MPI, any rank) are the running job's: the same members in the same order, the same
+// nodes, the same place of this rank, for every grid, order and node size this world allows. Its operations go to
+// the trace.
+TEST(ProcessGroups, TracedGroupsAreTheRunningOnes) {
+  struct Recorder : GroupTrace {
+    int collectives = 0, messages = 0;
+    Work collective(const Group&, Operation, Algo, std::size_t, DataType) override { return ++collectives, Work(); }
+    Work point_to_point(const Group&, bool, int, std::size_t, DataType) override { return ++messages, Work(); }
+  };
+  const int n = world_size_now();
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  for (const char* order : {"tp,pp,dp", "dp,tp,pp", "pp,dp,tp"})
+    for (int tp = 1; tp <= n; ++tp)
+      for (int pp = 1; tp * pp <= n; ++pp) {
+        if (n % (tp * pp) != 0) continue;
+        for (int rpn : {1, 2, n}) {
+          if (n % rpn != 0) continue;
+          const GridShape grid{tp, pp, n / (tp * pp)};
+          ProcessGroups running(grid, rpn, order);
+          Recorder recorder;
+          ProcessGroups traced(grid, rpn, order, me, recorder);
+          const std::string what = format_grid(grid) + " " + order + " rpn " + std::to_string(rpn);
+          for (auto [a, b] : {std::pair{&running.tp(), &traced.tp()}, {&running.pp(), &traced.pp()}, {&running.dp(), &traced.dp()},
+                              {&running.dp_intra(), &traced.dp_intra()}, {&running.dp_inter(), &traced.dp_inter()},
+                              {&running.world(), &traced.world()}}) {
+            std::vector<int> members(static_cast<std::size_t>(a->size()));
+            MPI_Allgather(&me, 1, MPI_INT, members.data(), 1, MPI_INT, a->comm());
+            EXPECT_EQ(b->world_ranks(), members) << what << " " << a->name();
+            EXPECT_EQ(b->rank(), a->rank()) << what << " " << a->name();
+            EXPECT_EQ(b->node_of_rank(), a->node_of_rank()) << what << " " << a->name();
+          }
+          EXPECT_EQ(traced.tp_index(), running.tp_index()) << what;
+          EXPECT_EQ(traced.pp_index(), running.pp_index()) << what;
+          EXPECT_EQ(traced.dp_index(), running.dp_index()) << what;
+          float x = 1;
+          EXPECT_TRUE(traced.dp().allreduce(Algo::ring, &x, &x, 1, DataType::float32, RedOp::sum).done());
+          if (traced.pp().size() > 1) traced.pp().send(&x, 1, DataType::float32, (traced.pp().rank() + 1) % traced.pp().size());
+          EXPECT_EQ(recorder.collectives, 1) << what;
+          EXPECT_EQ(recorder.messages, traced.pp().size() > 1 ? 1 : 0) << what;
+          // Reordered and sub-groups alike.
+          std::vector<int> reverse(static_cast<std::size_t>(running.dp().size()));
+          for (int r = 0; r < running.dp().size(); ++r) reverse[static_cast<std::size_t>(r)] = running.dp().size() - 1 - r;
+          const auto a = running.dp().reordered("reversed", reverse), b = traced.dp().reordered("reversed", reverse);
+          std::vector<int> members(static_cast<std::size_t>(a->size()));
+          MPI_Allgather(&me, 1, MPI_INT, members.data(), 1, MPI_INT, a->comm());
+          EXPECT_EQ(b->world_ranks(), members) << what;
+          if (running.dp().size() > 1) {
+            const auto ends_a = running.dp().subgroup("ends", {0, running.dp().size() - 1});
+            const auto ends_b = traced.dp().subgroup("ends", {0, running.dp().size() - 1});
+            ASSERT_EQ(ends_a == nullptr, ends_b == nullptr) << what;
+            if (ends_a) {
+              std::vector<int> ends(2);
+              MPI_Allgather(&me, 1, MPI_INT, ends.data(), 1, MPI_INT, ends_a->comm());
+              EXPECT_EQ(ends_b->world_ranks(), ends) << what;
+            }
+          }
+        }
+      }
+}
+
 TEST(ProcessGroups, PointToPointMessagesArriveInOrder) {
   ProcessGroups groups({1, world_size_now(), 1}, 0);
   Group& g = groups.pp();
