@@ -378,27 +378,32 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime,
   set_stride_ = in_set + (stage_.head ? HeadActs(N, R, C, static_cast<std::size_t>(sh.vocab_rows)).size : R * C);
   shared_base_ = static_cast<std::size_t>(stage_.activation_sets) * set_stride_;
   for (std::size_t& base : layer_recompute_) base += shared_base_ + shared;
-  activations_ = TrackedBuffer<float>(MemoryCategory::activations, shared_base_ + shared + recompute_total);
+  const Backing backing = runtime.tracer ? Backing::address_space : Backing::memory;
+  activations_ = TrackedBuffer<float>(MemoryCategory::activations, shared_base_ + shared + recompute_total, backing);
   recomputed_for_.assign(static_cast<std::size_t>(stage_.layers), {0, 0, 0});
   tokens_.resize(static_cast<std::size_t>(stage_.activation_sets));
   targets_.resize(static_cast<std::size_t>(stage_.activation_sets));
   // Frozen units' layer-norm gradients land in a region after the scratch and are never read.
-  scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, R, C, A, Q, KV, F).size + 2 * C);
+  scratch_ = TrackedBuffer<float>(MemoryCategory::workspace, Scratch(N, R, C, A, Q, KV, F).size + 2 * C, backing);
 }
 
 void GptCpu::tp_reduce_scatter(float* full, std::size_t width, const char* what) {
   const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   const double start = seconds();
-  tp_->reduce_scatter(coll::Algo::library, full, my_rows(full, width), rows_here_ * width, coll::DataType::float32,
-                      coll::RedOp::sum, coll::Waiting::at_once).wait();
+  if (runtime_.tracer) runtime_.tracer->name_next(what);
+  coll::Work work = tp_->reduce_scatter(coll::Algo::library, full, my_rows(full, width), rows_here_ * width, coll::DataType::float32,
+                      coll::RedOp::sum, coll::Waiting::at_once);
+  finish(work);
   if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), rows_here_ * width * tp_->size() * sizeof(float));
 }
 
 void GptCpu::tp_allgather(float* full, std::size_t width, const char* what) {
   const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   const double start = seconds();
-  tp_->allgather(coll::Algo::library, my_rows(full, width), full, rows_here_ * width, coll::DataType::float32,
-                 coll::Waiting::at_once).wait();
+  if (runtime_.tracer) runtime_.tracer->name_next(what);
+  coll::Work work = tp_->allgather(coll::Algo::library, my_rows(full, width), full, rows_here_ * width, coll::DataType::float32,
+                 coll::Waiting::at_once);
+  finish(work);
   if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), rows_here_ * width * tp_->size() * sizeof(float));
 }
 
@@ -406,8 +411,15 @@ void GptCpu::tp_allreduce(float* data, std::size_t count, const char* what, coll
   if (!tp_) return;
   const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
   const double start = seconds();
-  tp_->allreduce(coll::Algo::library, data, data, count, coll::DataType::float32, op, coll::Waiting::at_once).wait();
+  if (runtime_.tracer) runtime_.tracer->name_next(what);
+  coll::Work work = tp_->allreduce(coll::Algo::library, data, data, count, coll::DataType::float32, op, coll::Waiting::at_once);
+  finish(work);
   if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), count * sizeof(float));
+}
+
+void GptCpu::finish(coll::Work& work) const {
+  if (runtime_.tracer) runtime_.tracer->complete(runtime_.tracer->last_operation());  // a traced collective waits to be told
+  work.wait();
 }
 
 float* UnitPointers::pending() {
@@ -445,57 +457,94 @@ double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_
 
 }  // namespace
 
+template <typename Run>
+void GptCpu::compute(const char* what, double elements, const Run& run) const {
+  if (runtime_.tracer) runtime_.tracer->elementwise(what, elements);
+  else run();
+}
+
+void GptCpu::linear_forward(const char* what, const linear::Dims& d, float* y, const float* x, const float* w,
+                            const float* b) const {
+  if (runtime_.tracer) runtime_.tracer->gemm(what, d.rows, d.out_channels, d.in_channels);
+  else linear::forward(runtime_.library, d, y, x, w, b);
+}
+
+void GptCpu::linear_backward_input(const char* what, const linear::Dims& d, float* dx, const float* dy, const float* w,
+                                   bool accumulate) const {
+  if (runtime_.tracer) runtime_.tracer->gemm(what, d.rows, d.in_channels, d.out_channels);
+  else linear::backward_input(runtime_.library, d, dx, dy, w, accumulate);
+}
+
+void GptCpu::linear_backward_weight(const char* what, const linear::Dims& d, float* dw, float* db, const float* dy,
+                                    const float* x, bool accumulate) const {
+  if (runtime_.tracer) runtime_.tracer->gemm(what, d.out_channels, d.in_channels, d.rows);
+  else linear::backward_weight(runtime_.library, d, dw, db, dy, x, accumulate);
+}
+
+void GptCpu::attention_pass(const char* what, bool backward, const LayerView& x, float* d_out, float* dq, float* dk,
+                            float* dv) const {
+  const attention::Shape& a = attention_shape_;
+  if (runtime_.tracer) runtime_.tracer->attention(what, a.batch, a.heads_q, a.seq_q, a.seq_kv, a.head_dim, a.causal, backward);
+  else if (backward) attention::flash_backward(a, x.q, x.k, x.v, x.atty, d_out, x.lse, dq, dk, dv, attention_options_);
+  else attention::flash_forward(a, x.q, x.k, x.v, x.atty, x.lse, attention_options_);
+}
+
 void GptCpu::forward_op(int set, int l, const UnitPointers& u, LayerOp op) {
   const ModelConfig& m = model_;
   const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
   const std::size_t F = static_cast<std::size_t>(sh.mlp), R = rows_here_;
+  const std::size_t Q = static_cast<std::size_t>(sh.qkv_channels(m)), A = static_cast<std::size_t>(sh.attention_channels(m));
   const int64_t rows = static_cast<int64_t>(N);
   using T = LayerTensor;
   const LayerView x = view(set, l);
   switch (op) {
     case LayerOp::pre:
       // The residual stream and the layer norms on this rank's rows (all N without sequence parallelism).
-      layers::layernorm_forward(my_rows(x.ln1, C), x.ln1_mean, x.ln1_rstd, x.x_in, param(u, l, T::ln1_w), param(u, l, T::ln1_b),
-                                R, C, cpu_);
+      compute("ln1", 2.0 * R * C + 2.0 * R, [&] {
+        layers::layernorm_forward(my_rows(x.ln1, C), x.ln1_mean, x.ln1_rstd, x.x_in, param(u, l, T::ln1_w),
+                                  param(u, l, T::ln1_b), R, C, cpu_);
+      });
       if (sp_) tp_allgather(x.ln1, C, "allgather ln1");
       // (N, C) -> (N, Q): the three projections at once (this rank's heads).
-      linear::forward(runtime_.library, {rows, m.hidden, sh.qkv_channels(m)}, x.qkv, x.ln1, param(u, l, T::qkv_w),
-                      param(u, l, T::qkv_b));
+      linear_forward("qkv", {rows, m.hidden, sh.qkv_channels(m)}, x.qkv, x.ln1, param(u, l, T::qkv_w), param(u, l, T::qkv_b));
       return;
     case LayerOp::core:
-      permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), true);
-      attention::flash_forward(attention_shape_, x.q, x.k, x.v, x.atty, x.lse, attention_options_);
+      compute("split heads", 2.0 * N * Q, [&] {
+        permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), true);
+      });
+      attention_pass("attention", false, x, nullptr, nullptr, nullptr, nullptr);
       return;
-    case LayerOp::post:
-      permute_heads(x.atty, x.att_merged, batch_, seq_, sh.heads, m.head_dim(), true);
-      // (N, A) -> (N, C), row-parallel: partial sums over this rank's heads.
-      linear::forward(runtime_.library, {rows, sh.attention_channels(m), m.hidden}, x.attproj, x.att_merged,
-                      param(u, l, T::attn_proj_w), tensor_parallel() ? nullptr : param(u, l, T::attn_proj_b));
-      if (sp_) {
-        tp_reduce_scatter(x.attproj, C, "reduce-scatter attention out");
-        add_bias(my_rows(x.attproj, C), param(u, l, T::attn_proj_b), R, C);
-      } else if (tensor_parallel()) {
-        tp_allreduce(x.attproj, N * C, "allreduce attention out");
-        add_bias(x.attproj, param(u, l, T::attn_proj_b), N, C);
-      }
-      layers::residual_forward(x.x_mid, x.x_in, my_rows(x.attproj, C), R * C, cpu_);
-      layers::layernorm_forward(my_rows(x.ln2, C), x.ln2_mean, x.ln2_rstd, x.x_mid, param(u, l, T::ln2_w), param(u, l, T::ln2_b),
-                                R, C, cpu_);
+    case LayerOp::post: {
+      compute("merge heads", 2.0 * N * A, [&] { permute_heads(x.atty, x.att_merged, batch_, seq_, sh.heads, m.head_dim(), true); });
+      // (N, A) -> (N, C), row-parallel: partial sums over this rank's heads. A row-parallel layer's bias is added
+      // once, after the sum.
+      auto row_parallel_sum = [&](float* out, const float* bias, const char* reduce_scatter, const char* allreduce) {
+        if (sp_) {
+          tp_reduce_scatter(out, C, reduce_scatter);
+          compute("bias", 2.0 * R * C, [&] { add_bias(my_rows(out, C), bias, R, C); });
+        } else if (tensor_parallel()) {
+          tp_allreduce(out, N * C, allreduce);
+          compute("bias", 2.0 * N * C, [&] { add_bias(out, bias, N, C); });
+        }
+      };
+      linear_forward("attention out", {rows, sh.attention_channels(m), m.hidden}, x.attproj, x.att_merged,
+                     param(u, l, T::attn_proj_w), tensor_parallel() ? nullptr : param(u, l, T::attn_proj_b));
+      row_parallel_sum(x.attproj, param(u, l, T::attn_proj_b), "reduce-scatter attention out", "allreduce attention out");
+      compute("residual", 3.0 * R * C, [&] { layers::residual_forward(x.x_mid, x.x_in, my_rows(x.attproj, C), R * C, cpu_); });
+      compute("ln2", 2.0 * R * C + 2.0 * R, [&] {
+        layers::layernorm_forward(my_rows(x.ln2, C), x.ln2_mean, x.ln2_rstd, x.x_mid, param(u, l, T::ln2_w),
+                                  param(u, l, T::ln2_b), R, C, cpu_);
+      });
       if (sp_) tp_allgather(x.ln2, C, "allgather ln2");
       // MLP up column-parallel, down row-parallel.
-      linear::forward(runtime_.library, {rows, m.hidden, sh.mlp}, x.fch, x.ln2, param(u, l, T::fc_w), param(u, l, T::fc_b));
-      layers::gelu_forward(x.fch_gelu, x.fch, N * F, cpu_);
-      linear::forward(runtime_.library, {rows, sh.mlp, m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
-                      tensor_parallel() ? nullptr : param(u, l, T::fc_proj_b));
-      if (sp_) {
-        tp_reduce_scatter(x.fcproj, C, "reduce-scatter mlp out");
-        add_bias(my_rows(x.fcproj, C), param(u, l, T::fc_proj_b), R, C);
-      } else if (tensor_parallel()) {
-        tp_allreduce(x.fcproj, N * C, "allreduce mlp out");
-        add_bias(x.fcproj, param(u, l, T::fc_proj_b), N, C);
-      }
+      linear_forward("mlp up", {rows, m.hidden, sh.mlp}, x.fch, x.ln2, param(u, l, T::fc_w), param(u, l, T::fc_b));
+      compute("gelu", 2.0 * N * F, [&] { layers::gelu_forward(x.fch_gelu, x.fch, N * F, cpu_); });
+      linear_forward("mlp down", {rows, sh.mlp, m.hidden}, x.fcproj, x.fch_gelu, param(u, l, T::fc_proj_w),
+                     tensor_parallel() ? nullptr : param(u, l, T::fc_proj_b));
+      row_parallel_sum(x.fcproj, param(u, l, T::fc_proj_b), "reduce-scatter mlp out", "allreduce mlp out");
       return;
+    }
   }
 }
 
@@ -586,8 +635,10 @@ double GptCpu::forward(int set, const UnitPointers& u, const int32_t* tokens, co
     const float* wpe = u.params[0] + V * C;
     float* first_input = end > first ? view(set, first).x_in : head + h.x_final;
     if (!tensor_parallel()) {
-      layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
-                                static_cast<std::size_t>(seq_), C, V, cpu_);
+      compute("embedding", 3.0 * N * C, [&] {
+        layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
+                                  static_cast<std::size_t>(seq_), C, V, cpu_);
+      });
     } else {
       // Vocabulary-parallel lookup: my rows of the token table, zeros for the others' tokens, summed over the
       // group (onto my rows under sequence parallelism, through the workspace); then the position table, whole on
@@ -598,25 +649,29 @@ double GptCpu::forward(int set, const UnitPointers& u, const int32_t* tokens, co
                                                           static_cast<std::size_t>(sh.kv_channels(m)),
                                                           static_cast<std::size_t>(sh.mlp)).d_full
                              : first_input;
-      for (std::size_t i = 0; i < N; ++i) {
-        const int32_t token = tokens[i];
-        if (token < 0 || token >= m.vocab)
-          throw std::invalid_argument("token " + std::to_string(token) + " at position " + std::to_string(i) +
-                                      " is outside the vocabulary of " + std::to_string(m.vocab));
-        const std::size_t t = static_cast<std::size_t>(token);
-        float* row = looked_up + i * C;
-        if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
-        else std::fill(row, row + C, 0.0f);
-      }
+      compute("embedding lookup", 2.0 * N * C, [&] {
+        for (std::size_t i = 0; i < N; ++i) {
+          const int32_t token = tokens[i];
+          if (token < 0 || token >= m.vocab)
+            throw std::invalid_argument("token " + std::to_string(token) + " at position " + std::to_string(i) +
+                                        " is outside the vocabulary of " + std::to_string(m.vocab));
+          const std::size_t t = static_cast<std::size_t>(token);
+          float* row = looked_up + i * C;
+          if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
+          else std::fill(row, row + C, 0.0f);
+        }
+      });
       if (sp_) {
         tp_reduce_scatter(looked_up, C, "reduce-scatter embedding");
-        std::copy(my_rows(looked_up, C), my_rows(looked_up, C) + R * C, first_input);
+        compute("copy", 2.0 * R * C, [&] { std::copy(my_rows(looked_up, C), my_rows(looked_up, C) + R * C, first_input); });
       } else {
         tp_allreduce(first_input, N * C, "allreduce embedding");
       }
-      for (std::size_t i = 0; i < R; ++i)
-        for (std::size_t c = 0; c < C; ++c)
-          first_input[i * C + c] += wpe[((row_begin_ + i) % static_cast<std::size_t>(seq_)) * C + c];
+      compute("positions", 3.0 * R * C, [&] {
+        for (std::size_t i = 0; i < R; ++i)
+          for (std::size_t c = 0; c < C; ++c)
+            first_input[i * C + c] += wpe[((row_begin_ + i) % static_cast<std::size_t>(seq_)) * C + c];
+      });
     }
   }
   for (int l = first; l < end; ++l) {
@@ -629,22 +684,28 @@ double GptCpu::forward(int set, const UnitPointers& u, const int32_t* tokens, co
     // The next layer's input, or the stage's output (the head's input on the last stage).
     const LayerView x = view(set, l);
     float* out = l + 1 < end ? view(set, l + 1).x_in : head + (stage_.head ? h.x_final : 0);
-    layers::residual_forward(out, x.x_mid, my_rows(x.fcproj, C), R * C, cpu_);
+    compute("residual", 3.0 * R * C, [&] { layers::residual_forward(out, x.x_mid, my_rows(x.fcproj, C), R * C, cpu_); });
   }
   if (!stage_.head) return 0;
   call(hooks.before_forward, m.layers);
   const int64_t rows = static_cast<int64_t>(N);
   const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
   const float* wte = u.params[0];
-  layers::layernorm_forward(my_rows(head + h.lnf, C), head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final, lnf, lnf + C,
-                            R, C, cpu_);
+  compute("lnf", 2.0 * R * C + 2.0 * R, [&] {
+    layers::layernorm_forward(my_rows(head + h.lnf, C), head + h.lnf_mean, head + h.lnf_rstd, head + h.x_final, lnf, lnf + C,
+                              R, C, cpu_);
+  });
   if (sp_) tp_allgather(head + h.lnf, C, "allgather lnf");
   // The LM head is the token table: logits (N, V) = lnf (N, C) wte (V, C)^T; a rank's slice of them in parallel.
-  linear::forward(runtime_.library, {rows, m.hidden, sh.vocab_rows}, head + h.logits, head + h.lnf, wte, nullptr);
+  linear_forward("lm head", {rows, m.hidden, sh.vocab_rows}, head + h.logits, head + h.lnf, wte, nullptr);
+  double loss = 0;
   if (!tensor_parallel()) {
     const layers::VocabSlice slice = layers::whole_vocab(N, V);
-    return layers::softmax_cross_entropy(head + h.losses, nullptr, head + h.row_stats, head + h.logits, targets, 1.0f,
-                                         slice, cpu_);
+    compute("cross-entropy", 1.0 * N * V + 4.0 * N, [&] {
+      loss = layers::softmax_cross_entropy(head + h.losses, nullptr, head + h.row_stats, head + h.logits, targets, 1.0f,
+                                           slice, cpu_);
+    });
+    return loss;
   }
   // Vocabulary-parallel cross-entropy: each rank's statistics of its slice, combined over the group.
   const layers::VocabSlice slice{N, static_cast<std::size_t>(sh.vocab_width), V, static_cast<std::size_t>(sh.vocab_begin),
@@ -652,17 +713,19 @@ double GptCpu::forward(int set, const UnitPointers& u, const int32_t* tokens, co
   float* row_max = head + h.row_stats;
   float* row_sum = row_max + N;
   float* target_logit = row_sum + N;
-  layers::cross_entropy_row_max(row_max, head + h.logits, slice, cpu_);
+  compute("logit max", 1.0 * N * V + N, [&] { layers::cross_entropy_row_max(row_max, head + h.logits, slice, cpu_); });
   tp_allreduce(row_max, N, "allreduce loss max", coll::RedOp::max);
-  layers::cross_entropy_row_sum_exp(row_sum, head + h.logits, row_max, slice, cpu_);
+  compute("sum of exponentials", 1.0 * N * V + 2.0 * N,
+          [&] { layers::cross_entropy_row_sum_exp(row_sum, head + h.logits, row_max, slice, cpu_); });
   tp_allreduce(row_sum, N, "allreduce loss sum");
-  layers::cross_entropy_target_logit(target_logit, head + h.logits, targets, slice, cpu_);
+  compute("target logit", 3.0 * N, [&] { layers::cross_entropy_target_logit(target_logit, head + h.logits, targets, slice, cpu_); });
   tp_allreduce(target_logit, N, "allreduce loss target");
-  layers::cross_entropy_loss_and_grad(head + h.losses, nullptr, head + h.logits, targets, row_max, row_sum, target_logit,
-                                      1.0f, slice, cpu_);
-  double sum = 0;
-  for (std::size_t i = 0; i < N; ++i) sum += head[h.losses + i];
-  return sum;
+  compute("losses", 5.0 * N, [&] {
+    layers::cross_entropy_loss_and_grad(head + h.losses, nullptr, head + h.logits, targets, row_max, row_sum, target_logit,
+                                        1.0f, slice, cpu_);
+    for (std::size_t i = 0; i < N; ++i) loss += head[h.losses + i];
+  });
+  return loss;
 }
 
 void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual) {
@@ -682,19 +745,19 @@ void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x
   const int A = sh.attention_channels(m);
   using T = LayerTensor;
   if (trains)
-    linear::backward_weight(runtime_.library, {rows, A, m.hidden}, grad(u, l, T::attn_proj_w), grad(u, l, T::attn_proj_b),
-                            d_residual, x.att_merged, true);
-  linear::backward_input(runtime_.library, {rows, A, m.hidden}, g + s.d_att_merged, d_residual, param(u, l, T::attn_proj_w),
-                         false);
-  permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, sh.heads, m.head_dim(), false);
-  attention::flash_backward(attention_shape_, x.q, x.k, x.v, x.atty, g + s.d_atty, x.lse, g + s.dq, g + s.dk, g + s.dv,
-                            attention_options_);
-  permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), false);
+    linear_backward_weight("attention out weight", {rows, A, m.hidden}, grad(u, l, T::attn_proj_w), grad(u, l, T::attn_proj_b),
+                           d_residual, x.att_merged, true);
+  linear_backward_input("attention out input", {rows, A, m.hidden}, g + s.d_att_merged, d_residual, param(u, l, T::attn_proj_w),
+                        false);
+  compute("split heads", 2.0 * N * static_cast<double>(A),
+          [&] { permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, sh.heads, m.head_dim(), false); });
+  attention_pass("attention backward", true, x, g + s.d_atty, g + s.dq, g + s.dk, g + s.dv);
+  compute("merge qkv", 2.0 * N * sh.qkv_channels(m),
+          [&] { permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), false); });
   if (trains)
-    linear::backward_weight(runtime_.library, {rows, m.hidden, sh.qkv_channels(m)}, grad(u, l, T::qkv_w), grad(u, l, T::qkv_b),
-                            g + s.d_qkv, x.ln1, true);
-  linear::backward_input(runtime_.library, {rows, m.hidden, sh.qkv_channels(m)}, g + s.d_ln, g + s.d_qkv,
-                         param(u, l, T::qkv_w), false);
+    linear_backward_weight("qkv weight", {rows, m.hidden, sh.qkv_channels(m)}, grad(u, l, T::qkv_w), grad(u, l, T::qkv_b),
+                           g + s.d_qkv, x.ln1, true);
+  linear_backward_input("qkv input", {rows, m.hidden, sh.qkv_channels(m)}, g + s.d_ln, g + s.d_qkv, param(u, l, T::qkv_w), false);
   // column-parallel: each rank's heads contribute to ln1's gradient
   if (sp_) tp_reduce_scatter(g + s.d_ln, C, "reduce-scatter d ln1");
   else tp_allreduce(g + s.d_ln, N * C, "allreduce d ln1");
@@ -702,7 +765,7 @@ void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x
 
 float* GptCpu::gathered(const float* mine, float* full, const char* what) {
   const std::size_t C = static_cast<std::size_t>(model_.hidden);
-  std::copy(mine, mine + rows_here_ * C, my_rows(full, C));
+  compute("copy", 2.0 * rows_here_ * C, [&] { std::copy(mine, mine + rows_here_ * C, my_rows(full, C)); });
   tp_allgather(full, C, what);
   return full;
 }
@@ -749,15 +812,21 @@ void GptCpu::backward(int set, const UnitPointers& u, float normaliser, const fl
   auto norm_backward = [&](float* dinp, float* dweight, float* dbias, const float* inp, const float* weight,
                            const float* mean, const float* rstd, const char* what) {
     const float* dout = my_rows(g + s.d_ln, C);
+    const double elements = 4.0 * R * C + 2.0 * R;  // dout and the input read, dinp read and written
     if (!sp_ || dweight == discard) {
-      layers::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, R, C, cpu_);
+      compute("norm backward", elements,
+              [&] { layers::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, R, C, cpu_); });
       return;
     }
     float* partial = g + s.d_norm;
-    std::fill(partial, partial + 2 * C, 0.0f);
-    layers::layernorm_backward(dinp, partial, partial + C, dout, inp, weight, mean, rstd, R, C, cpu_);
+    compute("norm backward", elements, [&] {
+      std::fill(partial, partial + 2 * C, 0.0f);
+      layers::layernorm_backward(dinp, partial, partial + C, dout, inp, weight, mean, rstd, R, C, cpu_);
+    });
     tp_allreduce(partial, 2 * C, what);
-    for (std::size_t c = 0; c < C; ++c) dweight[c] += partial[c], dbias[c] += partial[C + c];
+    compute("norm weights", 6.0 * C, [&] {
+      for (std::size_t c = 0; c < C; ++c) dweight[c] += partial[c], dbias[c] += partial[C + c];
+    });
   };
 
   if (stage_.head) {
@@ -772,19 +841,21 @@ void GptCpu::backward(int set, const UnitPointers& u, float normaliser, const fl
                                                static_cast<std::size_t>(sh.vocab_begin), static_cast<std::size_t>(m.vocab)}
                           : layers::whole_vocab(N, V);
     float* logits = head + h.logits;
-    layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets.data(), head + h.row_stats,
-                                        head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
-    if (tensor_parallel() && V > static_cast<std::size_t>(sh.vocab_width))  // the padding rows of the last slice
-      for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
-    if (dwte) linear::backward_weight(runtime_.library, {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
-    linear::backward_input(runtime_.library, {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
+    compute("cross-entropy backward", 2.0 * N * V, [&] {
+      layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets.data(), head + h.row_stats,
+                                          head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
+      if (tensor_parallel() && V > static_cast<std::size_t>(sh.vocab_width))  // the padding rows of the last slice
+        for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
+    });
+    if (dwte) linear_backward_weight("lm head weight", {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
+    linear_backward_input("lm head input", {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
     sum_input_gradient("allreduce d lnf", "reduce-scatter d lnf");  // every slice of the vocabulary contributes
-    std::fill(g + s.d_x, g + s.d_x + R * C, 0.0f);
+    compute("zero", 1.0 * R * C, [&] { std::fill(g + s.d_x, g + s.d_x + R * C, 0.0f); });
     norm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, head + h.x_final, lnf, head + h.lnf_mean,
                   head + h.lnf_rstd, "allreduce d lnf weights");
     call(hooks.after_backward, m.layers);
   } else {
-    std::copy(output_grad, output_grad + R * C, g + s.d_x);
+    compute("copy", 2.0 * R * C, [&] { std::copy(output_grad, output_grad + R * C, g + s.d_x); });
   }
 
   // d_x holds the gradient of the current layer's output (my rows); each layer turns it into its input's gradient.
@@ -796,22 +867,24 @@ void GptCpu::backward(int set, const UnitPointers& u, float normaliser, const fl
     // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))). The row-parallel MLP down reads every row's gradient.
     const float* d_out = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d mlp out") : g + s.d_x;
     if (trains)
-      linear::backward_weight(runtime_.library, {rows, sh.mlp, m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
-                              d_out, x.fch_gelu, true);
-    linear::backward_input(runtime_.library, {rows, sh.mlp, m.hidden}, g + s.d_fch_gelu, d_out, param(u, l, T::fc_proj_w), false);
-    std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
-    layers::gelu_backward(g + s.d_fch, x.fch, g + s.d_fch_gelu, N * F, cpu_);
+      linear_backward_weight("mlp down weight", {rows, sh.mlp, m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
+                             d_out, x.fch_gelu, true);
+    linear_backward_input("mlp down input", {rows, sh.mlp, m.hidden}, g + s.d_fch_gelu, d_out, param(u, l, T::fc_proj_w), false);
+    compute("gelu backward", 4.0 * N * F, [&] {
+      std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
+      layers::gelu_backward(g + s.d_fch, x.fch, g + s.d_fch_gelu, N * F, cpu_);
+    });
     if (trains)
-      linear::backward_weight(runtime_.library, {rows, m.hidden, sh.mlp}, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
-                              g + s.d_fch, x.ln2, true);
-    linear::backward_input(runtime_.library, {rows, m.hidden, sh.mlp}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
+      linear_backward_weight("mlp up weight", {rows, m.hidden, sh.mlp}, grad(u, l, T::fc_w), grad(u, l, T::fc_b), g + s.d_fch,
+                             x.ln2, true);
+    linear_backward_input("mlp up input", {rows, m.hidden, sh.mlp}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
     sum_input_gradient("allreduce d ln2", "reduce-scatter d ln2");  // column-parallel MLP up: every slice contributes
-    std::copy(g + s.d_x, g + s.d_x + R * C, g + s.d_mid);  // the residual branch
+    compute("copy", 2.0 * R * C, [&] { std::copy(g + s.d_x, g + s.d_x + R * C, g + s.d_mid); });  // the residual branch
     norm_backward(g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C, x.x_mid,
                   param(u, l, T::ln2_w), x.ln2_mean, x.ln2_rstd, "allreduce d ln2 weights");
     // Attention: x_mid = x_in + attproj(attention(ln1(x_in))).
     attention_backward(l, u, x, g + s.d_mid);
-    std::copy(g + s.d_mid, g + s.d_mid + R * C, g + s.d_x);  // the residual branch
+    compute("copy", 2.0 * R * C, [&] { std::copy(g + s.d_mid, g + s.d_mid + R * C, g + s.d_x); });  // the residual branch
     norm_backward(g + s.d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C, x.x_in,
                   param(u, l, T::ln1_w), x.ln1_mean, x.ln1_rstd, "allreduce d ln1 weights");
     recomputed_for_[static_cast<std::size_t>(local(l))] = {0, 0, 0};
@@ -821,21 +894,25 @@ void GptCpu::backward(int set, const UnitPointers& u, float normaliser, const fl
   call(hooks.before_backward, -1);
   float* dwte = u.grads[0];  // read after the hook, which may have just provided it
   if (!tensor_parallel()) {
-    layers::embedding_backward(dwte, dwte + V * C, g + s.d_x, tokens.data(), static_cast<std::size_t>(batch_),
-                               static_cast<std::size_t>(seq_), C, cpu_);
+    compute("embedding backward", 3.0 * N * C, [&] {
+      layers::embedding_backward(dwte, dwte + V * C, g + s.d_x, tokens.data(), static_cast<std::size_t>(batch_),
+                                 static_cast<std::size_t>(seq_), C, cpu_);
+    });
   } else {
     // My rows of the token table from the tokens they hold; the position table, whole, from every row.
     const float* d_embedding = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d embedding") : g + s.d_x;
     const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
     float* dwpe = dwte + V * C;
-    for (std::size_t i = 0; i < N; ++i) {
-      const float* d = d_embedding + i * C;
-      const std::size_t t = static_cast<std::size_t>(tokens[i]);
-      if (t >= begin && t < begin + width)
-        for (std::size_t c = 0; c < C; ++c) dwte[(t - begin) * C + c] += d[c];
-      float* pos = dwpe + (i % static_cast<std::size_t>(seq_)) * C;
-      for (std::size_t c = 0; c < C; ++c) pos[c] += d[c];
-    }
+    compute("embedding backward", 5.0 * N * C, [&] {
+      for (std::size_t i = 0; i < N; ++i) {
+        const float* d = d_embedding + i * C;
+        const std::size_t t = static_cast<std::size_t>(tokens[i]);
+        if (t >= begin && t < begin + width)
+          for (std::size_t c = 0; c < C; ++c) dwte[(t - begin) * C + c] += d[c];
+        float* pos = dwpe + (i % static_cast<std::size_t>(seq_)) * C;
+        for (std::size_t c = 0; c < C; ++c) pos[c] += d[c];
+      }
+    });
   }
   call(hooks.after_backward, -1);
 }

@@ -22,8 +22,10 @@
 #include "kernels/attention.h"
 #include "kernels/cpu_gemm.h"
 #include "kernels/layers.h"
+#include "kernels/linear.h"
 #include "train/memory.h"
 #include "train/model_config.h"
+#include "train/tracer.h"
 
 namespace strata::train {
 
@@ -115,6 +117,8 @@ struct StagePlan {
 struct CpuRuntime {
   cpu_gemm::Backend library = cpu_gemm::Backend::openblas;
   int threads = 1;
+  // A traced model (trace.h) records each kernel call here instead of running it, and holds addresses, not memory.
+  Tracer* tracer = nullptr;
 };
 
 // Where each unit's parameters and gradients are: unit u of ParameterLayout::units() (0 the embeddings, 1..L
@@ -240,6 +244,17 @@ class GptCpu {
   float* my_rows(float* full, std::size_t width) const { return full + row_begin_ * width; }
   // Sequence parallelism: my rows of a gradient of the residual stream (R, C), gathered into `full` (N, C).
   float* gathered(const float* mine, float* full, const char* what);
+  // Every kernel call of a pass goes through one of these: it runs, or under a tracer it is recorded (its shape, or
+  // the elements it reads and writes) and nothing is computed.
+  template <typename Run>
+  void compute(const char* what, double elements, const Run& run) const;
+  void linear_forward(const char* what, const linear::Dims& d, float* y, const float* x, const float* w, const float* b) const;
+  void linear_backward_input(const char* what, const linear::Dims& d, float* dx, const float* dy, const float* w, bool accumulate) const;
+  void linear_backward_weight(const char* what, const linear::Dims& d, float* dw, float* db, const float* dy, const float* x,
+                              bool accumulate) const;
+  void attention_pass(const char* what, bool backward, const LayerView& x, float* d_out, float* dq, float* dk, float* dv) const;
+  // Waits for a tensor-parallel collective (a traced one completes when told).
+  void finish(coll::Work& work) const;
   const LayerHooks* hooks_ = nullptr;  // of the pass running, for tp_allreduce's report
   bool tensor_parallel() const { return tp_ != nullptr; }
   int local(int l) const { return l - stage_.first_layer; }  // index of layer l within the stage

@@ -1,6 +1,8 @@
 // Process-wide memory counters of the training step (see memory.h).
 #include "train/memory.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -86,6 +88,15 @@ void tracked_free(MemoryCategory category, void* memory, std::size_t bytes) {
   std::free(memory);
   counters().current[static_cast<std::size_t>(category)] -= bytes;
 }
+
+void* reserve_address_space(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* memory = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (memory == MAP_FAILED) throw std::bad_alloc();
+  return memory;
+}
+
+void release_address_space(void* memory, std::size_t bytes) { munmap(memory, bytes); }
 
 void count_device_allocation(MemoryCategory category, std::size_t bytes) { add(device_counters(), category, bytes); }
 void count_device_free(MemoryCategory category, std::size_t bytes) {

@@ -31,13 +31,18 @@ MemoryFigures device_memory_current();
 MemoryFigures device_memory_peak();
 void reset_device_memory_peaks();
 
+// Where a buffer's elements are: in memory; or, for a traced step (trace.h), only in address space: the buffer
+// has addresses, so the step computes the same pointers, but no memory behind them (touching one faults), and
+// it counts for nothing.
+enum class Backing { memory, address_space };
+
 // A page-aligned array of T, zeroed at allocation (never timed on uninitialised memory), counted under its
 // category for as long as it lives. Moves transfer the count.
 template <typename T>
 class TrackedBuffer {
  public:
   TrackedBuffer() = default;
-  TrackedBuffer(MemoryCategory category, std::size_t count);
+  TrackedBuffer(MemoryCategory category, std::size_t count, Backing backing = Backing::memory);
   ~TrackedBuffer() { release(); }
   TrackedBuffer(TrackedBuffer&& other) noexcept { *this = static_cast<TrackedBuffer&&>(other); }
   TrackedBuffer& operator=(TrackedBuffer&& other) noexcept;
@@ -61,25 +66,30 @@ class TrackedBuffer {
   T* data_ = nullptr;
   std::size_t size_ = 0;
   MemoryCategory category_ = MemoryCategory::workspace;
+  Backing backing_ = Backing::memory;
 };
 
 namespace detail {
 void* tracked_allocate(MemoryCategory category, std::size_t bytes);  // zeroed, page-aligned; bad_alloc on failure
 void tracked_free(MemoryCategory category, void* memory, std::size_t bytes);
+void* reserve_address_space(std::size_t bytes);  // no access, no memory; bad_alloc on failure
+void release_address_space(void* memory, std::size_t bytes);
 // The device figures' bookkeeping, for the allocator of memory_cuda.h: bytes allocated and freed.
 void count_device_allocation(MemoryCategory category, std::size_t bytes);
 void count_device_free(MemoryCategory category, std::size_t bytes);
 }  // namespace detail
 
 template <typename T>
-TrackedBuffer<T>::TrackedBuffer(MemoryCategory category, std::size_t count)
-    : data_(static_cast<T*>(detail::tracked_allocate(category, count * sizeof(T)))), size_(count), category_(category) {}
+TrackedBuffer<T>::TrackedBuffer(MemoryCategory category, std::size_t count, Backing backing)
+    : data_(static_cast<T*>(backing == Backing::memory ? detail::tracked_allocate(category, count * sizeof(T))
+                                                       : detail::reserve_address_space(count * sizeof(T)))),
+      size_(count), category_(category), backing_(backing) {}
 
 template <typename T>
 TrackedBuffer<T>& TrackedBuffer<T>::operator=(TrackedBuffer&& other) noexcept {
   if (this != &other) {
     release();
-    data_ = other.data_, size_ = other.size_, category_ = other.category_;
+    data_ = other.data_, size_ = other.size_, category_ = other.category_, backing_ = other.backing_;
     other.data_ = nullptr, other.size_ = 0;
   }
   return *this;
@@ -92,7 +102,8 @@ void TrackedBuffer<T>::fill(const T& value) {
 
 template <typename T>
 void TrackedBuffer<T>::release() {
-  if (data_) detail::tracked_free(category_, data_, size_ * sizeof(T));
+  if (data_ && backing_ == Backing::memory) detail::tracked_free(category_, data_, size_ * sizeof(T));
+  if (data_ && backing_ == Backing::address_space) detail::release_address_space(data_, size_ * sizeof(T));
   data_ = nullptr, size_ = 0;
 }
 

@@ -192,7 +192,8 @@ TEST(Pipeline, OverlappedRecomputationMatchesTheSingleRankStep) {
           placement.push_back(op.earliest_window < op.deadline_window ? OpPlacement{RecomputeMode::window, op.earliest_window}
                                                                      : OpPlacement{RecomputeMode::on_demand, -1});
       }
-      EXPECT_FALSE(heuristic && find_violation(problem.problem, placement).has_value()) << what;
+      // The tensor-parallel group runs its first rank's placement: it fits that rank's measured windows.
+      EXPECT_FALSE(heuristic && groups.tp_index() == 0 && find_violation(problem.problem, placement).has_value()) << what;
       apply_placement(problem, placement, g.grid.pp, groups.pp_index(), c);
       Trainer trainer(c, groups, *data);
       double in_windows = 0;

@@ -1,0 +1,60 @@
+// A training step as an operation graph, without running it: what the step executor of trainer.h would run on
+// each rank (every GEMM and attention call with its shape, elementwise kernels with the elements they move, every
+// collective with its group and size, every send and receive, and what waits for what), for a grid of any size.
+// The executor itself emits it in trace mode (Trainer's traced constructor): the same code decides what a measured
+// step runs and what a traced one contains. The projection (project/) turns it into the simulator's workload.
+//
+// Plain data, no MPI: the projection reads it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::train {
+
+enum class TraceOpKind { gemm, attention, elementwise, collective, send, recv };
+enum class TraceCollective { allreduce, allgather, reduce_scatter, broadcast };
+
+struct TraceOp {
+  TraceOpKind kind = TraceOpKind::elementwise;
+  std::string name;
+  std::vector<int> depends_on;  // earlier ops of the same rank that must end before this one starts
+  // gemm: C (m, n) = A (m, k) B (k, n)
+  std::int64_t m = 0, n = 0, k = 0;
+  // attention: batch, heads, query and key lengths, head dimension, causal, forward or backward
+  std::int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  bool causal = false, backward = false;
+  double elements = 0;  // elementwise: elements read and written
+  // collective, send, recv: the group (an index into StepTrace::groups), the operation's count argument (allgather:
+  // each rank's block; reduce_scatter: each rank's result) and element size, the algorithm's name; for send and
+  // recv the peer's world rank.
+  int group = -1;
+  TraceCollective collective = TraceCollective::allreduce;
+  double count = 0;
+  int element_bytes = 4;
+  std::string algorithm;
+  int peer = -1;
+  bool blocking = false;  // the rank waits for it right after starting it
+};
+
+struct TraceGroup {
+  std::string role;       // "tp", "pp", "dp", "dp_intra", "dp_inter", "dp_by_piece", "embedding"
+  std::vector<int> ranks;  // world ranks, in group order
+};
+
+struct TraceRank {
+  int rank = 0;    // world rank
+  int weight = 1;  // the ranks whose graph this one stands for (itself included)
+  std::vector<TraceOp> ops;
+};
+
+struct StepTrace {
+  std::vector<TraceGroup> groups;
+  std::vector<TraceRank> ranks;
+  int ranks_per_node = 1;
+  std::string dtype = "fp32";  // of the GEMMs and attention calls
+  int element_bytes = 4;       // of activations in elementwise kernels
+};
+
+}  // namespace strata::train

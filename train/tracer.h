@@ -1,0 +1,63 @@
+// Records one rank's step as the operation graph of trace.h: the model's kernels (GptCpu asks it instead of
+// running them), the process groups' operations (as their coll::GroupTrace) and the executor's waits.
+//
+// Dependencies follow what the executor does: a collective, send or receive starts after the compute op before it
+// (its data came from there, or it was posted then); a compute op starts after the operations the executor waited
+// for since the previous compute op. Traced operations complete only when the executor waits for them (complete()):
+// a traced step makes no progress on its own, so every wait names what it waits for.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/process_group.h"
+#include "train/trace.h"
+
+namespace strata::train {
+
+// The groups of several traced ranks, each once (by role and members), so collectives match across ranks.
+class TraceGroups {
+ public:
+  int id(const coll::Group& group);
+  const std::vector<TraceGroup>& all() const { return groups_; }
+
+ private:
+  std::map<std::pair<std::string, std::vector<int>>, int> index_;
+  std::vector<TraceGroup> groups_;
+};
+
+class Tracer : public coll::GroupTrace {
+ public:
+  explicit Tracer(TraceGroups& groups) : groups_(groups) {}
+
+  void gemm(std::string name, std::int64_t m, std::int64_t n, std::int64_t k);
+  void attention(std::string name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
+                 std::int64_t head_dim, bool causal, bool backward);
+  void elementwise(std::string name, double elements);
+
+  coll::Work collective(const coll::Group& group, coll::Operation operation, coll::Algo algo, std::size_t count,
+                        coll::DataType dtype) override;
+  coll::Work point_to_point(const coll::Group& group, bool send, int peer, std::size_t count, coll::DataType dtype) override;
+
+  // The most recent operation recorded (collective, send or receive): the one a group call just made.
+  int last_operation() const { return last_operation_; }
+  // The executor waits for operation `op`: it completes (its Work tests done), and the next compute op depends on it.
+  void complete(int op);
+  // Names the next compute op, or the next operation of a group, for what follows (an operation's name).
+  void name_next(std::string name) { next_name_ = std::move(name); }
+
+  std::vector<TraceOp> take() { return std::move(ops_); }
+
+ private:
+  int add(TraceOp op);
+  TraceGroups& groups_;
+  std::vector<TraceOp> ops_;
+  std::vector<std::shared_ptr<bool>> done_;  // per op: set when the executor waits for it
+  int last_compute_ = -1, last_operation_ = -1;
+  std::vector<int> waited_;  // completed since the last compute op
+  std::string next_name_;
+};
+
+}  // namespace strata::train
