@@ -48,7 +48,8 @@ void finish_avg(void* buf, std::size_t count, DataType dtype, int rank_count);
 // successive reduce_into calls would (bit for bit), then divided by average_over as finish_avg does where it is
 // positive: a reduction into several places in one pass, each input element read once and each result written
 // from registers. One input copies it. `stream`: write with non-temporal stores, for outputs that will not be
-// read soon (those 16-byte aligned; an output that is also an input is written through the cache).
+// read soon (those 16-byte aligned; an output that is also an input is written through the cache); another
+// core sees them only after a store fence (_mm_sfence).
 void reduce_into_all(std::span<std::byte* const> outputs, std::span<const std::byte* const> inputs, std::size_t count,
                      DataType dtype, RedOp op, int average_over, bool stream);
 
