@@ -188,11 +188,13 @@ class Executor {
 // MPI on host buffers, or on device buffers (--device-buffers) where the MPI library is CUDA-aware. An
 // operation the process groups have runs through them (started, then waited for at once), the code the
 // training step runs; the rest, and device buffers, take the blocking algorithms of algorithms.h.
+// shm_buffers: the host buffers are registered with the group's shared-memory node (collectives/shm.h), so
+// the shm algorithm runs its direct path on them, as NCCL runs on registered user buffers.
 class MpiExecutor final : public Executor {
  public:
   // group: the process group over the case's communicator, or null for the blocking path throughout.
-  MpiExecutor(coll::Context ctx, std::unique_ptr<coll::Group> group, bool device_buffers)
-      : ctx_(std::move(ctx)), group_(std::move(group)), device_(device_buffers) {}
+  MpiExecutor(coll::Context ctx, std::unique_ptr<coll::Group> group, bool device_buffers, bool shm_buffers)
+      : ctx_(std::move(ctx)), group_(std::move(group)), device_(device_buffers), shm_buffers_(shm_buffers && group_) {}
   void load_inputs(const std::vector<unsigned char>& host) override {
 #ifdef STRATA_HAVE_CUDA
     if (device_) return cuda::copy_to_device(send_, host.data(), send_bytes_);
@@ -227,6 +229,10 @@ class MpiExecutor final : public Executor {
       return device_buffers_[slot]->get();
     }
 #endif
+    if (shm_buffers_) {  // collective over the group: every rank reserves the same largest size first
+      if (!registered_[slot].data() || bytes > registered_[slot].size()) registered_[slot] = group_->allocate_shm(bytes);
+      return registered_[slot].data();
+    }
     PageBuffer& buffer = buffers_[slot];
     if (bytes > buffer.size) {
       void* memory = std::aligned_alloc(kPage, (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage);
@@ -247,6 +253,8 @@ class MpiExecutor final : public Executor {
   coll::Context ctx_;
   std::unique_ptr<coll::Group> group_;
   bool device_;
+  bool shm_buffers_;
+  coll::ShmBuffer registered_[2];  // destroyed before group_, whose node they belong to
   PageBuffer buffers_[2];
 #ifdef STRATA_HAVE_CUDA
   std::unique_ptr<cuda::DeviceMemory> device_buffers_[2];
@@ -638,7 +646,18 @@ int run_collective(int argc, char** argv) {
       process_group->ring_segment_bytes = static_cast<size_t>(segment_bytes);
       process_group->max_message_bytes = static_cast<size_t>(max_message_bytes);
     }
-    executor = std::make_unique<MpiExecutor>(ctx, std::move(process_group), o.device_buffers);
+    // With shm among the algorithms, on ranks that all share memory, the buffers come from the group's
+    // shared-memory node: every algorithm runs on them, shm on its direct path.
+    bool shm_buffers = false;
+    if (process_group && std::find(algos.begin(), algos.end(), Algo::shm) != algos.end()) {
+      MPI_Comm shared = MPI_COMM_NULL;
+      STRATA_MPI_CHECK(MPI_Comm_split_type(group.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared));
+      const Comm shared_comm(shared);
+      int all_share = shared_comm.size() == group_size ? 1 : 0;
+      STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_share, 1, MPI_INT, MPI_MIN, group.comm));
+      shm_buffers = all_share != 0;
+    }
+    executor = std::make_unique<MpiExecutor>(ctx, std::move(process_group), o.device_buffers, shm_buffers);
   }
 
   std::vector<int64_t> placements;

@@ -119,6 +119,9 @@ class Group {
   // The same on every rank. With shared memory, a node's ranks run those phases in the order the operations
   // were started: progress operations on one group in the order started (wait for the oldest, or test all).
   bool intra_shm = true;
+  // Memory registered with Algo::shm's segment (made here if not yet; collective over the group, whose ranks
+  // must share memory): shm operations on it take the direct path (shm.h). Destroy it before the group.
+  ShmBuffer allocate_shm(std::size_t bytes) { return shm().allocate(bytes); }
 
  private:
   // The hierarchical algorithm on one piece of a collective, with its own tag (HO-Ring runs several at once).

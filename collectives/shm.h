@@ -29,6 +29,25 @@
 // too, since a later operation's chunks need the slots the earlier ones hold. A ShmNode must outlive its
 // Works; a waiting rank polls, pausing and yielding its core now and then (ranks may share cores).
 //
+// Registered buffers (allocate(): memory every rank of the node maps, as NCCL's registered user buffers or an
+// MPI library's XPMEM/CMA single-copy path): an operation whose buffers all lie in this node's registered
+// memory skips the slots and touches each byte once, as a copy does (the direct path). Every rank publishes,
+// on its arrival counter's cache line, which registered allocation and offset its buffers are at (they may
+// differ from rank to rank), then each does its share straight between the ranks' buffers (a reduction in one
+// pass, reduce_into_all; 1/n means whole 64-byte lines):
+//   allreduce       reduces its 1/n of the elements over every rank's input, writes the result to every output;
+//   reduce_scatter  reduces its own block over every rank's input into its output;
+//   allgather       writes its block into every rank's output;
+//   broadcast       copies its 1/n of the root's input to every output that needs it;
+//   reduce          reduces its 1/n of the elements over every rank's input into the root's output.
+// Each rank publishes arrived = ticket once every earlier operation of the node is complete on it, starts its
+// share once every rank arrived, publishes finished = ticket, and completes once every rank finished, so no
+// rank's buffers are read or written after it returns. Contract: an operation's buffers (those it reads or
+// writes on the rank: not a non-root's input of broadcast nor a non-root's output of reduce) are registered on
+// every rank or on none; where only some ranks pass registered buffers they take different paths and wait for
+// each other forever (the job's timeout ends it). Zero counts touch nothing and take neither path. Since a
+// direct operation waits for the earlier ones, its input may be the output of one still in flight.
+//
 // An operation whose input is ready only later, at a moment that differs from rank to rank (the allgather
 // that ends a hierarchical allreduce, after its inter-node phase), takes its place in the order early with
 // reserve() and is started on that reservation when its input is there; the operations behind it wait.
@@ -44,6 +63,7 @@
 #include <vector>
 
 #include "collectives/algorithms.h"  // Operation
+#include "collectives/mpi.h"         // Comm
 #include "collectives/types.h"
 #include "collectives/work.h"
 
@@ -63,6 +83,37 @@ struct ShmOptions {
   bool stream_slots = false;
 };
 
+class ShmNode;
+
+// Memory of one ShmNode::allocate() call: this rank's part, page-aligned, mapped by every rank of the node.
+// Destruction is collective (every rank of the node destroys its buffers in the same order); it first completes
+// the node's operations in flight. Must not outlive its ShmNode.
+class ShmBuffer {
+ public:
+  ShmBuffer() = default;
+  ShmBuffer(ShmBuffer&& other) noexcept;
+  ShmBuffer& operator=(ShmBuffer&& other) noexcept;
+  ShmBuffer(const ShmBuffer&) = delete;
+  ShmBuffer& operator=(const ShmBuffer&) = delete;
+  ~ShmBuffer();
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(data_);
+  }
+
+ private:
+  friend class ShmNode;
+  void release() noexcept;
+  ShmNode* node_ = nullptr;
+  std::uint64_t id_ = 0;
+  MPI_Win window_ = MPI_WIN_NULL;
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 class ShmNode {
  public:
   // Collective over `comm`, whose ranks must all share memory (std::invalid_argument otherwise, or for bad
@@ -77,9 +128,19 @@ class ShmNode {
   const ShmOptions& options() const { return options_; }
   static bool supports(Operation operation);  // allreduce, allgather, reduce_scatter, broadcast, reduce
 
+  // Collective over the node: `bytes` of memory (they may differ from rank to rank) that every rank maps, for
+  // operations on the direct path (above). Page-aligned. Completes the operations in flight first, so that a
+  // rank that waited for them before the call and one that did not meet in it.
+  ShmBuffer allocate(std::size_t bytes);
+  // Whether [data, data + bytes) lies inside one of this node's registered buffers on this rank.
+  bool registered(const void* data, std::size_t bytes) const { return find(data, bytes).has_value(); }
+  // Operations started on the direct path so far.
+  std::uint64_t direct_operations() const { return direct_operations_; }
+
   // Any supported operation, with the arguments of algorithms.h (`op` is ignored where nothing is reduced,
-  // `root` outside broadcast and reduce). The Work's traffic counts the bytes this rank wrote into its slots
-  // for other ranks to read, as intra-node bytes. std::invalid_argument for unsupported operations or bad args.
+  // `root` outside broadcast and reduce). The Work's traffic counts, as intra-node bytes, the bytes this rank
+  // wrote into its slots for other ranks to read, or on the direct path the bytes it read from or wrote into
+  // other ranks' buffers. std::invalid_argument for unsupported operations or bad args.
   Work start(Operation operation, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
              RedOp op = RedOp::sum, int root = 0) {
     return start(reserve(), operation, sendbuf, recvbuf, count, dtype, op, root);
@@ -142,8 +203,20 @@ class ShmNode {
   }
 
  private:
-  enum Counter { kReady, kReduced, kDone, kCounterCount };
+  enum Counter { kReady, kReduced, kDone, kArrived, kFinished, kCounterCount };
   struct Call;
+  // Where a buffer lies in registered memory: the allocation (numbered alike on every rank) and the offset.
+  struct Ref {
+    std::uint64_t id = 0;  // 0: no buffer
+    std::uint64_t offset = 0;
+  };
+  struct Registered {
+    std::uint64_t id;
+    const std::byte* data;
+    std::size_t bytes;
+    std::vector<std::byte*> parts;  // every rank's part, mapped here
+  };
+  friend class ShmBuffer;
 
   Step pipeline(Call call, std::uint64_t first_chunk, Traffic* traffic);
   Step in_turn(std::shared_ptr<Reservation::Pending> pending);
@@ -159,6 +232,13 @@ class ShmNode {
   bool everyone_reached(Counter which, std::uint64_t value) const;
   // Progresses every operation in flight; true once the one with this ticket is complete.
   bool progress(std::uint64_t ticket);
+  void complete_in_flight();
+
+  std::optional<Ref> find(const void* data, std::size_t bytes) const;
+  std::byte* at(int rank, Ref ref) const;  // null for no buffer
+  Step direct(Call call, std::uint64_t ticket, Traffic* traffic);
+  void direct_share(const Call& c, const std::vector<const std::byte*>& send, const std::vector<std::byte*>& recv,
+                    Traffic& traffic);
 
   ShmOptions options_;
   int rank_ = 0;
@@ -170,6 +250,10 @@ class ShmNode {
   std::uint64_t started_ = 0, finished_ = 0;
   std::uint64_t numbered_ = 0;    // the last ticket whose chunks are numbered (in ticket order)
   unsigned idle_polls_ = 0;
+  Comm comm_;                          // a duplicate of the node's communicator, for allocate()
+  std::vector<Registered> registered_;  // this node's live buffers
+  std::uint64_t allocations_ = 0;      // allocate() calls so far: the last buffer's id
+  std::uint64_t direct_operations_ = 0;
 };
 
 }  // namespace strata::coll

@@ -5,9 +5,15 @@
 #include <stdexcept>
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "collectives/mpi_error.h"
 
@@ -79,32 +85,86 @@ void combine(void* dst, const void* src, std::size_t count, Combine fn) {
   for (std::size_t i = 0; i < count; ++i) d[i] = Codec::encode(fn(Codec::decode(d[i]), Codec::decode(s[i])));
 }
 
-template <typename Codec>
-void reduce_with(void* dst, const void* src, std::size_t count, RedOp op) {
+// Calls with_fn with the element function of op.
+template <typename Codec, typename WithFn>
+void with_op(RedOp op, WithFn&& with_fn) {
   using Value = decltype(Codec::decode(typename Codec::Stored{}));
   switch (op) {
     case RedOp::sum:
-    case RedOp::avg:
-      return combine<Codec>(dst, src, count, [](Value a, Value b) { return add(a, b); });
-    case RedOp::prod:
-      return combine<Codec>(dst, src, count, [](Value a, Value b) { return multiply(a, b); });
-    case RedOp::min:
-      return combine<Codec>(dst, src, count, [](Value a, Value b) { return b < a ? b : a; });
-    case RedOp::max:
-      return combine<Codec>(dst, src, count, [](Value a, Value b) { return a < b ? b : a; });
+    case RedOp::avg: return with_fn([](Value a, Value b) { return add(a, b); });
+    case RedOp::prod: return with_fn([](Value a, Value b) { return multiply(a, b); });
+    case RedOp::min: return with_fn([](Value a, Value b) { return b < a ? b : a; });
+    case RedOp::max: return with_fn([](Value a, Value b) { return a < b ? b : a; });
   }
 }
 
 template <typename Codec>
-void divide_all(void* buf, std::size_t count, int divisor) {
+void reduce_with(void* dst, const void* src, std::size_t count, RedOp op) {
+  with_op<Codec>(op, [&](auto fn) { combine<Codec>(dst, src, count, fn); });
+}
+
+template <typename Codec>
+typename Codec::Stored divided(typename Codec::Stored v, int divisor) {
   using Value = decltype(Codec::decode(typename Codec::Stored{}));
+  // Integers divide in a wide type: the rank count need not fit in the element type (int8 and 200 ranks).
+  if constexpr (std::is_integral_v<Value>)
+    return static_cast<Value>(static_cast<long long>(v) / divisor);
+  else
+    return Codec::encode(Codec::decode(v) / static_cast<Value>(divisor));
+}
+
+template <typename Codec>
+void divide_all(void* buf, std::size_t count, int divisor) {
   auto* b = static_cast<typename Codec::Stored*>(buf);
-  for (std::size_t i = 0; i < count; ++i) {
-    // Integers divide in a wide type: the rank count need not fit in the element type (int8 and 200 ranks).
-    if constexpr (std::is_integral_v<Value>)
-      b[i] = static_cast<Value>(static_cast<long long>(b[i]) / divisor);
-    else
-      b[i] = Codec::encode(Codec::decode(b[i]) / static_cast<Value>(divisor));
+  for (std::size_t i = 0; i < count; ++i) b[i] = divided<Codec>(b[i], divisor);
+}
+
+// Writes 64 bytes to an output; streamed ones bypass the cache (16-byte aligned outputs only).
+void store_line(std::byte* dst, const std::byte* line, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    for (int q = 0; q < 4; ++q)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16 * q),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(line + 16 * q)));
+    return;
+  }
+#endif
+  std::memcpy(dst, line, 64);
+}
+
+// reduce_into_all, one codec: 64 bytes of elements at a time, the partial result in registers (the fixed-size
+// inner loops vectorise), each input read once, the result stored to every output.
+template <typename Codec, typename Fn>
+void reduce_lines(std::span<std::byte* const> outputs, std::span<const std::byte* const> inputs, std::size_t count,
+                  Fn fn, int average_over, bool stream) {
+  using Stored = typename Codec::Stored;
+  constexpr std::size_t kLine = 64 / sizeof(Stored);
+  // An output that is also an input is in the cache already, just read: it takes plain stores.
+  std::vector<char> streamed(outputs.size());
+  for (std::size_t k = 0; k < outputs.size(); ++k)
+    streamed[k] = stream && reinterpret_cast<std::uintptr_t>(outputs[k]) % 16 == 0 &&
+                  std::find(inputs.begin(), inputs.end(), outputs[k]) == inputs.end();
+  auto reduce = [&](std::size_t i, std::size_t elems, Stored* acc) {
+    std::memcpy(acc, inputs[0] + i * sizeof(Stored), elems * sizeof(Stored));
+    for (std::size_t r = 1; r < inputs.size(); ++r) {
+      Stored in[kLine]{};
+      std::memcpy(in, inputs[r] + i * sizeof(Stored), elems * sizeof(Stored));
+      for (std::size_t j = 0; j < kLine; ++j) acc[j] = Codec::encode(fn(Codec::decode(acc[j]), Codec::decode(in[j])));
+    }
+    if (average_over > 0)
+      for (std::size_t j = 0; j < kLine; ++j) acc[j] = divided<Codec>(acc[j], average_over);
+  };
+  std::size_t i = 0;
+  for (; i + kLine <= count; i += kLine) {
+    alignas(64) Stored acc[kLine];
+    reduce(i, kLine, acc);
+    for (std::size_t k = 0; k < outputs.size(); ++k)
+      store_line(outputs[k] + i * sizeof(Stored), reinterpret_cast<const std::byte*>(acc), streamed[k] != 0);
+  }
+  if (i < count) {  // the last partial line, padded (the padding is reduced too, and not stored)
+    alignas(64) Stored acc[kLine]{};
+    reduce(i, count - i, acc);
+    for (std::byte* out : outputs) std::memcpy(out + i * sizeof(Stored), acc, (count - i) * sizeof(Stored));
   }
 }
 
@@ -243,6 +303,15 @@ void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, 
 
 void finish_avg(void* buf, std::size_t count, DataType dtype, int rank_count) {
   with_codec(dtype, [&](auto codec) { divide_all<decltype(codec)>(buf, count, rank_count); });
+}
+
+void reduce_into_all(std::span<std::byte* const> outputs, std::span<const std::byte* const> inputs, std::size_t count,
+                     DataType dtype, RedOp op, int average_over, bool stream) {
+  if (inputs.empty() || count == 0) return;
+  with_codec(dtype, [&](auto codec) {
+    using Codec = decltype(codec);
+    with_op<Codec>(op, [&](auto fn) { reduce_lines<Codec>(outputs, inputs, count, fn, average_over, stream); });
+  });
 }
 
 MpiTypes::MpiTypes() {

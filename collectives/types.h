@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string_view>
 
 namespace strata::coll {
@@ -43,6 +44,14 @@ double load_value(const void* buf, std::size_t index, DataType dtype);
 void reduce_into(void* dst, const void* src, std::size_t count, DataType dtype, RedOp op);
 // buf[i] /= rank_count; integers divide with C++ truncation, as NCCL does.
 void finish_avg(void* buf, std::size_t count, DataType dtype, int rank_count);
+// out[i] = in_0[i] op in_1[i] op ... op in_last[i] into every output, the inputs taken in order exactly as
+// successive reduce_into calls would (bit for bit), then divided by average_over as finish_avg does where it is
+// positive: a reduction into several places in one pass, each input element read once and each result written
+// from registers. One input copies it. `stream`: write with non-temporal stores, for outputs that will not be
+// read soon (those 16-byte aligned; an output that is also an input is written through the cache); another
+// core sees them only after a store fence (_mm_sfence).
+void reduce_into_all(std::span<std::byte* const> outputs, std::span<const std::byte* const> inputs, std::size_t count,
+                     DataType dtype, RedOp op, int average_over, bool stream);
 
 // The MPI datatypes and ops for every (dtype, op), for the MPI library path. MPI has no 16-bit floats, so
 // half and bfloat16 travel as a 2-byte contiguous type with user-defined (commutative) ops built on

@@ -1,7 +1,8 @@
 """The shared-memory collectives under a real mpirun: a rank killed with SIGKILL in the middle of an shm
 allreduce ends the job within the timeout, as does an error on one rank while the others wait in one, and
-no shared segment of the job (the collectives' window, nor the MPI library's own) is left on the machine
-afterwards, however the job ends."""
+no shared segment of the job (the collectives' window, its registered buffers' windows, nor the MPI
+library's own) is left on the machine afterwards, however the job ends; on the caller's own buffers (the
+slot path) and on registered buffers (the direct path)."""
 from __future__ import annotations
 
 import os
@@ -24,9 +25,10 @@ def mapped_paths(stdout: str) -> dict[str, bool]:
     return paths
 
 
+@pytest.mark.parametrize("registered", [False, True], ids=["own-buffers", "registered-buffers"])
 @pytest.mark.parametrize("ending", ["normal", "killed", "thrown"])
 @pytest.mark.parametrize("private_dir", [False, True], ids=["dev-shm", "private-backing-dir"])
-def test_a_killed_rank_ends_the_job_and_no_segment_is_left(tmp_path, ending, private_dir, monkeypatch):
+def test_a_killed_rank_ends_the_job_and_no_segment_is_left(tmp_path, ending, private_dir, registered, monkeypatch):
     # The MPI library's default backing directory, /dev/shm, where other jobs come and go; or one of our own,
     # which must be empty afterwards.
     directory = str(tmp_path / "shm") if private_dir else "/dev/shm"
@@ -35,6 +37,7 @@ def test_a_killed_rank_ends_the_job_and_no_segment_is_left(tmp_path, ending, pri
         monkeypatch.setenv("OMPI_MCA_osc_sm_backing_directory", directory)
         monkeypatch.setenv("OMPI_MCA_btl_vader_backing_directory", directory)
     monkeypatch.setenv("STRATA_SHM_DIR", directory + "/")
+    monkeypatch.setenv("STRATA_SHM_REGISTERED", "1" if registered else "0")
     if ending == "killed":
         monkeypatch.setenv("STRATA_SHM_KILL_RANK", "1")
     if ending == "thrown":
@@ -58,10 +61,11 @@ def test_a_killed_rank_ends_the_job_and_no_segment_is_left(tmp_path, ending, pri
         assert result.returncode == 0, output[-3000:]
         assert "shm job complete" in result.stdout
 
-    # The collectives' window was a file of this directory, unlinked as soon as every rank had mapped it.
+    # The collectives' window, and each registered buffer's, was a file of this directory, unlinked as soon as
+    # every rank had mapped it.
     paths = mapped_paths(result.stdout)
     windows = [p for p in paths if os.path.basename(p).startswith("osc_sm")]
-    assert windows and all(paths[p] for p in windows), paths
+    assert len(windows) == (3 if registered else 1) and all(paths[p] for p in windows), paths
     # Nothing the job mapped is left, and nothing of the job's (its id is in every name) appeared.
     assert not [p for p in paths if os.path.exists(p)], paths
     job_id = re.search(r"osc_sm\.[^.]+\.([0-9a-f]+)\.", windows[0]).group(1)

@@ -1,15 +1,19 @@
 // Tests of the shared-memory collectives (collectives/shm.h), run under mpirun with 2 to 5 ranks: every
 // operation must give exactly what the MPI library gives, and what a local reference computes, for every
-// type, reduction, awkward count, root and in/out-of-place call, on segments far smaller than the buffers;
-// repeated back-to-back calls and several calls in flight at once must not tear or reuse a chunk early.
+// type, reduction, awkward count, root and in/out-of-place call, on segments far smaller than the buffers,
+// and on registered buffers (the direct path) at offsets that differ from rank to rank; repeated back-to-back
+// calls and several calls in flight at once, of both paths mixed, must not tear or reuse a chunk early.
 // Inputs are small integers, so sums and products are exact in every type whatever the order of reduction.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <algorithm>
+#include <cstdint>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -379,6 +383,309 @@ TEST(Shm, RejectsBadArguments) {
   // Bad options are refused on every rank alike, before any segment is made.
   EXPECT_THROW(ShmNode(MPI_COMM_WORLD, ShmOptions{64, 1, 0, false}), std::invalid_argument);
   EXPECT_THROW(ShmNode(MPI_COMM_WORLD, ShmOptions{100, 2, 0, false}), std::invalid_argument);
+}
+
+// The direct path's one-pass reduction against successive reduce_into calls, bit for bit: random values
+// (16-bit floats round after every operation), three inputs, outputs streamed, unaligned, and one that is
+// an input (in place), with counts around the 64-byte lines it works in.
+TEST(ReduceIntoAll, EqualsSuccessiveReduceIntoBitForBit) {
+  std::mt19937 random(777);
+  std::uniform_real_distribution<double> real(-3, 3);
+  for (DataType dtype : kAllDataTypes)
+    for (RedOp op : kAllRedOps)
+      for (std::size_t count : {0, 1, 63, 64, 1031}) {
+        const std::size_t elem = size_of(dtype), bytes = count * elem;
+        std::vector<Buffer> inputs(3, Buffer(bytes));
+        for (Buffer& in : inputs)
+          for (std::size_t i = 0; i < count; ++i) {
+            const double v = dtype == DataType::int8 || dtype == DataType::int32 ? std::floor(real(random) * 40) : real(random);
+            store_value(in.data(), i, dtype, v);
+          }
+        Buffer want = inputs[0];
+        for (std::size_t r = 1; r < inputs.size(); ++r) reduce_into(want.data(), inputs[r].data(), count, dtype, op);
+        if (op == RedOp::avg) finish_avg(want.data(), count, dtype, 3);
+        for (bool stream : {false, true}) {
+          Buffer aligned(bytes + 64), unaligned(bytes + 64 + elem);
+          Buffer in_place = inputs[2];
+          std::byte* at_aligned = aligned.data() + (64 - reinterpret_cast<std::uintptr_t>(aligned.data()) % 64) % 64;
+          std::byte* at_unaligned = unaligned.data() + elem;
+          if (reinterpret_cast<std::uintptr_t>(at_unaligned) % 16 == 0) at_unaligned += elem;
+          const std::vector<const std::byte*> from{inputs[0].data(), inputs[1].data(), in_place.data()};
+          const std::vector<std::byte*> to{at_aligned, at_unaligned, in_place.data()};
+          reduce_into_all(to, from, count, dtype, op, op == RedOp::avg ? 3 : 0, stream);
+          const std::string what = std::string(name(dtype)) + " " + std::string(name(op)) + " count " +
+                                   std::to_string(count) + (stream ? " streamed" : "");
+          EXPECT_TRUE(same_elements(Buffer(at_aligned, at_aligned + bytes), want, dtype)) << "aligned " << what;
+          EXPECT_TRUE(same_elements(Buffer(at_unaligned, at_unaligned + bytes), want, dtype)) << "unaligned " << what;
+          EXPECT_TRUE(same_elements(in_place, want, dtype)) << "in place " << what;
+        }
+      }
+}
+
+// Registered buffers: the direct path.
+
+// A call of place() moved into registered memory: the buffers copied to rank-dependent offsets (multiples of
+// 8 bytes, so neither page- nor line-aligned, and different on every rank) within `region`, the call's
+// pointers translated; copy_back() returns the copies' contents to `p` for result_of().
+struct Registered {
+  Placed p;
+  std::byte* send_copy = nullptr;
+  std::byte* recv_copy = nullptr;
+  const void* sendbuf = nullptr;
+  void* recvbuf = nullptr;
+
+  void copy_back() {
+    if (!p.send.empty()) std::memcpy(p.send.data(), send_copy, p.send.size());
+    if (!p.recv.empty()) std::memcpy(p.recv.data(), recv_copy, p.recv.size());
+  }
+};
+
+std::byte* translated(const void* at, const Buffer& from, std::byte* to) {
+  const auto address = reinterpret_cast<std::uintptr_t>(at), start = reinterpret_cast<std::uintptr_t>(from.data());
+  return at && address >= start && address < start + from.size() ? to + (address - start) : nullptr;
+}
+
+Registered place_registered(const Case& c, std::byte* region, std::size_t region_bytes) {
+  const auto rank = static_cast<std::size_t>(world_rank());
+  Registered r{place(c)};
+  r.send_copy = region + 8 * (1 + 3 * rank);
+  r.recv_copy = r.send_copy + (r.p.send.size() + 7) / 8 * 8 + 8 * (5 - rank % 3);
+  if (r.recv_copy + r.p.recv.size() > region + region_bytes) throw std::logic_error("region too small for the case");
+  if (!r.p.send.empty()) std::memcpy(r.send_copy, r.p.send.data(), r.p.send.size());
+  if (!r.p.recv.empty()) std::memcpy(r.recv_copy, r.p.recv.data(), r.p.recv.size());
+  auto copy_of = [&](const void* at) {
+    std::byte* there = translated(at, r.p.send, r.send_copy);
+    return there ? there : translated(at, r.p.recv, r.recv_copy);
+  };
+  r.sendbuf = copy_of(r.p.sendbuf);
+  r.recvbuf = copy_of(r.p.recvbuf);
+  return r;
+}
+
+// Runs c on registered memory, blocking, and checks that it took the direct path (unless its count is 0).
+Buffer run_registered(ShmNode& node, const Case& c, std::byte* region, std::size_t region_bytes) {
+  Registered r = place_registered(c, region, region_bytes);
+  const std::uint64_t before = node.direct_operations();
+  node.run(c.operation, r.sendbuf, r.recvbuf, c.count, c.dtype, c.op, c.root);
+  EXPECT_EQ(node.direct_operations(), before + (c.count > 0 ? 1 : 0)) << "direct path: " << c.describe();
+  r.copy_back();
+  return result_of(c, r.p);
+}
+
+constexpr std::size_t kRegionBytes = std::size_t{2} << 20;
+
+class ShmRegistered : public ::testing::TestWithParam<Operation> {};
+
+// Every dtype, reduction, count (zero; fewer than the ranks; not divisible by them; several pieces of the
+// direct path), placement and root, against the library and the reference.
+TEST_P(ShmRegistered, EqualsTheLibrary) {
+  ShmNode node(MPI_COMM_WORLD, tiny_slots());
+  ShmBuffer memory = node.allocate(kRegionBytes);
+  const Operation operation = GetParam();
+  const int n = world_size();
+  const std::vector<RedOp> ops = reduces(operation) ? std::vector<RedOp>(kAllRedOps.begin(), kAllRedOps.end())
+                                                    : std::vector<RedOp>{RedOp::sum};
+  const std::vector<int> roots = operation == Operation::broadcast || operation == Operation::reduce
+                                     ? std::vector<int>{0, n - 1}
+                                     : std::vector<int>{0};
+  std::vector<std::size_t> counts = test_counts();
+  counts.push_back(20011);
+  for (DataType dtype : kAllDataTypes)
+    for (RedOp op : ops)
+      for (std::size_t count : counts)
+        for (bool in_place : {false, true})
+          for (int root : roots) {
+            const Case c{operation, dtype, op, count, in_place, root};
+            const Buffer want = expected_result(c);
+            EXPECT_TRUE(same_elements(run_library(c), want, dtype)) << "library: " << c.describe();
+            EXPECT_TRUE(same_elements(run_registered(node, c, memory.data(), memory.size()), want, dtype))
+                << "registered: " << c.describe();
+          }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryOperation, ShmRegistered, ::testing::ValuesIn(kShmOperations),
+                         [](const auto& info) { return std::string(name(info.param)); });
+
+TEST(ShmBuffers, AreRegisteredWhileTheyLive) {
+  ShmNode node(MPI_COMM_WORLD, tiny_slots());
+  const std::size_t bytes = 1000 * static_cast<std::size_t>(world_rank() + 1) + 3;  // differs from rank to rank
+  ShmBuffer buffer = node.allocate(bytes);
+  ASSERT_NE(buffer.data(), nullptr);
+  EXPECT_EQ(buffer.size(), bytes);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % 4096, 0u);
+  EXPECT_TRUE(node.registered(buffer.data(), bytes));
+  EXPECT_TRUE(node.registered(buffer.data() + 1, bytes - 1));
+  EXPECT_FALSE(node.registered(buffer.data(), bytes + 1));
+  EXPECT_FALSE(node.registered(buffer.data() + bytes, 1));
+  int x = 0;
+  EXPECT_FALSE(node.registered(&x, sizeof x));
+  ShmBuffer moved = std::move(buffer);
+  EXPECT_EQ(buffer.data(), nullptr);
+  EXPECT_TRUE(node.registered(moved.data(), bytes));
+  const std::byte* at = moved.data();
+  moved = ShmBuffer();
+  EXPECT_FALSE(node.registered(at, 1));
+}
+
+// Buffers that fill their allocations exactly, on the direct path; sizes differ from rank to rank.
+TEST(ShmBuffers, WholeAllocationsTakeTheDirectPath) {
+  ShmNode node(MPI_COMM_WORLD, tiny_slots());
+  const int n = world_size(), rank = world_rank();
+  const std::size_t count = 777;
+  ShmBuffer in = node.allocate(count * 4), out = node.allocate(count * 4 * static_cast<std::size_t>(n));
+  const Buffer input = make_input(rank, count, DataType::int32);
+  std::memcpy(in.data(), input.data(), input.size());
+  node.allgather(in.data(), out.data(), count, DataType::int32);
+  EXPECT_EQ(node.direct_operations(), 1u);
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(0, std::memcmp(out.data() + static_cast<std::size_t>(r) * count * 4,
+                             make_input(r, count, DataType::int32).data(), count * 4))
+        << "block " << r;
+  // One byte beyond the allocation on one rank only would break the contract; beyond it on every rank, the
+  // slot path takes the call.
+  node.allreduce(in.data(), out.data() + out.size() - count * 4 + 4, count, DataType::int32, RedOp::sum);
+  EXPECT_EQ(node.direct_operations(), 1u);
+}
+
+// Freeing registered memory completes the operations in flight first (they read it here and on the peers),
+// and allocating does too, so a rank that waits for them before allocating meets one that waits after.
+TEST(ShmBuffers, AllocatingAndFreeingCompleteTheOperationsInFlight) {
+  ShmNode node(MPI_COMM_WORLD, tiny_slots());
+  const int n = world_size(), rank = world_rank();
+  const std::size_t count = 4099;
+  ShmBuffer out = node.allocate(count * 4);
+  auto check = [&](unsigned salt) {
+    return same_elements(Buffer(out.data(), out.data() + count * 4),
+                         reference_reduction(count, DataType::int32, RedOp::sum, n, salt), DataType::int32);
+  };
+  for (unsigned round = 0; round < 5; ++round) {
+    ShmBuffer in = node.allocate(count * 4);
+    Buffer input = make_input(rank, count, DataType::int32, round);
+    std::memcpy(in.data(), input.data(), input.size());
+    Work w = node.iallreduce(in.data(), out.data(), count, DataType::int32, RedOp::sum);
+    if (rank == 0) w.wait();
+    ShmBuffer more = node.allocate(64);
+    EXPECT_TRUE(w.test());
+    EXPECT_TRUE(check(round)) << "round " << round;
+    input = make_input(rank, count, DataType::int32, round + 100);
+    std::memcpy(in.data(), input.data(), input.size());
+    w = node.iallreduce(in.data(), out.data(), count, DataType::int32, RedOp::sum);
+    in = ShmBuffer();
+    EXPECT_TRUE(w.test());
+    EXPECT_TRUE(check(round + 100)) << "round " << round;
+  }
+  EXPECT_EQ(node.direct_operations(), 10u);
+}
+
+// Hundreds of calls, each at random (the same sequence on every rank) on registered memory or the caller's
+// own, blocking or several started before any is waited for (in an order of waiting each rank draws itself):
+// the two paths interleave, and a direct call must wait for the slot-path calls ahead of it on this rank
+// while its peers may still be finishing them.
+TEST(ShmRegistered, MixedWithTheSlotPathBackToBackAndInFlight) {
+  for (const ShmOptions& options : {tiny_slots(), streaming_slots()}) {
+    ShmNode node(MPI_COMM_WORLD, options);
+    constexpr std::size_t kInFlight = 4;
+    ShmBuffer memory = node.allocate(kInFlight * kRegionBytes / 8);
+    std::mt19937 random(4321);                                             // the same on every rank
+    std::mt19937 waits(static_cast<unsigned>(world_rank()) * 7919 + 1);  // this rank's own
+    unsigned salt = 0;
+    for (unsigned batch = 0; batch < 120; ++batch) {
+      const std::size_t calls = 1 + random() % kInFlight;
+      std::vector<Case> cases;
+      std::vector<bool> on_registered;
+      std::vector<std::unique_ptr<Registered>> placed;
+      std::vector<Work> works;
+      for (std::size_t k = 0; k < calls; ++k) {
+        const Operation operation = kShmOperations[random() % kShmOperations.size()];
+        const DataType dtype = kAllDataTypes[random() % kAllDataTypes.size()];
+        const RedOp op = kAllRedOps[random() % kAllRedOps.size()];
+        const std::size_t count = random() % 3 == 0 ? random() % 8 : random() % 3000;
+        cases.push_back(Case{operation, dtype, reduces(operation) ? op : RedOp::sum, count, random() % 2 == 0,
+                             static_cast<int>(random() % static_cast<unsigned>(world_size())), ++salt});
+        on_registered.push_back(random() % 2 == 0);
+        std::byte* region = memory.data() + k * (memory.size() / kInFlight);
+        placed.push_back(std::make_unique<Registered>(place_registered(cases.back(), region, memory.size() / kInFlight)));
+        Registered& r = *placed.back();
+        const void* send = on_registered.back() ? r.sendbuf : r.p.sendbuf;
+        void* recv = on_registered.back() ? r.recvbuf : r.p.recvbuf;
+        works.push_back(node.start(operation, send, recv, count, dtype, cases.back().op, cases.back().root));
+      }
+      std::vector<std::size_t> order(calls);
+      for (std::size_t k = 0; k < calls; ++k) order[k] = k;
+      std::shuffle(order.begin(), order.end(), waits);
+      for (std::size_t k : order) works[k].wait();
+      for (std::size_t k = 0; k < calls; ++k) {
+        if (on_registered[k]) placed[k]->copy_back();
+        EXPECT_TRUE(same_elements(result_of(cases[k], placed[k]->p), expected_result(cases[k]), cases[k].dtype))
+            << (on_registered[k] ? "registered: " : "own buffers: ") << cases[k].describe();
+      }
+    }
+  }
+}
+
+// A direct call whose input is the output of a slot-path call still in flight: it waits for that call, so it
+// reads the finished result.
+TEST(ShmRegistered, ReadsTheOutputOfAnEarlierCallInFlight) {
+  ShmNode node(MPI_COMM_WORLD, tiny_slots());
+  const int n = world_size();
+  const std::size_t count = 5000;
+  ShmBuffer middle = node.allocate(count * 4), out = node.allocate(count * 4);
+  for (unsigned round = 0; round < 10; ++round) {
+    const Buffer in = make_input(world_rank(), count, DataType::int32, round);
+    Work first = node.iallreduce(in.data(), middle.data(), count, DataType::int32, RedOp::sum);  // own input
+    Work second = node.iallreduce(middle.data(), out.data(), count, DataType::int32, RedOp::sum);
+    second.wait();
+    EXPECT_TRUE(first.test());  // complete already: test() does not wait
+    Buffer want = reference_reduction(count, DataType::int32, RedOp::sum, n, round);
+    for (std::size_t i = 0; i < count; ++i) store_value(want.data(), i, DataType::int32, n * load_value(want.data(), i, DataType::int32));
+    EXPECT_TRUE(same_elements(Buffer(out.data(), out.data() + count * 4), want, DataType::int32)) << "round " << round;
+  }
+  EXPECT_EQ(node.direct_operations(), 10u);
+}
+
+// A reservation started on registered buffers after a later call was started: the later one waits for it.
+TEST(ShmRegistered, RunsOnAReservationInItsPlace) {
+  ShmNode node(MPI_COMM_WORLD, tiny_slots());
+  const int n = world_size(), rank = world_rank();
+  const std::size_t count = 3001;
+  ShmBuffer in = node.allocate(count * 8), out = node.allocate(count * 8 * static_cast<std::size_t>(n));
+  ShmNode::Reservation early = node.reserve();
+  const Case later{Operation::allreduce, DataType::float64, RedOp::max, 1234, false, 0, 9};
+  Placed p = place(later);
+  Work second = node.start(later.operation, p.sendbuf, p.recvbuf, later.count, later.dtype, later.op);
+  const Buffer input = make_input(rank, count, DataType::float64, 3);
+  std::memcpy(in.data(), input.data(), input.size());
+  Work first = node.start(std::move(early), Operation::allgather, in.data(), out.data(), count, DataType::float64);
+  second.wait();
+  EXPECT_TRUE(first.test());
+  EXPECT_EQ(node.direct_operations(), 1u);
+  EXPECT_TRUE(same_elements(result_of(later, p), expected_result(later), later.dtype));
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(0, std::memcmp(out.data() + static_cast<std::size_t>(r) * count * 8,
+                             make_input(r, count, DataType::float64, 3).data(), count * 8))
+        << "block " << r;
+}
+
+// On the direct path a rank counts the bytes it reads from and writes into other ranks' buffers: an allreduce
+// reads its 1/n from n - 1 inputs and writes it to n - 1 outputs; an allgather writes its block to n - 1 outputs.
+TEST(ShmRegistered, TrafficCountsTheBytesMovedBetweenRanks) {
+  ShmNode node(MPI_COMM_WORLD, tiny_slots());
+  const std::size_t count = 301, bytes = count * 4;
+  const auto n = static_cast<std::size_t>(world_size());
+  ShmBuffer in = node.allocate(n * bytes), out = node.allocate(n * bytes);
+  Work w = node.iallreduce(in.data(), out.data(), count, DataType::float32, RedOp::sum);
+  w.wait();
+  unsigned long long moved = w.traffic().intra_bytes, total = 0;
+  STRATA_MPI_CHECK(MPI_Allreduce(&moved, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
+  EXPECT_EQ(total, 2 * (n - 1) * bytes);
+  EXPECT_EQ(w.traffic().inter_bytes, 0u);
+  w = node.iallgather(in.data(), out.data(), count, DataType::float32);
+  w.wait();
+  EXPECT_EQ(w.traffic().intra_bytes, (n - 1) * bytes);
+  w = node.ireduce_scatter(in.data(), out.data(), count, DataType::float32, RedOp::sum);
+  w.wait();
+  EXPECT_EQ(w.traffic().intra_bytes, (n - 1) * bytes);
+  EXPECT_EQ(node.direct_operations(), 3u);
 }
 
 // Failures of the current test on each rank, gathered to rank 0 at the end of the test, so that only rank 0
