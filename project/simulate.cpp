@@ -99,13 +99,6 @@ Op recv_op(std::string name, int peer, double bytes, int stream) {
   return op;
 }
 
-const char* algorithm_name(CollectiveAlgorithm algorithm) {
-  switch (algorithm) {
-    case CollectiveAlgorithm::ring: return "ring";
-  }
-  return "?";
-}
-
 double attention_flops(const Op& op) {
   const double forward = 4.0 * static_cast<double>(op.batch) * static_cast<double>(op.heads) *
                          static_cast<double>(op.seq_q) * static_cast<double>(op.seq_kv) *
@@ -412,7 +405,7 @@ class Simulator {
       instance.reached.emplace_back(static_cast<int>(r), i);
       if (static_cast<int>(instance.reached.size()) == traced_members_.at(op.group)) {
         const Group& group = *groups_.at(op.group);
-        const double duration = system_.collective_seconds(op.collective, algorithm_name(op.algorithm), kind_of(group),
+        const double duration = system_.collective_seconds(op.collective, op.algorithm, kind_of(group),
                                                            op.bytes, static_cast<int>(group.ranks.size()));
         for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
       }

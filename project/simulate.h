@@ -49,9 +49,6 @@ enum class OpKind { timed, gemm, attention, elementwise, collective, send, recv 
 const char* op_kind_name(OpKind kind);
 bool is_compute(OpKind kind);
 
-// The ring algorithm's bus factors are the cost model's (system.h); others join with their own models.
-enum class CollectiveAlgorithm { ring };
-const char* algorithm_name(CollectiveAlgorithm algorithm);  // as the system's collective models name it
 
 struct Op {
   std::string name;
@@ -67,7 +64,7 @@ struct Op {
   std::string dtype;
   double bytes = 0;  // elementwise: bytes read and written; collective: S of metrics.md; send/recv: payload
   CollectiveOp collective = CollectiveOp::allreduce;
-  CollectiveAlgorithm algorithm = CollectiveAlgorithm::ring;
+  std::string algorithm = "ring";  // as strata-collective names it; the system's model of it, else its tier's ring
   int group = -1;  // collective
   int peer = -1;   // send: destination rank; recv: source rank
 };

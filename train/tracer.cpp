@@ -53,9 +53,16 @@ void Tracer::elementwise(std::string name, double elements) {
 
 namespace {
 
-// A traced operation: it completes once its flag is set.
+// A traced operation: it completes once its flag is set. The flag is the coroutine's parameter, so its frame holds
+// it (a lambda's captures would die with the lambda); the wait is a named variable, as GCC 12 destroys some
+// temporaries of a co_await expression twice.
+coll::Step until_set(std::shared_ptr<bool> done) {
+  coll::Until set{[done] { return *done; }};
+  co_await set;
+}
+
 coll::Work pending(const std::shared_ptr<bool>& done) {
-  return coll::Work::start([done](coll::Traffic*) -> coll::Step { co_await coll::Until{[done] { return *done; }}; });
+  return coll::Work::start([&done](coll::Traffic*) { return until_set(done); });
 }
 
 }  // namespace

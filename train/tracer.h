@@ -45,8 +45,9 @@ class Tracer : public coll::GroupTrace {
   int last_operation() const { return last_operation_; }
   // The executor waits for operation `op`: it completes (its Work tests done), and the next compute op depends on it.
   void complete(int op);
-  // Names the next compute op, or the next operation of a group, for what follows (an operation's name).
+  // Names the next operation of a group (before the call), or an operation already recorded.
   void name_next(std::string name) { next_name_ = std::move(name); }
+  void rename(int op, std::string name) { ops_.at(static_cast<std::size_t>(op)).name = std::move(name); }
 
   std::vector<TraceOp> take() { return std::move(ops_); }
 

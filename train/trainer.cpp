@@ -129,16 +129,17 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 // the pool holds is that most.
 class BufferPool {
  public:
+  Backing backing = Backing::memory;  // a traced step's buffers are addresses only
   TrackedBuffer<float> take(std::size_t floats) {
     for (std::size_t i = 0; i < free_.size(); ++i)
       if (free_[i].size() == floats) {
         TrackedBuffer<float> buffer = std::move(free_[i]);
         free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-        buffer.fill(0.0f);
+        if (backing == Backing::memory) buffer.fill(0.0f);
         return buffer;
       }
     held_bytes_ += 4.0 * static_cast<double>(floats);
-    return TrackedBuffer<float>(MemoryCategory::comm_buffers, floats);
+    return TrackedBuffer<float>(MemoryCategory::comm_buffers, floats, backing);
   }
   void give(TrackedBuffer<float>& buffer) {
     if (!buffer.empty()) free_.push_back(std::move(buffer));
@@ -169,6 +170,7 @@ struct Trainer::Impl {
     std::string what;
     double bytes = 0, start = 0;
     bool tracked = false;  // false: nothing was launched (a completed Work)
+    int trace_op = -1;     // traced: the operation in the trace
   };
   struct InFlight {
     Op op;
@@ -194,7 +196,8 @@ struct Trainer::Impl {
   std::unique_ptr<coll::Group> pieces;  // the data-parallel ranks ordered by global piece
   // The first and the last stage's ranks of my pipeline (p > 1): they sum the tied token table's gradient.
   std::unique_ptr<coll::Group> embedding;
-  const TokenSource& data;
+  const TokenSource* data;  // null when traced
+  Tracer* tracer;           // traced: the recorder; null when the step runs
   PipelineShape shape;
   std::vector<int> partition;             // layers per stage
   std::vector<PipelineAction> actions;    // this rank's schedule
@@ -221,9 +224,11 @@ struct Trainer::Impl {
   std::array<double, kCommTiers> tier_busy_since{};
   std::vector<TimelineEvent>* timeline = nullptr;  // the current step's, when recorded
 
-  Impl(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& source)
+  Impl(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource* source, Tracer* tracer_of_step)
       : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), pp(groups.pp()),
-        data(source) {
+        data(source), tracer(tracer_of_step) {
+    if (tracer) c.runtime.tracer = tracer, pool.backing = Backing::address_space;
+    const Backing backing = tracer ? Backing::address_space : Backing::memory;
     if (const std::string why = refusal_reason(c.strategy); !why.empty())
       throw std::invalid_argument("strategy " + c.strategy.name() + " is not run: " + why);
     if (c.accumulation < 1) throw std::invalid_argument("accumulation must be at least 1 micro-batch");
@@ -251,31 +256,30 @@ struct Trainer::Impl {
       chunk_backward.push_back(lowest_trains <= last_unit);
       chunk_input_grad.push_back(stage > 0 && lowest_trains < first_unit);
       output_grads.emplace_back(MemoryCategory::comm_buffers,
-                                plan.head ? 0 : chunks.back()->rows_here() * static_cast<std::size_t>(c.model.hidden));
+                                plan.head ? 0 : chunks.back()->rows_here() * static_cast<std::size_t>(c.model.hidden), backing);
     }
     n = dp.size(), m = intra.size(), g = inter.size(), local = intra.rank(), node = inter.rank();
-    int fewest = m, most = m;
-    STRATA_MPI_CHECK(MPI_Allreduce(&m, &fewest, 1, MPI_INT, MPI_MIN, dp.comm()));
-    STRATA_MPI_CHECK(MPI_Allreduce(&m, &most, 1, MPI_INT, MPI_MAX, dp.comm()));
-    if (fewest != most || m * g != n)
-      throw std::invalid_argument("data-parallel ranks are spread unevenly over the groups (" + std::to_string(fewest) +
-                                  " to " + std::to_string(most) + " per group): every group needs the same size");
+    if (!dp.even_nodes() || m * g != n)
+      throw std::invalid_argument("data-parallel ranks are spread unevenly over the groups (" + std::to_string(n) + " over " +
+                                  std::to_string(dp.node_count()) + " nodes): every group needs the same size");
     my_piece = local * g + node;
-    MPI_Comm ordered = MPI_COMM_NULL;
-    STRATA_MPI_CHECK(MPI_Comm_split(dp.comm(), 0, my_piece, &ordered));
-    std::vector<int> piece_nodes(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r) piece_nodes[static_cast<std::size_t>(r)] = r % g;  // piece l g + k lives on node k
-    pieces = std::make_unique<coll::Group>("dp_by_piece", coll::Comm(ordered), std::move(piece_nodes), groups.types());
+    // Every data-parallel rank's piece: l g + k, l its place among its node's ranks, k its node's place (the order
+    // in which the nodes first hold a rank, as the inter group numbers them).
+    std::vector<int> piece_of(static_cast<std::size_t>(n));
+    {
+      std::map<int, int> node_place, held;
+      for (int r = 0; r < n; ++r) {
+        const int at = dp.node_of_rank()[static_cast<std::size_t>(r)];
+        node_place.try_emplace(at, static_cast<int>(node_place.size()));
+        piece_of[static_cast<std::size_t>(r)] = held[at]++ * g + node_place[at];
+      }
+    }
+    pieces = dp.reordered("dp_by_piece", piece_of);
     if (shape.stages > 1) {
       // The two copies of the token table must be cut into the same pieces: the same place in the data-parallel
       // groups on both stages.
-      const bool member = pp.rank() == 0 || pp.rank() == shape.stages - 1;
-      MPI_Comm ends = MPI_COMM_NULL;
-      STRATA_MPI_CHECK(MPI_Comm_split(pp.comm(), member ? 0 : MPI_UNDEFINED, pp.rank(), &ends));
-      if (member) {
-        const std::vector<int>& nodes = pp.node_of_rank();
-        embedding = std::make_unique<coll::Group>("embedding", coll::Comm(ends),
-                                                  std::vector<int>{nodes.front(), nodes.back()}, groups.types());
+      embedding = pp.subgroup("embedding", {0, shape.stages - 1});
+      if (embedding && !tracer) {
         int pieces_here[2] = {my_piece, -my_piece};
         STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pieces_here, 2, MPI_INT, MPI_MAX, embedding->comm()));
         if (pieces_here[0] != -pieces_here[1])
@@ -305,19 +309,24 @@ struct Trainer::Impl {
       }
       units.push_back(unit);
     }
-    params = TrackedBuffer<float>(MemoryCategory::parameters, param_total);
-    grads = TrackedBuffer<float>(MemoryCategory::gradients, grad_total);
-    adam_m = TrackedBuffer<float>(MemoryCategory::optimizer, opt_total);
-    adam_v = TrackedBuffer<float>(MemoryCategory::optimizer, opt_total);
+    params = TrackedBuffer<float>(MemoryCategory::parameters, param_total, backing);
+    grads = TrackedBuffer<float>(MemoryCategory::gradients, grad_total, backing);
+    adam_m = TrackedBuffer<float>(MemoryCategory::optimizer, opt_total, backing);
+    adam_v = TrackedBuffer<float>(MemoryCategory::optimizer, opt_total, backing);
     lowest_trainable = units.size();
     for (std::size_t u = units.size(); u-- > 0;)
       if (units[u].trains) lowest_trainable = u;
     gathered.resize(units.size());
     gather_state.assign(units.size(), Gathered::absent);
+    gather_op.assign(units.size(), -1);
+    reducing_op.assign(units.size(), -1);
     reducing.assign(units.size(), false);
     unit_grads.resize(units.size());
     reduced.resize(units.size());
 
+    tokens.resize(static_cast<std::size_t>(c.micro_batch) * c.seq);
+    targets.resize(tokens.size());
+    if (tracer) return;  // a traced step holds no parameters
     // Every rank initialises the whole model from the seed and keeps what its strategy holds.
     std::vector<float> full(layout.total());
     init_parameters(c.model, layout, full.data(), c.seed, c.init_std);
@@ -330,8 +339,6 @@ struct Trainer::Impl {
         params[unit.param_at + i] = at < unit.size ? full[slices[u].offset + at] : 0.0f;
       }
     }
-    tokens.resize(static_cast<std::size_t>(c.micro_batch) * c.seq);
-    targets.resize(tokens.size());
   }
 
   // Elements of a unit a state sharded this way holds on this rank, and where they start in the padded unit.
@@ -353,10 +360,11 @@ struct Trainer::Impl {
   // Starts the bookkeeping of a collective just launched on `group`.
   Op track(coll::Group& group, std::string what, std::size_t floats, coll::Work work) {
     Op op{std::move(work), &group == &intra ? CommTier::intra : &group == &inter ? CommTier::inter : CommTier::global,
-          std::move(what), 4.0 * static_cast<double>(floats), now(), true};
+          std::move(what), 4.0 * static_cast<double>(floats), now(), true, tracer ? tracer->last_operation() : -1};
     const auto t = static_cast<std::size_t>(op.tier);
     if (tier_in_flight[t]++ == 0) tier_busy_since[t] = op.start;
     ++comm[t].operations;
+    if (tracer) tracer->rename(op.trace_op, op.what);
     return op;
   }
   // Its completion, seen by a test (or at once when it was done at launch).
@@ -403,7 +411,7 @@ struct Trainer::Impl {
     for (Chain& chain : chains) {
       if (!all && chain.start_second_at > hooks_seen) break;  // created in order, so due in order
       // progress() finishes the first phase (its bookkeeping runs once, there).
-      wait_until([&] { return chain.first_done; });
+      wait_until([&] { return chain.first_done; }, {chain.first.trace_op});
       if (chain.second) {
         Op next = chain.second();
         if (next.work.done())
@@ -423,13 +431,16 @@ struct Trainer::Impl {
   }
   void wait_all() {
     start_second_phases(true);
-    wait_until([&] { return in_flight.empty(); });
+    std::vector<int> everything;
+    for (const InFlight& op : in_flight) everything.push_back(op.op.trace_op);
+    wait_until([&] { return in_flight.empty(); }, everything);
   }
 
   // ---- parameters: gathered before use when sharded ------------------------------------------------------
   // A sharded unit's gathered copy: absent, arriving, or ready to read.
   enum class Gathered { absent, arriving, ready };
   std::vector<Gathered> gather_state;
+  std::vector<int> gather_op, reducing_op;  // traced: the operation a unit's gather, or its reduction, is
 
   void start_gather(std::size_t u) {
     if (c.strategy.params == Sharding::none || u >= units.size() || gather_state[u] != Gathered::absent) return;
@@ -438,15 +449,16 @@ struct Trainer::Impl {
     const float* mine = params.data() + unit.param_at;
     coll::Group& group = c.strategy.params == Sharding::intra ? intra : *pieces;
     gather_state[u] = Gathered::arriving;
-    launch(track(group, "allgather params " + std::to_string(u), unit.padded,
-                 group.allgather(c.comm_algo, mine, gathered[u].data(), held(unit, c.strategy.params), DataType::float32)),
-           [this, u] { gather_state[u] = Gathered::ready; });
+    Op op = track(group, "allgather params " + std::to_string(u), unit.padded,
+                  group.allgather(c.comm_algo, mine, gathered[u].data(), held(unit, c.strategy.params), DataType::float32));
+    gather_op[u] = op.trace_op;
+    launch(std::move(op), [this, u] { gather_state[u] = Gathered::ready; });
   }
 
   void need_params(std::size_t u) {
     if (c.strategy.params == Sharding::none) return;
     start_gather(u);
-    wait_until([&] { return gather_state[u] == Gathered::ready; });
+    wait_until([&] { return gather_state[u] == Gathered::ready; }, {gather_op[u]});
   }
   void drop_params(std::size_t u) {
     if (c.strategy.params == Sharding::none || gather_state[u] != Gathered::ready) return;
@@ -455,8 +467,16 @@ struct Trainer::Impl {
   }
 
   // Progresses the operations in flight until `done` holds; the time is communication the step waited for.
+  // `traced`: the operations it waits for, which a traced step completes here (nothing else completes them).
   template <typename Done>
-  void wait_until(Done done) {
+  void wait_until(Done done, const std::vector<int>& traced = {}) {
+    if (tracer) {
+      for (int op : traced)
+        if (op >= 0) tracer->complete(op);
+      progress();
+      if (!done()) throw std::logic_error("a traced step waits for an operation its wait does not name");
+      return;
+    }
     double last = now();
     while (!done()) {
       std::array<bool, kCommTiers> waiting_on{};
@@ -483,7 +503,7 @@ struct Trainer::Impl {
   float* unit_grad_buffer(std::size_t u) {
     if (!units[u].trains) return nullptr;
     if (c.strategy.grads == Sharding::none) return grads.data() + units[u].grad_at;
-    wait_until([&] { return !reducing[u]; });
+    wait_until([&] { return !reducing[u]; }, {reducing_op[u]});
     allocate(unit_grads[u], units[u].padded);
     return unit_grads[u].data();
   }
@@ -540,11 +560,14 @@ struct Trainer::Impl {
     Op work = track(group, "reduce_scatter grads " + std::to_string(u), unit.padded,
                     group.reduce_scatter(c.comm_algo, unit_grads[u].data(), out, count, DataType::float32, RedOp::sum));
     reducing[u] = true;
+    reducing_op[u] = work.trace_op;
     auto then = [this, u, first, count, store, out] {
       reducing[u] = false;
       release(unit_grads[u]);
       if (!first) {
-        for (std::size_t i = 0; i < count; ++i) store[i] += out[i];
+        compute("accumulate grads", 3.0 * static_cast<double>(count), [&] {
+          for (std::size_t i = 0; i < count; ++i) store[i] += out[i];
+        });
         release(reduced[u]);
       }
     };
@@ -591,9 +614,23 @@ struct Trainer::Impl {
                                    unit.piece_g, DataType::float32)));
   }
 
-  double allreduce_sum(coll::Group& group, double value) {
-    group.allreduce(coll::Algo::library, &value, &value, 1, DataType::float64, RedOp::sum).wait();
+  // A scalar summed over a group (the gradient norm's squares, the loss); not on the timeline.
+  double allreduce_sum(coll::Group& group, double value, const char* what) {
+    if (tracer) tracer->name_next(what);
+    coll::Work work = group.allreduce(coll::Algo::library, &value, &value, 1, DataType::float64, RedOp::sum, coll::Waiting::at_once);
+    finish(work);
     return value;
+  }
+  // Waits for an operation just started (a traced one completes when told).
+  void finish(coll::Work& work) {
+    if (tracer) tracer->complete(tracer->last_operation());
+    work.wait();
+  }
+  // A computation of the step outside the model: it runs, or a traced step records the elements it moves.
+  template <typename Run>
+  void compute(const char* what, double elements, const Run& run) {
+    if (tracer) tracer->elementwise(what, elements);
+    else run();
   }
 
   // ---- the pipeline: transfers between stages -------------------------------------------------------------
@@ -603,7 +640,14 @@ struct Trainer::Impl {
     std::string what;
     double bytes = 0, start = 0;
     TrackedBuffer<float> buffer;  // a send's copy, returned to the pool when done
+    int trace_op = -1;            // traced: the operation in the trace
   };
+  // A send or receive just started on the pp group.
+  Transfer transfer(coll::Work work, std::string what, std::size_t floats, TrackedBuffer<float> copy = {}) {
+    const int op = tracer ? tracer->last_operation() : -1;
+    if (tracer) tracer->rename(op, what);
+    return {std::move(work), std::move(what), 4.0 * static_cast<double>(floats), now(), std::move(copy), op};
+  }
   std::vector<Transfer> sends;                 // in flight
   std::vector<std::optional<Transfer>> sets_sending;  // per chunk and set: the send of that set's output
   std::optional<Transfer> receiving;           // the receive the next action waits for
@@ -626,13 +670,15 @@ struct Trainer::Impl {
   }
   void send(const float* data, std::size_t floats, int to_stage, std::string what, TrackedBuffer<float> copy = {}) {
     const int peer = to_stage % shape.stages;
-    Transfer t{pp.send(data, floats, DataType::float32, peer), std::move(what), 4.0 * static_cast<double>(floats), now(), std::move(copy)};
+    Transfer t = transfer(pp.send(data, floats, DataType::float32, peer), std::move(what), floats, std::move(copy));
     pipeline_stats.sent_bytes += t.bytes;
     ++pipeline_stats.sends;
     sends.push_back(std::move(t));
   }
   // Waits for a transfer, progressing everything in flight; the time is the pipeline's wait (exposed).
-  void wait_transfer(coll::Work& work) {
+  void wait_transfer(Transfer& t) {
+    if (tracer) tracer->complete(t.trace_op);
+    coll::Work& work = t.work;
     double last = now();
     while (!work.test()) {
       progress();
@@ -732,11 +778,11 @@ struct Trainer::Impl {
       const std::size_t floats = model.rows_here() * C;
       const std::string label = " mb " + std::to_string(a.micro) + " stage " + std::to_string(stage);
       if (a.pass == PipelineAction::Pass::forward && stage > 0)
-        return Transfer{pp.recv(model.stage_input(set), floats, DataType::float32, (stage - 1) % shape.stages),
-                        "recv activations" + label, 4.0 * static_cast<double>(floats), now(), {}};
+        return transfer(pp.recv(model.stage_input(set), floats, DataType::float32, (stage - 1) % shape.stages),
+                        "recv activations" + label, floats);
       if (a.pass == PipelineAction::Pass::backward && stage < last_stage && chunk_backward[ch])
-        return Transfer{pp.recv(output_grads[ch].data(), floats, DataType::float32, (stage + 1) % shape.stages),
-                        "recv gradients" + label, 4.0 * static_cast<double>(floats), now(), {}};
+        return transfer(pp.recv(output_grads[ch].data(), floats, DataType::float32, (stage + 1) % shape.stages),
+                        "recv gradients" + label, floats);
       return std::nullopt;
     };
     if (!actions.empty()) receiving = receive_for(0);
@@ -760,7 +806,7 @@ struct Trainer::Impl {
       run_window(k, stats, pointers, point, window_hooks);
       if (receiving) {
         const double waited_before = pipeline_stats.wait_seconds;
-        wait_transfer(receiving->work);
+        wait_transfer(*receiving);
         stats.receive_waits[k] = pipeline_stats.wait_seconds - waited_before;
         finished(*receiving);
         receiving.reset();
@@ -770,7 +816,7 @@ struct Trainer::Impl {
         const int64_t first_row = (static_cast<int64_t>(a.micro) * n + dp.rank()) * c.micro_batch;
         tokens.resize(static_cast<std::size_t>(c.micro_batch) * c.seq);
         targets.resize(tokens.size());
-        data.rows(step_index, first_row, c.micro_batch, c.seq, tokens.data(), targets.data());
+        if (data) data->rows(step_index, first_row, c.micro_batch, c.seq, tokens.data(), targets.data());
       }
       const bool first = static_cast<int>(k) == first_backward[ch], last = static_cast<int>(k) == last_backward[ch];
       const int first_unit = plan.first_layer + 1, end_unit = plan.first_layer + plan.layers + 1;  // the layers' units
@@ -843,7 +889,7 @@ struct Trainer::Impl {
         // The set's previous output must have left before this forward writes it again.
         std::optional<Transfer>& previous = sets_sending[set_base[ch] + static_cast<std::size_t>(set)];
         if (previous) {
-          wait_transfer(previous->work);
+          wait_transfer(*previous);
           finished(*previous);
           previous.reset();
         }
@@ -860,8 +906,7 @@ struct Trainer::Impl {
         if (stage < last_stage) {
           const std::size_t floats = model.rows_here() * C;
           const int peer = (stage + 1) % shape.stages;
-          previous = Transfer{pp.send(model.stage_output(set), floats, DataType::float32, peer), "send activations" + label,
-                              4.0 * static_cast<double>(floats), now(), {}};
+          previous = transfer(pp.send(model.stage_output(set), floats, DataType::float32, peer), "send activations" + label, floats);
           pipeline_stats.sent_bytes += previous->bytes;
           ++pipeline_stats.sends;
         }
@@ -878,9 +923,9 @@ struct Trainer::Impl {
         if (chunk_input_grad[ch]) {
           const std::size_t floats = model.rows_here() * C;
           TrackedBuffer<float> copy = pool.take(floats);  // the next backward overwrites input_grad()
-          float* data = copy.data();
-          std::copy(model.input_grad(), model.input_grad() + floats, data);
-          send(data, floats, stage - 1, "send gradients" + label, std::move(copy));
+          float* to = copy.data();
+          compute("copy", 2.0 * static_cast<double>(floats), [&] { std::copy(model.input_grad(), model.input_grad() + floats, to); });
+          send(to, floats, stage - 1, "send gradients" + label, std::move(copy));
         }
       }
       if (k + 1 < actions.size()) receiving = receive_for(k + 1);
@@ -889,14 +934,14 @@ struct Trainer::Impl {
     wait_all();
     for (auto& pending : sets_sending)
       if (pending) {
-        wait_transfer(pending->work);
+        wait_transfer(*pending);
         finished(*pending);
         pending.reset();
       }
     while (!sends.empty()) {  // taken out first: waiting tests the others, and drops those that are done
       Transfer t = std::move(sends.front());
       sends.erase(sends.begin());
-      wait_transfer(t.work);
+      wait_transfer(t);
       finished(t);
       release(t.buffer);
     }
@@ -904,8 +949,10 @@ struct Trainer::Impl {
     // The two copies of the token table take the same step: the first and the last stage sum their gradients.
     if (embedding && units[0].trains) {
       const std::size_t count = held(units[0], c.strategy.optimizer);
-      embedding->allreduce(coll::Algo::library, optimizer_grads(0), optimizer_grads(0), count, DataType::float32, RedOp::sum,
-                           coll::Waiting::at_once).wait();
+      if (tracer) tracer->name_next("allreduce embedding grads");
+      coll::Work work = embedding->allreduce(coll::Algo::library, optimizer_grads(0), optimizer_grads(0), count,
+                                             DataType::float32, RedOp::sum, coll::Waiting::at_once);
+      finish(work);
     }
     // Global gradient norm over the optimizer's shards (distinct within the group that partitions them), every
     // stage's, the token table once.
@@ -913,10 +960,10 @@ struct Trainer::Impl {
     double squares = 0;
     for (std::size_t u = 0; u < U; ++u)
       if (units[u].trains && !(u == 0 && embedding && pp.rank() != 0)) squares += gradient_squares(u);
-    if (c.strategy.optimizer == Sharding::intra) squares = allreduce_sum(intra, squares);
-    if (c.strategy.optimizer == Sharding::global) squares = allreduce_sum(dp, squares);
-    if (tp.size() > 1) squares = allreduce_sum(tp, squares);
-    if (pp.size() > 1) squares = allreduce_sum(pp, squares);
+    if (c.strategy.optimizer == Sharding::intra) squares = allreduce_sum(intra, squares, "allreduce norm");
+    if (c.strategy.optimizer == Sharding::global) squares = allreduce_sum(dp, squares, "allreduce norm");
+    if (tp.size() > 1) squares = allreduce_sum(tp, squares, "allreduce norm");
+    if (pp.size() > 1) squares = allreduce_sum(pp, squares, "allreduce norm");
     stats.grad_norm = std::sqrt(squares);
     const float scale = layers::clip_scale(stats.grad_norm, c.max_grad_norm);
     layers::AdamWConfig adamw = c.adamw;
@@ -924,8 +971,11 @@ struct Trainer::Impl {
     for (std::size_t u = 0; u < U; ++u) {
       if (!units[u].trains) continue;
       const std::size_t count = held(units[u], c.strategy.optimizer);
-      layers::adamw_update(optimizer_params(u), optimizer_grads(u), adam_m.data() + units[u].opt_at,
-                           adam_v.data() + units[u].opt_at, count, adamw, step_index, scale, {});
+      // Parameters, both moments read and written, the gradient read.
+      compute("adamw", 7.0 * static_cast<double>(count), [&] {
+        layers::adamw_update(optimizer_params(u), optimizer_grads(u), adam_m.data() + units[u].opt_at,
+                             adam_v.data() + units[u].opt_at, count, adamw, step_index, scale, {});
+      });
       synchronise_parameters(u);
     }
     wait_all();
@@ -933,14 +983,14 @@ struct Trainer::Impl {
       release(reduced[u]);
       drop_params(u);  // units gathered ahead and never read (frozen layers below the backward's end)
     }
-    grads.fill(0.0f);
+    compute("zero grads", static_cast<double>(grads.size()), [&] { grads.fill(0.0f); });
     const double optimizer_end = now();
     stats.optimizer_seconds = optimizer_end - optimizer_start - (exposed - exposed_before_optimizer);
     if (timeline) timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
 
     // The loss is the last stage's: summed over its data-parallel ranks, then handed to every stage.
-    stats.loss = allreduce_sum(dp, loss_sum);
-    if (pp.size() > 1) stats.loss = allreduce_sum(pp, chunks.back()->stage().head ? stats.loss : 0.0);
+    stats.loss = allreduce_sum(dp, loss_sum, "allreduce loss");
+    if (pp.size() > 1) stats.loss = allreduce_sum(pp, chunks.back()->stage().head ? stats.loss : 0.0, "allreduce loss");
     stats.loss /= normaliser;
     stats.exposed_comm_seconds = exposed;
     stats.comm = comm;
@@ -958,7 +1008,9 @@ struct Trainer::Impl {
   double gradient_squares(std::size_t u) {
     const float* g = optimizer_grads(u);
     const std::size_t count = held(units[u], c.strategy.optimizer);
-    double squares = layers::squared_norm(g, count, {});
+    double squares = 0;
+    compute("squared norm", static_cast<double>(count), [&] { squares = layers::squared_norm(g, count, {}); });
+    if (tracer) return 0;
     const std::size_t first = unit_slices[u].offset + piece_offset(units[u], c.strategy.optimizer);  // in the layout
     for (const Slice& whole : replicated) {
       const std::size_t lo = std::max(whole.offset, first);
@@ -990,9 +1042,13 @@ struct Trainer::Impl {
   }
 };
 
-Trainer::Trainer(const TrainConfig& config, coll::ProcessGroups& groups,
-                                         const TokenSource& data)
-    : impl_(std::make_unique<Impl>(config, groups, data)) {}
+Trainer::Trainer(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& data)
+    : impl_(std::make_unique<Impl>(config, groups, &data, nullptr)) {}
+
+Trainer::Trainer(const TrainConfig& config, coll::ProcessGroups& traced_groups, Tracer& tracer)
+    : impl_(std::make_unique<Impl>(config, traced_groups, nullptr, &tracer)) {
+  if (!traced_groups.world().traced()) throw std::invalid_argument("a traced step needs traced process groups");
+}
 
 Trainer::~Trainer() = default;
 
@@ -1020,6 +1076,26 @@ MemoryUse Trainer::memory() const {
 }
 
 const std::vector<PipelineAction>& Trainer::actions() const { return impl_->actions; }
+
+StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, const TraceOptions& options) {
+  TraceGroups groups;
+  StepTrace trace;
+  // A job smaller than a node is one node.
+  trace.ranks_per_node = static_cast<int>(std::min<long long>(options.ranks_per_node, grid.size()));
+  // The stage's first rank's coordinates: the world rank of (tp 0, pp j, dp 0) under the grid's order.
+  Tracer probe(groups);
+  const coll::ProcessGroups places(grid, trace.ranks_per_node, options.grid_order, 0, probe);
+  for (int stage = 0; stage < grid.pp; ++stage) {
+    const int rank = places.world_rank_of(0, stage, 0);
+    Tracer tracer(groups);
+    coll::ProcessGroups traced(grid, trace.ranks_per_node, options.grid_order, rank, tracer);
+    Trainer trainer(config, traced, tracer);
+    trainer.step(1);
+    trace.ranks.push_back({rank, grid.tp * grid.dp, tracer.take()});
+  }
+  trace.groups = groups.all();
+  return trace;
+}
 
 std::vector<StagePlan> Trainer::stages() const {
   std::vector<StagePlan> plans;

@@ -39,6 +39,7 @@
 #include "train/data.h"
 #include "train/gpt.h"
 #include "train/schedule.h"
+#include "train/trace.h"
 #include "train/strategy.h"
 
 namespace strata::train {
@@ -97,6 +98,15 @@ struct TrainConfig {
   float init_std = 0.02f;
   bool record_timeline = false;
 };
+
+// One step of `config` on a grid of any size, as an operation graph (trace.h), traced by the step executor itself on
+// one rank per pipeline stage (tensor- and data-parallel coordinate 0), each standing for the tp x dp ranks of its
+// stage, whose graphs differ only in their groups' members. ranks_per_node: the nodes of the traced job.
+struct TraceOptions {
+  int ranks_per_node = 8;
+  std::string grid_order = "tp,pp,dp";
+};
+StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, const TraceOptions& options = {});
 
 // The layers of each of the p v pipeline stages: `stage_layers` when given (p v entries, each >= 1, summing to L),
 // else L / (p v) each. std::invalid_argument saying why otherwise.
@@ -190,6 +200,9 @@ class Trainer {
   // Collective over the world. Throws std::invalid_argument when the strategy is refused, the groups are uneven
   // for an I strategy, the schedule is refused on the grid, or the layers do not divide into the stages.
   Trainer(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& data);
+  // The step of one rank of traced groups (coll::ProcessGroups' traced constructor), recorded by `tracer` rather
+  // than run (trace.h): nothing is allocated but addresses, nothing computed, no data read. step() records one.
+  Trainer(const TrainConfig& config, coll::ProcessGroups& traced_groups, Tracer& tracer);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

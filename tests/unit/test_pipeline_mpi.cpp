@@ -12,6 +12,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 
 #include "tests/unit/single_rank_step.h"
@@ -152,6 +153,42 @@ TEST(Pipeline, BytesAndMemoryAreTheFormulas) {
     EXPECT_NEAR(used.params, estimate.params, slack) << what;
     EXPECT_NEAR(used.grads, estimate.grads, slack) << what;
     EXPECT_NEAR(used.optimizer, estimate.optimizer, 2 * slack) << what;
+  }
+}
+
+// The traced step (trace_step, run without MPI for a grid of any size) holds what the running step launches: every
+// collective of the data-parallel strategy and of tensor parallelism and every pipeline transfer, by name, on
+// the ranks traced (the first tensor- and data-parallel rank of each stage); the scalar reductions of the loss and
+// the norm and the token table's sum between the stages are the trace's alone (the timeline leaves them out).
+TEST(Pipeline, TheTraceHoldsWhatTheStepRuns) {
+  const int n = world_size();
+  const std::vector<GridCase> all = cases(n);
+  if (all.empty()) GTEST_SKIP() << "cases for 2, 4 and 8 ranks";
+  const auto data = synthetic_tokens(64, 5);
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  for (const GridCase& g : all) {
+    const std::string what = describe(g);
+    TrainConfig c = base_config();
+    c.strategy = parse_strategy(g.strategy), c.comm_algo = coll::Algo::ring;
+    c.schedule = g.schedule, c.virtual_stages = g.virtual_stages, c.stage_layers = g.stage_layers;
+    c.recompute = g.recompute, c.sequence_parallel = g.sp, c.trainable = parse_trainable(g.trainable);
+    coll::ProcessGroups groups(g.grid, g.ranks_per_node);
+    Trainer trainer(c, groups, *data);
+    const StepStats stats = trainer.step(1, true);
+    std::map<std::string, int> ran;
+    for (const TimelineEvent& e : stats.timeline)
+      if (e.stream == "comm") ++ran[e.operation];
+    const StepTrace trace = trace_step(c, g.grid, {g.ranks_per_node > 0 ? g.ranks_per_node : n, "tp,pp,dp"});
+    for (const TraceRank& rank : trace.ranks) {
+      if (rank.rank != me) continue;
+      std::map<std::string, int> traced;
+      for (const TraceOp& op : rank.ops)
+        if (op.kind != TraceOpKind::gemm && op.kind != TraceOpKind::attention && op.kind != TraceOpKind::elementwise &&
+            op.name != "allreduce norm" && op.name != "allreduce loss" && op.name != "allreduce embedding grads")
+          ++traced[op.name];
+      EXPECT_EQ(traced, ran) << what << ": rank " << me;
+    }
   }
 }
 

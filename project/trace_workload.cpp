@@ -1,0 +1,68 @@
+// A traced step as the simulator's workload (see trace_workload.h).
+#include "project/trace_workload.h"
+
+#include <stdexcept>
+
+namespace strata::project {
+
+namespace {
+
+CollectiveOp collective_of(train::TraceCollective c) {
+  switch (c) {
+    case train::TraceCollective::allreduce: return CollectiveOp::allreduce;
+    case train::TraceCollective::allgather: return CollectiveOp::allgather;
+    case train::TraceCollective::reduce_scatter: return CollectiveOp::reduce_scatter;
+    case train::TraceCollective::broadcast: return CollectiveOp::broadcast;
+  }
+  return CollectiveOp::allreduce;
+}
+
+// The traced element's bytes in the predicted step: the step's floats at the prediction's size; others as traced.
+int element_bytes_of(const train::TraceOp& op, int element_bytes) { return op.element_bytes == 4 ? element_bytes : op.element_bytes; }
+
+}  // namespace
+
+double collective_bytes(const train::TraceOp& op, int group_size, int element_bytes) {
+  const double block = op.count * element_bytes_of(op, element_bytes);
+  const bool whole = op.collective == train::TraceCollective::allgather || op.collective == train::TraceCollective::reduce_scatter;
+  return whole ? block * group_size : block;
+}
+
+Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options) {
+  Workload w;
+  const int groups = static_cast<int>(trace.groups.size());
+  for (int g = 0; g < groups; ++g) w.groups.push_back({g, trace.groups[static_cast<std::size_t>(g)].ranks});
+  // A rank's receives run on a stream of their own beside its sends' (both are the pp group's transfers).
+  auto receive_stream = [&](int group) { return communication_stream(groups + group); };
+  for (const train::TraceRank& rank : trace.ranks) {
+    RankGraph graph{rank.rank, rank.weight, {}};
+    for (const train::TraceOp& t : rank.ops) {
+      Op op;
+      switch (t.kind) {
+        case train::TraceOpKind::gemm: op = gemm_op(t.name, t.m, t.n, t.k, options.dtype); break;
+        case train::TraceOpKind::attention:
+          op = attention_op(t.name, t.batch, t.heads, t.seq_q, t.seq_kv, t.head_dim, t.causal, t.backward, options.dtype);
+          break;
+        case train::TraceOpKind::elementwise: op = elementwise_op(t.name, t.elements * options.element_bytes); break;
+        case train::TraceOpKind::collective: {
+          const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
+          op = collective_op(t.name, collective_of(t.collective), t.group, collective_bytes(t, size, options.element_bytes));
+          op.algorithm = t.algorithm;
+          break;
+        }
+        case train::TraceOpKind::send:
+          op = send_op(t.name, t.peer, t.count * element_bytes_of(t, options.element_bytes), communication_stream(t.group));
+          break;
+        case train::TraceOpKind::recv:
+          op = recv_op(t.name, t.peer, t.count * element_bytes_of(t, options.element_bytes), receive_stream(t.group));
+          break;
+      }
+      op.depends_on = t.depends_on;
+      graph.ops.push_back(std::move(op));
+    }
+    w.ranks.push_back(std::move(graph));
+  }
+  return w;
+}
+
+}  // namespace strata::project

@@ -1,0 +1,27 @@
+// A traced step (train/trace.h) as the simulator's workload (simulate.h): GEMMs and attention calls in the
+// system's compute dtype, elementwise kernels by the bytes they move, each group's collectives on its own
+// stream, a rank's sends and its receives on two streams of their own (a send never waits behind a receive), the
+// traced ranks weighted by the ranks they stand for.
+#pragma once
+
+#include <string>
+
+#include "project/simulate.h"
+#include "train/trace.h"
+
+namespace strata::project {
+
+struct WorkloadOptions {
+  std::string dtype = "fp32";  // of GEMMs and attention: the system's device must have it
+  // Bytes of an activation or gradient element in elementwise kernels and in collectives and transfers of the
+  // step's floats (the trace counts 4: fp32 on the CPU); 2 predicts a bf16 step. Scalar fp64 reductions keep 8.
+  int element_bytes = 4;
+};
+
+Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});
+
+// S of metrics.md for a traced collective: one rank's buffer for allreduce and broadcast, the whole gathered
+// buffer for allgather, the whole input for reduce_scatter.
+double collective_bytes(const train::TraceOp& op, int group_size, int element_bytes);
+
+}  // namespace strata::project

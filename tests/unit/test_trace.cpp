@@ -1,0 +1,104 @@
+// The step traced (train/trace.h): every rank's graph runs on the step simulator without deadlock for every
+// schedule, grid and strategy; its operations are the step's (GEMM shapes of each layer, one forward and one
+// backward per layer and micro-batch, the data-parallel collectives the formulas count); a grid of thousands of
+// ranks is traced on one rank per stage.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+
+#include "project/trace_workload.h"
+#include "train/step_formulas.h"
+#include "train/trainer.h"
+
+namespace strata::train {
+namespace {
+
+TrainConfig small_config() {
+  TrainConfig c;
+  c.model.name = "trace";
+  c.model.layers = 4, c.model.hidden = 64, c.model.heads = 4, c.model.kv_heads = 4, c.model.vocab = 128, c.model.max_seq = 32;
+  c.micro_batch = 2, c.seq = 32, c.accumulation = 4;
+  return c;
+}
+
+project::System fast_system() {
+  project::System s;
+  s.name = "test";
+  s.device.devices_per_node = 4;
+  project::ComputePeak fp32;
+  fp32.peak_flops.value = 1e12;
+  fp32.efficiency.points = {{1, 0.5}};
+  s.device.compute["fp32"] = fp32;
+  s.device.memory_bandwidth.value = 1e11, s.device.memory_efficiency.value = 0.8;
+  s.intra_node.bandwidth.value = 1e11, s.intra_node.latency.value = 1e-6;
+  s.inter_node.bandwidth.value = 1e10, s.inter_node.latency.value = 5e-6;
+  return s;
+}
+
+int count(const StepTrace& t, int rank_index, TraceOpKind kind) {
+  int n = 0;
+  for (const TraceOp& op : t.ranks[static_cast<std::size_t>(rank_index)].ops) n += op.kind == kind;
+  return n;
+}
+
+TEST(Trace, EveryScheduleGridAndStrategySimulatesWithoutDeadlock) {
+  struct Case {
+    coll::GridShape grid;
+    Schedule schedule;
+    int v;
+    const char* strategy;
+    Recompute recompute;
+    bool sp;
+  };
+  const std::vector<Case> cases = {
+      {{1, 1, 1}, Schedule::one_f_one_b, 1, "NNN", Recompute::none, false},
+      {{1, 2, 1}, Schedule::gpipe, 1, "NNN", Recompute::full, false},
+      {{1, 2, 2}, Schedule::one_f_one_b, 1, "GGG", Recompute::selective, false},
+      {{2, 2, 2}, Schedule::interleaved, 2, "NIG", Recompute::none, true},
+      {{2, 4, 4}, Schedule::one_f_one_b, 1, "IIG", Recompute::full, false},
+      {{1, 2, 4}, Schedule::interleaved, 2, "ING", Recompute::none, false}};
+  for (const Case& k : cases) {
+    TrainConfig c = small_config();
+    c.schedule = k.schedule, c.virtual_stages = k.v, c.strategy = parse_strategy(k.strategy), c.recompute = k.recompute;
+    c.sequence_parallel = k.sp;
+    const std::string what = coll::format_grid(k.grid) + " " + name(k.schedule) + " " + k.strategy;
+    const StepTrace trace = trace_step(c, k.grid, {2, "tp,pp,dp"});
+    ASSERT_EQ(static_cast<int>(trace.ranks.size()), k.grid.pp) << what;
+    // Each stage's rank: per micro-batch and layer of its stages, six GEMMs forward (QKV, attention out, MLP up and
+    // down: 4) and backward (input and weight of each: 8), plus the head's on the last stage.
+    for (int r = 0; r < k.grid.pp; ++r) {
+      EXPECT_EQ(trace.ranks[static_cast<std::size_t>(r)].weight, k.grid.tp * k.grid.dp) << what;
+      const int layers = c.model.layers / k.grid.pp;
+      const int head = r == k.grid.pp - 1 ? 3 : 0;  // logits forward; their input and weight gradients
+      const int recomputed = k.recompute == Recompute::full ? 4 : 0;
+      EXPECT_EQ(count(trace, r, TraceOpKind::gemm), c.accumulation * (layers * (12 + recomputed) + head)) << what << " rank " << r;
+      const int attention_calls = c.accumulation * layers * (k.recompute == Recompute::none ? 2 : 3);
+      EXPECT_EQ(count(trace, r, TraceOpKind::attention), attention_calls) << what << " rank " << r;
+    }
+    const project::Timeline timeline = project::simulate(fast_system(), project::workload_of(trace));
+    EXPECT_GT(timeline.step_s, 0) << what;
+  }
+}
+
+// A grid of 10,240 ranks (tp 8, pp 16, dp 80) of GPT-3 175B, interleaved: one rank per stage traced, each standing
+// for 640; the trace takes seconds, not the 10,240 ranks' worth.
+TEST(Trace, ThousandsOfRanksTraceOnOneRankPerStage) {
+  TrainConfig c;
+  c.model = preset("gpt3-175b");
+  c.micro_batch = 1, c.seq = 2048, c.accumulation = 16;
+  c.schedule = Schedule::interleaved, c.virtual_stages = 2, c.strategy = parse_strategy("NNG");
+  c.recompute = Recompute::selective, c.sequence_parallel = true;
+  const auto start = std::chrono::steady_clock::now();
+  const StepTrace trace = trace_step(c, {8, 16, 80}, {8, "tp,pp,dp"});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("[ trace    ] GPT-3 175B on 10,240 ranks (tp 8, pp 16, dp 80, interleaved): %zu ranks traced in %.2f s\n",
+              trace.ranks.size(), seconds);
+  ASSERT_EQ(trace.ranks.size(), 16u);
+  int weight = 0;
+  for (const TraceRank& r : trace.ranks) weight += r.weight;
+  EXPECT_EQ(weight, 10240);
+}
+
+}  // namespace
+}  // namespace strata::train
