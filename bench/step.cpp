@@ -140,9 +140,10 @@ double allreduce_sum(double value) {
 // recompute is a part of backward: the forward work it does again first, on demand; recompute_window a compute
 // phase of its own: recomputation run while waiting for a stage's output gradient (overlap), recompute_hidden the
 // part of it done before that gradient arrived; comm_tp and pipeline_wait parts of comm_exposed: the
-// tensor-parallel collectives, which block, and the waits for other stages.
+// tensor-parallel collectives, which block, and the waits for other stages; pipeline_hidden the time transfers
+// between stages were in flight while the rank computed.
 constexpr const char* kPhases[] = {"forward", "backward", "optimizer", "comm_exposed", "idle", "recompute", "comm_tp",
-                                   "pipeline_wait", "recompute_window", "recompute_hidden"};
+                                   "pipeline_wait", "recompute_window", "recompute_hidden", "pipeline_hidden"};
 constexpr MemoryCategory kCategories[] = {MemoryCategory::parameters, MemoryCategory::gradients, MemoryCategory::optimizer,
                                           MemoryCategory::activations, MemoryCategory::workspace, MemoryCategory::comm_buffers};
 double formula_of(const MemoryUse& m, MemoryCategory c) {
@@ -704,6 +705,7 @@ int run_step(int argc, char** argv) {
         recorder.add_phase("recompute", stats.recompute_seconds);
         recorder.add_phase("comm_tp", stats.tp_comm_seconds);
         recorder.add_phase("pipeline_wait", stats.pipeline.wait_seconds);
+        recorder.add_phase("pipeline_hidden", stats.pipeline.hidden_seconds());
         recorder.add_phase("recompute_window", stats.recompute_window_seconds);
         recorder.add_phase("recompute_hidden", stats.recompute_hidden_seconds);
         recorder.add_metric("pipeline_rank", shape.pp_rank);
@@ -752,7 +754,8 @@ int run_step(int argc, char** argv) {
         per_step([](const StepStats& s) { return s.tp_comm_seconds; }),
         per_step([](const StepStats& s) { return s.pipeline.wait_seconds; }),
         per_step([](const StepStats& s) { return s.recompute_window_seconds; }),
-        per_step([](const StepStats& s) { return s.recompute_hidden_seconds; })};
+        per_step([](const StepStats& s) { return s.recompute_hidden_seconds; }),
+        per_step([](const StepStats& s) { return s.pipeline.hidden_seconds(); })};
     // Each rank's pipeline idle time against its compute in the pipelined passes (the ideal time of
     // metrics.md's bubble), mean over ranks.
     const double bubble = per_step([](const StepStats& s) {

@@ -646,15 +646,21 @@ struct Trainer::Impl {
   Transfer transfer(coll::Work work, std::string what, std::size_t floats, TrackedBuffer<float> copy = {}) {
     const int op = tracer ? tracer->last_operation() : -1;
     if (tracer) tracer->rename(op, what);
-    return {std::move(work), std::move(what), 4.0 * static_cast<double>(floats), now(), std::move(copy), op};
+    const double start = now();
+    if (transfers_in_flight++ == 0) transfers_busy_since = start;
+    return {std::move(work), std::move(what), 4.0 * static_cast<double>(floats), start, std::move(copy), op};
   }
   std::vector<Transfer> sends;                 // in flight
   std::vector<std::optional<Transfer>> sets_sending;  // per chunk and set: the send of that set's output
   std::optional<Transfer> receiving;           // the receive the next action waits for
   PipelineStats pipeline_stats;
 
+  int transfers_in_flight = 0;
+  double transfers_busy_since = 0;
   void finished(Transfer& t) {
-    if (timeline) timeline->push_back({t.what, "comm", "pp", t.start, now(), t.bytes});
+    const double end = now();
+    if (--transfers_in_flight == 0) pipeline_stats.busy_seconds += end - transfers_busy_since;
+    if (timeline) timeline->push_back({t.what, "comm", "pp", t.start, end, t.bytes});
   }
   // Tests the sends in flight; those done return their buffers.
   void progress_sends() {

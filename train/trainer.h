@@ -156,9 +156,11 @@ struct TimelineEvent {
 // Pipeline figures of one step on this rank: the waits for a stage's input or output gradient (the bubble,
 // with transfers), and the activations and gradients sent to other stages.
 struct PipelineStats {
-  double wait_seconds = 0;   // waiting for receives from other stages, no compute to do
+  double wait_seconds = 0;   // waiting for receives from other stages, no compute to do (exposed)
+  double busy_seconds = 0;   // with a send or receive in flight, from its start to the point that saw it done
   double sent_bytes = 0;
   int sends = 0;
+  double hidden_seconds() const { return busy_seconds > wait_seconds ? busy_seconds - wait_seconds : 0; }
 };
 
 struct StepStats {
