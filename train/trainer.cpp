@@ -6,11 +6,13 @@
 #include <cmath>
 #include <functional>
 #include <numbers>
+#include <optional>
 #include <numeric>
 #include <stdexcept>
 
 #include "collectives/mpi_error.h"
 #include "train/memory.h"
+#include "train/shard_plan.h"
 
 namespace strata::train {
 
@@ -154,8 +156,7 @@ class BufferPool {
 }  // namespace
 
 struct Trainer::Impl {
-  struct Unit {
-    std::size_t size = 0, padded = 0, piece_g = 0, piece_i = 0;
+  struct Unit : UnitShape {
     bool present = false;  // one of this rank's stages holds it (the head's copy of the token table included)
     bool trains = false;
     std::size_t param_at = 0, grad_at = 0, opt_at = 0;  // offsets in the persistent stores
@@ -206,6 +207,7 @@ struct Trainer::Impl {
   std::vector<bool> chunk_input_grad;     // whether the chunk's stage sends its input's gradient back
   std::vector<TrackedBuffer<float>> output_grads;  // per chunk: the received gradient of its output (R, C)
   int n = 1, m = 1, g = 1, local = 0, node = 0, my_piece = 0;
+  std::optional<ShardPlan> plan;
   std::vector<Unit> units;
   std::vector<Slice> unit_slices;  // each unit in the model's layout
   std::vector<Slice> replicated;   // under tensor parallelism: tensors every rank of the group holds whole
@@ -262,7 +264,8 @@ struct Trainer::Impl {
     if (!dp.even_nodes() || m * g != n)
       throw std::invalid_argument("data-parallel ranks are spread unevenly over the groups (" + std::to_string(n) + " over " +
                                   std::to_string(dp.node_count()) + " nodes): every group needs the same size");
-    my_piece = local * g + node;
+    plan.emplace(c.strategy, n, m, g, local, node);
+    my_piece = plan->my_piece();
     // Every data-parallel rank's piece: l g + k, l its place among its node's ranks, k its node's place (the order
     // in which the nodes first hold a rank, as the inter group numbers them).
     std::vector<int> piece_of(static_cast<std::size_t>(n));
@@ -296,10 +299,7 @@ struct Trainer::Impl {
     std::size_t param_total = 0, grad_total = 0, opt_total = 0;
     for (std::size_t u = 0; u < slices.size(); ++u) {
       Unit unit;
-      unit.size = slices[u].size;
-      unit.padded = (unit.size + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
-      unit.piece_g = unit.padded / static_cast<std::size_t>(n);
-      unit.piece_i = unit.padded / static_cast<std::size_t>(m);
+      static_cast<UnitShape&>(unit) = plan->shape(slices[u].size);
       unit.present = present[u];
       unit.trains = present[u] && trains[u];
       if (unit.present) unit.param_at = std::exchange(param_total, param_total + held(unit, c.strategy.params));
@@ -342,14 +342,8 @@ struct Trainer::Impl {
   }
 
   // Elements of a unit a state sharded this way holds on this rank, and where they start in the padded unit.
-  std::size_t held(const Unit& u, Sharding s) const {
-    return s == Sharding::none ? u.padded : s == Sharding::intra ? u.piece_i : u.piece_g;
-  }
-  std::size_t piece_offset(const Unit& u, Sharding s) const {
-    return s == Sharding::none ? 0
-           : s == Sharding::intra ? static_cast<std::size_t>(local) * u.piece_i
-                                  : static_cast<std::size_t>(my_piece) * u.piece_g;
-  }
+  std::size_t held(const Unit& u, Sharding s) const { return plan->held(u, s); }
+  std::size_t piece_offset(const Unit& u, Sharding s) const { return plan->piece_offset(u, s); }
 
   // ---- transient buffers and operations in flight -------------------------------------------------------
   void allocate(TrackedBuffer<float>& buffer, std::size_t floats) {
@@ -580,38 +574,20 @@ struct Trainer::Impl {
   // Where the optimizer's shard of unit u lives in the gradient buffers after the last reduction.
   float* optimizer_grads(std::size_t u) {
     const Unit& unit = units[u];
-    const Sharding gs = c.strategy.grads, os = c.strategy.optimizer;
-    if (gs == Sharding::none && os == Sharding::none) return grads.data() + unit.grad_at;
-    float* piece = gs == Sharding::none ? reduced[u].data() : grads.data() + unit.grad_at;
-    if (gs == Sharding::global) return piece;
-    return os == Sharding::intra ? piece : piece + static_cast<std::size_t>(node) * unit.piece_g;
+    float* base = plan->optimizer_grads_in_intra_piece() ? reduced[u].data() : grads.data() + unit.grad_at;
+    return base + plan->optimizer_grads_offset(unit);
   }
   // Where the parameters the optimizer updates live in the parameter store.
-  float* optimizer_params(std::size_t u) {
-    const Unit& unit = units[u];
-    float* held_params = params.data() + unit.param_at;
-    const Sharding ps = c.strategy.params, os = c.strategy.optimizer;
-    if (ps == Sharding::none) return held_params + piece_offset(unit, os);
-    if (ps == Sharding::intra && os == Sharding::global) return held_params + static_cast<std::size_t>(node) * unit.piece_g;
-    return held_params;
-  }
+  float* optimizer_params(std::size_t u) { return params.data() + units[u].param_at + plan->optimizer_params_offset(units[u]); }
   // After the update: the parameter holders get the new values.
   void synchronise_parameters(std::size_t u) {
     const Unit& unit = units[u];
-    const Sharding ps = c.strategy.params, os = c.strategy.optimizer;
+    const ShardPlan::Synchronise sync = plan->synchronise(unit);
+    if (sync.over == ShardPlan::Over::none) return;
     float* held_params = params.data() + unit.param_at;
-    if (ps == os) return;
-    const std::string what = "allgather params " + std::to_string(u);
-    if (ps == Sharding::none && os == Sharding::intra)
-      launch(track(intra, what, unit.padded,
-                   intra.allgather(c.comm_algo, held_params + piece_offset(unit, os), held_params, unit.piece_i, DataType::float32)));
-    else if (ps == Sharding::none)
-      launch(track(*pieces, what, unit.padded,
-                   pieces->allgather(c.comm_algo, held_params + piece_offset(unit, os), held_params, unit.piece_g, DataType::float32)));
-    else  // P = I, O = G: the inter ranks rebuild the intra piece from their global pieces
-      launch(track(inter, what, unit.piece_i,
-                   inter.allgather(c.comm_algo, held_params + static_cast<std::size_t>(node) * unit.piece_g, held_params,
-                                   unit.piece_g, DataType::float32)));
+    coll::Group& group = sync.over == ShardPlan::Over::intra ? intra : sync.over == ShardPlan::Over::inter ? inter : *pieces;
+    launch(track(group, "allgather params " + std::to_string(u), sync.count * static_cast<std::size_t>(group.size()),
+                 group.allgather(c.comm_algo, held_params + sync.from, held_params, sync.count, DataType::float32)));
   }
 
   // A scalar summed over a group (the gradient norm's squares, the loss); not on the timeline.

@@ -1,0 +1,56 @@
+// How a data-parallel strategy cuts each unit of the model and where each state's shard sits (trainer.h's
+// "Sharding"): the arithmetic the CPU trainer and the GPU one both ask, so the two shard alike.
+//
+// n data-parallel ranks in g groups (nodes) of m; the rank with local index l on node k holds global piece
+// l g + k. A unit of `size` elements is padded to a multiple of n and cut into n pieces of piece_g elements; an
+// intra piece (what an I-sharded state holds) is g consecutive global pieces, piece_i = padded / m.
+#pragma once
+
+#include <cstddef>
+
+#include "train/strategy.h"
+
+namespace strata::train {
+
+struct UnitShape {
+  std::size_t size = 0, padded = 0, piece_g = 0, piece_i = 0;
+};
+
+class ShardPlan {
+ public:
+  ShardPlan(const Strategy& strategy, int n, int m, int g, int local, int node)
+      : strategy_(strategy), n_(n), m_(m), g_(g), local_(local), node_(node) {}
+
+  const Strategy& strategy() const { return strategy_; }
+  int my_piece() const { return local_ * g_ + node_; }
+  UnitShape shape(std::size_t size) const;
+
+  // Elements of a unit a state sharded this way holds on this rank, and where they start in the padded unit.
+  std::size_t held(const UnitShape& u, Sharding s) const;
+  std::size_t piece_offset(const UnitShape& u, Sharding s) const;
+
+  // After the last reduction, where the optimizer's shard of the unit's gradient starts: in the gradient store's
+  // unit, or, when gradients are whole and the optimizer's states are not (the reduction runs intra, then across
+  // nodes), in the intra piece the first reduce-scatter filled.
+  bool optimizer_grads_in_intra_piece() const;
+  std::size_t optimizer_grads_offset(const UnitShape& u) const;
+  // Where the parameters the optimizer updates start in the unit's parameter store.
+  std::size_t optimizer_params_offset(const UnitShape& u) const;
+
+  // After the update, how the parameter holders get the new values: nothing (P = O), or an allgather over the
+  // intra group (P = N, O = I), the ranks in piece order (P = N, O = G), or the inter group (P = I, O = G: the
+  // inter ranks rebuild the intra piece from their global pieces), of `count` elements per rank from offset
+  // `from` of the parameter store into the store.
+  enum class Over { none, intra, inter, pieces };
+  struct Synchronise {
+    Over over = Over::none;
+    std::size_t from = 0, count = 0;
+  };
+  Synchronise synchronise(const UnitShape& u) const;
+
+ private:
+  Strategy strategy_;
+  int n_, m_, g_, local_, node_;
+};
+
+}  // namespace strata::train
