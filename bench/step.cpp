@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -31,6 +32,10 @@
 #include "train/partition.h"
 #include "train/step_formulas.h"
 #include "train/trainer.h"
+#ifdef STRATA_HAVE_CUDA
+#include "kernels/gemm_cuda.h"
+#include "train/trainer_cuda.h"
+#endif
 
 namespace {
 
@@ -409,8 +414,10 @@ int run_step(int argc, char** argv) {
   cli.alias("steps", "iters");
   cli.alias("microbatches", "accumulation");
   if (!cli.parse(argc, argv)) return 0;
-  if (o.backend == "cuda")
-    throw UsageError("--backend cuda: the GPU training step is not built yet; strata-step trains on the CPU");
+  const bool on_gpu = o.backend == "cuda";
+#ifndef STRATA_HAVE_CUDA
+  if (on_gpu) throw UsageError("--backend cuda: this build has no CUDA (STRATA_CUDA=OFF, or no nvcc, cuBLASLt or NCCL found)");
+#endif
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe the cores");
 
@@ -527,9 +534,17 @@ int run_step(int argc, char** argv) {
   const std::vector<AxisPoint> points = axes.product();
   auto strategy_of = [](const AxisPoint& point) { return parse_strategy(point.text("strategy")); };
   auto mode_of = [](const AxisPoint& point) { return *parse_recompute(point.text("recompute")); };
-  // Before anything large is allocated: every strategy must fit.
+#ifdef STRATA_HAVE_CUDA
+  if (on_gpu)
+    for (const AxisPoint& point : points) {
+      TrainConfig c = config;
+      c.strategy = strategy_of(point), c.recompute = mode_of(point);
+      if (const std::string why = gpu_step_refusal(c, grid); !why.empty()) throw UsageError("--backend cuda: " + why);
+    }
+#endif
+  // Before anything large is allocated: every strategy must fit (host memory; on GPUs the device refuses).
   const double rank_limit = memory_limit(o, split_shared_memory(MPI_COMM_WORLD).size());
-  {
+  if (!on_gpu) {
     const double limit = rank_limit;
     double worst = 0;
     std::string worst_name, parts;
@@ -556,14 +571,25 @@ int run_step(int argc, char** argv) {
   }
   config.runtime.library = o.library == "onednn" ? cpu_gemm::Backend::onednn : cpu_gemm::Backend::openblas;
 
-  Run run("strata-step", argc, argv, h, cli.resolved_json(), "cpu");
+  Run run("strata-step", argc, argv, h, cli.resolved_json(), on_gpu ? "cuda" : "cpu");
+#ifdef STRATA_HAVE_CUDA
+  std::unique_ptr<coll::NcclProcessGroups> nccl;
+  if (on_gpu) nccl = std::make_unique<coll::NcclProcessGroups>(groups);
+#endif
   if (o.library == "auto") config.runtime.library = run.context().machine.description.default_gemm;
   StepRecorder recorder(run);
   run.set_case_count(static_cast<int>(points.size()));
   const double tokens_per_step = static_cast<double>(global_rows) * o.seq;
   const double flop_per_rank = model_flops_per_token(model, o.seq) * tokens_per_step / world;
   const PeakFigure& fp32 = run.context().machine.description.fp32;
-  const double peak = fp32.per_rank(o.threads);
+  double peak = fp32.per_rank(o.threads);
+  std::string peak_text = peak_source(fp32, o.threads);
+#ifdef STRATA_HAVE_CUDA
+  if (on_gpu) {  // bf16 compute: the tensor cores' dense bf16 peak, as strata-gemm holds its figures to
+    const gemm::GpuPeak gpu = gemm::gpu_peak(nccl->device(), gemm::DType::bf16);
+    peak = gpu.flops, peak_text = "bf16 " + gpu.source;
+  }
+#endif
   const bool counts_bytes = config.comm_algo != coll::Algo::library;
 
   axes.declare_columns(run.cases());
@@ -619,7 +645,7 @@ int run_step(int argc, char** argv) {
                 config.micro_batch, o.seq, o.accumulation, static_cast<long long>(global_rows),
                 format_si(tokens_per_step).c_str(), o.comm_algo.c_str(), o.overlap.c_str());
     std::printf("# MFU: 6N + 6Lhs model FLOPs per token over %s per rank (%s)\n", format_si(peak).c_str(),
-                peak_source(fp32, o.threads).c_str());
+                peak_text.c_str());
     std::fflush(stdout);
   }
 
@@ -674,15 +700,28 @@ int run_step(int argc, char** argv) {
     std::vector<StepStats> timed;
     double first_loss = NAN, last_loss = NAN;
     {
-      reset_memory_peaks();
-      Trainer trainer(c, groups, *data);
+      on_gpu ? reset_device_memory_peaks() : reset_memory_peaks();
+      // The CPU trainer, or on GPUs the data-parallel GPU trainer (which records no timeline).
+      std::unique_ptr<Trainer> cpu_trainer;
+      std::function<StepStats(int64_t, bool)> train_step;
+#ifdef STRATA_HAVE_CUDA
+      std::unique_ptr<GpuDataParallelTrainer> gpu_trainer;
+      if (on_gpu) {
+        gpu_trainer = std::make_unique<GpuDataParallelTrainer>(c, groups, *nccl, *data);
+        train_step = [&](int64_t step, bool) { return gpu_trainer->step(step); };
+      }
+#endif
+      if (!on_gpu) {
+        cpu_trainer = std::make_unique<Trainer>(c, groups, *data);
+        train_step = [&](int64_t step, bool timeline) { return cpu_trainer->step(step, timeline); };
+      }
       double spent = 0;
       for (int k = 0; k < h.warmup + h.iters; ++k) {
         const bool timing = k >= h.warmup;
         const int iteration = k - h.warmup;
         STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         timer.start();
-        StepStats stats = trainer.step(k + 1, timing && iteration < o.timeline_steps);
+        StepStats stats = train_step(k + 1, timing && iteration < o.timeline_steps);
         const double elapsed = timer.stop();
         const double slowest = allreduce_max(MPI_COMM_WORLD, elapsed);
         if (k == 0) first_loss = stats.loss;
@@ -726,7 +765,7 @@ int run_step(int argc, char** argv) {
         spent += elapsed;
         if (h.max_time > 0 && iteration + 1 < h.iters && allreduce_max(MPI_COMM_WORLD, spent) >= h.max_time) break;
       }
-      peak_memory = memory_peak();
+      peak_memory = on_gpu ? device_memory_peak() : memory_peak();
     }
     for (MemoryCategory cat : kCategories) recorder.note_memory(std::string(name(cat)), static_cast<int64_t>(peak_memory[cat]));
 
@@ -775,7 +814,16 @@ int run_step(int argc, char** argv) {
     const coll::Traffic formula_traffic = expected_traffic(c, shape);
     const double formula_intra = allreduce_sum(formula_traffic.intra_bytes) / world;
     const double formula_inter = allreduce_sum(formula_traffic.inter_bytes) / world;
-    const MemoryUse formula_memory = memory_estimate(c, shape);
+    // On GPUs the model states are mixed precision (bf16 parameters, fp32 gradients, fp32 master and moments: 2, 4
+    // and 12 bytes); the GPU model's activations and workspace have no formula here.
+    const MemoryUse formula_memory = [&] {
+      if (!on_gpu) return memory_estimate(c, shape);
+      const double psi = static_cast<double>(model.parameters());
+      const ModelStateMemory states = model_state_memory(c.strategy, psi, psi, shape.m, shape.n, StateBytes{2, 4, 12});
+      MemoryUse use;
+      use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
+      return use;
+    }();
     std::vector<double> measured_memory, formula_memory_max, memory_ratio;
     for (MemoryCategory cat : kCategories) {
       measured_memory.push_back(allreduce_max(MPI_COMM_WORLD, peak_memory[cat]));

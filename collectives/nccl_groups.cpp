@@ -229,23 +229,25 @@ NcclProcessGroups::NcclProcessGroups(ProcessGroups& groups) {
   world_ = std::make_unique<NcclGroup>("world", world_comm, device_, world.node_of_rank());
 
   // Every rank splits once per kind of group, in the same order, each into the group of that kind it is in.
-  const int me = world.rank();
-  auto split = [&](Group& group) {
-    const SplitColor sc = split_color(world_ranks_of(group.comm()), me);
-    ncclComm_t comm = nullptr;
-    STRATA_COLL_NCCL_CHECK(ncclCommSplit(world_->comm(), sc.color, sc.key, &comm, nullptr));
-    auto made = std::make_unique<NcclGroup>(group.name(), comm, device_, group.node_of_rank());
-    if (made->rank() != group.rank() || made->size() != group.size())
-      throw GpuError("NCCL group " + group.name() + " came out as rank " + std::to_string(made->rank()) + " of " +
-                     std::to_string(made->size()) + ", the MPI group's " + std::to_string(group.rank()) + " of " +
-                     std::to_string(group.size()));
-    return made;
-  };
   tp_ = split(groups.tp());
   pp_ = split(groups.pp());
   dp_ = split(groups.dp());
   dp_intra_ = split(groups.dp_intra());
   dp_inter_ = split(groups.dp_inter());
+}
+
+std::unique_ptr<NcclGroup> NcclProcessGroups::split(Group& group) {
+  int me = 0;
+  STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &me));
+  const SplitColor sc = split_color(world_ranks_of(group.comm()), me);
+  ncclComm_t comm = nullptr;
+  STRATA_COLL_NCCL_CHECK(ncclCommSplit(world_->comm(), sc.color, sc.key, &comm, nullptr));
+  auto made = std::make_unique<NcclGroup>(group.name(), comm, device_, group.node_of_rank());
+  if (made->rank() != group.rank() || made->size() != group.size())
+    throw GpuError("NCCL group " + group.name() + " came out as rank " + std::to_string(made->rank()) + " of " +
+                   std::to_string(made->size()) + ", the MPI group's " + std::to_string(group.rank()) + " of " +
+                   std::to_string(group.size()));
+  return made;
 }
 
 }  // namespace strata::coll

@@ -132,6 +132,9 @@ class NcclProcessGroups {
   NcclGroup& dp() { return *dp_; }
   NcclGroup& dp_intra() { return *dp_intra_; }
   NcclGroup& dp_inter() { return *dp_inter_; }
+  // The communicator of another group of the MPI process groups, made after them (e.g. a reordered one), split
+  // from the world one: its ranks in the MPI group's order. Collective over the world, every rank in the same order.
+  std::unique_ptr<NcclGroup> split(Group& group);
 
  private:
   int device_ = 0;

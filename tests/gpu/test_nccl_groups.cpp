@@ -18,6 +18,7 @@
 
 #include "collectives/mpi.h"
 #include "collectives/nccl_groups.h"
+#include "tests/gpu/gpu_per_rank.h"
 #include "tests/gpu/gpu_test.h"
 #include "tests/gpu/nccl_groups_kernels.h"
 
@@ -27,28 +28,6 @@ namespace {
 using gpu_test::DeviceArray;
 using gpu_test::TestStream;
 using Bytes = std::vector<unsigned char>;
-
-// "" when every rank has a GPU of its own; otherwise why not, the same decision on every rank.
-std::string skip_reason() {
-  std::string reason = gpu_test::cuda_unavailable_reason();
-  if (reason.empty()) {
-    Comm node = split_shared_memory(MPI_COMM_WORLD);
-    int devices = 0;
-    STRATA_KERNEL_CUDA_CHECK(cudaGetDeviceCount(&devices));
-    if (node.size() > devices)
-      reason = "fewer GPUs than ranks: " + std::to_string(node.size()) + " ranks on this node, " + std::to_string(devices) + " GPU(s)";
-  }
-  int mine = !reason.empty(), any = 0;
-  STRATA_MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  if (any && reason.empty()) reason = "fewer GPUs than ranks on another rank's node";
-  return reason;
-}
-
-#define SKIP_WITHOUT_A_GPU_PER_RANK()                                          \
-  do {                                                                         \
-    if (const std::string strata_reason_ = skip_reason(); !strata_reason_.empty()) \
-      GTEST_SKIP() << strata_reason_;                                          \
-  } while (0)
 
 int world_size_now() {
   int size = 1;
@@ -309,7 +288,7 @@ TEST(NcclGroups, BuildAndTearDownTwice) {
 
 // Where a node holds more ranks than GPUs (mpirun -np 2 on one GPU), every rank is refused.
 TEST(NcclGroups, MoreRanksThanGpusIsRefusedOnEveryRank) {
-  const std::string short_of_gpus = skip_reason();
+  const std::string short_of_gpus = gpu_test::gpu_per_rank_unavailable_reason();
   const std::string no_device = gpu_test::cuda_unavailable_reason();
   int mine = !no_device.empty(), any = 0;
   STRATA_MPI_CHECK(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
