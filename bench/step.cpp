@@ -298,7 +298,7 @@ Placed place_recomputation(TrainConfig& c, coll::ProcessGroups& groups, const To
     placed.heuristic_exposed_s = heuristic.exposed_s, placed.heuristic_search_s = heuristic.search_s;
     placed.chosen = solve_optimal(problem.problem, options);
   }
-  placement = agree(groups.tp(), placed.chosen.placement);
+  placement = agree(groups, placed.chosen.placement);
   apply_placement(problem, placement, shape.pp, shape.pp_rank, c);
   // The pipeline's policy: each stage's entries from its first tensor- and data-parallel rank, to world rank 0.
   const bool speaks = groups.tp_index() == 0 && groups.dp_index() == 0;

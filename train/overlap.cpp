@@ -122,10 +122,13 @@ void apply_placement(const OverlapProblem& problem, const Placement& placement, 
   });
 }
 
-Placement agree(coll::Group& group, const Placement& placement) {
+Placement agree(coll::ProcessGroups& groups, const Placement& placement) {
   std::vector<int32_t> flat;
   for (const OpPlacement& p : placement) flat.push_back(static_cast<int32_t>(p.mode)), flat.push_back(p.window);
-  group.broadcast(coll::Algo::library, flat.data(), flat.size(), coll::DataType::int32, 0, coll::Waiting::at_once).wait();
+  // The tensor-parallel group's first rank's, then the data-parallel group's first rank's (which holds its tensor-
+  // parallel group's first rank's by then).
+  for (coll::Group* group : {&groups.tp(), &groups.dp()})
+    group->broadcast(coll::Algo::library, flat.data(), flat.size(), coll::DataType::int32, 0, coll::Waiting::at_once).wait();
   Placement agreed(placement.size());
   for (std::size_t i = 0; i < agreed.size(); ++i)
     agreed[i] = {static_cast<RecomputeMode>(flat[2 * i]), static_cast<int>(flat[2 * i + 1])};

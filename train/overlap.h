@@ -59,8 +59,10 @@ OverlapProblem overlap_problem(const TrainConfig& config, int pp, int pp_rank, i
 // stages (every other stage's entries all recomputed), and the recomputations in windows.
 void apply_placement(const OverlapProblem& problem, const Placement& placement, int pp, int pp_rank, TrainConfig& config);
 
-// Rank 0 of the group's placement, on every rank of it: ranks that run tensor-parallel collectives inside their
-// recomputations must recompute the same ops in the same windows. Collective over the group.
-Placement agree(coll::Group& group, const Placement& placement);
+// The placement of the stage's first rank (tensor- and data-parallel coordinate 0) on every rank of the stage:
+// recomputations in windows run collectives (tensor-parallel ones inside the ops, the gathers of sharded
+// parameters before them), which every rank of those groups must start in the same order. Collective over the
+// tensor-parallel and the data-parallel group.
+Placement agree(coll::ProcessGroups& groups, const Placement& placement);
 
 }  // namespace strata::train
