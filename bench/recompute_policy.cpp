@@ -80,16 +80,18 @@ train::Placement placement_from_json(const train::PlacementProblem& problem, con
   return placement;
 }
 
-train::Placement read_recompute_policy(const std::string& path, const train::PlacementProblem& problem) {
+nlohmann::json read_policy_json(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw UsageError("recompute policy " + path + ": cannot open the file");
-  nlohmann::json policy;
   try {
-    policy = nlohmann::json::parse(in);
+    return nlohmann::json::parse(in);
   } catch (const nlohmann::json::parse_error& e) {
     throw UsageError("recompute policy " + path + ": not JSON: " + e.what());
   }
-  train::Placement placement = placement_from_json(problem, policy, path);
+}
+
+train::Placement read_recompute_policy(const std::string& path, const train::PlacementProblem& problem) {
+  train::Placement placement = placement_from_json(problem, read_policy_json(path), path);
   if (const auto violation = train::find_violation(problem, placement))
     throw UsageError("recompute policy " + path + " does not fit this run: " + *violation);
   return placement;

@@ -19,6 +19,9 @@ nlohmann::json placement_to_json(const train::PlacementProblem& problem, const t
 train::Placement placement_from_json(const train::PlacementProblem& problem, const nlohmann::json& policy,
                                      const std::string& source);
 
+// The file's JSON; UsageError naming the file when it cannot be read or is not JSON.
+nlohmann::json read_policy_json(const std::string& path);
+
 // Reads and parses the file, then checks the placement against the problem's constraints
 // (train::find_violation): a policy that does not fit is refused with the constraint it breaks.
 train::Placement read_recompute_policy(const std::string& path, const train::PlacementProblem& problem);

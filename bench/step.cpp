@@ -220,14 +220,7 @@ struct Placed {
 // The entries of a policy file that belong to this rank's ops; the count of entries no rank claims is checked by
 // the caller over the pipeline.
 Placement policy_for_rank(const std::string& path, const PlacementProblem& problem, int& claimed, int& entries) {
-  std::ifstream in(path);
-  if (!in) throw UsageError("recompute policy " + path + ": cannot open the file");
-  nlohmann::json policy;
-  try {
-    policy = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw UsageError("recompute policy " + path + ": not JSON: " + e.what());
-  }
+  nlohmann::json policy = read_policy_json(path);
   if (policy.is_object() && policy.contains("placement") && policy["placement"].is_array()) {
     std::set<std::string> mine;
     for (const RecomputableOp& op : problem.ops) mine.insert(op.name);

@@ -20,6 +20,7 @@
 
 #include "collectives/nccl_groups.h"
 #include "tests/gpu/gpu_per_rank.h"
+#include "tests/unit/single_rank_step.h"
 #include "train/gpt_cuda.h"
 #include "train/trainer_cuda.h"
 
@@ -27,12 +28,6 @@ namespace strata::train {
 namespace {
 
 constexpr double kBf16Unit = 0x1.0p-9;
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
 
 TrainConfig base_config() {
   TrainConfig c;

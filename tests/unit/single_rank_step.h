@@ -3,14 +3,40 @@
 // trainable parameter; written apart from the trainer, from the model and kernels alone.
 #pragma once
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "kernels/layers.h"
 #include "train/trainer.h"
 
 namespace strata::train {
+
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// The small model and optimizer the step's tests train: the gradient clipped (the norms start above 0.5), weight
+// decay, and Adam's eps at 1e-6, which bounds how far a gradient's fp32 summation order can move a parameter
+// (test_data_parallel_mpi.cpp derives the tolerance from it).
+inline TrainConfig check_config(std::string name, int layers, int accumulation, uint64_t seed) {
+  TrainConfig c;
+  c.model.name = std::move(name);
+  c.model.layers = layers, c.model.hidden = 32, c.model.heads = 4, c.model.kv_heads = 2, c.model.vocab = 64;
+  c.model.max_seq = 16;
+  c.micro_batch = 2, c.seq = 16, c.accumulation = accumulation;
+  c.lr.max_lr = 1e-3f, c.lr.min_lr = 1e-3f;
+  c.max_grad_norm = 0.5f;
+  c.adamw.weight_decay = 0.1f;
+  c.adamw.eps = 1e-6f;
+  c.seed = seed;
+  return c;
+}
 
 struct Reference {
   std::vector<double> losses, norms;

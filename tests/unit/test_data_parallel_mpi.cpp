@@ -30,23 +30,8 @@
 namespace strata::train {
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
 TrainConfig base_config() {
-  TrainConfig c;
-  c.model.name = "dp-check";
-  c.model.layers = 2, c.model.hidden = 32, c.model.heads = 4, c.model.kv_heads = 2, c.model.vocab = 64;
-  c.model.max_seq = 16;
-  c.micro_batch = 2, c.seq = 16, c.accumulation = 2;
-  c.lr.max_lr = 1e-3f, c.lr.min_lr = 1e-3f;
-  c.max_grad_norm = 0.5f;
-  c.adamw.weight_decay = 0.1f;
-  c.adamw.eps = 1e-6f;  // bounds how far summation order can move a parameter (see the tolerance above)
-  c.seed = 11;
+  TrainConfig c = check_config("dp-check", 2, 2, 11);
   if (const char* algo = std::getenv("STRATA_TEST_COMM_ALGO")) {  // ctest runs the equivalence on each algorithm
     const std::optional<coll::Algo> parsed = coll::parse_algo(algo);
     if (!parsed) throw std::invalid_argument(std::string("STRATA_TEST_COMM_ALGO: no algorithm named ") + algo);

@@ -22,25 +22,7 @@
 namespace strata::train {
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-TrainConfig base_config() {
-  TrainConfig c;
-  c.model.name = "pp-check";
-  c.model.layers = 4, c.model.hidden = 32, c.model.heads = 4, c.model.kv_heads = 2, c.model.vocab = 64;
-  c.model.max_seq = 16;
-  c.micro_batch = 2, c.seq = 16, c.accumulation = 4;
-  c.lr.max_lr = 1e-3f, c.lr.min_lr = 1e-3f;
-  c.max_grad_norm = 0.5f;
-  c.adamw.weight_decay = 0.1f;
-  c.adamw.eps = 1e-6f;
-  c.seed = 13;
-  return c;
-}
+TrainConfig base_config() { return check_config("pp-check", 4, 4, 13); }
 
 struct GridCase {
   coll::GridShape grid;
@@ -58,6 +40,15 @@ std::string describe(const GridCase& g) {
   return coll::format_grid(g.grid) + " " + name(g.schedule) + (g.virtual_stages > 1 ? " v" + std::to_string(g.virtual_stages) : "") +
          " " + g.strategy + " recompute " + name(g.recompute) + (g.sp ? " sp" : "") + " trainable " + g.trainable +
          (g.stage_layers.empty() ? "" : " uneven stages");
+}
+
+// The configuration of a case, on Strata's ring (which counts the bytes it sends).
+TrainConfig config_of(const GridCase& g) {
+  TrainConfig c = base_config();
+  c.strategy = parse_strategy(g.strategy), c.comm_algo = coll::Algo::ring;
+  c.schedule = g.schedule, c.virtual_stages = g.virtual_stages, c.stage_layers = g.stage_layers;
+  c.recompute = g.recompute, c.sequence_parallel = g.sp, c.trainable = parse_trainable(g.trainable);
+  return c;
 }
 
 std::vector<GridCase> cases(int n) {
@@ -93,10 +84,8 @@ TEST(Pipeline, EveryScheduleAndGridMatchesTheSingleRankStep) {
   const auto data = synthetic_tokens(64, 5);
   for (const GridCase& g : all) {
     const std::string what = describe(g);
-    TrainConfig c = base_config();
-    c.strategy = parse_strategy(g.strategy);
-    c.schedule = g.schedule, c.virtual_stages = g.virtual_stages, c.stage_layers = g.stage_layers;
-    c.recompute = g.recompute, c.sequence_parallel = g.sp, c.trainable = parse_trainable(g.trainable);
+    TrainConfig c = config_of(g);
+    c.comm_algo = coll::Algo::library;
     const Reference ref = single_rank(c, g.grid.dp, steps, *data);
     coll::ProcessGroups groups(g.grid, g.ranks_per_node);
     Trainer trainer(c, groups, *data);
@@ -132,10 +121,7 @@ TEST(Pipeline, BytesAndMemoryAreTheFormulas) {
   const auto data = synthetic_tokens(64, 5);
   for (const GridCase& g : all) {
     const std::string what = describe(g);
-    TrainConfig c = base_config();
-    c.strategy = parse_strategy(g.strategy), c.comm_algo = coll::Algo::ring;
-    c.schedule = g.schedule, c.virtual_stages = g.virtual_stages, c.stage_layers = g.stage_layers;
-    c.recompute = g.recompute, c.sequence_parallel = g.sp, c.trainable = parse_trainable(g.trainable);
+    const TrainConfig c = config_of(g);
     coll::ProcessGroups groups(g.grid, g.ranks_per_node);
     const DataParallelShape shape = data_parallel_shape(groups);
     Trainer trainer(c, groups, *data);
@@ -169,10 +155,7 @@ TEST(Pipeline, TheTraceHoldsWhatTheStepRuns) {
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   for (const GridCase& g : all) {
     const std::string what = describe(g);
-    TrainConfig c = base_config();
-    c.strategy = parse_strategy(g.strategy), c.comm_algo = coll::Algo::ring;
-    c.schedule = g.schedule, c.virtual_stages = g.virtual_stages, c.stage_layers = g.stage_layers;
-    c.recompute = g.recompute, c.sequence_parallel = g.sp, c.trainable = parse_trainable(g.trainable);
+    const TrainConfig c = config_of(g);
     coll::ProcessGroups groups(g.grid, g.ranks_per_node);
     Trainer trainer(c, groups, *data);
     const StepStats stats = trainer.step(1, true);
