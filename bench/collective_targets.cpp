@@ -152,7 +152,8 @@ int run_targets(int argc, char** argv) {
   say("\n# blocking latency (one call per timed interval, barrier between calls), library algorithm, float sum;\n"
       "# size: allreduce and broadcast the buffer, allgather each rank's contribution, reduce_scatter each rank's\n"
       "# result (OSU's sizes); latency = average over ranks of each rank's mean over a round's iterations (OSU's\n"
-      "# avg), median over %d rounds; ratio = median over rounds of strata/bare in the same round\n", latency_rounds);
+      "# avg), median over %d rounds (at least 40 calls per contender); ratio = median over rounds of strata/bare in\n"
+      "# the same round\n", latency_rounds);
   say("%-15s %10s %7s %12s %12s %10s\n", "operation", "size(B)", "iters", "bare(us)", "strata(us)", "ratio");
   double worst_latency_ratio = 0;
   std::string worst_latency_case;
@@ -207,7 +208,10 @@ int run_targets(int argc, char** argv) {
       bare_mean(warmup);
       strata_mean(warmup);
       std::vector<double> bare, strata, ratios;
-      for (int round = 0; round < latency_rounds; ++round) {
+      // Sizes of one call per round take more rounds, 40 calls per contender at least: a descheduled rank then
+      // spoils a round of one call, and the median needs more of them to pass it by (4 ranks on 2 cores).
+      const int rounds_here = smoke ? latency_rounds : std::max(latency_rounds, (40 + latency_iters - 1) / latency_iters);
+      for (int round = 0; round < rounds_here; ++round) {
         double mine[2];
         for (int k = 0; k < 2; ++k)
           if ((round + k) % 2 == 0) mine[0] = bare_mean(latency_iters);
