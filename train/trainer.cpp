@@ -200,7 +200,6 @@ struct Trainer::Impl {
   const TokenSource* data;  // null when traced
   Tracer* tracer;           // traced: the recorder; null when the step runs
   PipelineShape shape;
-  std::vector<int> partition;             // layers per stage
   std::vector<PipelineAction> actions;    // this rank's schedule
   std::vector<std::unique_ptr<GptCpu>> chunks;  // one model per stage this rank runs (chunk c: stage c p + rank)
   std::vector<bool> chunk_backward;       // whether the chunk's stage has a backward pass (something at or below trains)
@@ -238,8 +237,6 @@ struct Trainer::Impl {
     if (const std::string why = schedule_refusal(c.schedule, shape); !why.empty())
       throw std::invalid_argument(std::string("schedule ") + name(c.schedule) + " on " + std::to_string(shape.stages) +
                                   " pipeline stages: " + why);
-    const int last_stage = shape.stages * shape.chunks - 1;
-    partition = stage_partition(c.model, last_stage + 1, c.stage_layers);
     actions = pipeline_actions(c.schedule, shape, pp.rank());
     const std::vector<bool> trains = trainable_units(c.model, c.trainable);
     std::size_t lowest_trains = trains.size();  // the lowest unit that trains (0: the embeddings)
