@@ -74,9 +74,11 @@ struct Options {
   double recompute_time_limit = 10;
 };
 
-// --recompute none,full | all: the modes, in the order given.
-std::vector<Recompute> recompute_modes(const std::string& text) {
-  if (text == "all") return {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap};
+// --recompute none,full | all: the modes, in the order given; all has overlap where there are pipeline stages to
+// wait for (without them it has no window and recomputes on demand, as full does, in more memory).
+std::vector<Recompute> recompute_modes(const std::string& text, bool pipeline) {
+  if (text == "all" && pipeline) return {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap};
+  if (text == "all") return {Recompute::none, Recompute::full, Recompute::selective};
   std::vector<Recompute> out;
   for (const std::string& item : split(text, ',')) {
     const std::optional<Recompute> mode = parse_recompute(item);
@@ -409,14 +411,16 @@ int run_step(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
   const bool on_gpu = o.backend == "cuda";
 #ifndef STRATA_HAVE_CUDA
-  if (on_gpu) throw UsageError("--backend cuda: this build has no CUDA (STRATA_CUDA=OFF, or no nvcc, cuBLASLt or NCCL found)");
+  if (on_gpu)
+    throw UsageError("--backend cuda: this build has no GPU step (built without CUDA: STRATA_CUDA=OFF, or no nvcc, "
+                     "cuBLASLt or NCCL found)");
 #endif
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe the cores");
 
   const ModelConfig model = model_of(o);
   const std::vector<Strategy> plan = strategies(o);
-  const std::vector<Recompute> modes = recompute_modes(o.recompute);
+  const std::vector<Recompute> modes = recompute_modes(o.recompute, o.pp > 1 || o.grid.find("pp=") != std::string::npos);
   const Trainable trainable = [&] {
     try {
       return parse_trainable(o.trainable);
@@ -438,8 +442,8 @@ int run_step(int argc, char** argv) {
   }
   if (grid.dp == 0) {
     if (world % (grid.tp * grid.pp) != 0)
-      throw UsageError("tp " + std::to_string(grid.tp) + " x pp " + std::to_string(grid.pp) + " does not divide the " +
-                       std::to_string(world) + " ranks");
+      throw UsageError("--tp " + std::to_string(grid.tp) + (grid.pp > 1 ? " x --pp " + std::to_string(grid.pp) : "") +
+                       " does not divide the " + std::to_string(world) + " ranks");
     grid.dp = world / (grid.tp * grid.pp);
   }
   if (grid.size() != world)
@@ -514,6 +518,11 @@ int run_step(int argc, char** argv) {
   }
 
   coll::ProcessGroups groups(grid, o.group_size, o.grid_order);
+#ifdef STRATA_HAVE_CUDA
+  // Before anything is written: a node short of GPUs is refused here.
+  std::unique_ptr<coll::NcclProcessGroups> nccl;
+  if (on_gpu) nccl = std::make_unique<coll::NcclProcessGroups>(groups);
+#endif
   const DataParallelShape shape = data_parallel_shape(groups);
   const double psi = static_cast<double>(model.parameters());
   double psi_trainable = 0;
@@ -565,10 +574,6 @@ int run_step(int argc, char** argv) {
   config.runtime.library = o.library == "onednn" ? cpu_gemm::Backend::onednn : cpu_gemm::Backend::openblas;
 
   Run run("strata-step", argc, argv, h, cli.resolved_json(), on_gpu ? "cuda" : "cpu");
-#ifdef STRATA_HAVE_CUDA
-  std::unique_ptr<coll::NcclProcessGroups> nccl;
-  if (on_gpu) nccl = std::make_unique<coll::NcclProcessGroups>(groups);
-#endif
   if (o.library == "auto") config.runtime.library = run.context().machine.description.default_gemm;
   StepRecorder recorder(run);
   run.set_case_count(static_cast<int>(points.size()));

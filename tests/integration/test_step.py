@@ -202,10 +202,17 @@ def test_a_token_file_trains(tmp_path):
     (["--memory-limit", "0.0000001"], "above the limit"),
     (["--trainable", "last:9"], "layers"),
     (["--data", "/nonexistent/tokens.bin"], "tokens.bin"),
-    (["--backend", "cuda"], "GPU training step"),
+    (["--backend", "cuda"], "GPU"),  # no device here, or no CUDA in the build
     (["--seq", "4096"], "position table"),
     (["--recompute", "overlapped"], "--recompute: unknown mode 'overlapped'"),
     (["--tp", "4"], "--tp 4 does not divide the 2 ranks"),
+    (["--pp", "4"], "--tp 1 x --pp 4 does not divide the 2 ranks"),
+    (["--pp", "2", "--layers", "3"], "do not divide into 2 pipeline stages"),
+    (["--grid", "tp=2,pp=2,dp=2"], "has 8 ranks, the job 2"),
+    (["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--microbatches", "3"], "not a multiple"),
+    (["--pp", "2", "--stage-layers", "1,2"], "adds up to 3 layers"),
+    (["--pp", "2", "--stage-layers", "1,1", "--partition", "balanced"], "choose one"),
+    (["--pp", "2", "--recompute", "overlap", "--recompute-policy", "/nonexistent/policy.json"], "cannot open"),
     (["--sp"], "--sp needs --tp 2 or more"),
     (["--tp", "2", "--heads", "1", "--kv-heads", "1"], "does not divide the layers"),
 ])
