@@ -59,8 +59,9 @@ OverlapProblem overlap_problem(const TrainConfig& config, int pp, int pp_rank, i
 // stages (every other stage's entries all recomputed), and the recomputations in windows.
 void apply_placement(const OverlapProblem& problem, const Placement& placement, int pp, int pp_rank, TrainConfig& config);
 
-// Rank 0 of the group's placement, on every rank of it: ranks that run tensor-parallel collectives inside their
-// recomputations must recompute the same ops in the same windows. Collective over the group.
+// Rank 0 of the group's placement, on every rank of it: ranks that run collectives inside their recomputations
+// (the tensor-parallel ones; the data-parallel ones gathering sharded parameters in windows) must recompute the
+// same ops in the same windows, so a stage agrees over its tp group, then over its dp group. Collective over the group.
 Placement agree(coll::Group& group, const Placement& placement);
 
 }  // namespace strata::train
