@@ -210,14 +210,23 @@ std::vector<int> balanced_stages(const TrainConfig& config, coll::ProcessGroups&
 }
 
 // --recompute overlap: a step recomputing on demand measures every op and the waits for other stages; a placement
-// from a policy file or a solver (agreed over the tensor-parallel group, whose ranks run collectives inside their
-// recomputations) becomes the configuration. The whole pipeline's placement, as a policy file holds it, comes back
+// from a policy file or a solver (agreed over the stage's tensor- and data-parallel ranks, which run collectives
+// inside their recomputations) becomes the configuration. The whole pipeline's placement, as a policy file holds it, comes back
 // on rank 0 for the run's record.
 struct Placed {
   PlacementResult chosen;
   double heuristic_exposed_s = NAN, heuristic_search_s = NAN;  // beside the optimum, when the optimal solver ran
   std::string policy;                                         // JSON, on world rank 0
 };
+
+// The form of a policy file alone (JSON, its format and version, a placement array), for a run whose ops are not
+// known before a measured step (--partition balanced).
+void check_policy_form(const std::string& path) {
+  nlohmann::json policy = read_policy_json(path);
+  if (policy.is_object() && policy.contains("placement") && policy["placement"].is_array())
+    policy["placement"] = nlohmann::json::array();
+  (void)placement_from_json(PlacementProblem{}, policy, path);
+}
 
 // The entries of a policy file that belong to this rank's ops; the count of entries no rank claims is checked by
 // the caller over the pipeline.
@@ -267,6 +276,30 @@ void on_every_rank(const Body& body) {
   throw UsageError(message);
 }
 
+// A policy file's placement of this rank's ops, checked on every rank. Collective over the world.
+Placement read_policy(const std::string& path, const PlacementProblem& problem, coll::ProcessGroups& groups) {
+  Placement placement;
+  int claimed = 0, entries = 0;
+  on_every_rank([&] { placement = policy_for_rank(path, problem, claimed, entries); });
+  // Each op is on one pipeline rank: the claims of the pipeline's ranks add up to the file's entries.
+  int all_claimed = groups.tp_index() == 0 && groups.dp_index() == 0 ? claimed : 0;
+  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_claimed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  if (all_claimed != entries)
+    throw UsageError("recompute policy " + path + ": " + std::to_string(entries - all_claimed) + " entries name no op of this run");
+  return placement;
+}
+
+// The shape of a measured profile with every time zero: a policy's ops, windows and structure do not depend on the
+// measurement (only the windows' lengths do, which a policy may overfill), so a file is checked against this before
+// anything is written.
+StepProfile unmeasured_profile(const TrainConfig& c, int pp, int pp_rank) {
+  StepProfile profile;
+  profile.receive_waits.assign(pipeline_actions(c.schedule, {pp, c.accumulation, c.virtual_stages}, pp_rank).size(), 0.0);
+  for (const StagePlan& plan : rank_stages(c, pp, pp_rank))
+    profile.forward_op_seconds.emplace_back(static_cast<std::size_t>(plan.layers), std::array<double, kLayerOps>{});
+  return profile;
+}
+
 Placed place_recomputation(TrainConfig& c, coll::ProcessGroups& groups, const TokenSource& data, const Options& o,
                            const DataParallelShape& shape, double activation_limit) {
   const StepProfile profile = profile_of(measured_step(c, groups, data), c.accumulation);
@@ -277,14 +310,7 @@ Placed place_recomputation(TrainConfig& c, coll::ProcessGroups& groups, const To
   options.time_limit_s = o.recompute_time_limit;
   Placement placement;
   if (!o.recompute_policy.empty()) {
-    int claimed = 0, entries = 0;
-    on_every_rank([&] { placement = policy_for_rank(o.recompute_policy, problem.problem, claimed, entries); });
-    // Each op is on one pipeline rank: the claims of the pipeline's ranks add up to the file's entries.
-    int all_claimed = groups.tp_index() == 0 && groups.dp_index() == 0 ? claimed : 0;
-    STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_claimed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
-    if (all_claimed != entries)
-      throw UsageError("recompute policy " + o.recompute_policy + ": " + std::to_string(entries - all_claimed) +
-                       " entries name no op of this run");
+    placement = read_policy(o.recompute_policy, problem.problem, groups);
     placed.chosen = summarise(problem.problem, placement, 0, false);
   } else if (o.recompute_solver == "heuristic") {
     placed.chosen = solve_heuristic(problem.problem, options);
@@ -572,6 +598,24 @@ int run_step(int argc, char** argv) {
                        ": use a smaller model, micro-batch or sequence, or a sharded strategy");
   }
   config.runtime.library = o.library == "onednn" ? cpu_gemm::Backend::onednn : cpu_gemm::Backend::openblas;
+  // A policy file is refused before the results file is touched: against every overlapped case's ops and windows,
+  // or, where the stages come from a measured step (--partition balanced), its form alone.
+  if (!o.recompute_policy.empty()) {
+    if (std::find(modes.begin(), modes.end(), Recompute::overlap) == modes.end())
+      throw UsageError("--recompute-policy places overlapped recomputation: give --recompute overlap");
+    if (o.partition == "balanced") on_every_rank([&] { check_policy_form(o.recompute_policy); });
+    for (const AxisPoint& point : points) {
+      if (o.partition == "balanced" || mode_of(point) != Recompute::overlap) continue;
+      TrainConfig c = config;
+      c.strategy = strategy_of(point);
+      recompute_everything(c, grid.pp);
+      const MemoryUse e = memory_estimate(c, shape);
+      const double allowance = o.memory_limit_gib > 0 ? rank_limit - (e.params + e.grads + e.optimizer + e.workspace + e.comm_buffers) : 0;
+      const OverlapProblem problem = overlap_problem(c, shape.pp, shape.pp_rank, shape.tp, c.sequence_parallel && shape.tp > 1,
+                                                     unmeasured_profile(c, shape.pp, shape.pp_rank), allowance);
+      (void)read_policy(o.recompute_policy, problem.problem, groups);
+    }
+  }
 
   Run run("strata-step", argc, argv, h, cli.resolved_json(), on_gpu ? "cuda" : "cpu");
   if (o.library == "auto") config.runtime.library = run.context().machine.description.default_gemm;

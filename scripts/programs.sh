@@ -1,12 +1,13 @@
 # Sourced by the launch scripts: the suite runs of bench/programs.txt.
-#   strata_suite_runs ROOT cpu|gpu   prints "name<TAB>arguments" for each suite run of that kind
+#   strata_suite_runs ROOT cpu|gpu [NP]   prints "name<TAB>arguments" for each suite run of that kind; runs marked
+#                                         "even:" (two pipeline stages) only when NP is even or not given
 #   strata_suite_programs ROOT       prints the names of the programs that have suite runs
 #   strata_args_variable NAME        the environment variable that replaces NAME's runs (strata-gemm -> STRATA_GEMM_ARGS)
 
 strata_trim() { local s=$1; s=${s#"${s%%[![:space:]]*}"}; printf '%s' "${s%"${s##*[![:space:]]}"}"; }
 
 strata_suite_runs() {
-  local root=$1 kind=$2 name sources report runs run
+  local root=$1 kind=$2 np=${3:-} name sources report runs run
   local -a list
   while IFS='|' read -r name sources report runs; do
     name=$(strata_trim "$name")
@@ -16,6 +17,10 @@ strata_suite_runs() {
     IFS=';' read -r -a list <<<"$runs"
     for run in "${list[@]}"; do
       run=$(strata_trim "$run")
+      if [[ $run == even:* ]]; then
+        [[ -n $np && $((np % 2)) -ne 0 ]] && continue
+        run=$(strata_trim "${run#even:}")
+      fi
       if [[ $run == gpu:* ]]; then
         [ "$kind" = gpu ] && printf '%s\t%s\n' "$name" "$(strata_trim "${run#gpu:}")"
       else

@@ -34,7 +34,7 @@ echo "[run-local] $np rank(s) on $(hostname) ($cores cores, $gpus GPUs) -> $outp
 # The suite runs of bench/programs.txt; GPU runs only where there are GPUs (exit code 2 means this build has no
 # CUDA: say so and go on with what ran).
 . scripts/programs.sh
-mapfile -t cpu_runs < <(strata_suite_runs . cpu)
+mapfile -t cpu_runs < <(strata_suite_runs . cpu "$np")
 for run in "${cpu_runs[@]}"; do
   IFS=$'\t' read -r name args <<<"$run"
   read -r -a argv <<<"$args"
@@ -45,7 +45,7 @@ if [ "$gpus" -eq 0 ] && [ "$np" -ge 4 ] && [ $((np % 2)) -eq 0 ]; then
   "${mpirun[@]}" "$build/strata-collective" --grid "tp=2,dp=$((np / 2))" --mixed -a ring -b 64K -e 4M -f 4 "${common[@]}"
 fi
 if [ "$gpus" -gt 0 ]; then
-  mapfile -t gpu_runs < <(strata_suite_runs . gpu)
+  mapfile -t gpu_runs < <(strata_suite_runs . gpu "$np")
   for run in "${gpu_runs[@]}"; do
     IFS=$'\t' read -r name args <<<"$run"
     read -r -a argv <<<"$args"

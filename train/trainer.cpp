@@ -855,12 +855,13 @@ struct Trainer::Impl {
       hooks.forward_op = [&](int layer, LayerOp op, double seconds) {
         stats.forward_op_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)][static_cast<std::size_t>(op)] += seconds;
       };
-      double recompute_start = 0;
-      hooks.before_recompute = [&](int) { recompute_start = now(); };
+      // As every compute phase, without the waits inside it (the tensor-parallel collectives of the layer's forward).
+      double recompute_start = 0, recompute_exposed_start = 0;
+      hooks.before_recompute = [&](int) { recompute_start = now(), recompute_exposed_start = exposed; };
       hooks.after_recompute = [&](int layer) {
-        const double end = now();
-        stats.recompute_seconds += end - recompute_start;
-        unit_recompute += end - recompute_start;
+        const double end = now(), spent = end - recompute_start - (exposed - recompute_exposed_start);
+        stats.recompute_seconds += spent;
+        unit_recompute += spent;
         if (timeline) timeline->push_back({"recompute " + std::to_string(layer), "compute", "", recompute_start, end, 0});
       };
       for (std::size_t u = 0; u < U; ++u) pointers.params[u] = nullptr, pointers.grads[u] = nullptr;

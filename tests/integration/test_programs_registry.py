@@ -26,22 +26,30 @@ def test_every_registered_program_has_sources_and_is_built():
         assert report in ("gemm", "collective", "attention", "step", "-"), f"{name}: unknown report section {report}"
 
 
+def suite_runs(kind: str, np: int | None = None) -> list[str]:
+    script = f'. "{ROOT}/scripts/programs.sh"; strata_suite_runs "{ROOT}" {kind} {np or ""}'
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
 def test_launch_scripts_read_the_suite_runs_of_the_registry():
-    script = f'. "{ROOT}/scripts/programs.sh"; strata_suite_runs "{ROOT}" cpu; echo ===; strata_suite_runs "{ROOT}" gpu'
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
-    cpu, gpu = out.split("===\n")
-    expected_cpu, expected_gpu = [], []
+    expected = {(kind, np): [] for kind in ("cpu", "gpu") for np in (None, 2, 3)}
     for name, _, _, runs in registry():
         if runs == "-":
             continue
         for run in runs.split(";"):
             run = run.strip()
-            if run.startswith("gpu:"):
-                expected_gpu.append(f"{name}\t{run[4:].strip()}")
-            else:
-                expected_cpu.append(f"{name}\t{run}")
-    assert cpu.splitlines() == expected_cpu
-    assert gpu.splitlines() == expected_gpu
+            even = run.startswith("even:")  # a run for an even number of ranks: left out at an odd count
+            run = run[5:].strip() if even else run
+            kind = "gpu" if run.startswith("gpu:") else "cpu"
+            run = run[4:].strip() if kind == "gpu" else run
+            for np in (None, 2, 3):
+                if not (even and np == 3):
+                    expected[kind, np].append(f"{name}\t{run}")
+    for (kind, np), runs in expected.items():
+        assert suite_runs(kind, np) == runs, (kind, np)
+    expected_cpu = expected["cpu", None]
+    assert any(line.startswith("strata-step\t") and "--pp 2" in line for line in expected_cpu)
+    assert len(expected["cpu", 3]) < len(expected_cpu)
     assert any(line.startswith("strata-gemm\t") for line in expected_cpu)
     variable = subprocess.run(["bash", "-c", f'. "{ROOT}/scripts/programs.sh"; strata_args_variable strata-bench-cpu-gemm'],
                               capture_output=True, text=True, check=True).stdout

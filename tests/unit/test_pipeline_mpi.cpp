@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -218,16 +219,27 @@ TEST(Pipeline, OverlappedRecomputationMatchesTheSingleRankStep) {
           placement.push_back(op.earliest_window < op.deadline_window ? OpPlacement{RecomputeMode::window, op.earliest_window}
                                                                      : OpPlacement{RecomputeMode::on_demand, -1});
       }
-      // The stage runs its first rank's placement: it fits that rank's measured windows.
-      EXPECT_FALSE(heuristic && groups.tp_index() == 0 && groups.dp_index() == 0 &&
-                   find_violation(problem.problem, placement).has_value())
-          << what;
+      if (heuristic) {
+        // The stage runs its first rank's placement, solved on that rank's measured windows: on the other ranks a
+        // window measured shorter may be overfilled (the excess runs on the critical path), the rest holds.
+        PlacementProblem check = problem.problem;
+        if (groups.tp_index() != 0 || groups.dp_index() != 0)
+          for (RecomputeWindow& w : check.windows) w.capacity_s = 1e30;
+        EXPECT_FALSE(find_violation(check, placement).has_value()) << what << ": " << find_violation(check, placement).value_or("");
+      }
+      // Where every op has a window before its backward, each is recomputed there and none again on demand (a
+      // recomputation run before another action, a forward between it and its backward, is redone on demand).
+      const bool every_op_in_a_window =
+          !heuristic && std::all_of(placement.begin(), placement.end(), [](const OpPlacement& p) { return p.mode == RecomputeMode::window; });
       apply_placement(problem, placement, g.grid.pp, groups.pp_index(), c);
       Trainer trainer(c, groups, *data);
       double in_windows = 0;
       for (int step = 1; step <= steps; ++step) {
         const StepStats stats = trainer.step(step);
         in_windows += stats.recompute_window_seconds;
+        if (every_op_in_a_window) {
+          EXPECT_EQ(stats.recompute_seconds, 0.0) << what << " step " << step << ": recomputed on demand again";
+        }
         EXPECT_NEAR(stats.loss, ref.losses[static_cast<std::size_t>(step) - 1], 1e-5 * ref.losses[0]) << what << " step " << step;
         EXPECT_NEAR(stats.grad_norm, ref.norms[static_cast<std::size_t>(step) - 1], 1e-4 * ref.norms[0]) << what << " step " << step;
       }
