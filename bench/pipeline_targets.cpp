@@ -200,7 +200,7 @@ int run(int argc, char** argv) {
     }
     const OverlapProblem problem = overlap_problem(overlap.config, pp, pp_rank, tp, false, profile);
     const PlacementResult heuristic = solve_heuristic(problem.problem);
-    const Placement placement = agree(groups.dp(), agree(groups.tp(), heuristic.placement));  // one per stage
+    const Placement placement = agree(groups, heuristic.placement);  // one per stage
     plan = summarise(problem.problem, placement, heuristic.search_s, false);
     apply_placement(problem, placement, pp, pp_rank, overlap.config);
     // Each op may use only the window right before its own micro-batch's backward: a window hides at most the

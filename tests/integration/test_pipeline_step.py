@@ -245,7 +245,7 @@ def policy_variants(table) -> dict[str, str]:
 
 @pytest.mark.parametrize("args, message", [
     (["--grid", "tp=1,pp=2,dp=2"], "--grid tp=1,pp=2,dp=2 has 4 ranks, the job 2"),
-    (["--pp", "4"], "tp 1 x pp 4 does not divide the 2 ranks"),
+    (["--pp", "4"], "--tp 1 x --pp 4 does not divide the 2 ranks"),
     (["--grid", "tp=2,pp=1", "--hidden", "96", "--heads", "3", "--kv-heads", "3"], "--tp: tensor-parallel degree 2 does not divide"),
     (["--pp", "2", "--layers", "3"], "3 layers do not divide into 2 pipeline stages evenly: give each stage's layers (--stage-layers)"),
     (["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--microbatches", "3"],
