@@ -32,6 +32,7 @@
 #include "collectives/mpi_error.h"
 #include "bench/check.h"
 #include "bench/cli.h"
+#include "bench/harness.h"
 #include "kernels/attention.h"
 
 namespace {
@@ -339,24 +340,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  int code = 0;
-  try {
-    code = run(argc, argv);
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "usage error: %s\n", e.what());
-    code = 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    code = 1;
-  }
-  if (code != 0 && code != 3) {  // 3 (a missed target) is known to every rank
-    int ranks = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-    // A failure seen by one rank may leave the others inside a collective: end them all.
-    if (ranks > 1) MPI_Abort(MPI_COMM_WORLD, code);
-  }
-  MPI_Finalize();
-  return code;
+  return strata::program_main(argc, argv, "strata-bench-attention", [&] { return run(argc, argv); });
 }

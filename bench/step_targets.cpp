@@ -32,6 +32,7 @@
 
 #include "bench/check.h"
 #include "bench/cli.h"
+#include "bench/harness.h"
 #include "bench/stats.h"
 #include "bench/timer.h"
 #include "collectives/mpi_error.h"
@@ -285,14 +286,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int code = 0;
-  try {
-    code = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "strata-bench-step: error: %s\n", e.what());
-    code = 1;
-  }
-  MPI_Finalize();
-  return code;
+  return strata::program_main(argc, argv, "strata-bench-step", [&] { return run(argc, argv); });
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "kernels/layers.h"
 #include "train/trainer.h"
 
@@ -81,6 +83,24 @@ inline Reference single_rank(const TrainConfig& c, int dp, int steps, const Toke
     ref.norms.push_back(norm);
   }
   return ref;
+}
+
+// A trainer's parameters (tensor-parallel rank tp_index of tp, every unit it holds) against the reference's
+// shard of them: the largest difference within tolerance, or where it is not.
+inline testing::AssertionResult parameters_match(const ModelConfig& model, int tp, int tp_index, const Reference& ref,
+                                                 const std::vector<float>& params, double tolerance) {
+  const TensorShard shard = tensor_shard(model, tp, tp_index);
+  std::vector<float> expected(ParameterLayout(model, shard).total());
+  take_shard(model, shard, ref.params.data(), expected.data());
+  if (params.size() != expected.size())
+    return testing::AssertionFailure() << params.size() << " parameters, the reference's shard " << expected.size();
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (std::fabs(params[i] - expected[i]) > worst) worst = std::fabs(params[i] - expected[i]), at = i;
+  if (worst < tolerance) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "parameter " << at << " is " << params[at] << ", the single-rank step's "
+                                     << expected[at];
 }
 
 }  // namespace strata::train

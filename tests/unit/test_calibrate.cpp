@@ -485,8 +485,8 @@ double regime_time(const std::vector<Regime>& regimes, double bytes, double fact
   return 0;
 }
 
-void write_collectives(FileBuilder& file, bool emulated) {
-  Table cases("cases"), summary("summary"), groups("groups");
+// The columns of strata-collective's cases and summary that calibration reads.
+void add_collective_columns(Table& cases, Table& summary) {
   cases.add_column("case", ColumnKind::int64, "1").add_column("operation", ColumnKind::string, "")
       .add_column("algo", ColumnKind::string, "").add_column("size_bytes", ColumnKind::float64, "B")
       .add_column("group_size", ColumnKind::int64, "1").add_column("group_kind", ColumnKind::string, "")
@@ -496,6 +496,11 @@ void write_collectives(FileBuilder& file, bool emulated) {
       .add_column("grid", ColumnKind::string, "");
   summary.add_column("case", ColumnKind::int64, "1").add_column("time_rankmax_median", ColumnKind::float64, "s")
       .add_column("slowdown_vs_alone", ColumnKind::float64, "1");
+}
+
+void write_collectives(FileBuilder& file, bool emulated) {
+  Table cases("cases"), summary("summary"), groups("groups");
+  add_collective_columns(cases, summary);
   groups.add_column("case", ColumnKind::int64, "1").add_column("group", ColumnKind::int64, "1")
       .add_column("world_ranks", ColumnKind::string, "");
   int index = 0;
@@ -523,15 +528,7 @@ void write_collectives(FileBuilder& file, bool emulated) {
 // --mixed at tp=2, dp=2: the concurrent rows' slowdowns 1.1, 1.2, 1.3 (median 1.2).
 void write_mixed(FileBuilder& file) {
   Table cases("cases"), summary("summary");
-  cases.add_column("case", ColumnKind::int64, "1").add_column("operation", ColumnKind::string, "")
-      .add_column("algo", ColumnKind::string, "").add_column("size_bytes", ColumnKind::float64, "B")
-      .add_column("group_size", ColumnKind::int64, "1").add_column("group_kind", ColumnKind::string, "")
-      .add_column("n_nodes", ColumnKind::int64, "1").add_column("ranks_per_node", ColumnKind::int64, "1")
-      .add_column("emulated_nodes", ColumnKind::int64, "1").add_column("backend", ColumnKind::string, "")
-      .add_column("mode", ColumnKind::string, "").add_column("concurrent_with", ColumnKind::string, "")
-      .add_column("grid", ColumnKind::string, "");
-  summary.add_column("case", ColumnKind::int64, "1").add_column("time_rankmax_median", ColumnKind::float64, "s")
-      .add_column("slowdown_vs_alone", ColumnKind::float64, "1");
+  add_collective_columns(cases, summary);
   const double slowdowns[] = {1.1, 1.2, 1.3};
   for (int i = 0; i < 3; ++i) {
     cases.set("case", i).set("operation", "allreduce").set("algo", "ring").set("size_bytes", 65536.0 * (i + 1))

@@ -208,9 +208,9 @@ Buffer run_shm(ShmNode& node, const Case& c) {
   return result_of(c, p);
 }
 
-// Every dtype, reduction (where one applies), count, placement and root of one operation, against the
-// library and the reference.
-void check_operation(ShmNode& node, Operation operation, const std::vector<std::size_t>& counts) {
+// Every dtype, reduction (where one applies), count, placement and root of one operation.
+template <typename Visit>
+void for_every_case(Operation operation, const std::vector<std::size_t>& counts, Visit visit) {
   const int n = world_size();
   const std::vector<RedOp> ops = reduces(operation) ? std::vector<RedOp>(kAllRedOps.begin(), kAllRedOps.end())
                                                     : std::vector<RedOp>{RedOp::sum};
@@ -221,12 +221,16 @@ void check_operation(ShmNode& node, Operation operation, const std::vector<std::
     for (RedOp op : ops)
       for (std::size_t count : counts)
         for (bool in_place : {false, true})
-          for (int root : roots) {
-            const Case c{operation, dtype, op, count, in_place, root};
-            const Buffer want = expected_result(c);
-            EXPECT_TRUE(same_elements(run_library(c), want, dtype)) << "library: " << c.describe();
-            EXPECT_TRUE(same_elements(run_shm(node, c), want, dtype)) << "shm: " << c.describe();
-          }
+          for (int root : roots) visit(Case{operation, dtype, op, count, in_place, root});
+}
+
+// Every case of one operation against the library and the reference.
+void check_operation(ShmNode& node, Operation operation, const std::vector<std::size_t>& counts) {
+  for_every_case(operation, counts, [&](const Case& c) {
+    const Buffer want = expected_result(c);
+    EXPECT_TRUE(same_elements(run_library(c), want, c.dtype)) << "library: " << c.describe();
+    EXPECT_TRUE(same_elements(run_shm(node, c), want, c.dtype)) << "shm: " << c.describe();
+  });
 }
 
 // Zero, fewer elements than ranks, a count no rank count divides, and counts of many chunks.
@@ -481,26 +485,14 @@ class ShmRegistered : public ::testing::TestWithParam<Operation> {};
 TEST_P(ShmRegistered, EqualsTheLibrary) {
   ShmNode node(MPI_COMM_WORLD, tiny_slots());
   ShmBuffer memory = node.allocate(kRegionBytes);
-  const Operation operation = GetParam();
-  const int n = world_size();
-  const std::vector<RedOp> ops = reduces(operation) ? std::vector<RedOp>(kAllRedOps.begin(), kAllRedOps.end())
-                                                    : std::vector<RedOp>{RedOp::sum};
-  const std::vector<int> roots = operation == Operation::broadcast || operation == Operation::reduce
-                                     ? std::vector<int>{0, n - 1}
-                                     : std::vector<int>{0};
   std::vector<std::size_t> counts = test_counts();
   counts.push_back(20011);
-  for (DataType dtype : kAllDataTypes)
-    for (RedOp op : ops)
-      for (std::size_t count : counts)
-        for (bool in_place : {false, true})
-          for (int root : roots) {
-            const Case c{operation, dtype, op, count, in_place, root};
-            const Buffer want = expected_result(c);
-            EXPECT_TRUE(same_elements(run_library(c), want, dtype)) << "library: " << c.describe();
-            EXPECT_TRUE(same_elements(run_registered(node, c, memory.data(), memory.size()), want, dtype))
-                << "registered: " << c.describe();
-          }
+  for_every_case(GetParam(), counts, [&](const Case& c) {
+    const Buffer want = expected_result(c);
+    EXPECT_TRUE(same_elements(run_library(c), want, c.dtype)) << "library: " << c.describe();
+    EXPECT_TRUE(same_elements(run_registered(node, c, memory.data(), memory.size()), want, c.dtype))
+        << "registered: " << c.describe();
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryOperation, ShmRegistered, ::testing::ValuesIn(kShmOperations),
