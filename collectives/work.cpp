@@ -68,11 +68,6 @@ bool Work::test() {
   return done();
 }
 
-void Work::wait() {
-  while (!test()) {
-  }
-}
-
 Work& Work::operator=(Work&& other) noexcept {
   if (this != &other) {
     Work finished(std::move(*this));  // waits, if still in flight, as it goes
@@ -81,8 +76,7 @@ Work& Work::operator=(Work&& other) noexcept {
   return *this;
 }
 
-Work::~Work() {
-  if (!state_ || done()) return;
+void Work::finish_in_destructor() noexcept {
   try {
     wait();
   } catch (...) {
