@@ -62,6 +62,7 @@ bench: build
 	$(BUILD)/strata-bench-step || missed=1; \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
 	  $(BUILD)/strata-bench-step || missed=1; \
+	$(BUILD)/strata-project search --system project/systems/a100-80gb-sxm-hdr200.json --bench || missed=1; \
 	exit $$missed
 
 micro: build

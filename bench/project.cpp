@@ -91,7 +91,7 @@ struct Command {
   int (*run)(int, char**);
 };
 
-// predict, validate and search join here.
+// predict and validate join here.
 const Command kCommands[] = {
     {"calibrate", "fit a system description from result files", calibrate},
     {"search", "rank training configurations by predicted step time", project_search},

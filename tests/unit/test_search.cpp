@@ -125,6 +125,7 @@ TEST(Search, CompactedWorkloadPredictsTheSameStepFromFewerOperations) {
 TEST(Search, RefusesWhatDoesNotDivideAndNamesWhy) {
   const System system = small_system();
   SearchSpace space = small_space();
+  space.micro_batch_sizes = {1, 2, 4};  // dp 8 x 4 takes the global batch in one micro-batch
   space.prune = false;
   space.top = 100000;
   const SearchResult r = search(system, space);
@@ -149,6 +150,15 @@ TEST(Search, RefusesWhatDoesNotDivideAndNamesWhy) {
     for (const auto& [kind, count] : r.refused) refused += count;
     return refused;
   }());
+  // GPipe is searched where its order differs from 1F1B's, and left out as equivalent where it is the same.
+  const auto gpipe = [&](bool one) {
+    return std::count_if(r.top.begin(), r.top.end(), [&](const Evaluation& e) {
+      return e.candidate.schedule == train::Schedule::gpipe && (e.candidate.micro_batches == 1) == one;
+    });
+  };
+  EXPECT_GT(gpipe(false), 0);
+  EXPECT_EQ(gpipe(true), 0);
+  EXPECT_GT(r.equivalent_to.at("gpipe = 1f1b (the same order of passes)"), 0);
   EXPECT_EQ(r.simulated, r.fitting);  // no pruning asked for
   EXPECT_EQ(static_cast<std::int64_t>(r.top.size()), r.simulated);
 
