@@ -219,10 +219,12 @@ std::int64_t runnable(const project::SearchResult& r) {
 void print_counts(const project::SearchResult& r) {
   const double s = r.seconds > 0 ? r.seconds : 1e-9;
   std::printf("# configurations: %lld considered in %.2f s (%.0f/s): %lld refused, %lld equivalent to another strategy "
-              "on their layout, %lld fit in memory; of these %lld simulated and %lld pruned by their lower bound\n",
+              "on their layout, %lld fit in memory; of these %lld simulated and %lld pruned by their lower bound (%s)\n",
               static_cast<long long>(r.enumerated), r.seconds, r.enumerated / s,
               static_cast<long long>(r.enumerated - r.fitting - r.equivalent), static_cast<long long>(r.equivalent),
-              static_cast<long long>(r.fitting), static_cast<long long>(r.simulated), static_cast<long long>(r.pruned));
+              static_cast<long long>(r.fitting), static_cast<long long>(r.simulated), static_cast<long long>(r.pruned),
+              r.pruned ? ("each at least " + format_fixed(r.least_pruned_bound_s, 4) + " s, the k-th best step or more").c_str()
+                       : "none");
   std::printf("# rate: %.0f runnable configurations/s (each ruled out on memory, equivalent, pruned or simulated), "
               "%.0f fitting/s, %.1f simulated/s; %lld probe traces for the bounds (%.2f s), tracing and simulating %.2f s, "
               "%.1f M operations traced, %.1f M simulated after compaction\n",

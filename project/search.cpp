@@ -653,6 +653,7 @@ SearchResult search(const System& system, const SearchSpace& space) {
     }
   }
   result.pruned = static_cast<std::int64_t>(queue.size());
+  if (!queue.empty()) result.least_pruned_bound_s = queue.top().bound;
   result.probes = cache.probes;
   result.seconds = seconds_since(start);
   return result;

@@ -46,6 +46,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -162,6 +163,8 @@ struct SearchResult {
   std::map<std::string, std::int64_t> equivalent_to;  // "ING = NNG" -> configurations
   std::int64_t fitting = 0;     // runnable configurations that fit in memory
   std::int64_t pruned = 0;      // of those, left out by the lower bound
+  // The least bound of those left out: at or above the k-th best step, so none of them could enter the top k.
+  double least_pruned_bound_s = std::numeric_limits<double>::infinity();
   std::int64_t simulated = 0;   // traced and simulated
   std::int64_t probes = 0;      // probe traces for the bounds
   double seconds = 0;           // wall time of the whole search

@@ -274,11 +274,39 @@ TEST(Search, RanksByPredictedStepAndPrunesNothingOfTheTopK) {
     for (std::size_t i = 0; i < full.top.size(); ++i) EXPECT_DOUBLE_EQ(pruned.top[i].step_s, full.top[i].step_s) << i;
     EXPECT_EQ(pruned.fitting, full.fitting);
     EXPECT_EQ(pruned.simulated + pruned.pruned, pruned.fitting);
+    EXPECT_GE(pruned.least_pruned_bound_s, pruned.top.back().step_s);
     EXPECT_LT(pruned.simulated, full.simulated);
     std::printf("[ search   ] %lld of %lld fitting configurations simulated with the bounds (%d thread%s)\n",
                 static_cast<long long>(pruned.simulated), static_cast<long long>(pruned.fitting), threads,
                 threads > 1 ? "s" : "");
   }
+}
+
+// Where communication is free the bounds come within rounding of the steps: every configuration near the k-th best
+// is simulated, and the top k is the same with and without them.
+TEST(Search, TightBoundsKeepTheTopK) {
+  System free = small_system();
+  free.intra_node.bandwidth.value = free.inter_node.bandwidth.value = 1e18;
+  free.intra_node.latency.value = free.inter_node.latency.value = 0;
+  free.overlap_slowdown.value = 0;
+  SearchSpace space = small_space();
+  space.global_batch = 64;  // four micro-batches or more: the strategy's bound counts every compute operation
+  space.top = 8;
+  space.prune = false;
+  const SearchResult full = search(free, space);
+  space.prune = true;
+  const SearchResult pruned = search(free, space);
+  ASSERT_EQ(pruned.top.size(), full.top.size());
+  for (std::size_t i = 0; i < full.top.size(); ++i)
+    EXPECT_DOUBLE_EQ(pruned.top[i].step_s, full.top[i].step_s) << i << " " << full.top[i].candidate.label();
+  int tight = 0;
+  for (const Evaluation& e : pruned.top) tight += e.lower_bound_s > 0.99 * e.step_s;
+  EXPECT_GT(tight, 0);
+  // What was left out could not have entered: its bounds reach the k-th best step, and the nearest of them is close.
+  EXPECT_GE(pruned.least_pruned_bound_s, pruned.top.back().step_s);
+  EXPECT_LT(pruned.least_pruned_bound_s, 1.1 * pruned.top.back().step_s);
+  std::printf("[ search   ] free communication: %lld of %lld simulated with the bounds, %d of the top %zu bounded within 1%%\n",
+              static_cast<long long>(pruned.simulated), static_cast<long long>(pruned.fitting), tight, pruned.top.size());
 }
 
 TEST(Search, LowerBoundsStayAtOrBelowTheSimulatedStep) {
