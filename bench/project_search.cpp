@@ -457,7 +457,10 @@ int project_search(int argc, char** argv) {
   cli.flag("bench", 0, "judge the rate: exit 3 below 100 runnable configurations per second", o.bench);
   cli.flag("smoke", 0, "with --bench: a small search, no verdict (the tests' run)", o.smoke);
   cli.option("target", 0, "with --bench: the rate to reach, runnable configurations per second", o.target, 0.0);
-  cli.flag("compare-paro", 0, "PaRO's rule beside the data-parallel search over a grid of scenarios", o.compare_paro);
+  cli.flag("compare-paro", 0,
+           "PaRO's rule beside the data-parallel search over a grid of scenarios (the first of --micro-batches per "
+           "micro-batch, --seq tokens, default 2048)",
+           o.compare_paro);
   cli.option("paro-models", 0, "the comparison's models", o.paro_models);
   cli.option("paro-trainable", 0, "the comparison's trainable parts (all, last:K, fraction)", o.paro_trainable);
   cli.option("paro-nodes", 0, "the comparison's node counts", o.paro_nodes);

@@ -56,6 +56,7 @@ SearchSpace small_space() {
   space.global_batch = 32;
   space.seq = 32;
   space.micro_batch_sizes = {1, 2};
+  space.recompute = {train::Recompute::none, train::Recompute::full};  // selective where a test needs it
   space.dtype = "fp32";
   space.memory_limit = 1e12;
   space.top = 5;
@@ -315,6 +316,7 @@ TEST(Search, LowerBoundsStayAtOrBelowTheSimulatedStep) {
     SearchSpace space = small_space();
     space.trainable = train::parse_trainable(trainable);
     space.micro_batch_sizes = {2};  // 2 to 16 micro-batches: the second bound applies from 4
+    space.recompute = {train::Recompute::none, train::Recompute::full, train::Recompute::selective};
     BoundCache cache;
     int checked = 0, refined = 0;
     for (const Evaluation& e : every_configuration(space, system)) {
