@@ -1,5 +1,6 @@
 // strata-project: the projection layer's programs, one subcommand each (`strata-project COMMAND ...`).
 //   calibrate FILE... -o system.json   a system description fitted from Strata's result files
+//   search --system FILE --model M --gpus N --global-batch B   configurations ranked by predicted step time
 // Runs on one process without MPI: it reads files and computes. Bad input (flags, files that are not Strata
 // results, a description with a bad field, runs that cannot give a whole description) prints one message and
 // exits 2 without touching the output; any other failure exits 1.
@@ -14,6 +15,7 @@
 #include "bench/calibration_input.h"
 #include "bench/check.h"
 #include "bench/cli.h"
+#include "bench/project_search.h"
 #include "bench/system_json.h"
 #include "project/calibrate.h"
 #include "results/h5.h"
@@ -89,9 +91,10 @@ struct Command {
   int (*run)(int, char**);
 };
 
-// predict, validate and search join here.
+// predict and validate join here.
 const Command kCommands[] = {
     {"calibrate", "fit a system description from result files", calibrate},
+    {"search", "rank training configurations by predicted step time", project_search},
 };
 
 std::string usage() {

@@ -409,6 +409,7 @@ ordered_json system_to_json(const project::System& system) {
   device["compute"] = compute;
   device["memory_bandwidth"] = quantity_to_json(system.device.memory_bandwidth);
   device["memory_efficiency"] = quantity_to_json(system.device.memory_efficiency);
+  if (system.device.memory_capacity) device["memory_capacity"] = quantity_to_json(*system.device.memory_capacity);
   ordered_json out = {{"format", kFormat}, {"version", system.version}, {"name", system.name}};
   if (!system.comment.empty()) out["comment"] = system.comment;
   out["units"] = "SI: FLOP/s, B/s, s, B; spread is relative (0.1: +-10%)";
@@ -446,8 +447,12 @@ project::System system_from_json(const json& document, const std::string& source
   system.comment = read.text(document, "comment", "comment", false);
 
   const json& device = read.object(document, "device", "device");
-  read.only_keys(device, "device", {"name", "source", "devices_per_node", "compute", "memory_bandwidth",
-                                    "memory_efficiency"});
+  if (version == 1)
+    read.only_keys(device, "device", {"name", "source", "devices_per_node", "compute", "memory_bandwidth",
+                                      "memory_efficiency"});
+  else
+    read.only_keys(device, "device", {"name", "source", "devices_per_node", "compute", "memory_bandwidth",
+                                      "memory_efficiency", "memory_capacity"});
   system.device.name = read.text(device, "name", "device.name", true);
   system.device.source = read.text(device, "source", "device.source", false);
   if (!device.contains("devices_per_node") || !device.at("devices_per_node").is_number_integer())
@@ -460,6 +465,8 @@ project::System system_from_json(const json& document, const std::string& source
   }
   system.device.memory_bandwidth = read.quantity(device, "memory_bandwidth", "device.memory_bandwidth");
   system.device.memory_efficiency = read.quantity(device, "memory_efficiency", "device.memory_efficiency");
+  if (device.contains("memory_capacity"))
+    system.device.memory_capacity = read.quantity(device, "memory_capacity", "device.memory_capacity");
 
   const json& network = read.object(document, "network", "network");
   read.only_keys(network, "network", {"intra_node", "inter_node"});

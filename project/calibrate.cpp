@@ -565,6 +565,8 @@ Calibration calibrate(const CalibrationInput& input, const System* base, const s
     out.missing.push_back("no measured memory bandwidth for this device (the runs' machine description measures the "
                           "host's, not a GPU's): the elementwise kernels cannot be fitted");
   }
+  // The device's memory capacity is not measured: the base's, when it says.
+  if (base && base->device.memory_capacity) s.device.memory_capacity = based_quantity(*base->device.memory_capacity);
 
   // ---- collectives ----
   using Key = std::tuple<CollectiveOp, std::string, GroupKind, int>;

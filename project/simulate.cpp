@@ -122,19 +122,6 @@ namespace {
 
 enum class Status { waiting, reached, running, done };
 
-struct OpState {
-  Status status = Status::waiting;
-  double remaining = 0;  // compute: alone-seconds of work left
-  int sequence = -1;     // collective: its number on its group; send/recv: its number on its (from, to) channel
-};
-
-struct RankState {
-  std::map<int, std::vector<int>> streams;  // stream -> op indices in order
-  std::map<int, size_t> head;               // stream -> position of its first op not done
-  std::vector<OpState> ops;
-  int communication_running = 0;
-};
-
 struct CollectiveInstance {
   std::vector<std::pair<int, int>> reached;  // (traced rank index, op index)
 };
@@ -143,6 +130,32 @@ struct Channel {  // the sends of one (from, to) pair, matched in order with the
   std::vector<double> send_start;   // by sequence; NaN until it starts
   std::vector<double> transfer_s;
   std::vector<int> waiting_recv;    // op index of the recv reached before its send started, or -1
+};
+
+struct OpState {
+  Status status = Status::waiting;
+  bool compute = false;
+  double remaining = 0;  // compute: alone-seconds of work left
+  int sequence = -1;     // collective: its number on its group; send/recv: its number on its (from, to) channel
+  int queue = 0;         // its stream's place in RankState::queues
+  int pending = 0;       // the ops it depends on that have not ended
+  CollectiveInstance* instance = nullptr;  // collective: its instance across the group
+  Channel* channel = nullptr;              // send, recv: its (from, to) channel
+  int peer_index = -1;                     // send: the traced index of the receiving rank
+};
+
+// One stream of a rank: its ops in the rank's order, and the first not done.
+struct Queue {
+  int stream = 0;
+  std::vector<int> ops;
+  size_t head = 0;
+};
+
+struct RankState {
+  std::vector<Queue> queues;               // by first appearance of the stream in the rank's list
+  std::vector<std::vector<int>> dependents;  // per op: the later ops that depend on it
+  std::vector<OpState> ops;
+  int communication_running = 0;
 };
 
 std::string where(const RankGraph& g, int i) {
@@ -183,10 +196,12 @@ class Simulator {
   std::unordered_map<int, int> rank_index_;  // rank -> traced index
   std::unordered_map<int, const Group*> groups_;
   std::vector<RankState> state_;
-  std::map<std::pair<int, int>, CollectiveInstance> collectives_;  // (group, sequence)
-  std::map<int, int> traced_members_;                               // group -> traced members
+  std::unordered_map<int, std::vector<CollectiveInstance>> collectives_;  // group -> by sequence
+  std::map<int, int> traced_members_;                                     // group -> traced members
+  std::unordered_map<int, GroupKind> kinds_;                              // group -> its kind
   std::map<std::pair<int, int>, Channel> channels_;                 // (from rank, to rank)
   std::vector<std::pair<size_t, int>> running_;                     // (traced rank index, op)
+  std::vector<std::pair<size_t, int>> ending_, still_running_;      // complete_at's, kept between events
   std::vector<size_t> dirty_;  // ranks where an op ended since their streams were last looked at
   std::vector<char> is_dirty_;
   size_t ops_total_ = 0, ops_done_ = 0;
@@ -213,6 +228,9 @@ class Simulator {
       int traced = 0;
       for (int rank : group.ranks) traced += rank_index_.count(rank) ? 1 : 0;
       traced_members_[group.id] = traced;
+      std::vector<int> nodes;
+      for (int rank : group.ranks) nodes.push_back(rank / system_.device.devices_per_node);
+      kinds_[group.id] = group_kind_of(nodes);
     }
   }
 
@@ -220,11 +238,7 @@ class Simulator {
     return a / system_.device.devices_per_node == b / system_.device.devices_per_node;
   }
 
-  GroupKind kind_of(const Group& group) const {
-    std::vector<int> nodes;
-    for (int rank : group.ranks) nodes.push_back(rank / system_.device.devices_per_node);
-    return group_kind_of(nodes);
-  }
+  GroupKind kind_of(const Group& group) const { return kinds_.at(group.id); }
 
   void index_ops() {
     // (group) -> the collectives of each traced member in order, to check they match across the group.
@@ -235,14 +249,23 @@ class Simulator {
       const RankGraph& g = workload_.ranks[r];
       RankState& s = state_[r];
       s.ops.resize(g.ops.size());
+      s.dependents.resize(g.ops.size());
       ops_total_ += g.ops.size();
       std::map<int, std::vector<int>> collectives_of_group;
+      std::unordered_map<int, int> queue_of_stream;
       for (size_t i = 0; i < g.ops.size(); ++i) {
         const Op& op = g.ops[i];
         const int oi = static_cast<int>(i);
-        for (int d : op.depends_on)
+        for (int d : op.depends_on) {
           if (d < 0 || d >= oi) refuse(where(g, oi) + " depends on op " + std::to_string(d) + ", not an earlier op");
-        s.streams[op.stream].push_back(oi);
+          s.dependents[static_cast<size_t>(d)].push_back(oi);
+        }
+        s.ops[i].pending = static_cast<int>(op.depends_on.size());
+        const auto [queue, added] = queue_of_stream.emplace(op.stream, static_cast<int>(s.queues.size()));
+        if (added) s.queues.push_back({op.stream, {}, 0});
+        s.queues[static_cast<size_t>(queue->second)].ops.push_back(oi);
+        s.ops[i].queue = queue->second;
+        s.ops[i].compute = is_compute(op.kind);
         if (is_compute(op.kind)) {
           const double t = compute_seconds(system_, op);
           if (!std::isfinite(t) || t < 0 || op.seconds < 0 || op.bytes < 0 || op.m < 0 || op.n < 0 || op.k < 0)
@@ -269,10 +292,25 @@ class Simulator {
         }
       }
       for (auto& [group, ops] : collectives_of_group) by_group[group].emplace_back(static_cast<int>(r), ops);
-      for (auto& [stream, ops] : s.streams) s.head[stream] = 0;
     }
     check_collectives_match(by_group);
     check_transfers_match(sends, recvs);
+    // Each op's instance and channel, now that their containers no longer grow.
+    for (size_t r = 0; r < workload_.ranks.size(); ++r) {
+      const RankGraph& g = workload_.ranks[r];
+      for (size_t i = 0; i < g.ops.size(); ++i) {
+        const Op& op = g.ops[i];
+        OpState& st = state_[r].ops[i];
+        if (op.kind == OpKind::collective) {
+          st.instance = &collectives_.at(op.group).at(static_cast<size_t>(st.sequence));
+        } else if (op.kind == OpKind::send) {
+          st.channel = &channels_.at({g.rank, op.peer});
+          st.peer_index = rank_index_.at(op.peer);
+        } else if (op.kind == OpKind::recv) {
+          st.channel = &channels_.at({op.peer, g.rank});
+        }
+      }
+    }
   }
 
   void check_collectives_match(const std::map<int, std::vector<std::pair<int, std::vector<int>>>>& by_group) {
@@ -298,7 +336,7 @@ class Simulator {
                    " of " + std::to_string(y.bytes) + " B");
         }
       }
-      for (size_t q = 0; q < first_ops.size(); ++q) collectives_[{group, static_cast<int>(q)}];
+      collectives_[group].resize(first_ops.size());
     }
   }
 
@@ -342,12 +380,6 @@ class Simulator {
 
   bool all_done() const { return ops_done_ == ops_total_; }
 
-  bool dependencies_done(size_t r, const Op& op) const {
-    for (int d : op.depends_on)
-      if (state_[r].ops[static_cast<size_t>(d)].status != Status::done) return false;
-    return true;
-  }
-
   void begin_communication(size_t r, int i, double start, double end) {
     OpState& s = state_[r].ops[static_cast<size_t>(i)];
     OpTiming& t = timeline_.ops[r][static_cast<size_t>(i)];
@@ -359,14 +391,14 @@ class Simulator {
   }
 
   void mark_done(size_t r, int i, double end) {
-    OpState& s = state_[r].ops[static_cast<size_t>(i)];
-    if (s.status == Status::running && !is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind))
-      --state_[r].communication_running;
+    RankState& rs = state_[r];
+    OpState& s = rs.ops[static_cast<size_t>(i)];
+    if (s.status == Status::running && !s.compute) --rs.communication_running;
     s.status = Status::done;
     timeline_.ops[r][static_cast<size_t>(i)].end = end;
     ++ops_done_;
-    const int stream = workload_.ranks[r].ops[static_cast<size_t>(i)].stream;
-    ++state_[r].head[stream];
+    ++rs.queues[static_cast<size_t>(s.queue)].head;
+    for (int j : rs.dependents[static_cast<size_t>(i)]) --rs.ops[static_cast<size_t>(j)].pending;
     make_dirty(r);
   }
 
@@ -378,12 +410,12 @@ class Simulator {
       dirty_.pop_back();
       is_dirty_[r] = 0;
       RankState& rs = state_[r];
-      for (auto& [stream, ops] : rs.streams) {
-        const size_t h = rs.head[stream];
-        if (h >= ops.size()) continue;
-        const int i = ops[h];
-        const Op& op = workload_.ranks[r].ops[static_cast<size_t>(i)];
-        if (rs.ops[static_cast<size_t>(i)].status == Status::waiting && dependencies_done(r, op)) reach(r, i, now);
+      for (size_t q = 0; q < rs.queues.size(); ++q) {
+        const Queue& queue = rs.queues[q];
+        if (queue.head >= queue.ops.size()) continue;
+        const int i = queue.ops[queue.head];
+        const OpState& s = rs.ops[static_cast<size_t>(i)];
+        if (s.status == Status::waiting && s.pending == 0) reach(r, i, now);
       }
     }
   }
@@ -401,7 +433,7 @@ class Simulator {
       if (s.remaining == 0) mark_done(r, i, now);
       else running_.emplace_back(r, i);
     } else if (op.kind == OpKind::collective) {
-      CollectiveInstance& instance = collectives_.at({op.group, s.sequence});
+      CollectiveInstance& instance = *s.instance;
       instance.reached.emplace_back(static_cast<int>(r), i);
       if (static_cast<int>(instance.reached.size()) == traced_members_.at(op.group)) {
         const Group& group = *groups_.at(op.group);
@@ -410,15 +442,14 @@ class Simulator {
         for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
       }
     } else if (op.kind == OpKind::send) {
-      Channel& channel = channels_.at({g.rank, op.peer});
+      Channel& channel = *s.channel;
       const auto q = static_cast<size_t>(s.sequence);
       channel.send_start[q] = now;
       begin_communication(r, i, now, now + channel.transfer_s[q]);
       if (channel.waiting_recv[q] >= 0)
-        begin_communication(static_cast<size_t>(rank_index_.at(op.peer)), channel.waiting_recv[q], now,
-                            now + channel.transfer_s[q]);
+        begin_communication(static_cast<size_t>(s.peer_index), channel.waiting_recv[q], now, now + channel.transfer_s[q]);
     } else {  // recv
-      Channel& channel = channels_.at({op.peer, g.rank});
+      Channel& channel = *s.channel;
       const auto q = static_cast<size_t>(s.sequence);
       if (std::isnan(channel.send_start[q])) {
         channel.waiting_recv[q] = i;
@@ -438,8 +469,7 @@ class Simulator {
     double next = std::numeric_limits<double>::infinity();
     for (const auto& [r, i] : running_) {
       const OpState& s = state_[r].ops[static_cast<size_t>(i)];
-      next = std::min(next, is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind)
-                                ? now + s.remaining * slowdown_factor(r)
+      next = std::min(next, s.compute ? now + s.remaining * slowdown_factor(r)
                                 : timeline_.ops[r][static_cast<size_t>(i)].end);
     }
     if (!std::isfinite(next)) {
@@ -455,8 +485,7 @@ class Simulator {
   void advance_compute(double now, double next) {
     for (const auto& [r, i] : running_) {
       OpState& s = state_[r].ops[static_cast<size_t>(i)];
-      if (is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind))
-        s.remaining = std::max(0.0, s.remaining - (next - now) / slowdown_factor(r));
+      if (s.compute) s.remaining = std::max(0.0, s.remaining - (next - now) / slowdown_factor(r));
     }
   }
 
@@ -465,17 +494,15 @@ class Simulator {
     const double tolerance = 1e-12 * std::max(1.0, now);
     // The rates of every op on a rank hold until the next event, so all ops ending now are marked before any
     // rank's counts change.
-    std::vector<std::pair<size_t, int>> ending, still_running;
+    ending_.clear(), still_running_.clear();
     for (const auto& [r, i] : running_) {
       const OpState& s = state_[r].ops[static_cast<size_t>(i)];
-      const bool ends = is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind)
-                            ? s.remaining <= tolerance
-                            : timeline_.ops[r][static_cast<size_t>(i)].end <= now;
-      (ends ? ending : still_running).emplace_back(r, i);
+      const bool ends = s.compute ? s.remaining <= tolerance : timeline_.ops[r][static_cast<size_t>(i)].end <= now;
+      (ends ? ending_ : still_running_).emplace_back(r, i);
     }
-    running_ = std::move(still_running);
-    for (const auto& [r, i] : ending) {
-      const bool compute = is_compute(workload_.ranks[r].ops[static_cast<size_t>(i)].kind);
+    running_.swap(still_running_);
+    for (const auto& [r, i] : ending_) {
+      const bool compute = state_[r].ops[static_cast<size_t>(i)].compute;
       mark_done(r, i, compute ? now : timeline_.ops[r][static_cast<size_t>(i)].end);
     }
   }

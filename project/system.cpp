@@ -402,6 +402,8 @@ std::optional<std::string> find_problem(const System& system) {
   if (auto p = check_positive("device.memory_bandwidth", d.memory_bandwidth)) return p;
   if (auto p = check_fraction("device.memory_efficiency", d.memory_efficiency.value)) return p;
   if (auto p = check_spread("device.memory_efficiency", d.memory_efficiency.relative_spread)) return p;
+  if (d.memory_capacity)
+    if (auto p = check_positive("device.memory_capacity", *d.memory_capacity)) return p;
   if (auto p = check_tier("network.intra_node", system.intra_node)) return p;
   if (auto p = check_tier("network.inter_node", system.inter_node)) return p;
   std::set<std::tuple<CollectiveOp, std::string, GroupKind, int>> seen;

@@ -89,6 +89,7 @@ struct Device {
   std::map<std::string, ComputePeak> compute;  // by dtype: "fp64", "fp32", "tf32", "bf16", "fp16", "fp8"
   Quantity memory_bandwidth;                   // B/s, peak
   Quantity memory_efficiency;                  // achieved fraction of it in elementwise kernels
+  std::optional<Quantity> memory_capacity;     // B of device memory (spec sheet); absent: not described
 
   // From the efficiency curve alone; throws std::invalid_argument: no such dtype.
   double gemm_seconds(const std::string& dtype, double flops) const;
