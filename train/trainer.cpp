@@ -690,6 +690,11 @@ struct Trainer::Impl {
     }
   }
 
+  // A traced step's ops carry the phase strata-step times them in (TraceOp::phase).
+  void trace_phase(const char* phase) {
+    if (tracer) tracer->set_phase(phase);
+  }
+
   // ---- recomputation in windows (Recompute::overlap) -------------------------------------------------------
   // Before waiting for action k's receive, the recomputations placed there run, in order (producers first); the
   // time until the receive is seen done is hidden behind the wait, the rest is on the critical path. Each layer
@@ -702,6 +707,7 @@ struct Trainer::Impl {
     for (const TrainConfig::WindowRecompute& w : c.window_recomputes) {
       if (w.action != static_cast<int>(k)) continue;
       any = true;
+      trace_phase("recompute_window");
       const std::size_t u = static_cast<std::size_t>(w.layer) + 1;
       need_params(u);
       point(u);
@@ -714,6 +720,7 @@ struct Trainer::Impl {
       if (hidden_until == 0 && (!receiving || receiving->work.test())) hidden_until = now();
     }
     if (!any) return;
+    trace_phase("");
     const double end = now(), waited = exposed - exposed_before;
     stats.recompute_window_seconds += end - start - waited;
     stats.recompute_hidden_seconds += std::max(0.0, (hidden_until > 0 ? hidden_until : end) - start - waited);
@@ -728,9 +735,11 @@ struct Trainer::Impl {
     pipeline_stats = {};
     timeline = record_timeline ? &stats.timeline : nullptr;
     // Time of a compute phase without the waits inside it, and its interval on the timeline.
-    auto compute_phase = [&](const std::string& what, double& seconds, const auto& body) {
+    auto compute_phase = [&](const char* phase, const std::string& what, double& seconds, const auto& body) {
       const double exposed_before = exposed, start = now();
+      trace_phase(phase);
       body();
+      trace_phase("");
       const double end = now();
       seconds += end - start - (exposed - exposed_before);
       if (timeline) timeline->push_back({what, "compute", "", start, end, 0});
@@ -877,8 +886,12 @@ struct Trainer::Impl {
         stats.forward_op_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)][static_cast<std::size_t>(op)] += seconds;
       };
       double recompute_start = 0;
-      hooks.before_recompute = [&](int) { recompute_start = now(); };
+      hooks.before_recompute = [&](int) {
+        recompute_start = now();
+        trace_phase("recompute");
+      };
       hooks.after_recompute = [&](int layer) {
+        trace_phase("backward");
         const double end = now();
         stats.recompute_seconds += end - recompute_start;
         unit_recompute += end - recompute_start;
@@ -896,7 +909,7 @@ struct Trainer::Impl {
         const double forward_before = stats.forward_seconds;
         double layer_ops_before = 0;
         for (const auto& layer : stats.forward_op_seconds[ch]) layer_ops_before += layer[0] + layer[1] + layer[2];
-        compute_phase("forward" + label, stats.forward_seconds, [&] {
+        compute_phase("forward", "forward" + label, stats.forward_seconds, [&] {
           loss_sum += model.forward(set, pointers, tokens.data(), targets.data(), hooks);
         });
         double layer_ops = -layer_ops_before;
@@ -917,7 +930,7 @@ struct Trainer::Impl {
           pointers.grads[u] = !units[u].trains                     ? nullptr
                               : c.strategy.grads == Sharding::none ? grads.data() + units[u].grad_at
                                                                    : UnitPointers::pending();
-        compute_phase("backward" + label, stats.backward_seconds, [&] {
+        compute_phase("backward", "backward" + label, stats.backward_seconds, [&] {
           model.backward(set, pointers, normaliser, plan.head ? nullptr : output_grads[ch].data(), chunk_input_grad[ch], hooks);
         });
         if (chunk_input_grad[ch]) {
@@ -957,6 +970,7 @@ struct Trainer::Impl {
     // Global gradient norm over the optimizer's shards (distinct within the group that partitions them), every
     // stage's, the token table once.
     const double optimizer_start = now(), exposed_before_optimizer = exposed;
+    trace_phase("optimizer");
     double squares = 0;
     for (std::size_t u = 0; u < U; ++u)
       if (units[u].trains && !(u == 0 && embedding && pp.rank() != 0)) squares += gradient_squares(u);
@@ -984,6 +998,7 @@ struct Trainer::Impl {
       drop_params(u);  // units gathered ahead and never read (frozen layers below the backward's end)
     }
     compute("zero grads", static_cast<double>(grads.size()), [&] { grads.fill(0.0f); });
+    trace_phase("");
     const double optimizer_end = now();
     stats.optimizer_seconds = optimizer_end - optimizer_start - (exposed - exposed_before_optimizer);
     if (timeline) timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
@@ -1085,11 +1100,15 @@ StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, con
   // The stage's first rank's coordinates: the world rank of (tp 0, pp j, dp 0) under the grid's order.
   Tracer probe(groups);
   const coll::ProcessGroups places(grid, trace.ranks_per_node, options.grid_order, 0, probe);
+  const bool per_rank = !options.pipeline_rank_configs.empty();
+  if (per_rank && static_cast<int>(options.pipeline_rank_configs.size()) != grid.pp)
+    throw std::invalid_argument("trace: " + std::to_string(options.pipeline_rank_configs.size()) +
+                                " pipeline rank configurations for " + std::to_string(grid.pp) + " pipeline ranks");
   for (int stage = 0; stage < grid.pp; ++stage) {
     const int rank = places.world_rank_of(0, stage, 0);
     Tracer tracer(groups);
     coll::ProcessGroups traced(grid, trace.ranks_per_node, options.grid_order, rank, tracer);
-    Trainer trainer(config, traced, tracer);
+    Trainer trainer(per_rank ? options.pipeline_rank_configs[static_cast<std::size_t>(stage)] : config, traced, tracer);
     trainer.step(1);
     trace.ranks.push_back({rank, grid.tp * grid.dp, tracer.take()});
   }
