@@ -177,7 +177,7 @@ int predict(int argc, char** argv) {
   add_batch_flags(cli, f);
   add_grid_flags(cli, f);
   cli.option("recompute", 0, "what backward computes again: none, full, selective, overlap (with --recompute-policy), "
-             "comma-separated, or all; one prediction per strategy and mode", f.recompute);
+             "comma-separated, or all (overlap only with a policy); one prediction per strategy and mode", f.recompute);
   cli.option("recompute-policy", 0, "overlap's placement (strata-recompute-policy JSON, as strata-step stores it); predict "
              "places no recomputation itself", policy_path);
   cli.option("nodes", 0, "nodes of the job: ranks = nodes x the description's devices per node (default 1, or the "
@@ -216,9 +216,10 @@ int predict(int argc, char** argv) {
       throw UsageError(std::string("--grid: ") + e.what());
     }
   }
-  const StepPlan plan = plan_step(f, world);
+  StepPlan plan = plan_step(f, world);
   std::optional<nlohmann::json> policy;
   if (!policy_path.empty()) policy = read_json_file(policy_path, "recompute policy");
+  if (f.recompute == "all" && !policy) std::erase(plan.modes, train::Recompute::overlap);  // placed only from a policy
   std::vector<StepCase> steps;
   for (const train::Strategy& strategy : plan.strategies)
     for (train::Recompute mode : plan.modes) {

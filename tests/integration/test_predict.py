@@ -226,3 +226,33 @@ def test_validate_refuses_files_without_steps_and_systems_fitted_from_steps(meas
     result = project(["validate", steps, "--system", system, "-O", str(folder)], folder)
     assert result.returncode == 2
     assert digest(str(out)) == before
+
+
+def test_predict_takes_a_stored_placement_and_agrees_with_validate(measured, tmp_path):
+    """The placement strata-step stored with its overlap case, given to predict with the same configuration, predicts
+    what validate predicted for that case."""
+    folder, _, steps, system = measured
+    with h5py.File(steps, "r") as f:
+        for group in f["runs"].values():
+            cases = group["cases"]
+            modes = list(cases["recompute"].asstr()[: int(cases.attrs["rows"])])
+            if "overlap" in modes:
+                policy = cases["recompute_policy"].asstr()[modes.index("overlap")]
+    (tmp_path / "policy.json").write_text(policy)
+    out, v = tmp_path / "p.h5", tmp_path / "v.h5"
+    args = ["--model", "tiny", "--seq", "32", "--micro-batch", "2", "--comm-algo", "ring", "--accumulation", "4",
+            "--pp", "2", "--gpus", "2", "--dtype", "fp32"]
+    result = project(["predict", "--system", system, *args, "--recompute", "overlap", "--recompute-policy",
+                      str(tmp_path / "policy.json"), "-O", str(out), "-q"], folder)
+    assert result.returncode == 0, result.stderr
+    assert project(["validate", steps, "--system", system, "-O", str(v), "-q"], folder).returncode == 0
+    _, predicted, _ = read_table(str(out), "prediction")
+    _, validated, _ = read_table(str(v), "validation")
+    at = validated["label"].index("NNN recompute overlap")
+    assert predicted["step_time"][0] == pytest.approx(validated["step_time_predicted"][at], rel=1e-12)
+    # Without the placement the mode is refused; "all" leaves it out.
+    all_modes = tmp_path / "all.h5"
+    result = project(["predict", "--system", system, *args, "--recompute", "all", "-O", str(all_modes), "-q"], folder)
+    assert result.returncode == 0, result.stderr
+    _, rows, _ = read_table(str(all_modes), "prediction")
+    assert rows["recompute"] == ["none", "full", "selective"]
