@@ -436,7 +436,7 @@ CalibrationFiles read_calibration_input(const std::vector<std::string>& paths, c
   CalibrationFiles out;
   Collector collect(chosen, out);
   std::set<std::string> files;
-  int used_runs = 0, ignored = 0;
+  int ignored = 0;
   // GEMM first: its runs define the device (threads per rank) that attention is read against.
   for (const char* benchmark : {"strata-gemm", "strata-attention", "strata-collective", "strata-interference"})
     for (const RunRef& run : runs) {
@@ -451,7 +451,6 @@ CalibrationFiles read_calibration_input(const std::vector<std::string>& paths, c
       if (run.benchmark == "strata-collective") collect.collective(run);
       if (run.benchmark == "strata-interference") collect.interference(run);
       files.insert(run.file);
-      ++used_runs;
       if (out.host.empty() && run.attrs.count("hosts")) {
         try {
           const auto hosts = nlohmann::json::parse(run.attrs.at("hosts"));
@@ -474,7 +473,9 @@ CalibrationFiles read_calibration_input(const std::vector<std::string>& paths, c
                            "machine description (measured FMA chains, STREAM)"
                          : "measured: one GPU per rank; peaks from strata-gemm's table of the architecture";
   in.devices_per_node = collect.ranks_per_node();
-  in.provenance = std::to_string(used_runs) + " run(s) of " + join(std::vector<std::string>(files.begin(), files.end()), ", ");
+  // The programs whose runs were read, by name: a reader can tell what a description was fitted from (strata-project
+  // validate refuses one fitted from strata-step runs).
+  in.provenance = out.summary + " of " + join(std::vector<std::string>(files.begin(), files.end()), ", ");
   return out;
 }
 

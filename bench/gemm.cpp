@@ -32,6 +32,7 @@ struct GemmOptions {
   std::string presets;
   int64_t tokens = 2048;
   int tp = 1;
+  bool training = false;  // --preset: the backward GEMMs and the LM head's too
   int check_samples = 64;
   int64_t seed = 1;
 };
@@ -105,8 +106,18 @@ GemmCases plan_cases(const GemmOptions& o, cpu_gemm::Backend fastest) {
   if (!o.presets.empty())
     for (const auto& name : split(o.presets, ',')) {
       const train::ModelConfig model = train::preset(name);
-      for (const auto& layer : train::layer_gemms(model, o.tokens, o.tp))
-        add_shape({layer.m, layer.n, layer.k}, name + "/" + layer.name);
+      std::vector<train::LayerGemm> gemms = train::layer_gemms(model, o.tokens, o.tp);
+      if (o.training) {
+        // The tied LM head (vocabulary rows over tp, as train/gpt.cpp's "lm head"); each forward GEMM
+        // C (M, N) = A (M, K) W (N, K)^T has an input gradient (M, K, N) and a weight gradient (N, K, M).
+        gemms.push_back({"lm_head", o.tokens, (model.vocab + o.tp - 1) / o.tp, model.hidden});
+        for (std::size_t i = 0, forward = gemms.size(); i < forward; ++i) {
+          const train::LayerGemm g = gemms[i];
+          gemms.push_back({g.name + "_input", g.m, g.k, g.n});
+          gemms.push_back({g.name + "_weight", g.n, g.k, g.m});
+        }
+      }
+      for (const auto& layer : gemms) add_shape({layer.m, layer.n, layer.k}, name + "/" + layer.name);
     }
   if (shapes.empty())
     for (int64_t s : parse_square("256:2048")) add_shape({s, s, s}, "square");
@@ -163,12 +174,15 @@ int run_gemm(int argc, char** argv) {
   cli.option("preset", 0, "transformer layer shapes of these models (comma-separated; see --list-presets)", o.presets);
   cli.option("tokens", 0, "tokens (batch x sequence) for --preset shapes", o.tokens, 1);
   cli.option("tp", 0, "tensor-parallel degree dividing --preset shapes", o.tp, 1);
+  cli.flag("training", 0, "with --preset: every GEMM of a training step: the layers' four, the tied LM head, and the "
+           "input and weight gradients of each (as the CPU step calls them)", o.training);
   cli.option("check-samples", 0, "output elements checked against the reference per rank and case", o.check_samples, 4);
   cli.option("seed", 0, "random seed of the inputs", o.seed, 0);
   bool list_presets = false;
   cli.flag("list-presets", 0, "print the preset models and exit", list_presets);
   add_harness_options(cli, h);
   if (!cli.parse(argc, argv)) return 0;
+  if (o.training && o.presets.empty()) throw UsageError("--training names the GEMMs of a --preset's training step: give --preset");
   if (list_presets) {
     if (world_rank() == 0)
       for (const auto& n : train::preset_names()) std::printf("%s\n", n.c_str());

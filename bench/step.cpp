@@ -23,6 +23,7 @@
 #include "bench/axes.h"
 #include "bench/harness.h"
 #include "bench/records.h"
+#include "bench/step_config.h"
 #include "bench/token_file.h"
 #include "collectives/process_group.h"
 #include "train/data.h"
@@ -42,18 +43,8 @@ namespace {
 using namespace strata;
 using namespace strata::train;
 
-struct Options {
-  std::string model = "gpt2-124m";
-  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, vocab = 0, mlp_hidden = 0;  // 0: the preset's
-  int seq = 128;
-  int micro_batch = 1;
-  int accumulation = 1;
-  int64_t global_batch = 0;  // rows; 0: dp x accumulation x micro_batch
-  std::string paro, zero;
-  int group_size = 0;
-  std::string trainable = "all";
-  std::string comm_algo = "library";
-  std::string overlap = "on";
+// strata-step's own flags beside the step's (bench/step_config.h).
+struct Options : StepFlags {
   std::string data = "synthetic";
   double lr = 3e-4, min_lr = 3e-5, weight_decay = 0.1, max_grad_norm = 1.0;
   int lr_warmup = 0, lr_steps = 0;
@@ -63,60 +54,9 @@ struct Options {
   std::string backend = "cpu";
   double memory_limit_gib = 0;
   int timeline_steps = 1;
-  std::string recompute = "none";
-  int tp = 1, pp = 1;
-  bool sp = false;
-  std::string grid, grid_order = "tp,pp,dp";
-  std::string schedule = "1f1b";
-  int virtual_stages = 1;
-  std::string stage_layers, partition = "uniform";
   std::string recompute_solver = "heuristic", recompute_policy;
   double recompute_time_limit = 10;
 };
-
-// --recompute none,full | all: the modes, in the order given; all has overlap where there are pipeline stages to
-// wait for (without them it has no window and recomputes on demand, as full does, in more memory).
-std::vector<Recompute> recompute_modes(const std::string& text, bool pipeline) {
-  if (text == "all" && pipeline) return {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap};
-  if (text == "all") return {Recompute::none, Recompute::full, Recompute::selective};
-  std::vector<Recompute> out;
-  for (const std::string& item : split(text, ',')) {
-    const std::optional<Recompute> mode = parse_recompute(item);
-    if (!mode) throw UsageError("--recompute: unknown mode '" + item + "' (none, full, selective, overlap or all)");
-    out.push_back(*mode);
-  }
-  return out;
-}
-
-// --paro NNG,III | all and --zero 0,3 | all name strategies on one code path; refused ones say why.
-std::vector<Strategy> strategies(const Options& o) {
-  if (!o.paro.empty() && !o.zero.empty()) throw UsageError("--paro and --zero both given: choose one");
-  std::vector<Strategy> out;
-  if (o.paro == "all") return runnable_strategies();
-  if (o.zero == "all") return {zero_stage(0), zero_stage(1), zero_stage(2), zero_stage(3)};
-  for (const std::string& item : split(o.paro.empty() ? (o.zero.empty() ? "0" : o.zero) : o.paro, ',')) {
-    Strategy s = o.paro.empty() ? zero_stage(static_cast<int>(parse_int(item, "--zero"))) : parse_strategy(item);
-    if (const std::string why = refusal_reason(s); !why.empty())
-      throw UsageError("strategy " + s.name() + " is not run: " + why);
-    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
-  }
-  return out;
-}
-
-ModelConfig model_of(const Options& o) {
-  ModelConfig m = preset(o.model);
-  auto over = [](int& field, int value) {
-    if (value > 0) field = value;
-  };
-  over(m.layers, o.layers), over(m.hidden, o.hidden), over(m.heads, o.heads), over(m.vocab, o.vocab);
-  over(m.mlp_hidden, o.mlp_hidden);
-  m.kv_heads = o.kv_heads > 0 ? o.kv_heads : (o.heads > 0 ? m.heads : m.kv_heads);
-  if (o.layers || o.hidden || o.heads || o.kv_heads || o.vocab || o.mlp_hidden) m.name += "+custom";
-  if (const std::string problem = m.validate(); !problem.empty()) throw UsageError("model: " + problem);
-  if (o.seq > m.max_seq)
-    throw UsageError("--seq " + std::to_string(o.seq) + " exceeds the model's position table (" + std::to_string(m.max_seq) + ")");
-  return m;
-}
 
 // Bytes a rank may hold: --memory-limit, else the node's available memory shared by its ranks.
 double memory_limit(const Options& o, int ranks_on_node) {
@@ -379,24 +319,8 @@ int run_step(int argc, char** argv) {
   Options o;
   Cli cli("strata-step", "A GPT model trained for real under data-parallel strategies (DP, ZeRO, PaRO), one case per "
                          "strategy. MFU: 6N + 6Lhs model FLOPs per token over the measured FP32 peak.");
-  cli.option("model", 'm', "model preset (tiny, gpt2-124m, gpt2-350m, ..., gpt3-1.3b, ...)", o.model);
-  cli.option("layers", 0, "layers (0: the preset's)", o.layers, 0);
-  cli.option("hidden", 0, "hidden size (0: the preset's)", o.hidden, 0);
-  cli.option("heads", 0, "attention heads (0: the preset's)", o.heads, 0);
-  cli.option("kv-heads", 0, "key/value heads, grouped-query (0: the preset's, or --heads)", o.kv_heads, 0);
-  cli.option("vocab", 0, "vocabulary (0: the preset's)", o.vocab, 0);
-  cli.option("mlp-hidden", 0, "MLP width (0: the preset's, 4 x hidden)", o.mlp_hidden, 0);
-  cli.option("seq", 's', "sequence length", o.seq, 1);
-  cli.option("micro-batch", 'b', "rows per rank per micro-batch", o.micro_batch, 1);
-  cli.option("accumulation", 'a', "micro-batches per optimizer step", o.accumulation, 1);
-  cli.option("global-batch", 0, "rows per step over all ranks (sets --micro-batch; 0: dp x accumulation x micro-batch)",
-             o.global_batch, 0);
-  cli.option("paro", 0, "PaRO strategies P.G.OS from N, I, G (e.g. NNG,IIG) or all", o.paro);
-  cli.option("zero", 'z', "ZeRO stages 0-3 (comma-separated) or all; default 0 when --paro is not given", o.zero);
-  cli.option("group-size", 'g', "ranks per group (an emulated node) for I strategies; 0: real nodes", o.group_size, 0);
-  cli.option("trainable", 0, "all, a fraction of the layers from the last (0.25), or last:K", o.trainable);
-  cli.choice("comm-algo", 0, "algorithms of the step's collectives", o.comm_algo, {"library", "ring", "hierarchical", "horing", "shm"});
-  cli.choice("overlap", 0, "reduce gradients during backward and gather parameters ahead", o.overlap, {"on", "off"});
+  add_model_flags(cli, o);
+  add_batch_flags(cli, o);
   cli.option("data", 0, "synthetic (uniform tokens), repeat (a learnable task), or an llm.c token file", o.data);
   cli.option("lr", 0, "peak learning rate", o.lr, 0.0);
   cli.option("min-lr", 0, "learning rate at the end of the cosine decay", o.min_lr, 0.0);
@@ -411,15 +335,7 @@ int run_step(int argc, char** argv) {
   cli.choice("backend", 0, "where the step runs", o.backend, {"cpu", "cuda"});
   cli.option("memory-limit", 0, "GiB a rank may hold (0: the node's available memory over its ranks)", o.memory_limit_gib, 0.0);
   cli.option("timeline-steps", 0, "timed steps whose timeline is recorded", o.timeline_steps, 0);
-  cli.option("tp", 0, "tensor-parallel degree T (Megatron-LM's split; T consecutive ranks, inside a node); the "
-             "data-parallel degree is the ranks over T x P", o.tp, 1);
-  cli.option("pp", 0, "pipeline stages P (pipeline ranks)", o.pp, 1);
-  cli.option("grid", 0, "the whole grid instead of --tp/--pp: tp=T,pp=P,dp=D (dp left out: the ranks over T x P)", o.grid);
-  cli.option("grid-order", 0, "order of the grid's dimensions, fastest varying first (tp inside a node by default)", o.grid_order);
-  cli.flag("sp", 0, "sequence parallelism with --tp (Megatron-LM's): norms and residuals on 1/T of the tokens", o.sp);
-  cli.choice("schedule", 0, "pipeline schedule", o.schedule, {"gpipe", "1f1b", "interleaved"});
-  cli.option("virtual-stages", 0, "model chunks per pipeline rank v (interleaved)", o.virtual_stages, 1);
-  cli.option("stage-layers", 0, "layers of each of the P x v stages, comma-separated (default: L / (P v) each)", o.stage_layers);
+  add_grid_flags(cli, o);
   cli.choice("partition", 0, "stage split: uniform, or balanced (layers moved so the slowest stage, recomputation "
              "included, is fastest, from a measured step)", o.partition, {"uniform", "balanced"});
   cli.option("recompute", 0, "what backward computes again instead of keeping: none, full (each layer from its input), "
@@ -444,88 +360,15 @@ int run_step(int argc, char** argv) {
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe the cores");
 
-  const ModelConfig model = model_of(o);
-  const std::vector<Strategy> plan = strategies(o);
-  const std::vector<Recompute> modes = recompute_modes(o.recompute, o.pp > 1 || o.grid.find("pp=") != std::string::npos);
-  const Trainable trainable = [&] {
-    try {
-      return parse_trainable(o.trainable);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-  }();
-  (void)trainable_units(model, trainable);  // refuses last:K beyond the model's layers
   const int world = world_size();
-  coll::GridShape grid{o.tp, o.pp, 0};
-  if (!o.grid.empty()) {
-    if (o.tp != 1 || o.pp != 1) throw UsageError("--grid and --tp/--pp both given: choose one");
-    try {
-      grid = coll::parse_grid(o.grid);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("--grid: ") + e.what());
-    }
-    if (o.grid.find("dp=") == std::string::npos) grid.dp = 0;
-  }
-  if (grid.dp == 0) {
-    if (world % (grid.tp * grid.pp) != 0)
-      throw UsageError("--tp " + std::to_string(grid.tp) + (grid.pp > 1 ? " x --pp " + std::to_string(grid.pp) : "") +
-                       " does not divide the " + std::to_string(world) + " ranks");
-    grid.dp = world / (grid.tp * grid.pp);
-  }
-  if (grid.size() != world)
-    throw UsageError("--grid " + coll::format_grid(grid) + " has " + std::to_string(grid.size()) + " ranks, the job " +
-                     std::to_string(world));
-  try {
-    (void)coll::parse_grid_order(o.grid_order);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--grid-order: ") + e.what());
-  }
-  o.tp = grid.tp;
-  try {
-    (void)tensor_shard(model, o.tp, 0);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("--tp: ") + e.what());
-  }
+  StepPlan step_plan = plan_step(o, world);
+  const ModelConfig& model = step_plan.model;
+  const std::vector<Strategy>& plan = step_plan.strategies;
+  const std::vector<Recompute>& modes = step_plan.modes;
+  const Trainable& trainable = step_plan.trainable;
+  const coll::GridShape grid = step_plan.grid;
   const int dp_ranks = grid.dp;
-  if (o.sp && o.tp < 2) throw UsageError("--sp needs --tp 2 or more");
-  if (o.group_size > 0 && world % o.group_size != 0)
-    throw UsageError("--group-size " + std::to_string(o.group_size) + " does not divide the " + std::to_string(world) + " ranks");
-  if (o.group_size > 0 && o.group_size % o.tp != 0)
-    throw UsageError("--group-size " + std::to_string(o.group_size) + " is not a multiple of --tp " + std::to_string(o.tp) +
-                     ": tensor-parallel groups stay inside a node");
-  TrainConfig config;
-  config.model = model, config.seq = o.seq, config.accumulation = o.accumulation, config.trainable = trainable;
-  config.micro_batch = o.micro_batch;
-  if (o.global_batch > 0) {
-    const int64_t per_step = static_cast<int64_t>(dp_ranks) * o.accumulation;
-    if (o.global_batch % per_step != 0)
-      throw UsageError("--global-batch " + std::to_string(o.global_batch) + " is not divisible by " + std::to_string(dp_ranks) +
-                       " data-parallel ranks x " + std::to_string(o.accumulation) + " micro-batches");
-    config.micro_batch = static_cast<int>(o.global_batch / per_step);
-  }
-  config.comm_algo = *coll::parse_algo(o.comm_algo);
-  config.sequence_parallel = o.sp;
-  if (o.sp && (static_cast<int64_t>(config.micro_batch) * o.seq) % o.tp != 0)
-    throw UsageError("--sp: the " + std::to_string(static_cast<int64_t>(config.micro_batch) * o.seq) +
-                     " tokens of a micro-batch do not divide among --tp " + std::to_string(o.tp) + " ranks");
-  config.overlap = o.overlap == "on";
-  config.schedule = *parse_schedule(o.schedule);
-  config.virtual_stages = o.virtual_stages;
-  if (!o.stage_layers.empty()) {
-    if (o.partition == "balanced") throw UsageError("--stage-layers and --partition balanced both given: choose one");
-    for (const std::string& item : split(o.stage_layers, ','))
-      config.stage_layers.push_back(static_cast<int>(parse_int(item, "--stage-layers")));
-  }
-  if (const std::string why = schedule_refusal(config.schedule, {grid.pp, o.accumulation, o.virtual_stages}); !why.empty())
-    throw UsageError("--schedule " + o.schedule + " on " + std::to_string(grid.pp) + " stage(s), " +
-                     std::to_string(o.accumulation) + " micro-batch(es), " + std::to_string(o.virtual_stages) +
-                     " chunk(s) per rank: " + why);
-  try {
-    if (o.partition == "balanced") (void)even_partition(model.layers, grid.pp * o.virtual_stages);
-    else (void)stage_partition(model, grid.pp * o.virtual_stages, config.stage_layers);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(e.what());
-  }
+  TrainConfig config = step_plan.config;
   config.adamw.weight_decay = static_cast<float>(o.weight_decay);
   config.lr = {static_cast<float>(o.lr), static_cast<float>(o.min_lr), o.lr_warmup,
                o.lr_steps > 0 ? o.lr_steps : static_cast<int64_t>(h.warmup + h.iters)};

@@ -6,11 +6,13 @@
 
 namespace strata {
 
-nlohmann::json timeline_to_chrome_trace(const project::Timeline& timeline) {
+nlohmann::json timeline_to_chrome_trace(const project::Timeline& timeline, const std::map<int, std::string>& stream_names,
+                                        const std::vector<std::string>& phases) {
   nlohmann::json events = nlohmann::json::array();
   std::set<int> ranks;
   std::set<std::pair<int, int>> streams;
-  for (const project::Interval& interval : timeline.intervals) {
+  for (std::size_t k = 0; k < timeline.intervals.size(); ++k) {
+    const project::Interval& interval = timeline.intervals[k];
     if (ranks.insert(interval.rank).second) {
       events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", interval.rank}, {"tid", 0},
                         {"args", {{"name", "rank " + std::to_string(interval.rank)}}}});
@@ -18,14 +20,18 @@ nlohmann::json timeline_to_chrome_trace(const project::Timeline& timeline) {
                         {"args", {{"sort_index", interval.rank}}}});
     }
     if (streams.insert({interval.rank, interval.stream}).second) {
-      const std::string name =
-          interval.stream == project::kComputeStream ? "compute" : "stream " + std::to_string(interval.stream);
+      const auto named = stream_names.find(interval.stream);
+      const std::string name = named != stream_names.end()                 ? named->second
+                               : interval.stream == project::kComputeStream ? "compute"
+                                                                            : "stream " + std::to_string(interval.stream);
       events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", interval.rank}, {"tid", interval.stream},
                         {"args", {{"name", name}}}});
     }
-    events.push_back({{"ph", "X"}, {"name", interval.name}, {"cat", project::op_kind_name(interval.kind)},
-                      {"pid", interval.rank}, {"tid", interval.stream}, {"ts", interval.start * 1e6},
-                      {"dur", (interval.end - interval.start) * 1e6}});
+    nlohmann::json event = {{"ph", "X"}, {"name", interval.name}, {"cat", project::op_kind_name(interval.kind)},
+                            {"pid", interval.rank}, {"tid", interval.stream}, {"ts", interval.start * 1e6},
+                            {"dur", (interval.end - interval.start) * 1e6}};
+    if (k < phases.size() && !phases[k].empty()) event["args"] = {{"phase", phases[k]}};
+    events.push_back(std::move(event));
   }
   return {{"traceEvents", events},
           {"displayTimeUnit", "ms"},

@@ -3,12 +3,18 @@
 // microseconds from the step's start.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "project/simulate.h"
 
 namespace strata {
 
-nlohmann::json timeline_to_chrome_trace(const project::Timeline& timeline);
+// `stream_names`: a thread's name per stream (default: "compute", "stream N"); `phases`: one per interval (in the
+// timeline's order), shown as the event's "phase" argument.
+nlohmann::json timeline_to_chrome_trace(const project::Timeline& timeline, const std::map<int, std::string>& stream_names = {},
+                                        const std::vector<std::string>& phases = {});
 
 }  // namespace strata

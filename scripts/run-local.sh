@@ -6,7 +6,8 @@
 #   STRATA_NP         ranks [cores, or GPUs]
 #   STRATA_OUTPUT     results file [results/runs/suite-<UTC time>.h5]
 #   STRATA_ITERS      timed iterations per case [10]
-#   STRATA_MPIRUN     mpirun command [mpirun]#   STRATA_SYSTEM     this machine's system description, fitted from the suite [results/runs/system-<UTC time>.json]
+#   STRATA_MPIRUN     mpirun command [mpirun]
+#   STRATA_SYSTEM     this machine's system description, fitted from the suite [results/runs/system-<UTC time>.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${STRATA_BUILD_DIR:-build}
@@ -53,15 +54,20 @@ if [ "$gpus" -gt 0 ]; then
   done
 fi
 
-report_dir="${output%.h5}-report"
-scripts/strata-report "$output" --out "$report_dir"
-echo "[run-local] results: $output; report and plots: $report_dir/" >&2
-
-# This machine's system description, fitted from the runs above; the latest one also under a stable name.
+# This machine's system description, fitted from the benchmark runs above (calibrate reads no step run); the latest
+# one also under a stable name. Then every strata-step case of the suite predicted on it (a strata-project run appended
+# to the suite's file), and the report of everything.
 echo "[run-local] calibrating this machine's system description from $output" >&2
 if "$build/strata-project" calibrate "$output" -o "$system"; then
   cp "$system" results/runs/system-latest.json
   echo "[run-local] system description: $system (also results/runs/system-latest.json)" >&2
+  echo "[run-local] validating: the suite's strata-step cases predicted on $system" >&2
+  "$build/strata-project" validate "$output" --system "$system" -O "$output" ||
+    echo "[run-local] no validation (see above)" >&2
 else
   echo "[run-local] no system description written (see above)" >&2
 fi
+
+report_dir="${output%.h5}-report"
+scripts/strata-report "$output" --out "$report_dir"
+echo "[run-local] results: $output; report and plots: $report_dir/" >&2

@@ -19,6 +19,11 @@ enum class TraceCollective { allreduce, allgather, reduce_scatter, broadcast };
 struct TraceOp {
   TraceOpKind kind = TraceOpKind::elementwise;
   std::string name;
+  // The step's phase the op was issued in, as strata-step times its phases: "forward", "backward", "recompute" (on
+  // demand, inside a backward), "recompute_window" (overlap: in a wait for another stage), "optimizer" (from the
+  // gradient norm to the zeroed gradients), or "" (outside them: transfers' copies, the tied table's and the loss's
+  // reductions, the waits at the end of the passes).
+  std::string phase;
   std::vector<int> depends_on;  // earlier ops of the same rank that must end before this one starts
   // gemm: C (m, n) = A (m, k) B (k, n)
   std::int64_t m = 0, n = 0, k = 0;

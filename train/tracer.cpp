@@ -23,6 +23,7 @@ int Tracer::add(TraceOp op) {
   } else if (last_compute_ >= 0) {
     op.depends_on = {last_compute_};
   }
+  op.phase = phase_;
   const int index = static_cast<int>(ops_.size());
   ops_.push_back(std::move(op));
   done_.push_back(std::make_shared<bool>(compute));

@@ -48,6 +48,9 @@ class Tracer : public coll::GroupTrace {
   // Names the next operation of a group (before the call), or an operation already recorded.
   void name_next(std::string name) { next_name_ = std::move(name); }
   void rename(int op, std::string name) { ops_.at(static_cast<std::size_t>(op)).name = std::move(name); }
+  // The phase every op recorded from now on is issued in (TraceOp::phase).
+  void set_phase(std::string phase) { phase_ = std::move(phase); }
+  const std::string& phase() const { return phase_; }
 
   std::vector<TraceOp> take() { return std::move(ops_); }
 
@@ -59,6 +62,7 @@ class Tracer : public coll::GroupTrace {
   int last_compute_ = -1, last_operation_ = -1;
   std::vector<int> waited_;  // completed since the last compute op
   std::string next_name_;
+  std::string phase_;
 };
 
 }  // namespace strata::train

@@ -669,6 +669,11 @@ struct Trainer::Impl {
     }
   }
 
+  // A traced step's ops carry the phase strata-step times them in (TraceOp::phase).
+  void trace_phase(const char* phase) {
+    if (tracer) tracer->set_phase(phase);
+  }
+
   // ---- recomputation in windows (Recompute::overlap) -------------------------------------------------------
   // Before waiting for action k's receive, the recomputations placed there run, in order (producers first); the
   // time until the receive is seen done is hidden behind the wait, the rest is on the critical path. Each layer
@@ -681,6 +686,7 @@ struct Trainer::Impl {
     for (const TrainConfig::WindowRecompute& w : c.window_recomputes) {
       if (w.action != static_cast<int>(k)) continue;
       any = true;
+      trace_phase("recompute_window");
       const std::size_t u = static_cast<std::size_t>(w.layer) + 1;
       need_params(u);
       point(u);
@@ -693,6 +699,7 @@ struct Trainer::Impl {
       if (hidden_until == 0 && (!receiving || receiving->work.test())) hidden_until = now();
     }
     if (!any) return;
+    trace_phase("");
     const double end = now(), waited = exposed - exposed_before;
     stats.recompute_window_seconds += end - start - waited;
     stats.recompute_hidden_seconds += std::max(0.0, (hidden_until > 0 ? hidden_until : end) - start - waited);
@@ -707,9 +714,11 @@ struct Trainer::Impl {
     pipeline_stats = {};
     timeline = record_timeline ? &stats.timeline : nullptr;
     // Time of a compute phase without the waits inside it, and its interval on the timeline.
-    auto compute_phase = [&](const std::string& what, double& seconds, const auto& body) {
+    auto compute_phase = [&](const char* phase, const std::string& what, double& seconds, const auto& body) {
       const double exposed_before = exposed, start = now();
+      trace_phase(phase);
       body();
+      trace_phase("");
       const double end = now();
       seconds += end - start - (exposed - exposed_before);
       if (timeline) timeline->push_back({what, "compute", "", start, end, 0});
@@ -857,8 +866,12 @@ struct Trainer::Impl {
       };
       // As every compute phase, without the waits inside it (the tensor-parallel collectives of the layer's forward).
       double recompute_start = 0, recompute_exposed_start = 0;
-      hooks.before_recompute = [&](int) { recompute_start = now(), recompute_exposed_start = exposed; };
+      hooks.before_recompute = [&](int) {
+        recompute_start = now(), recompute_exposed_start = exposed;
+        trace_phase("recompute");
+      };
       hooks.after_recompute = [&](int layer) {
+        trace_phase("backward");
         const double end = now(), spent = end - recompute_start - (exposed - recompute_exposed_start);
         stats.recompute_seconds += spent;
         unit_recompute += spent;
@@ -876,7 +889,7 @@ struct Trainer::Impl {
         const double forward_before = stats.forward_seconds;
         double layer_ops_before = 0;
         for (const auto& layer : stats.forward_op_seconds[ch]) layer_ops_before += layer[0] + layer[1] + layer[2];
-        compute_phase("forward" + label, stats.forward_seconds, [&] {
+        compute_phase("forward", "forward" + label, stats.forward_seconds, [&] {
           loss_sum += model.forward(set, pointers, tokens.data(), targets.data(), hooks);
         });
         double layer_ops = -layer_ops_before;
@@ -897,7 +910,7 @@ struct Trainer::Impl {
           pointers.grads[u] = !units[u].trains                     ? nullptr
                               : c.strategy.grads == Sharding::none ? grads.data() + units[u].grad_at
                                                                    : UnitPointers::pending();
-        compute_phase("backward" + label, stats.backward_seconds, [&] {
+        compute_phase("backward", "backward" + label, stats.backward_seconds, [&] {
           model.backward(set, pointers, normaliser, plan.head ? nullptr : output_grads[ch].data(), chunk_input_grad[ch], hooks);
         });
         if (chunk_input_grad[ch]) {
@@ -937,6 +950,7 @@ struct Trainer::Impl {
     // Global gradient norm over the optimizer's shards (distinct within the group that partitions them), every
     // stage's, the token table once.
     const double optimizer_start = now(), exposed_before_optimizer = exposed;
+    trace_phase("optimizer");
     double squares = 0;
     for (std::size_t u = 0; u < U; ++u)
       if (units[u].trains && !(u == 0 && embedding && pp.rank() != 0)) squares += gradient_squares(u);
@@ -964,6 +978,7 @@ struct Trainer::Impl {
       drop_params(u);  // units gathered ahead and never read (frozen layers below the backward's end)
     }
     compute("zero grads", static_cast<double>(grads.size()), [&] { grads.fill(0.0f); });
+    trace_phase("");
     const double optimizer_end = now();
     stats.optimizer_seconds = optimizer_end - optimizer_start - (exposed - exposed_before_optimizer);
     if (timeline) timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
@@ -1065,11 +1080,15 @@ StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, con
   // The stage's first rank's coordinates: the world rank of (tp 0, pp j, dp 0) under the grid's order.
   Tracer probe(groups);
   const coll::ProcessGroups places(grid, trace.ranks_per_node, options.grid_order, 0, probe);
+  const bool per_rank = !options.pipeline_rank_configs.empty();
+  if (per_rank && static_cast<int>(options.pipeline_rank_configs.size()) != grid.pp)
+    throw std::invalid_argument("trace: " + std::to_string(options.pipeline_rank_configs.size()) +
+                                " pipeline rank configurations for " + std::to_string(grid.pp) + " pipeline ranks");
   for (int stage = 0; stage < grid.pp; ++stage) {
     const int rank = places.world_rank_of(0, stage, 0);
     Tracer tracer(groups);
     coll::ProcessGroups traced(grid, trace.ranks_per_node, options.grid_order, rank, tracer);
-    Trainer trainer(config, traced, tracer);
+    Trainer trainer(per_rank ? options.pipeline_rank_configs[static_cast<std::size_t>(stage)] : config, traced, tracer);
     trainer.step(1);
     trace.ranks.push_back({rank, grid.tp * grid.dp, tracer.take()});
   }

@@ -101,10 +101,14 @@ struct TrainConfig {
 
 // One step of `config` on a grid of any size, as an operation graph (trace.h), traced by the step executor itself on
 // one rank per pipeline stage (tensor- and data-parallel coordinate 0), each standing for the tp x dp ranks of its
-// stage, whose graphs differ only in their groups' members. ranks_per_node: the nodes of the traced job.
+// stage, whose graphs differ only in their groups' members. ranks_per_node: the nodes of the traced job. Each op
+// carries the phase it was issued in (TraceOp::phase).
 struct TraceOptions {
   int ranks_per_node = 8;
   std::string grid_order = "tp,pp,dp";
+  // One configuration per pipeline rank where they differ (overlap's placement: each rank's kept ops and
+  // recomputations in windows, apply_placement in overlap.h); empty: `config` on every rank.
+  std::vector<TrainConfig> pipeline_rank_configs;
 };
 StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, const TraceOptions& options = {});
 

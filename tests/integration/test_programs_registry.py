@@ -23,7 +23,7 @@ def test_every_registered_program_has_sources_and_is_built():
         for source in sources.split():
             assert os.path.isfile(os.path.join(ROOT, source)), f"{name}: {source} does not exist"
         assert os.access(os.path.join(BUILD, name), os.X_OK), f"{name} is registered but not built"
-        assert report in ("gemm", "collective", "attention", "step", "-"), f"{name}: unknown report section {report}"
+        assert report in ("gemm", "collective", "attention", "step", "project", "-"), f"{name}: unknown report section {report}"
 
 
 def suite_runs(kind: str, np: int | None = None) -> list[str]:

@@ -154,7 +154,7 @@ TEST(Pipeline, TheTraceHoldsWhatTheStepRuns) {
     std::map<std::string, int> ran;
     for (const TimelineEvent& e : stats.timeline)
       if (e.stream == "comm") ++ran[e.operation];
-    const StepTrace trace = trace_step(c, g.grid, {g.ranks_per_node > 0 ? g.ranks_per_node : n, "tp,pp,dp"});
+    const StepTrace trace = trace_step(c, g.grid, {g.ranks_per_node > 0 ? g.ranks_per_node : n, "tp,pp,dp", {}});
     for (const TraceRank& rank : trace.ranks) {
       if (rank.rank != me) continue;
       std::map<std::string, int> traced;

@@ -63,7 +63,7 @@ TEST(Trace, EveryScheduleGridAndStrategySimulatesWithoutDeadlock) {
     c.schedule = k.schedule, c.virtual_stages = k.v, c.strategy = parse_strategy(k.strategy), c.recompute = k.recompute;
     c.sequence_parallel = k.sp;
     const std::string what = coll::format_grid(k.grid) + " " + name(k.schedule) + " " + k.strategy;
-    const StepTrace trace = trace_step(c, k.grid, {2, "tp,pp,dp"});
+    const StepTrace trace = trace_step(c, k.grid, {2, "tp,pp,dp", {}});
     ASSERT_EQ(static_cast<int>(trace.ranks.size()), k.grid.pp) << what;
     // Each stage's rank: per micro-batch and layer of its stages, six GEMMs forward (QKV, attention out, MLP up and
     // down: 4) and backward (input and weight of each: 8), plus the head's on the last stage.
@@ -90,7 +90,7 @@ TEST(Trace, ThousandsOfRanksTraceOnOneRankPerStage) {
   c.schedule = Schedule::interleaved, c.virtual_stages = 2, c.strategy = parse_strategy("NNG");
   c.recompute = Recompute::selective, c.sequence_parallel = true;
   const auto start = std::chrono::steady_clock::now();
-  const StepTrace trace = trace_step(c, {8, 16, 80}, {8, "tp,pp,dp"});
+  const StepTrace trace = trace_step(c, {8, 16, 80}, {8, "tp,pp,dp", {}});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[ trace    ] GPT-3 175B on 10,240 ranks (tp 8, pp 16, dp 80, interleaved): %zu ranks traced in %.2f s\n",
               trace.ranks.size(), seconds);

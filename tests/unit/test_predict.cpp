@@ -1,0 +1,253 @@
+// A step predicted from its trace (project/predict.h): closed forms through predict's own path (one GEMM, one
+// allreduce with a late rank, a two-stage pipeline with known times), the breakdown's mapping of waits to
+// strata-step's phases, the interval from the description's spreads, and on a traced step the phases every op carries
+// and components that add up to each rank's step.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "project/predict.h"
+#include "train/trainer.h"
+
+namespace strata::project {
+namespace {
+
+constexpr double kRel = 1e-12;
+
+#define EXPECT_CLOSE(got, want) EXPECT_NEAR((got), (want), kRel * std::max(1e-9, std::abs(static_cast<double>(want)))) << "got " << (got) << " want " << (want)
+
+// Round numbers: fp32 at 1 TFLOP/s x 0.5, memory 100 GB/s at full efficiency (an elementwise op of E elements of 4 B
+// takes 4E / 1e11 s), links of 10 GB/s and 1 us inside a node, 1 GB/s and 10 us between.
+System test_system() {
+  System s;
+  s.name = "test";
+  s.device.devices_per_node = 8;
+  s.device.compute["fp32"].peak_flops = {1e12, 0, ""};
+  s.device.compute["fp32"].efficiency = {{{1, 0.5}}, 0, ""};
+  s.device.memory_bandwidth = {1e11, 0, ""};
+  s.device.memory_efficiency = {1.0, 0, ""};
+  s.intra_node.bandwidth = {1e10, 0, ""};
+  s.intra_node.latency = {1e-6, 0, ""};
+  s.inter_node.bandwidth = {1e9, 0, ""};
+  s.inter_node.latency = {1e-5, 0, ""};
+  s.overlap_slowdown = {0, 0, ""};
+  return s;
+}
+
+double elementwise_s(double elements) { return 4 * elements / 1e11; }
+
+train::TraceOp compute(const char* phase, double elements, std::vector<int> depends_on = {}) {
+  train::TraceOp op;
+  op.kind = train::TraceOpKind::elementwise, op.name = "work", op.phase = phase, op.elements = elements;
+  op.depends_on = std::move(depends_on);
+  return op;
+}
+
+train::TraceOp allreduce(int group, double count, std::vector<int> depends_on, int element_bytes = 4, const char* phase = "") {
+  train::TraceOp op;
+  op.kind = train::TraceOpKind::collective, op.name = "allreduce", op.phase = phase, op.group = group;
+  op.collective = train::TraceCollective::allreduce, op.count = count, op.element_bytes = element_bytes;
+  op.algorithm = "ring", op.depends_on = std::move(depends_on);
+  return op;
+}
+
+train::TraceOp transfer(bool send, int group, int peer, double count, std::vector<int> depends_on) {
+  train::TraceOp op;
+  op.kind = send ? train::TraceOpKind::send : train::TraceOpKind::recv, op.name = send ? "send" : "recv";
+  op.group = group, op.peer = peer, op.count = count, op.depends_on = std::move(depends_on);
+  return op;
+}
+
+TEST(Predict, OneGemmTakesItsRooflineTimeAsForward) {
+  train::StepTrace trace;
+  train::TraceOp gemm;
+  gemm.kind = train::TraceOpKind::gemm, gemm.name = "qkv", gemm.phase = "forward", gemm.m = 256, gemm.n = 512, gemm.k = 128;
+  trace.ranks = {{0, 1, {gemm}}};
+  const double t = 2.0 * 256 * 512 * 128 / (1e12 * 0.5);
+  const Prediction p = predict(test_system(), trace, {"fp32", 4});
+  EXPECT_CLOSE(p.step_s, t);
+  EXPECT_CLOSE(p.mean.forward_s, t);
+  EXPECT_CLOSE(p.mean.step_s, t);
+  EXPECT_EQ(p.mean.backward_s + p.mean.comm_exposed_s + p.mean.idle_s + p.mean.optimizer_s, 0);
+  // No spreads: the interval is the point.
+  EXPECT_CLOSE(p.step_low_s, t);
+  EXPECT_CLOSE(p.step_high_s, t);
+}
+
+// Two ranks reduce 4 MB; rank 1 computes twice as long first, so rank 0 waits for it inside the collective (strata-step
+// counts that wait as exposed communication, as the simulator's "idle" would not).
+TEST(Predict, OneAllreduceWithALateRankMatchesTheClosedForm) {
+  const double e = 1e6, count = 1e6;
+  train::StepTrace trace;
+  trace.groups = {{"dp", {0, 1}}};
+  trace.ranks_per_node = 2;
+  for (int r = 0; r < 2; ++r)
+    trace.ranks.push_back({r, 1, {compute("backward", (r + 1) * e), allreduce(0, count, {0}), compute("optimizer", e, {1})}});
+  const double ta = elementwise_s(e), tar = 1e-6 + 4 * count * 1.0 / 1e10;  // n = 2: bus factor 2 (n - 1) / n = 1
+  const Prediction p = predict(test_system(), trace, {"fp32", 4});
+  EXPECT_CLOSE(p.step_s, 3 * ta + tar);
+  EXPECT_CLOSE(p.ranks[0].backward_s, ta);
+  EXPECT_CLOSE(p.ranks[0].comm_exposed_s, ta + tar);
+  EXPECT_CLOSE(p.ranks[0].exposed_by_role.at("dp"), ta + tar);
+  EXPECT_CLOSE(p.ranks[0].optimizer_s, ta);
+  EXPECT_CLOSE(p.ranks[1].comm_exposed_s, tar);
+  EXPECT_CLOSE(p.mean.backward_s, 1.5 * ta);
+  EXPECT_CLOSE(p.mean.comm_exposed_s, 0.5 * ta + tar);
+  EXPECT_CLOSE(p.mean.idle_s, 0);
+  // The mean over ranks weighs each traced rank by the ranks it stands for.
+  trace.ranks[0].weight = 3;
+  EXPECT_CLOSE(predict(test_system(), trace, {"fp32", 4}).mean.backward_s, (3 * ta + 2 * ta) / 4);
+  trace.ranks[0].weight = 1;
+  // The same group on two nodes (one rank each) takes the inter-node tier.
+  trace.ranks_per_node = 1;
+  EXPECT_CLOSE(predict(test_system(), trace, {"fp32", 4}).step_s, 3 * ta + 1e-5 + 4 * count / 1e9);
+}
+
+// Waits strata-step does not count as communication: a scalar (fp64) reduction counts in the phase it was issued in,
+// the tied token table's reduction as idle; a tensor-parallel collective is comm_tp and exposed.
+TEST(Predict, WaitsFollowStrataStepsAccounting) {
+  const double e = 1e6;
+  const double ta = elementwise_s(e);
+  auto wait_of = [&](const char* role, int element_bytes, const char* phase) {
+    train::StepTrace trace;
+    trace.groups = {{role, {0, 1}}};
+    trace.ranks_per_node = 2;
+    for (int r = 0; r < 2; ++r)
+      trace.ranks.push_back({r, 1, {compute("backward", (r + 1) * e), allreduce(0, 1, {0}, element_bytes, phase),
+                                    compute("optimizer", e, {1})}});
+    return predict(test_system(), trace, {"fp32", 4}).ranks[0];
+  };
+  const double tiny = 1e-6 + 8.0 / 1e10;  // one fp64 element
+  const StepComponents norm = wait_of("dp", 8, "optimizer");
+  EXPECT_CLOSE(norm.optimizer_s, ta + ta + tiny);
+  EXPECT_EQ(norm.comm_exposed_s, 0);
+  const StepComponents embedding = wait_of("embedding", 4, "");
+  EXPECT_CLOSE(embedding.idle_s, ta + 1e-6 + 4.0 / 1e10);
+  EXPECT_EQ(embedding.comm_exposed_s, 0);
+  const StepComponents tp = wait_of("tp", 4, "backward");
+  EXPECT_CLOSE(tp.comm_tp_s, ta + 1e-6 + 4.0 / 1e10);
+  EXPECT_CLOSE(tp.comm_exposed_s, tp.comm_tp_s);
+  EXPECT_CLOSE(tp.exposed_by_role.at("tp"), tp.comm_tp_s);
+  EXPECT_EQ(tp.pipeline_wait_s, 0);
+  EXPECT_EQ(wait_kind(train::StepTrace{{{"dp_by_piece", {0, 1}}}, {}, 1, "fp32", 4}, allreduce(0, 1, {})), WaitKind::data_parallel);
+  EXPECT_EQ(wait_role(train::StepTrace{{{"dp_by_piece", {0, 1}}}, {}, 1, "fp32", 4}, allreduce(0, 1, {})), "dp");
+}
+
+// Two stages, one micro-batch: stage 0's forward, its output to stage 1, stage 1's forward and backward, the gradient
+// back, stage 0's backward: 2 (t_f + t_b + t_x), (p - 1 + m)(t_f + t_b) plus a transfer each way. Stage 0 waits
+// t_f + t_b + 2 t_x for the gradient; stage 1 waits t_f + t_x for its input and t_x for its send to leave.
+TEST(Predict, TwoStagePipelineMatchesTheClosedForm) {
+  const double ef = 2e6, eb = 5e6, count = 1e6;
+  train::StepTrace trace;
+  trace.groups = {{"pp", {0, 1}}};
+  trace.ranks_per_node = 2;
+  trace.ranks.push_back({0, 1, {compute("forward", ef), transfer(true, 0, 1, count, {0}), transfer(false, 0, 1, count, {0}),
+                                compute("backward", eb, {2})}});
+  trace.ranks.push_back({1, 1, {transfer(false, 0, 0, count, {}), compute("forward", ef, {0}), compute("backward", eb),
+                                transfer(true, 0, 0, count, {2})}});
+  const double tf = elementwise_s(ef), tb = elementwise_s(eb), tx = 1e-6 + 4 * count / 1e10;
+  const Prediction p = predict(test_system(), trace, {"fp32", 4});
+  EXPECT_CLOSE(p.step_s, 2 * (tf + tb + tx));
+  EXPECT_CLOSE(p.ranks[0].pipeline_wait_s, tf + tb + 2 * tx);
+  EXPECT_CLOSE(p.ranks[0].exposed_by_role.at("pp"), tf + tb + 2 * tx);
+  EXPECT_CLOSE(p.ranks[1].pipeline_wait_s, tf + 2 * tx);
+  EXPECT_CLOSE(p.ranks[1].step_s, 2 * tf + tb + 2 * tx);
+  for (const StepComponents& c : p.ranks) {
+    EXPECT_CLOSE(c.forward_s, tf);
+    EXPECT_CLOSE(c.backward_s, tb);
+    EXPECT_CLOSE(c.comm_exposed_s, c.pipeline_wait_s);
+    EXPECT_CLOSE(c.idle_s, 0);
+  }
+  // 2-byte elements halve the transfers.
+  const double tx2 = 1e-6 + 2 * count / 1e10;
+  EXPECT_CLOSE(predict(test_system(), trace, {"fp32", 2}).step_s, 2 * (elementwise_s(ef) / 2 + elementwise_s(eb) / 2 + tx2));
+}
+
+// The interval: every figure at the ends of its spread. Compute through memory bandwidth (spread 0.1) and a transfer
+// through the tier (latency and bandwidth spreads 0.5): the ends are the closed form with each time scaled by 1 -+ s.
+TEST(Predict, TheIntervalTakesEachFigureToTheEndOfItsSpread) {
+  System s = test_system();
+  s.device.memory_bandwidth.relative_spread = 0.1;
+  s.intra_node.latency.relative_spread = 0.5;
+  s.intra_node.bandwidth.relative_spread = 0.5;
+  const double e = 1e6, count = 1e6;
+  train::StepTrace trace;
+  trace.groups = {{"pp", {0, 1}}};
+  trace.ranks_per_node = 2;
+  trace.ranks.push_back({0, 1, {compute("forward", e), transfer(true, 0, 1, count, {0})}});
+  trace.ranks.push_back({1, 1, {transfer(false, 0, 0, count, {}), compute("forward", e, {0})}});
+  const double tc = elementwise_s(e), tx = 1e-6 + 4 * count / 1e10;
+  const Prediction p = predict(s, trace, {"fp32", 4});
+  EXPECT_CLOSE(p.step_s, 2 * tc + tx);
+  EXPECT_CLOSE(p.step_low_s, 2 * tc * 0.9 + tx * 0.5);
+  EXPECT_CLOSE(p.step_high_s, 2 * tc * 1.1 + tx * 1.5);
+  // A spread above 0.9 counts as 0.9 toward the faster end, whole toward the slower; efficiencies stay at most 1.
+  s.overlap_slowdown = {0.2, 2.0, ""};
+  s.device.compute["fp32"].efficiency.relative_spread = 0.8;
+  EXPECT_CLOSE(spread_end(s, -1).overlap_slowdown.value, 0.2 * 0.1);
+  EXPECT_CLOSE(spread_end(s, +1).overlap_slowdown.value, 0.2 * 3.0);
+  EXPECT_CLOSE(spread_end(s, -1).device.compute.at("fp32").efficiency.points[0].efficiency, 1.0);
+  EXPECT_CLOSE(spread_end(s, +1).device.compute.at("fp32").efficiency.points[0].efficiency, 0.5 / 1.8);
+  // A fitted collective's range moves by its RMS residual.
+  CollectiveModel model;
+  model.op = CollectiveOp::allreduce, model.algorithm = "ring", model.group = GroupKind::intra_node, model.ranks = 2;
+  SizeRange range;
+  range.model = {{1e-6, 0, ""}, {1e10, 0, ""}};
+  range.residual = 0.25;
+  model.ranges = {range};
+  s.collectives = {model};
+  const System slow = spread_end(s, +1);
+  EXPECT_CLOSE(slow.collectives[0].seconds(4e6, 2), 1.25 * model.seconds(4e6, 2));
+}
+
+// A traced step: every op carries the phase strata-step times it in, and on every traced rank the components add up
+// to the rank's own step.
+TEST(Predict, TracedStepsCarryPhasesAndTheirComponentsAddUp) {
+  train::TrainConfig c;
+  c.model.name = "predict";
+  c.model.layers = 4, c.model.hidden = 64, c.model.heads = 4, c.model.kv_heads = 4, c.model.vocab = 128, c.model.max_seq = 32;
+  c.micro_batch = 2, c.seq = 32, c.accumulation = 4;
+  c.recompute = train::Recompute::full;
+  c.strategy = train::parse_strategy("NNG");
+  const train::StepTrace trace = train::trace_step(c, {2, 2, 2}, {4, "tp,pp,dp", {}});
+  std::map<std::string, int> phases;
+  for (const train::TraceRank& r : trace.ranks)
+    for (const train::TraceOp& op : r.ops) ++phases[op.phase];
+  EXPECT_GT(phases["forward"], 0);
+  EXPECT_GT(phases["backward"], 0);
+  EXPECT_GT(phases["recompute"], 0);
+  EXPECT_GT(phases["optimizer"], 0);
+  for (const train::TraceRank& r : trace.ranks) {
+    // Per micro-batch and layer of the stage (2 of 4 layers): four GEMMs recomputed, eight in the backward proper (the
+    // input and weight gradients of each), and the head's two on the last stage; the forward's four, and the head's.
+    std::map<std::string, int> gemms;
+    for (const train::TraceOp& op : r.ops) {
+      if (op.kind == train::TraceOpKind::gemm) ++gemms[op.phase];
+      if (op.name == "adamw") {
+        EXPECT_EQ(op.phase, "optimizer");
+      }
+    }
+    const bool head = &r == &trace.ranks.back();
+    EXPECT_EQ(gemms["recompute"], c.accumulation * 2 * 4);
+    EXPECT_EQ(gemms["backward"], c.accumulation * (2 * 8 + (head ? 2 : 0)));
+    EXPECT_EQ(gemms["forward"], c.accumulation * (2 * 4 + (head ? 1 : 0)));
+  }
+  System s = test_system();
+  s.overlap_slowdown = {0.3, 0, ""};
+  const Prediction p = predict(s, trace, {"fp32", 4});
+  for (const StepComponents& r : p.ranks) {
+    const double sum = r.forward_s + r.backward_s + r.recompute_window_s + r.optimizer_s + r.comm_exposed_s + r.idle_s;
+    EXPECT_NEAR(sum, r.step_s, 1e-9 * r.step_s);
+    EXPECT_GT(r.recompute_s, 0);
+    EXPECT_LE(r.recompute_s, r.backward_s);
+    EXPECT_GT(r.comm_tp_s, 0);
+    EXPECT_LE(r.comm_tp_s + r.pipeline_wait_s, r.comm_exposed_s * (1 + 1e-12));
+  }
+  EXPECT_LE(p.step_low_s, p.step_s);
+  EXPECT_GE(p.step_high_s, p.step_s);
+}
+
+}  // namespace
+}  // namespace strata::project
