@@ -284,7 +284,7 @@ Evaluation evaluate(const System& system, const SearchSpace& space, const Candid
   e.candidate = k;
   const train::TrainConfig config = train_config(space, k);
   const train::StepTrace trace =
-      train::trace_step(config, {k.tp, k.pp, k.dp}, {system.device.devices_per_node, "tp,pp,dp"});
+      train::trace_step(config, {k.tp, k.pp, k.dp}, {system.device.devices_per_node, "tp,pp,dp", {}});
   const Workload workload = compact_workload(system, trace, workload_options(space.dtype));
   for (const train::TraceRank& r : trace.ranks) e.operations += r.ops.size();
   for (const RankGraph& r : workload.ranks) e.simulated_operations += r.ops.size();
@@ -310,7 +310,7 @@ train::StepTrace probe_trace(const System& system, const SearchSpace& space, con
   probe.dp = dp, probe.micro_batches = micro_batches;
   if (dp == 1) probe.strategy = {};
   probe.schedule = train::Schedule::one_f_one_b, probe.virtual_stages = 1;
-  return train::trace_step(train_config(space, probe), {k.tp, k.pp, dp}, {system.device.devices_per_node, "tp,pp,dp"});
+  return train::trace_step(train_config(space, probe), {k.tp, k.pp, dp}, {system.device.devices_per_node, "tp,pp,dp", {}});
 }
 
 // The duration of a traced collective as the simulator gives it.

@@ -99,7 +99,7 @@ TEST(Search, CompactedWorkloadPredictsTheSameStepFromFewerOperations) {
     c.schedule = k.schedule, c.virtual_stages = k.v, c.strategy = train::parse_strategy(k.strategy);
     c.recompute = k.recompute, c.sequence_parallel = k.grid.tp > 1, c.trainable = train::parse_trainable(k.trainable);
     const std::string what = coll::format_grid(k.grid) + " " + k.strategy + " " + train::name(k.schedule);
-    const train::StepTrace trace = train::trace_step(c, k.grid, {4, "tp,pp,dp"});
+    const train::StepTrace trace = train::trace_step(c, k.grid, {4, "tp,pp,dp", {}});
     for (const WorkloadOptions& options : {WorkloadOptions{"fp32", 4}, WorkloadOptions{"bf16", 2}}) {
       const Workload plain = workload_of(trace, options), compact = compact_workload(system, trace, options);
       std::size_t plain_ops = 0, compact_ops = 0;
