@@ -208,6 +208,33 @@ class Collector {
     else out_.notes.push_back(run.where() + ": no flash fwd or bwd case on the " + device_);
   }
 
+  // The training step's elementwise kernels (CPU only: the GPU step's kernels are not these).
+  void elementwise(const RunRef& run) {
+    if (device_ != "cpu") {
+      out_.notes.push_back(run.where() + ": CPU elementwise kernels, not this " + device_ + "'s: skipped");
+      return;
+    }
+    const View cases = run.table("cases"), summary = run.table("summary");
+    const auto summary_row = rows_by_case(summary);
+    size_t used = 0, other_threads = 0;
+    for (size_t r = 0; r < cases.rows(); ++r) {
+      if (threads_ != 0 && cases.integer("threads", r) != threads_) {
+        ++other_threads;
+        continue;
+      }
+      const auto row = summary_row.find(cases.integer("case", r));
+      if (row == summary_row.end()) continue;
+      out_.input.elementwise.push_back({cases.text("kernel", r), cases.number("bytes", r),
+                                        summary.number("time_rankmean_median", row->second),
+                                        relative_spread(summary, row->second, "rankmean")});
+      ++used;
+    }
+    if (other_threads)
+      out_.notes.push_back(run.where() + ": " + std::to_string(other_threads) +
+                           " case(s) with another thread count than the GEMM runs' left out");
+    if (used) ++used_["strata-elementwise"];
+  }
+
   void collective(const RunRef& run) {
     const View cases = run.table("cases"), summary = run.table("summary");
     const auto summary_row = rows_by_case(summary);
@@ -438,7 +465,8 @@ CalibrationFiles read_calibration_input(const std::vector<std::string>& paths, c
   std::set<std::string> files;
   int ignored = 0;
   // GEMM first: its runs define the device (threads per rank) that attention is read against.
-  for (const char* benchmark : {"strata-gemm", "strata-attention", "strata-collective", "strata-interference"})
+  for (const char* benchmark : {"strata-gemm", "strata-attention", "strata-elementwise", "strata-collective",
+                                "strata-interference"})
     for (const RunRef& run : runs) {
       if (run.benchmark != benchmark) continue;
       const std::string status = run.attrs.count("status") ? run.attrs.at("status") : "";
@@ -448,6 +476,7 @@ CalibrationFiles read_calibration_input(const std::vector<std::string>& paths, c
       }
       if (run.benchmark == "strata-gemm") collect.gemm(run);
       if (run.benchmark == "strata-attention") collect.attention(run);
+      if (run.benchmark == "strata-elementwise") collect.elementwise(run);
       if (run.benchmark == "strata-collective") collect.collective(run);
       if (run.benchmark == "strata-interference") collect.interference(run);
       files.insert(run.file);
@@ -461,8 +490,8 @@ CalibrationFiles read_calibration_input(const std::vector<std::string>& paths, c
       }
     }
   for (const RunRef& run : runs)
-    if (run.benchmark != "strata-gemm" && run.benchmark != "strata-attention" && run.benchmark != "strata-collective" &&
-        run.benchmark != "strata-interference")
+    if (run.benchmark != "strata-gemm" && run.benchmark != "strata-attention" && run.benchmark != "strata-elementwise" &&
+        run.benchmark != "strata-collective" && run.benchmark != "strata-interference")
       ++ignored;
   collect.finish();
   if (ignored) out.notes.push_back(std::to_string(ignored) + " run(s) of other programs ignored");

@@ -183,6 +183,9 @@ std::string fitted_from_steps(const project::System& s) {
   }
   for (std::size_t i = 0; i < s.collectives.size(); ++i)
     texts.emplace_back("collectives[" + std::to_string(i) + "]", s.collectives[i].source);
+  for (const auto& [kernel, rate] : s.device.elementwise_kernels)
+    texts.emplace_back("device.elementwise.kernels." + kernel, rate.source);
+  if (s.device.elementwise_bandwidth) texts.emplace_back("device.elementwise.bandwidth", s.device.elementwise_bandwidth->source);
   for (const auto& [field, text] : texts)
     if (text.find("strata-step") != std::string::npos) return field;
   return "";

@@ -410,6 +410,14 @@ ordered_json system_to_json(const project::System& system) {
   device["memory_bandwidth"] = quantity_to_json(system.device.memory_bandwidth);
   device["memory_efficiency"] = quantity_to_json(system.device.memory_efficiency);
   if (system.device.memory_capacity) device["memory_capacity"] = quantity_to_json(*system.device.memory_capacity);
+  if (system.device.elementwise_bandwidth || !system.device.elementwise_kernels.empty()) {
+    ordered_json elementwise = ordered_json::object();
+    if (system.device.elementwise_bandwidth) elementwise["bandwidth"] = quantity_to_json(*system.device.elementwise_bandwidth);
+    ordered_json kernels = ordered_json::object();
+    for (const auto& [kernel, rate] : system.device.elementwise_kernels) kernels[kernel] = quantity_to_json(rate);
+    if (!kernels.empty()) elementwise["kernels"] = kernels;
+    device["elementwise"] = elementwise;
+  }
   ordered_json out = {{"format", kFormat}, {"version", system.version}, {"name", system.name}};
   if (!system.comment.empty()) out["comment"] = system.comment;
   out["units"] = "SI: FLOP/s, B/s, s, B; spread is relative (0.1: +-10%)";
@@ -452,7 +460,7 @@ project::System system_from_json(const json& document, const std::string& source
                                       "memory_efficiency"});
   else
     read.only_keys(device, "device", {"name", "source", "devices_per_node", "compute", "memory_bandwidth",
-                                      "memory_efficiency", "memory_capacity"});
+                                      "memory_efficiency", "memory_capacity", "elementwise"});
   system.device.name = read.text(device, "name", "device.name", true);
   system.device.source = read.text(device, "source", "device.source", false);
   if (!device.contains("devices_per_node") || !device.at("devices_per_node").is_number_integer())
@@ -467,6 +475,18 @@ project::System system_from_json(const json& document, const std::string& source
   system.device.memory_efficiency = read.quantity(device, "memory_efficiency", "device.memory_efficiency");
   if (device.contains("memory_capacity"))
     system.device.memory_capacity = read.quantity(device, "memory_capacity", "device.memory_capacity");
+  if (device.contains("elementwise")) {
+    const json& elementwise = read.object(device, "elementwise", "device.elementwise");
+    read.only_keys(elementwise, "device.elementwise", {"bandwidth", "kernels"});
+    if (elementwise.contains("bandwidth"))
+      system.device.elementwise_bandwidth = read.quantity(elementwise, "bandwidth", "device.elementwise.bandwidth");
+    if (elementwise.contains("kernels")) {
+      const json& kernels = read.object(elementwise, "kernels", "device.elementwise.kernels");
+      for (const auto& [kernel, rate] : kernels.items())
+        if (!kernel.starts_with("_"))
+          system.device.elementwise_kernels[kernel] = read.quantity(kernels, kernel, "device.elementwise.kernels." + kernel);
+    }
+  }
 
   const json& network = read.object(document, "network", "network");
   read.only_keys(network, "network", {"intra_node", "inter_node"});

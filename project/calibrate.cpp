@@ -565,6 +565,26 @@ Calibration calibrate(const CalibrationInput& input, const System* base, const s
     out.missing.push_back("no measured memory bandwidth for this device (the runs' machine description measures the "
                           "host's, not a GPU's): the elementwise kernels cannot be fitted");
   }
+  // The step's elementwise kernels at its shapes: each kernel's bytes over its seconds (every shape measured), and all
+  // of them together for the step's elementwise ops no kernel of them runs. Without them the memory figures above
+  // time every elementwise op.
+  if (!input.elementwise.empty()) {
+    std::map<std::string, std::pair<double, double>> sums;  // kernel -> (bytes, seconds)
+    std::map<std::string, double> spreads;
+    double bytes = 0, seconds = 0, widest = 0;
+    for (const ElementwiseMeasurement& e : input.elementwise) {
+      sums[e.kernel].first += e.bytes, sums[e.kernel].second += e.seconds;
+      spreads[e.kernel] = std::max(spreads[e.kernel], e.spread);
+      bytes += e.bytes, seconds += e.seconds, widest = std::max(widest, e.spread);
+    }
+    std::string rates;
+    for (const auto& [kernel, sum] : sums) {
+      s.device.elementwise_kernels[kernel] = fitted(sum.first / sum.second, spreads[kernel], "measured: strata-elementwise");
+      rates += (rates.empty() ? "" : ", ") + kernel + " " + si(sum.first / sum.second, "B/s");
+    }
+    s.device.elementwise_bandwidth = fitted(bytes / seconds, widest, "measured: strata-elementwise, every kernel's bytes over their seconds");
+    report.push_back("elementwise kernels: " + rates + "; together " + si(bytes / seconds, "B/s"));
+  }
   // The device's memory capacity is not measured: the base's, when it says.
   if (base && base->device.memory_capacity) s.device.memory_capacity = based_quantity(*base->device.memory_capacity);
 

@@ -83,6 +83,15 @@ MedianInterval bootstrap_median(const std::vector<double>& values, int resamples
 
 // ---- the measurements -------------------------------------------------------------------------------------
 
+// One elementwise kernel of the training step at one shape (strata-elementwise): bytes as the step's trace counts
+// them, the median time of a call.
+struct ElementwiseMeasurement {
+  std::string kernel;
+  double bytes = 0;
+  double seconds = 0;
+  double spread = 0;  // relative
+};
+
 struct GemmMeasurement {
   std::string dtype;
   std::int64_t m = 0, n = 0, k = 0;
@@ -141,6 +150,7 @@ struct CalibrationInput {
   std::optional<Quantity> memory_bandwidth;
   std::optional<Quantity> memory_efficiency;
   std::vector<GemmMeasurement> gemm;
+  std::vector<ElementwiseMeasurement> elementwise;
   std::vector<AttentionMeasurement> attention;
   std::vector<CollectiveMeasurement> collectives;
   std::vector<TransferMeasurement> transfers;

@@ -156,6 +156,8 @@ System spread_end(const System& system, int direction) {
     for (AttentionPoint& p : compute.attention_points) scale_time(p.seconds, direction);
   }
   scale_rate(s.device.memory_bandwidth, direction);
+  for (auto& [kernel, rate] : s.device.elementwise_kernels) scale_rate(rate, direction);
+  if (s.device.elementwise_bandwidth) scale_rate(*s.device.elementwise_bandwidth, direction);
   s.device.memory_efficiency.value =
       std::min(1.0, s.device.memory_efficiency.value / time_factor(s.device.memory_efficiency.relative_spread, direction));
   scale_tier(s.intra_node, direction);

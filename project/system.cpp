@@ -139,6 +139,22 @@ double Device::elementwise_seconds(double bytes) const {
   return bytes / (memory_bandwidth.value * memory_efficiency.value);
 }
 
+double Device::elementwise_seconds(const std::string& op_name, double bytes) const {
+  if (const auto kernel = elementwise_kernels.find(elementwise_kernel_of(op_name)); kernel != elementwise_kernels.end())
+    return bytes / kernel->second.value;
+  if (elementwise_bandwidth) return bytes / elementwise_bandwidth->value;
+  return elementwise_seconds(bytes);
+}
+
+std::string elementwise_kernel_of(const std::string& op_name) {
+  static const std::map<std::string, std::string> kernels = {
+      {"ln1", "layernorm_forward"}, {"ln2", "layernorm_forward"},   {"lnf", "layernorm_forward"},
+      {"norm backward", "layernorm_backward"}, {"gelu", "gelu_forward"}, {"gelu backward", "gelu_backward"},
+      {"residual", "residual_forward"}, {"copy", "copy"},            {"adamw", "adamw"}};
+  const auto kernel = kernels.find(op_name);
+  return kernel == kernels.end() ? "" : kernel->second;
+}
+
 const char* collective_name(CollectiveOp op) {
   switch (op) {
     case CollectiveOp::allreduce: return "allreduce";
@@ -404,6 +420,10 @@ std::optional<std::string> find_problem(const System& system) {
   if (auto p = check_spread("device.memory_efficiency", d.memory_efficiency.relative_spread)) return p;
   if (d.memory_capacity)
     if (auto p = check_positive("device.memory_capacity", *d.memory_capacity)) return p;
+  for (const auto& [kernel, rate] : d.elementwise_kernels)
+    if (auto p = check_positive("device.elementwise.kernels." + kernel, rate)) return p;
+  if (d.elementwise_bandwidth)
+    if (auto p = check_positive("device.elementwise.bandwidth", *d.elementwise_bandwidth)) return p;
   if (auto p = check_tier("network.intra_node", system.intra_node)) return p;
   if (auto p = check_tier("network.inter_node", system.inter_node)) return p;
   std::set<std::tuple<CollectiveOp, std::string, GroupKind, int>> seen;

@@ -90,14 +90,27 @@ struct Device {
   Quantity memory_bandwidth;                   // B/s, peak
   Quantity memory_efficiency;                  // achieved fraction of it in elementwise kernels
   std::optional<Quantity> memory_capacity;     // B of device memory (spec sheet); absent: not described
+  // B/s the training step's elementwise kernels reach, by kernel (elementwise_kernel_of), and over every measured
+  // kernel together (their bytes over their seconds); optional, measured by strata-elementwise at the step's shapes.
+  std::map<std::string, Quantity> elementwise_kernels;
+  std::optional<Quantity> elementwise_bandwidth;
 
   // From the efficiency curve alone; throws std::invalid_argument: no such dtype.
   double gemm_seconds(const std::string& dtype, double flops) const;
   // The measured points first (see ComputePeak), then the roofline.
   double gemm_seconds(const std::string& dtype, std::int64_t m, std::int64_t n, std::int64_t k) const;
   double attention_seconds(const std::string& dtype, const AttentionShape& shape) const;
+  // Bytes at memory_bandwidth x memory_efficiency.
   double elementwise_seconds(double bytes) const;
+  // A traced elementwise op: its kernel's measured rate; a kernel not measured, the measured kernels' rate
+  // together; a description without them, elementwise_seconds(bytes).
+  double elementwise_seconds(const std::string& op_name, double bytes) const;
 };
+
+// The kernel of kernels/layers.h a traced elementwise op of the training step runs ("ln1", "ln2" and "lnf":
+// "layernorm_forward"; "norm backward": "layernorm_backward"; "gelu", "gelu backward", "residual", "copy", "adamw"),
+// as strata-elementwise names it; "" for the step's other elementwise ops.
+std::string elementwise_kernel_of(const std::string& op_name);
 
 // The collectives the cost model knows, with the nccl-tests bus factors of metrics.md.
 enum class CollectiveOp { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce };

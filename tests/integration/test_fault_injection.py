@@ -16,6 +16,7 @@ PROGRAMS = {
     "strata-attention": ["-s", "16", "-H", "2", "--kv-heads", "1", "-D", "8", "--causal", "both", "-p", "fwd,bwd",
                          "--impl", "flash,naive"],
     "strata-collective": ["--collective", "all", "-a", "all", "-d", "float,int8", "-b", "48", "-e", "48"],
+    "strata-elementwise": ["--preset", "tiny", "--tokens", "16"],
 }
 
 

@@ -1,0 +1,126 @@
+// The training step's elementwise kernels as strata-elementwise measures them and a system description times them
+// (bench/elementwise_cases.h, project/system.h): every kernel checks against float64 and its check catches a wrong
+// element; the bytes a case counts are the elements the step's trace counts for the same op, so a fitted rate times a
+// traced op; the description's per-kernel rate, the kernels' rate together, and the memory figures, in that order;
+// the calibration's rates and the JSON round trip.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "bench/elementwise_cases.h"
+#include "bench/system_json.h"
+#include "project/calibrate.h"
+#include "project/system.h"
+#include "train/trainer.h"
+
+namespace strata {
+namespace {
+
+elementwise::LayerShape small_shape() { return {8, 16, 32, 3000}; }
+
+TEST(ElementwiseKernels, EachChecksAgainstFloat64AndACorruptOutputFails) {
+  for (const std::string& kernel : elementwise::kernel_names()) {
+    elementwise::Problem problem(kernel, small_shape(), 7, 1);
+    problem.prepare_check();
+    problem.run();
+    const elementwise::CheckResult good = problem.check();
+    EXPECT_GT(good.checked, 0) << kernel;
+    EXPECT_EQ(good.wrong, 0) << kernel << " worst ratio " << good.worst_ratio;
+    // The timed loop runs the kernel again on what it left; a later checked run starts afresh.
+    problem.run();
+    problem.prepare_check();
+    problem.run();
+    EXPECT_EQ(problem.check().wrong, 0) << kernel;
+    problem.prepare_check();
+    problem.run();
+    problem.corrupt_output();
+    EXPECT_GT(problem.check().wrong, 0) << kernel;
+  }
+  EXPECT_THROW(elementwise::Problem("softmax", small_shape(), 1, 1), std::invalid_argument);
+}
+
+// The tiny model's step traced at tp 1 and 2: every op the description maps to a kernel counts the elements the
+// benchmark counts for that kernel at the step's shape, and every mapped name is an op of the step.
+TEST(ElementwiseKernels, BytesAreTheElementsTheStepsTraceCounts) {
+  for (int tp : {1, 2}) {
+    train::TrainConfig c;
+    c.model = train::preset("tiny");
+    c.seq = 64, c.micro_batch = 4, c.accumulation = 2;
+    const train::StepTrace trace = train::trace_step(c, {tp, 1, 1}, {tp, "tp,pp,dp", {}});
+    const train::TensorShard shard = train::tensor_shard(c.model, tp, 0);
+    const std::int64_t h = c.model.hidden, q = shard.qkv_channels(c.model), a = shard.attention_channels(c.model);
+    const std::int64_t f = shard.mlp;
+    const elementwise::LayerShape shape{c.micro_batch * c.seq, h, f, 4 * h + (q * h + q) + (a * h + h) + (f * h + f) + (h * f + h)};
+    std::set<std::string> seen;
+    bool layer_update_seen = false;
+    for (const train::TraceOp& op : trace.ranks.at(0).ops) {
+      if (op.kind != train::TraceOpKind::elementwise) continue;
+      const std::string kernel = project::elementwise_kernel_of(op.name);
+      if (kernel.empty()) continue;
+      seen.insert(op.name);
+      const double want = elementwise::traced_elements(kernel, shape);
+      if (kernel == "adamw") layer_update_seen |= op.elements == want;  // one update per unit: layers and the tables
+      else EXPECT_DOUBLE_EQ(op.elements, want) << "tp " << tp << " " << op.name;
+    }
+    EXPECT_TRUE(layer_update_seen) << "tp " << tp << ": no AdamW update of one layer's parameters";
+    for (const char* name : {"ln1", "ln2", "lnf", "norm backward", "gelu", "gelu backward", "residual", "copy", "adamw"})
+      EXPECT_TRUE(seen.count(name)) << "tp " << tp << ": the step traces no op named '" << name << "'";
+  }
+}
+
+project::System memory_only() {
+  project::System s;
+  s.device.memory_bandwidth = {1e11, 0, ""};
+  s.device.memory_efficiency = {0.5, 0, ""};
+  return s;
+}
+
+TEST(ElementwiseKernels, TheKernelsRateThenTheKernelsTogetherThenMemory) {
+  project::System s = memory_only();
+  EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("gelu", 1e6), 1e6 / 5e10);
+  s.device.elementwise_bandwidth = project::Quantity{2e10, 0, ""};
+  EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("gelu", 1e6), 1e6 / 2e10);
+  s.device.elementwise_kernels["gelu_forward"] = {4e10, 0, ""};
+  EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("gelu", 1e6), 1e6 / 4e10);
+  EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("gelu backward", 1e6), 1e6 / 2e10);  // another kernel
+  EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("split heads", 1e6), 1e6 / 2e10);   // no kernel of them
+  EXPECT_DOUBLE_EQ(s.device.elementwise_seconds(1e6), 1e6 / 5e10);                  // the roofline's memory term
+}
+
+TEST(ElementwiseKernels, CalibrationGivesEachKernelsBytesOverSecondsAndAllTogether) {
+  project::CalibrationInput input;
+  input.elementwise = {{"gelu_forward", 1e6, 1e-4, 0.02}, {"gelu_forward", 3e6, 1e-4, 0.05},
+                       {"copy", 2e6, 1e-5, 0.01}};
+  const project::Calibration c = project::calibrate(input, nullptr, "");
+  const auto& kernels = c.system.device.elementwise_kernels;
+  ASSERT_EQ(kernels.size(), 2u);
+  // Five significant digits, as every fitted figure.
+  EXPECT_NEAR(kernels.at("gelu_forward").value, 4e6 / 2e-4, 2e10 * 1e-5);
+  EXPECT_DOUBLE_EQ(kernels.at("gelu_forward").relative_spread, 0.05);
+  EXPECT_NEAR(kernels.at("copy").value, 2e11, 2e11 * 1e-5);
+  ASSERT_TRUE(c.system.device.elementwise_bandwidth.has_value());
+  EXPECT_NEAR(c.system.device.elementwise_bandwidth->value, 6e6 / 2.1e-4, 6e6 / 2.1e-4 * 1e-4);
+}
+
+TEST(ElementwiseKernels, TheDescriptionsJsonKeepsThemAndNamesABadRate) {
+  project::System s = memory_only();
+  s.name = "e", s.device.name = "cpu", s.device.devices_per_node = 1;
+  s.device.compute["fp32"].peak_flops = {1e11, 0, ""};
+  s.device.compute["fp32"].efficiency = {{{1, 0.5}}, 0, ""};
+  s.intra_node.bandwidth = {1e10, 0, ""}, s.intra_node.latency = {1e-6, 0, ""};
+  s.inter_node = s.intra_node;
+  s.device.elementwise_kernels["gelu_forward"] = {3e10, 0.04, "measured: strata-elementwise"};
+  s.device.elementwise_bandwidth = project::Quantity{2e10, 0.05, "measured"};
+  ASSERT_FALSE(project::find_problem(s).has_value()) << *project::find_problem(s);
+  const std::string text = system_to_json(s).dump(2);
+  const project::System back = system_from_json(nlohmann::json::parse(text), "<test>");
+  EXPECT_EQ(system_to_json(back).dump(2), text);
+  EXPECT_DOUBLE_EQ(back.device.elementwise_kernels.at("gelu_forward").value, 3e10);
+  s.device.elementwise_kernels["gelu_forward"].value = -1;
+  ASSERT_TRUE(project::find_problem(s).has_value());
+  EXPECT_NE(project::find_problem(s)->find("device.elementwise.kernels.gelu_forward"), std::string::npos)
+      << *project::find_problem(s);
+}
+
+}  // namespace
+}  // namespace strata
