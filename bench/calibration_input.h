@@ -1,5 +1,5 @@
-// What the result files say for a calibration (project/calibrate.h): the runs of strata-gemm,
-// strata-attention, strata-collective and strata-interference read with the results reader, each case reduced to
+// What the result files say for a calibration (project/calibrate.h): the runs of strata-gemm, strata-attention,
+// strata-elementwise, strata-collective and strata-interference read with the results reader, each case reduced to
 // its median time, the device's peaks and memory bandwidth taken from the runs' machine description.
 //
 // Which runs count: status ok (a failed or interrupted run is skipped and named in the notes). GEMM: per shape
