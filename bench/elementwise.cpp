@@ -1,5 +1,5 @@
-// strata-elementwise: the CPU training step's elementwise kernels (layer norm, GELU, the residual add, copies, AdamW;
-// kernels/layers.h) at the shapes a model's step calls them, every rank at once. Bytes are the elements the step's
+// strata-elementwise: the CPU training step's elementwise kernels (layer norm, GELU, the residual add, copies, the
+// heads' layouts, biases, gradient accumulation, AdamW; kernels/layers.h) at the shapes a model's step calls them, every rank at once. Bytes are the elements the step's
 // trace counts for the same call, 4 bytes each; GB/s = bytes / time. What a system description's per-kernel rates
 // are fitted from (strata-project calibrate), as the GEMM and attention points are from strata-gemm and
 // strata-attention. Every case is checked against a float64 reference.
@@ -35,7 +35,8 @@ elementwise::LayerShape layer_shape(const train::ModelConfig& m, int64_t tokens,
     throw UsageError("--tp " + std::to_string(tp) + " on " + m.name + ": " + e.what());
   }
   const int64_t h = m.hidden, q = shard.qkv_channels(m), a = shard.attention_channels(m), f = shard.mlp;
-  return {tokens, h, f, 4 * h + (q * h + q) + (a * h + h) + (f * h + f) + (h * f + h)};
+  return {tokens, h, f, 4 * h + (q * h + q) + (a * h + h) + (f * h + f) + (h * f + h), shard.heads, shard.kv_heads,
+          m.head_dim()};
 }
 
 Axes plan_cases(const ElementwiseOptions& o) {
@@ -51,7 +52,7 @@ Axes plan_cases(const ElementwiseOptions& o) {
       }
       kernels.push_back(name);
     }
-  std::vector<std::vector<AxisValue>> shapes;  // (model, rows, channels, mlp, layer parameters)
+  std::vector<std::vector<AxisValue>> shapes;  // (model, rows, channels, mlp, layer parameters, heads, kv heads, width)
   for (const std::string& name : split(o.presets, ',')) {
     train::ModelConfig model;
     try {
@@ -60,11 +61,12 @@ Axes plan_cases(const ElementwiseOptions& o) {
       throw UsageError(std::string("--preset: ") + e.what());
     }
     const elementwise::LayerShape s = layer_shape(model, o.tokens, o.tp);
-    shapes.push_back({name, s.rows, s.channels, s.mlp, s.layer_parameters});
+    shapes.push_back({name, s.rows, s.channels, s.mlp, s.layer_parameters, s.heads, s.kv_heads, s.head_dim});
   }
   Axes axes;
   axes.add("kernel", kernels)
-      .add_zipped({{"model", ""}, {"rows", "1"}, {"channels", "1"}, {"mlp", "1"}, {"layer_parameters", "1"}}, shapes)
+      .add_zipped({{"model", ""}, {"rows", "1"}, {"channels", "1"}, {"mlp", "1"}, {"layer_parameters", "1"}, {"heads", "1"},
+                   {"kv_heads", "1"}, {"head_dim", "1"}}, shapes)
       .add("tp", std::vector<int64_t>{o.tp})
       .add("threads", std::vector<int64_t>{o.threads});
   return axes;
@@ -112,8 +114,10 @@ int run_elementwise(int argc, char** argv) {
   for (size_t index = 0; index < points.size(); ++index) {
     const AxisPoint& point = points[index];
     const std::string& kernel = point.text("kernel");
-    const elementwise::LayerShape shape{point.integer("rows"), point.integer("channels"), point.integer("mlp"),
-                                        point.integer("layer_parameters")};
+    const elementwise::LayerShape shape{point.integer("rows"),    point.integer("channels"),
+                                        point.integer("mlp"),     point.integer("layer_parameters"),
+                                        point.integer("heads"),   point.integer("kv_heads"),
+                                        point.integer("head_dim")};
     const uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
     elementwise::Problem problem(kernel, shape, seed, o.threads);
     // Untimed checked run on fresh outputs, then the timed loop.

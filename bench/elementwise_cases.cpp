@@ -43,7 +43,8 @@ std::vector<double> widen(const float* p, std::size_t n) { return std::vector<do
 const std::vector<std::string>& kernel_names() {
   static const std::vector<std::string> names = {"layernorm_forward", "layernorm_backward", "gelu_forward",
                                                  "gelu_backward",     "residual_forward",   "copy",
-                                                 "adamw"};
+                                                 "permute_qkv",       "permute_heads",      "add_bias",
+                                                 "accumulate",        "adamw"};
   return names;
 }
 
@@ -55,6 +56,11 @@ double traced_elements(const std::string& kernel, const LayerShape& s) {
   if (kernel == "gelu_backward") return 4 * R * F;  // input and dout read, dinp read and written
   if (kernel == "residual_forward") return 3 * R * C;
   if (kernel == "copy") return 2 * R * C;
+  const double D = static_cast<double>(s.head_dim);
+  if (kernel == "permute_qkv") return 2 * R * static_cast<double>(s.heads + 2 * s.kv_heads) * D;
+  if (kernel == "permute_heads") return 2 * R * static_cast<double>(s.heads) * D;
+  if (kernel == "add_bias") return 2 * R * C;  // the output read and written; the bias stays in cache
+  if (kernel == "accumulate") return 3 * static_cast<double>(s.layer_parameters);
   if (kernel == "adamw") return 7 * static_cast<double>(s.layer_parameters);  // parameters, moments: read, written; gradient read
   throw std::invalid_argument("unknown elementwise kernel '" + kernel + "'");
 }
@@ -64,6 +70,8 @@ Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed
   (void)traced_elements(kernel_, shape_);
   const std::size_t R = static_cast<std::size_t>(shape.rows), C = static_cast<std::size_t>(shape.channels),
                     F = static_cast<std::size_t>(shape.mlp), P = static_cast<std::size_t>(shape.layer_parameters);
+  const std::size_t H = static_cast<std::size_t>(shape.heads), KVH = static_cast<std::size_t>(shape.kv_heads),
+                    D = static_cast<std::size_t>(shape.head_dim);
   std::mt19937_64 rng(seed);
   auto buffer = [&](std::size_t n, float low = -1, float high = 1) {
     PageAlignedFloats p = page_aligned_floats(n);
@@ -87,6 +95,14 @@ Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed
     a_ = buffer(R * C), b_ = buffer(R * C), x_ = buffer(R * C);
   } else if (kernel_ == "copy") {
     a_ = buffer(R * C), x_ = buffer(R * C);
+  } else if (kernel_ == "permute_qkv") {  // qkv rows a to the heads' tensors x (q), y (k), z (v)
+    a_ = buffer(R * qkv_channels()), x_ = buffer(R * H * D), y_ = buffer(R * KVH * D), z_ = buffer(R * KVH * D);
+  } else if (kernel_ == "permute_heads") {  // heads a to merged rows x
+    a_ = buffer(R * H * D), x_ = buffer(R * H * D);
+  } else if (kernel_ == "add_bias") {  // x += bias b, x starting as a
+    a_ = buffer(R * C), b_ = buffer(C), x_ = buffer(R * C);
+  } else if (kernel_ == "accumulate") {  // x += a, x starting as b
+    a_ = buffer(P), b_ = buffer(P), x_ = buffer(P);
   } else {  // adamw: parameters x, gradients a, moments y (first) and z (second, positive)
     x_ = buffer(P), a_ = buffer(P, -1e-2f, 1e-2f), y_ = buffer(P, -1e-3f, 1e-3f), z_ = buffer(P, 1e-6f, 1e-4f);
     a0_.assign(a_.get(), a_.get() + P), x0_.assign(x_.get(), x_.get() + P);
@@ -110,6 +126,16 @@ void Problem::run() {
     layers::residual_forward(x_.get(), a_.get(), b_.get(), R * C, options_);
   else if (kernel_ == "copy")
     std::copy(a_.get(), a_.get() + R * C, x_.get());
+  else if (kernel_ == "permute_qkv")
+    layers::permute_qkv(a_.get(), x_.get(), y_.get(), z_.get(), 1, static_cast<int>(R), static_cast<int>(shape_.heads),
+                        static_cast<int>(shape_.kv_heads), static_cast<int>(shape_.head_dim), true);
+  else if (kernel_ == "permute_heads")
+    layers::permute_heads(a_.get(), x_.get(), 1, static_cast<int>(R), static_cast<int>(shape_.heads),
+                          static_cast<int>(shape_.head_dim), true);
+  else if (kernel_ == "add_bias")
+    layers::add_bias(x_.get(), b_.get(), R, C);
+  else if (kernel_ == "accumulate")
+    layers::accumulate(x_.get(), a_.get(), P, options_);
   else
     layers::adamw_update(x_.get(), a_.get(), y_.get(), z_.get(), P, kAdamW, step_, 1.0f, options_);
 }
@@ -128,6 +154,17 @@ void Problem::prepare_check() {
     std::fill(x_.get(), x_.get() + R * F, 0.0f);
   } else if (kernel_ == "residual_forward" || kernel_ == "copy") {
     std::fill(x_.get(), x_.get() + R * C, nan);
+  } else if (kernel_ == "permute_qkv") {
+    const std::size_t H = static_cast<std::size_t>(shape_.heads), KVH = static_cast<std::size_t>(shape_.kv_heads),
+                      D = static_cast<std::size_t>(shape_.head_dim);
+    std::fill(x_.get(), x_.get() + R * H * D, nan), std::fill(y_.get(), y_.get() + R * KVH * D, nan);
+    std::fill(z_.get(), z_.get() + R * KVH * D, nan);
+  } else if (kernel_ == "permute_heads") {
+    std::fill(x_.get(), x_.get() + R * static_cast<std::size_t>(shape_.heads * shape_.head_dim), nan);
+  } else if (kernel_ == "add_bias") {  // accumulates onto a
+    std::copy(a_.get(), a_.get() + R * C, x_.get());
+  } else if (kernel_ == "accumulate") {  // accumulates onto b
+    std::copy(b_.get(), b_.get() + static_cast<std::size_t>(shape_.layer_parameters), x_.get());
   } else {
     std::copy(x0_.begin(), x0_.end(), x_.get()), std::copy(y0_.begin(), y0_.end(), y_.get());
     std::copy(z0_.begin(), z0_.end(), z_.get());
@@ -157,6 +194,39 @@ CheckResult Problem::check() const {
     std::vector<double> want(R * C);
     for (std::size_t i = 0; i < R * C; ++i)
       want[i] = static_cast<double>(a_[i]) + (kernel_ == "copy" ? 0.0 : static_cast<double>(b_[i]));
+    compare(r, x_.get(), want);
+  } else if (kernel_ == "permute_qkv" || kernel_ == "permute_heads") {
+    // Row t of the packed layout holds head h's D elements at h D (q first, then k and v for permute_qkv); head h's
+    // tensor holds them at (h T + t) D.
+    const std::size_t H = static_cast<std::size_t>(shape_.heads), KVH = static_cast<std::size_t>(shape_.kv_heads),
+                      D = static_cast<std::size_t>(shape_.head_dim);
+    if (kernel_ == "permute_heads") {  // heads a (H, T, D) to rows x (T, H D)
+      std::vector<double> want(R * H * D);
+      for (std::size_t h = 0; h < H; ++h)
+        for (std::size_t t = 0; t < R; ++t)
+          for (std::size_t d = 0; d < D; ++d) want[(t * H + h) * D + d] = a_[(h * R + t) * D + d];
+      compare(r, x_.get(), want);
+    } else {  // rows a (T, (H + 2 KVH) D) to q x (H, T, D), k y and v z (KVH, T, D)
+      const std::size_t Q = (H + 2 * KVH) * D;
+      std::vector<double> q(R * H * D), k(R * KVH * D), v(R * KVH * D);
+      for (std::size_t t = 0; t < R; ++t)
+        for (std::size_t d = 0; d < D; ++d) {
+          for (std::size_t h = 0; h < H; ++h) q[(h * R + t) * D + d] = a_[t * Q + h * D + d];
+          for (std::size_t g = 0; g < KVH; ++g) {
+            k[(g * R + t) * D + d] = a_[t * Q + (H + g) * D + d];
+            v[(g * R + t) * D + d] = a_[t * Q + (H + KVH + g) * D + d];
+          }
+        }
+      compare(r, x_.get(), q), compare(r, y_.get(), k), compare(r, z_.get(), v);
+    }
+  } else if (kernel_ == "add_bias") {
+    std::vector<double> want(R * C);
+    for (std::size_t i = 0; i < R; ++i)
+      for (std::size_t c = 0; c < C; ++c) want[i * C + c] = static_cast<double>(a_[i * C + c]) + static_cast<double>(b_[c]);
+    compare(r, x_.get(), want);
+  } else if (kernel_ == "accumulate") {
+    std::vector<double> want(P);
+    for (std::size_t i = 0; i < P; ++i) want[i] = static_cast<double>(b_[i]) + static_cast<double>(a_[i]);
     compare(r, x_.get(), want);
   } else {
     std::vector<double> params(x0_.begin(), x0_.end()), m(y0_.begin(), y0_.end()), v(z0_.begin(), z0_.end());

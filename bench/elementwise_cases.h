@@ -19,12 +19,14 @@ namespace strata::elementwise {
 const std::vector<std::string>& kernel_names();
 
 // The shapes of one transformer layer's step on one rank: tokens (rows), the hidden width, the MLP width on this
-// rank, and the parameters of one layer on this rank (what one AdamW call updates).
+// rank, the parameters of one layer on this rank (what one AdamW call updates, and one gradient accumulation), and
+// the attention heads on this rank with their width.
 struct LayerShape {
   std::int64_t rows = 0;
   std::int64_t channels = 0;
   std::int64_t mlp = 0;
   std::int64_t layer_parameters = 0;
+  std::int64_t heads = 1, kv_heads = 1, head_dim = 1;
 };
 
 // The elements the step's trace counts for one call of `kernel` at `shape`; throws std::invalid_argument for an
@@ -52,6 +54,9 @@ class Problem {
   double bytes() const { return 4.0 * traced_elements(kernel_, shape_); }
 
  private:
+  std::size_t qkv_channels() const {
+    return static_cast<std::size_t>((shape_.heads + 2 * shape_.kv_heads) * shape_.head_dim);
+  }
   std::string kernel_;
   LayerShape shape_;
   layers::CpuOptions options_;

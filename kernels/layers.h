@@ -115,6 +115,15 @@ void residual_backward(float* da, float* db, const float* dout, std::size_t n, c
 // dst += src: one branch alone, for a step whose stream gradient is already in place.
 void accumulate(float* dst, const float* src, std::size_t n, const CpuOptions& options);
 
+// ---- head layouts and biases -----------------------------------------------------------------------------
+// qkv (B, T, (NH + 2 KVH) D) <-> q (B, NH, T, D), k and v (B, KVH, T, D). `to_heads` copies from qkv to the
+// per-head tensors; otherwise back. One copy of D elements per head, position and tensor.
+void permute_qkv(float* qkv, float* q, float* k, float* v, int B, int T, int NH, int KVH, int D, bool to_heads);
+// heads (B, NH, T, D) <-> merged (B, T, NH * D).
+void permute_heads(float* heads, float* merged, int B, int T, int NH, int D, bool to_merged);
+// out (N, C) += bias (C): a row-parallel layer's bias, added once after the allreduce of its partial outputs.
+void add_bias(float* out, const float* bias, std::size_t rows, std::size_t channels);
+
 // ---- AdamW ---------------------------------------------------------------------------------------------
 struct AdamWConfig {
   float learning_rate = 3e-4f;

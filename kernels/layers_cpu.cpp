@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -396,6 +397,47 @@ void accumulate(float* dst, const float* src, std::size_t n, const CpuOptions& o
   const long count = static_cast<long>(n);
 #pragma omp parallel for simd num_threads(threads_for(n, options)) schedule(static)
   for (long i = 0; i < count; ++i) dst[i] += src[i];
+}
+
+// ---- head layouts and biases -----------------------------------------------------------------------------
+
+void permute_qkv(float* qkv, float* q, float* k, float* v, int B, int T, int NH, int KVH, int D, bool to_heads) {
+  const std::size_t Q = static_cast<std::size_t>((NH + 2 * KVH) * D), C = static_cast<std::size_t>(NH * D),
+                    KV = static_cast<std::size_t>(KVH * D);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      float* row = qkv + (static_cast<std::size_t>(b) * T + t) * Q;
+      for (int h = 0; h < NH; ++h) {
+        float* head = q + ((static_cast<std::size_t>(b) * NH + h) * T + t) * D;
+        to_heads ? std::memcpy(head, row + h * D, D * sizeof(float)) : std::memcpy(row + h * D, head, D * sizeof(float));
+      }
+      for (int g = 0; g < KVH; ++g) {
+        float* kh = k + ((static_cast<std::size_t>(b) * KVH + g) * T + t) * D;
+        float* vh = v + ((static_cast<std::size_t>(b) * KVH + g) * T + t) * D;
+        float* krow = row + C + static_cast<std::size_t>(g) * D;
+        float* vrow = row + C + KV + static_cast<std::size_t>(g) * D;
+        if (to_heads) {
+          std::memcpy(kh, krow, D * sizeof(float)), std::memcpy(vh, vrow, D * sizeof(float));
+        } else {
+          std::memcpy(krow, kh, D * sizeof(float)), std::memcpy(vrow, vh, D * sizeof(float));
+        }
+      }
+    }
+}
+
+void permute_heads(float* heads, float* merged, int B, int T, int NH, int D, bool to_merged) {
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        float* head = heads + ((static_cast<std::size_t>(b) * NH + h) * T + t) * D;
+        float* row = merged + (static_cast<std::size_t>(b) * T + t) * NH * D + static_cast<std::size_t>(h) * D;
+        to_merged ? std::memcpy(row, head, D * sizeof(float)) : std::memcpy(head, row, D * sizeof(float));
+      }
+}
+
+void add_bias(float* out, const float* bias, std::size_t rows, std::size_t channels) {
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t c = 0; c < channels; ++c) out[i * channels + c] += bias[c];
 }
 
 // ---- AdamW ---------------------------------------------------------------------------------------------

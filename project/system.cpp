@@ -148,9 +148,14 @@ double Device::elementwise_seconds(const std::string& op_name, double bytes) con
 
 std::string elementwise_kernel_of(const std::string& op_name) {
   static const std::map<std::string, std::string> kernels = {
-      {"ln1", "layernorm_forward"}, {"ln2", "layernorm_forward"},   {"lnf", "layernorm_forward"},
-      {"norm backward", "layernorm_backward"}, {"gelu", "gelu_forward"}, {"gelu backward", "gelu_backward"},
-      {"residual", "residual_forward"}, {"copy", "copy"},            {"adamw", "adamw"}};
+      {"ln1", "layernorm_forward"},          {"ln2", "layernorm_forward"},
+      {"lnf", "layernorm_forward"},          {"norm backward", "layernorm_backward"},
+      {"gelu", "gelu_forward"},              {"gelu backward", "gelu_backward"},
+      {"residual", "residual_forward"},      {"copy", "copy"},
+      {"split heads", "permute_qkv"},        {"merge qkv", "permute_qkv"},
+      {"merge heads", "permute_heads"},      {"split head grads", "permute_heads"},
+      {"bias", "add_bias"},                  {"accumulate grads", "accumulate"},
+      {"adamw", "adamw"}};
   const auto kernel = kernels.find(op_name);
   return kernel == kernels.end() ? "" : kernel->second;
 }

@@ -108,8 +108,10 @@ struct Device {
 };
 
 // The kernel of kernels/layers.h a traced elementwise op of the training step runs ("ln1", "ln2" and "lnf":
-// "layernorm_forward"; "norm backward": "layernorm_backward"; "gelu", "gelu backward", "residual", "copy", "adamw"),
-// as strata-elementwise names it; "" for the step's other elementwise ops.
+// "layernorm_forward"; "norm backward": "layernorm_backward"; "split heads" and "merge qkv": "permute_qkv"; "merge
+// heads" and "split head grads": "permute_heads"; "bias": "add_bias"; "accumulate grads": "accumulate"; "gelu",
+// "gelu backward", "residual", "copy", "adamw"), as strata-elementwise names it; "" for the step's other elementwise
+// ops (embedding, positions, cross-entropy, zeroing, the gradient norm).
 std::string elementwise_kernel_of(const std::string& op_name);
 
 // The collectives the cost model knows, with the nccl-tests bus factors of metrics.md.

@@ -268,43 +268,6 @@ struct Scratch {
   }
 };
 
-// qkv (B, T, (NH + 2 KVH) D) <-> q (B, NH, T, D), k and v (B, KVH, T, D). `to_heads` copies from qkv to the
-// per-head tensors; otherwise back.
-void permute_qkv(float* qkv, float* q, float* k, float* v, int B, int T, int NH, int KVH, int D, bool to_heads) {
-  const std::size_t Q = static_cast<std::size_t>((NH + 2 * KVH) * D), C = static_cast<std::size_t>(NH * D),
-                    KV = static_cast<std::size_t>(KVH * D);
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      float* row = qkv + (static_cast<std::size_t>(b) * T + t) * Q;
-      for (int h = 0; h < NH; ++h) {
-        float* head = q + ((static_cast<std::size_t>(b) * NH + h) * T + t) * D;
-        to_heads ? std::memcpy(head, row + h * D, D * sizeof(float)) : std::memcpy(row + h * D, head, D * sizeof(float));
-      }
-      for (int g = 0; g < KVH; ++g) {
-        float* kh = k + ((static_cast<std::size_t>(b) * KVH + g) * T + t) * D;
-        float* vh = v + ((static_cast<std::size_t>(b) * KVH + g) * T + t) * D;
-        float* krow = row + C + static_cast<std::size_t>(g) * D;
-        float* vrow = row + C + KV + static_cast<std::size_t>(g) * D;
-        if (to_heads) {
-          std::memcpy(kh, krow, D * sizeof(float)), std::memcpy(vh, vrow, D * sizeof(float));
-        } else {
-          std::memcpy(krow, kh, D * sizeof(float)), std::memcpy(vrow, vh, D * sizeof(float));
-        }
-      }
-    }
-}
-
-// heads (B, NH, T, D) <-> merged (B, T, NH * D).
-void permute_heads(float* heads, float* merged, int B, int T, int NH, int D, bool to_merged) {
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h)
-      for (int t = 0; t < T; ++t) {
-        float* head = heads + ((static_cast<std::size_t>(b) * NH + h) * T + t) * D;
-        float* row = merged + (static_cast<std::size_t>(b) * T + t) * NH * D + static_cast<std::size_t>(h) * D;
-        to_merged ? std::memcpy(row, head, D * sizeof(float)) : std::memcpy(head, row, D * sizeof(float));
-      }
-}
-
 void call(const std::function<void(int)>& hook, int layer) {
   if (hook) hook(layer);
 }
@@ -447,12 +410,6 @@ float* GptCpu::grad(const UnitPointers& u, int l, LayerTensor t) const {
 
 namespace {
 
-// out (N, C) += bias (C): a row-parallel layer's bias, added once after the allreduce of its partial outputs.
-void add_bias(float* out, const float* bias, std::size_t rows, std::size_t channels) {
-  for (std::size_t i = 0; i < rows; ++i)
-    for (std::size_t c = 0; c < channels; ++c) out[i * channels + c] += bias[c];
-}
-
 double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
@@ -511,21 +468,22 @@ void GptCpu::forward_op(int set, int l, const UnitPointers& u, LayerOp op) {
       return;
     case LayerOp::core:
       compute("split heads", 2.0 * N * Q, [&] {
-        permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), true);
+        layers::permute_qkv(x.qkv, x.q, x.k, x.v, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), true);
       });
       attention_pass("attention", false, x, nullptr, nullptr, nullptr, nullptr);
       return;
     case LayerOp::post: {
-      compute("merge heads", 2.0 * N * A, [&] { permute_heads(x.atty, x.att_merged, batch_, seq_, sh.heads, m.head_dim(), true); });
+      compute("merge heads", 2.0 * N * A,
+              [&] { layers::permute_heads(x.atty, x.att_merged, batch_, seq_, sh.heads, m.head_dim(), true); });
       // (N, A) -> (N, C), row-parallel: partial sums over this rank's heads. A row-parallel layer's bias is added
       // once, after the sum.
       auto row_parallel_sum = [&](float* out, const float* bias, const char* reduce_scatter, const char* allreduce) {
         if (sp_) {
           tp_reduce_scatter(out, C, reduce_scatter);
-          compute("bias", 2.0 * R * C, [&] { add_bias(my_rows(out, C), bias, R, C); });
+          compute("bias", 2.0 * R * C, [&] { layers::add_bias(my_rows(out, C), bias, R, C); });
         } else if (tensor_parallel()) {
           tp_allreduce(out, N * C, allreduce);
-          compute("bias", 2.0 * N * C, [&] { add_bias(out, bias, N, C); });
+          compute("bias", 2.0 * N * C, [&] { layers::add_bias(out, bias, N, C); });
         }
       };
       linear_forward("attention out", {rows, sh.attention_channels(m), m.hidden}, x.attproj, x.att_merged,
@@ -749,11 +707,14 @@ void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x
                            d_residual, x.att_merged, true);
   linear_backward_input("attention out input", {rows, A, m.hidden}, g + s.d_att_merged, d_residual, param(u, l, T::attn_proj_w),
                         false);
-  compute("split heads", 2.0 * N * static_cast<double>(A),
-          [&] { permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, sh.heads, m.head_dim(), false); });
+  compute("split head grads", 2.0 * N * static_cast<double>(A),
+          [&] { layers::permute_heads(g + s.d_atty, g + s.d_att_merged, batch_, seq_, sh.heads, m.head_dim(), false); });
   attention_pass("attention backward", true, x, g + s.d_atty, g + s.dq, g + s.dk, g + s.dv);
   compute("merge qkv", 2.0 * N * sh.qkv_channels(m),
-          [&] { permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(), false); });
+          [&] {
+            layers::permute_qkv(g + s.d_qkv, g + s.dq, g + s.dk, g + s.dv, batch_, seq_, sh.heads, sh.kv_heads, m.head_dim(),
+                                false);
+          });
   if (trains)
     linear_backward_weight("qkv weight", {rows, m.hidden, sh.qkv_channels(m)}, grad(u, l, T::qkv_w), grad(u, l, T::qkv_b),
                            g + s.d_qkv, x.ln1, true);

@@ -556,9 +556,7 @@ struct Trainer::Impl {
       reducing[u] = false;
       release(unit_grads[u]);
       if (!first) {
-        compute("accumulate grads", 3.0 * static_cast<double>(count), [&] {
-          for (std::size_t i = 0; i < count; ++i) store[i] += out[i];
-        });
+        compute("accumulate grads", 3.0 * static_cast<double>(count), [&] { layers::accumulate(store, out, count, {}); });
         release(reduced[u]);
       }
     };

@@ -8,7 +8,8 @@ import pytest
 import strata_results as sr
 from conftest import digest, mpirun, program
 
-KERNELS = {"layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward", "residual_forward", "copy", "adamw"}
+KERNELS = {"layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward", "residual_forward", "copy",
+           "permute_qkv", "permute_heads", "add_bias", "accumulate", "adamw"}
 
 
 def elementwise(args, tmp_path, name="e.h5"):
@@ -27,6 +28,7 @@ def test_every_kernel_checked_with_the_traces_bytes(tmp_path):
     rows, c, f = 32, 64, 256  # tiny: hidden 64, MLP 4 x 64
     assert data.loc["gelu_forward", "elements"] == 2 * rows * f
     assert data.loc["layernorm_backward", "elements"] == 4 * rows * c + 2 * rows
+    assert data.loc["permute_qkv", "elements"] == 2 * rows * 3 * c  # q, k and v of 4 heads of 16
     assert (data["bytes"] == 4 * data["elements"]).all()
     assert data["bandwidth_rank"].to_numpy() == pytest.approx((data["bytes"] / data["time_rankmean_median"]).to_numpy())
 

@@ -5,6 +5,8 @@
 // the calibration's rates and the JSON round trip.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <map>
 #include <set>
 
 #include "bench/elementwise_cases.h"
@@ -16,7 +18,7 @@
 namespace strata {
 namespace {
 
-elementwise::LayerShape small_shape() { return {8, 16, 32, 3000}; }
+elementwise::LayerShape small_shape() { return {8, 16, 32, 3000, 4, 2, 4}; }
 
 TEST(ElementwiseKernels, EachChecksAgainstFloat64AndACorruptOutputFails) {
   for (const std::string& kernel : elementwise::kernel_names()) {
@@ -50,22 +52,44 @@ TEST(ElementwiseKernels, BytesAreTheElementsTheStepsTraceCounts) {
     const train::TensorShard shard = train::tensor_shard(c.model, tp, 0);
     const std::int64_t h = c.model.hidden, q = shard.qkv_channels(c.model), a = shard.attention_channels(c.model);
     const std::int64_t f = shard.mlp;
-    const elementwise::LayerShape shape{c.micro_batch * c.seq, h, f, 4 * h + (q * h + q) + (a * h + h) + (f * h + f) + (h * f + h)};
+    const elementwise::LayerShape shape{c.micro_batch * c.seq, h, f, 4 * h + (q * h + q) + (a * h + h) + (f * h + f) + (h * f + h),
+                                        shard.heads, shard.kv_heads, c.model.head_dim()};
     std::set<std::string> seen;
-    bool layer_update_seen = false;
+    std::map<std::string, bool> one_layer_seen = {{"adamw", false}};
     for (const train::TraceOp& op : trace.ranks.at(0).ops) {
       if (op.kind != train::TraceOpKind::elementwise) continue;
       const std::string kernel = project::elementwise_kernel_of(op.name);
       if (kernel.empty()) continue;
       seen.insert(op.name);
       const double want = elementwise::traced_elements(kernel, shape);
-      if (kernel == "adamw") layer_update_seen |= op.elements == want;  // one update per unit: layers and the tables
+      // One update per unit: the layers' and the tables'.
+      if (one_layer_seen.count(kernel)) one_layer_seen[kernel] = one_layer_seen[kernel] || op.elements == want;
       else EXPECT_DOUBLE_EQ(op.elements, want) << "tp " << tp << " " << op.name;
     }
-    EXPECT_TRUE(layer_update_seen) << "tp " << tp << ": no AdamW update of one layer's parameters";
-    for (const char* name : {"ln1", "ln2", "lnf", "norm backward", "gelu", "gelu backward", "residual", "copy", "adamw"})
+    for (const auto& [kernel, seen_once] : one_layer_seen)
+      EXPECT_TRUE(seen_once) << "tp " << tp << ": no " << kernel << " over one layer's parameters";
+    for (const char* name : {"ln1", "ln2", "lnf", "norm backward", "gelu", "gelu backward", "residual", "copy", "split heads",
+                             "merge qkv", "merge heads", "split head grads", "adamw"})
       EXPECT_TRUE(seen.count(name)) << "tp " << tp << ": the step traces no op named '" << name << "'";
+    // A row-parallel layer's bias is added after the sum of its partial outputs.
+    if (tp > 1) {
+      EXPECT_TRUE(seen.count("bias")) << "tp " << tp << ": the step traces no op named 'bias'";
+    }
   }
+  // Sharded gradients (ZeRO-2) add each later micro-batch's reduced shard to the first's: 3 elements per gradient.
+  train::TrainConfig c;
+  c.model = train::preset("tiny");
+  c.seq = 64, c.micro_batch = 4, c.accumulation = 2, c.strategy = train::zero_stage(2);
+  int accumulations = 0;
+  const train::StepTrace sharded = train::trace_step(c, {1, 1, 2}, {2, "tp,pp,dp", {}});
+  for (const train::TraceOp& op : sharded.ranks.at(0).ops)
+    if (op.kind == train::TraceOpKind::elementwise && op.name == "accumulate grads") {
+      EXPECT_EQ(project::elementwise_kernel_of(op.name), "accumulate");
+      EXPECT_GT(op.elements, 0);
+      EXPECT_EQ(std::fmod(op.elements, 3.0), 0.0);
+      ++accumulations;
+    }
+  EXPECT_GT(accumulations, 0);
 }
 
 project::System memory_only() {
@@ -83,7 +107,7 @@ TEST(ElementwiseKernels, TheKernelsRateThenTheKernelsTogetherThenMemory) {
   s.device.elementwise_kernels["gelu_forward"] = {4e10, 0, ""};
   EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("gelu", 1e6), 1e6 / 4e10);
   EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("gelu backward", 1e6), 1e6 / 2e10);  // another kernel
-  EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("split heads", 1e6), 1e6 / 2e10);   // no kernel of them
+  EXPECT_DOUBLE_EQ(s.device.elementwise_seconds("positions", 1e6), 1e6 / 2e10);     // no kernel of them
   EXPECT_DOUBLE_EQ(s.device.elementwise_seconds(1e6), 1e6 / 5e10);                  // the roofline's memory term
 }
 
