@@ -39,6 +39,8 @@ def measured(tmp_path_factory):
          "-f", "4", "-a", "ring", "--placement", "out", "--ranks-per-node", "1"],
         ["strata-interference", "--gemm", "64x64x64", "-s", "64", "-H", "2", "-D", "16", "-b", "64K", "-e", "256K",
          "--calls", "2"],
+        ["strata-elementwise", "--preset", "tiny", "--tokens", "64"],
+        ["strata-elementwise", "--preset", "tiny", "--tokens", "64", "--tp", "2"],
     ]
     for name, *args in benchmarks:
         result = mpirun(2, [program(name), *args, *QUICK, "--output", bench], cwd=str(folder))
@@ -136,6 +138,11 @@ def test_validate_measured_steps(measured, tmp_path):
     assert "mean absolute" in result.stdout and "| case | ranks |" in result.stdout
     run, rows, units = read_table(str(out), "validation")
     assert run["command"] == "validate"
+    # The step's elementwise kernels were measured beside its GEMMs: the description times them by kernel.
+    with open(system) as handle:
+        elementwise = json.load(handle)["device"]["elementwise"]
+    assert {"layernorm_forward", "gelu_backward", "permute_qkv", "adamw"} <= set(elementwise["kernels"])
+    assert elementwise["bandwidth"]["value"] > 0
     labels = rows["label"]
     assert labels == ["NNN", "GGG", "NNN", "NNN recompute full", "NNN recompute overlap", "NNN recompute selective"]
     assert rows["pp"] == [1, 1, 2, 2, 2, 1] and rows["tp"] == [1, 1, 1, 1, 1, 2]
