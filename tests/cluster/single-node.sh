@@ -22,7 +22,7 @@ cpus=$(nproc)
 node=strata-n1
 host=$(hostname)
 built=()
-for b in strata-gemm strata-collective strata-attention strata-step strata-interference; do [ -x "$BUILD/$b" ] && built+=("$b"); done
+for b in strata-gemm strata-collective strata-attention strata-elementwise strata-step strata-interference; do [ -x "$BUILD/$b" ] && built+=("$b"); done
 
 # ---- the cluster ------------------------------------------------------------------------------------------
 read -r ctld_port slurmd_port < <(free_ports 2)
@@ -44,6 +44,7 @@ export STRATA_COLLECTIVE_ARGS="--collective allreduce,allgather -b 1K -e 64K -f 
 export STRATA_ATTENTION_ARGS="-s 64,128 -H 2 -D 32 -p fwd"
 export STRATA_STEP_ARGS="--model tiny --seq 32 --micro-batch 2 --zero 0,3 --group-size 1"
 export STRATA_INTERFERENCE_ARGS="--kernel gemm --gemm 64x64x64 -b 64K -e 64K --calls 2"
+export STRATA_ELEMENTWISE_ARGS="--preset tiny --tokens 16"
 
 # expect_job ID WANT: every task of job ID ended in state WANT ("COMPLETED 0:0"); prints what it saw.
 expect_job() {
