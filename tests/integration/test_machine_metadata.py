@@ -27,12 +27,18 @@ def env_of(path) -> dict:
 
 
 def gemm(tmp_path, name, extra_env=None, args=(), np=1):
+    """strata-gemm with `extra_env` over this environment; a user's own OPENBLAS_CORETYPE (a shell or CI may set one)
+    is left out unless `extra_env` names it, since the tests below are about Strata's choice of core."""
     out = tmp_path / f"{name}.h5"
     command = [program("strata-gemm"), "--shapes", "64x64x64", "-d", "fp32,fp64", "-n", "2", "-w", "1",
                "--output", str(out), *args]
-    env = {"STRATA_CACHE_DIR": str(tmp_path / "cache"), **(extra_env or {})}
+    env = {"STRATA_CACHE_DIR": str(tmp_path / "cache"), "OPENBLAS_CORETYPE": None, **(extra_env or {})}
     old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         result = mpirun(np, command, cwd=str(tmp_path))
     finally:
