@@ -321,7 +321,7 @@ ProjectRun::ProjectRun(const std::string& path, const std::string& command, int 
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   const std::string hosts = nlohmann::json(std::vector<std::string>{host}).dump();
   std::map<std::string, std::string> attrs = attributes;
-  attrs["benchmark"] = "strata-project";
+  attrs.emplace("benchmark", "strata-project");
   attrs["command"] = command;
   attrs["command_line"] = command_line(argc, argv);
   attrs["config_json"] = config_json;
@@ -350,6 +350,8 @@ void ProjectRun::append(const Table& table) {
   writer_->append(table);
   writer_->flush();
 }
+
+void ProjectRun::set_run_attr(const std::string& name, const std::string& value) { writer_->set_run_attr(name, value); }
 
 void ProjectRun::finish() {
   writer_->finish(schema::kStatusOk);

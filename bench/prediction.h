@@ -77,7 +77,8 @@ const std::vector<std::string>& step_components();
 double component(const project::StepComponents& c, const std::string& name);
 
 // One run of strata-project in a results file: created as interrupted, its tables appended, closed ok (or failed when
-// destroyed before finish()). The attributes of the harness's runs, for one process.
+// destroyed before finish()). The attributes of the harness's runs, for one process; `benchmark` is "strata-project"
+// unless `attributes` names another.
 class ProjectRun {
  public:
   // Checks the path first (BadResultsFile); empty: a new file in results/runs/.
@@ -90,6 +91,7 @@ class ProjectRun {
   const std::string& path() const { return path_; }
   const std::string& run_id() const { return run_id_; }
   void append(const Table& table);
+  void set_run_attr(const std::string& name, const std::string& value);
   void finish();
 
  private:

@@ -23,8 +23,7 @@
 #include "bench/context.h"
 #include "bench/system_json.h"
 #include "bench/harness.h"
-#include "build_info.h"
-#include "git_commit.h"
+#include "bench/prediction.h"
 #include "kernels/cpu_gemm.h"
 #include "project/search.h"
 #include "results/writer.h"
@@ -32,6 +31,10 @@
 namespace strata {
 
 namespace {
+
+// The run attribute `benchmark` of a search run (results/SCHEMA.md).
+constexpr const char* kSearchBenchmark = "strata-project search";
+
 
 constexpr double kTargetRate = 100;  // runnable configurations per second, GPT-3 175B on 1024 GPUs (make bench)
 
@@ -238,18 +241,6 @@ void print_counts(const project::SearchResult& r) {
     std::printf("# equivalent (%s): %lld\n", which.c_str(), static_cast<long long>(count));
 }
 
-std::map<std::string, std::string> run_attributes(const std::string& command, const std::string& config) {
-  return {{"benchmark", "strata-project search"}, {"command_line", command}, {"config_json", config},
-          {"start_utc", utc_now_iso()}, {"launcher", "singleton"}, {"n_nodes", "1"}, {"n_ranks", "1"},
-          {"ranks_per_node", "1"}, {"slurm_job_id", ""}, {"slurm_nodelist", ""}, {"slurm_tasks_per_node", ""},
-          {"hosts", "[]"}};
-}
-
-std::map<std::string, std::string> build_env(const std::string& command) {
-  return {{"compiler", STRATA_BUILD_COMPILER}, {"cxx_flags", STRATA_BUILD_CXX_FLAGS}, {"build_type", STRATA_BUILD_TYPE},
-          {"sanitizers", STRATA_BUILD_SANITIZE}, {"git_commit", STRATA_GIT_COMMIT}, {"command_line", command}};
-}
-
 Table search_table(const project::SearchSpace& space, const project::SearchResult& r, const std::string& system_name) {
   Table t("search");
   t.add_column("rank", ColumnKind::int64, "1", "by predicted step time, 1 the fastest");
@@ -343,7 +334,7 @@ ParoGrid paro_grid(const Options& o) {
   return grid;
 }
 
-int compare_paro(const Options& o, const project::System& system, const std::string& output, const std::string& command,
+int compare_paro(const Options& o, const project::System& system, const std::string& output, int argc, char** argv,
                  const std::string& config) {
   const ParoGrid grid = paro_grid(o);
   const int micro_batch = int_list(o.micro_batches, "--micro-batches", 1).front();
@@ -410,10 +401,9 @@ int compare_paro(const Options& o, const project::System& system, const std::str
               agreed, compared, compared ? 100.0 * agreed / compared : 0.0, tied,
               compared ? 100.0 * (agreed + tied) / compared : 0.0, 100 * worst_regret);
   if (!output.empty()) {
-    ResultsWriter writer(output, new_run_id(), run_attributes(command, config));
-    writer.write_env(build_env(command));
-    writer.append(t);
-    writer.finish("ok");
+    ProjectRun run(output, "search", argc, argv, config, {{"benchmark", kSearchBenchmark}});
+    run.append(t);
+    run.finish();
     if (!o.quiet) std::printf("# results: %s\n", output.c_str());
   }
   return 0;
@@ -470,13 +460,12 @@ int project_search(int argc, char** argv) {
   cli.flag("quiet", 'q', "print only the results", o.quiet);
   if (!cli.parse(argc, argv)) return 0;
   cpu_gemm::set_threads(1);  // nothing here runs a GEMM: keep BLAS's threads from spinning beside the search's
-  const std::string command = command_line(argc, argv);
   const std::string config = cli.resolved_json();
   if (o.system_path.empty()) throw UsageError("--system FILE is required: the system description to search on");
   if (o.smoke && !o.bench) throw UsageError("--smoke goes with --bench");
   const project::System system = read_system(o.system_path);
 
-  if (o.compare_paro) return compare_paro(o, system, o.output, command, config);
+  if (o.compare_paro) return compare_paro(o, system, o.output, argc, argv, config);
 
   if (o.bench) {
     // The benchmark's search: GPT-3 175B on 1024 GPUs at GPT-3's batch (1536 sequences of 2048), unless given.
@@ -510,16 +499,15 @@ int project_search(int argc, char** argv) {
   print_counts(result);
 
   if (!output.empty()) {
-    ResultsWriter writer(output, new_run_id(), run_attributes(command, config));
-    writer.write_env(build_env(command));
-    writer.set_run_attr("search_considered", std::to_string(result.enumerated));
-    writer.set_run_attr("search_runnable", std::to_string(runnable(result)));
-    writer.set_run_attr("search_fitting", std::to_string(result.fitting));
-    writer.set_run_attr("search_simulated", std::to_string(result.simulated));
-    writer.set_run_attr("search_pruned", std::to_string(result.pruned));
-    writer.set_run_attr("search_seconds", format_fixed(result.seconds, 3));
-    writer.append(search_table(space, result, system.name));
-    writer.finish("ok");
+    ProjectRun run(output, "search", argc, argv, config, {{"benchmark", kSearchBenchmark}});
+    run.set_run_attr("search_considered", std::to_string(result.enumerated));
+    run.set_run_attr("search_runnable", std::to_string(runnable(result)));
+    run.set_run_attr("search_fitting", std::to_string(result.fitting));
+    run.set_run_attr("search_simulated", std::to_string(result.simulated));
+    run.set_run_attr("search_pruned", std::to_string(result.pruned));
+    run.set_run_attr("search_seconds", format_fixed(result.seconds, 3));
+    run.append(search_table(space, result, system.name));
+    run.finish();
     if (!o.quiet) std::printf("# results: %s (table search)\n", output.c_str());
   }
   if (o.bench) {

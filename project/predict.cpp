@@ -57,11 +57,6 @@ void add_wait(StepComponents& c, const train::StepTrace& trace, const train::Tra
   c.exposed_by_role[wait_role(trace, op)] += seconds;
 }
 
-bool is_compute_op(const train::TraceOp& op) {
-  return op.kind == train::TraceOpKind::gemm || op.kind == train::TraceOpKind::attention ||
-         op.kind == train::TraceOpKind::elementwise;
-}
-
 }  // namespace
 
 WaitKind wait_kind(const train::StepTrace& trace, const train::TraceOp& op) {
@@ -104,11 +99,11 @@ StepComponents components_of(const train::StepTrace& trace, const Timeline& time
   };
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const train::TraceOp& op = ops[i];
-    if (!is_compute_op(op)) continue;
+    if (!is_compute(op.kind)) continue;
     if (at[i].start > cursor) {
       std::vector<int> waited;
       for (int d : op.depends_on)
-        if (!is_compute_op(ops[static_cast<std::size_t>(d)])) waited.push_back(d);
+        if (!is_compute(ops[static_cast<std::size_t>(d)].kind)) waited.push_back(d);
       account_waits(std::move(waited), at[i].start);
     }
     const double seconds = at[i].end - at[i].start;
@@ -119,7 +114,7 @@ StepComponents components_of(const train::StepTrace& trace, const Timeline& time
   // After the last compute op: the operations the rank still waits for.
   std::vector<int> last;
   for (std::size_t i = 0; i < ops.size(); ++i)
-    if (!is_compute_op(ops[i]) && at[i].end > cursor) last.push_back(static_cast<int>(i));
+    if (!is_compute(ops[i].kind) && at[i].end > cursor) last.push_back(static_cast<int>(i));
   account_waits(std::move(last), c.step_s);
   return c;
 }

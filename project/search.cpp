@@ -24,26 +24,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-CollectiveOp collective_of(train::TraceCollective c) {
-  switch (c) {
-    case train::TraceCollective::allreduce: return CollectiveOp::allreduce;
-    case train::TraceCollective::allgather: return CollectiveOp::allgather;
-    case train::TraceCollective::reduce_scatter: return CollectiveOp::reduce_scatter;
-    case train::TraceCollective::broadcast: return CollectiveOp::broadcast;
-  }
-  return CollectiveOp::allreduce;
-}
-
-bool is_compute(train::TraceOpKind kind) {
-  return kind == train::TraceOpKind::gemm || kind == train::TraceOpKind::attention ||
-         kind == train::TraceOpKind::elementwise;
-}
-
-// As workload_of counts it: the step's floats at the prediction's element size, others as traced.
-int element_bytes_of(const train::TraceOp& op, int element_bytes) {
-  return op.element_bytes == 4 ? element_bytes : op.element_bytes;
-}
-
 // Alone-times of compute operations by shape: a step repeats a few shapes many times, and a calibrated system looks
 // each one up among its measured points.
 class ComputeTimes {

@@ -5,8 +5,6 @@
 
 namespace strata::project {
 
-namespace {
-
 CollectiveOp collective_of(train::TraceCollective c) {
   switch (c) {
     case train::TraceCollective::allreduce: return CollectiveOp::allreduce;
@@ -17,10 +15,14 @@ CollectiveOp collective_of(train::TraceCollective c) {
   return CollectiveOp::allreduce;
 }
 
-// The traced element's bytes in the predicted step: the step's floats at the prediction's size; others as traced.
-int element_bytes_of(const train::TraceOp& op, int element_bytes) { return op.element_bytes == 4 ? element_bytes : op.element_bytes; }
+bool is_compute(train::TraceOpKind kind) {
+  return kind == train::TraceOpKind::gemm || kind == train::TraceOpKind::attention ||
+         kind == train::TraceOpKind::elementwise;
+}
 
-}  // namespace
+int element_bytes_of(const train::TraceOp& op, int element_bytes) {
+  return op.element_bytes == 4 ? element_bytes : op.element_bytes;
+}
 
 double collective_bytes(const train::TraceOp& op, int group_size, int element_bytes) {
   const double block = op.count * element_bytes_of(op, element_bytes);

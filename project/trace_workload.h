@@ -20,6 +20,14 @@ struct WorkloadOptions {
 
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});
 
+// The simulator's collective for a traced one.
+CollectiveOp collective_of(train::TraceCollective c);
+// GEMM, attention and elementwise ops run on the compute stream; the rest communicate.
+bool is_compute(train::TraceOpKind kind);
+// A traced element's bytes in the predicted step: the step's floats at `element_bytes`, others (fp64 scalars) as
+// traced.
+int element_bytes_of(const train::TraceOp& op, int element_bytes);
+
 // S of metrics.md for a traced collective: one rank's buffer for allreduce and broadcast, the whole gathered
 // buffer for allgather, the whole input for reduce_scatter.
 double collective_bytes(const train::TraceOp& op, int group_size, int element_bytes);
