@@ -36,28 +36,6 @@ void add_harness_options(Cli& cli, HarnessOptions& o) {
              "element per case", o.inject_wrong_element, -2);
 }
 
-std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, Timer& timer, const std::function<void()>& body) {
-  for (int i = 0; i < spec.warmup; ++i) {
-    timer.start();
-    body();
-    timer.stop();  // also waits for device work to finish
-  }
-  std::vector<double> samples;
-  samples.reserve(static_cast<size_t>(spec.iters));
-  double spent = 0;
-  for (int i = 0; i < spec.iters; ++i) {
-    STRATA_MPI_CHECK(MPI_Barrier(comm));
-    timer.start();
-    body();
-    double elapsed = timer.stop();
-    samples.push_back(elapsed / spec.ops_per_sample);
-    spent += elapsed;
-    // Ranks agree on stopping, outside the timed region, so all run the same number of iterations.
-    if (spec.budget_s > 0 && i + 1 < spec.iters && allreduce_max(comm, spent) >= spec.budget_s) break;
-  }
-  return samples;
-}
-
 void ConsoleTable::print_header() const {
   std::string line = "#";
   for (const auto& c : columns_) {

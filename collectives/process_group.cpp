@@ -334,8 +334,8 @@ int Group::next_tag(std::vector<unsigned>& sequence, int peer) {
   return kPointToPointTagBase + static_cast<int>(sequence[static_cast<std::size_t>(peer)]++ % kTagSpan);
 }
 
-Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
-                      Waiting waiting) {
+Work Group::allreduce_general(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
+                              RedOp op, Waiting waiting) {
   require(supports(Operation::allreduce, algo),
           [&] { return "allreduce has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
@@ -382,8 +382,8 @@ Work Group::allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
                 });
 }
 
-Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
-                           RedOp op, Waiting waiting) {
+Work Group::reduce_scatter_general(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount,
+                                   DataType dtype, RedOp op, Waiting waiting) {
   require(supports(Operation::reduce_scatter, algo),
           [&] { return "reduce_scatter has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
@@ -449,8 +449,8 @@ Work Group::reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::s
                 });
 }
 
-Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
-                      Waiting waiting) {
+Work Group::allgather_general(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
+                              Waiting waiting) {
   require(supports(Operation::allgather, algo),
           [&] { return "allgather has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require((algo != Algo::hierarchical && algo != Algo::horing) || even_nodes_,
@@ -491,7 +491,7 @@ Work Group::allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t
                 });
 }
 
-Work Group::broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting) {
+Work Group::broadcast_general(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting) {
   require(supports(Operation::broadcast, algo),
           [&] { return "broadcast has no non-blocking " + std::string(coll::name(algo)) + " algorithm"; });
   require(root >= 0 && root < size_,

@@ -26,6 +26,7 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/layout.h"
+#include "collectives/mpi_error.h"
 #include "collectives/operations.h"
 #include "collectives/shm.h"
 #include "collectives/types.h"
@@ -88,13 +89,47 @@ class Group {
   // shm.h; the group must live on one machine; the segment is made at the first shm call, collectively).
   // Broadcast: library, ring (a pipelined chain from the root) or shm. std::invalid_argument for other pairs
   // or bad args.
+  //
+  // The library's blocking calls on MPI's own datatypes and reductions are the MPI call itself, inline here:
+  // a latency-bound call then costs what a bare MPI call costs (strata-bench-collectives' figure 3), where the
+  // general path's checks and calls across translation units cost a 0.1 us broadcast 8-10 ns once ranks share
+  // cores (every line of code and data between the clock reads is then a cache miss).
   Work allreduce(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
-                 Waiting waiting = Waiting::later);
+                 Waiting waiting = Waiting::later) {
+    if (!plain_library_call(algo, waiting, dtype) || op == RedOp::avg)
+      return allreduce_general(algo, sendbuf, recvbuf, count, dtype, op, waiting);
+    STRATA_MPI_CHECK(MPI_Allreduce(sendbuf == recvbuf ? MPI_IN_PLACE : sendbuf, recvbuf, static_cast<int>(count),
+                                   native_mpi_datatype(dtype), native_mpi_op(op), comm_.get()));
+    return Work();
+  }
   Work reduce_scatter(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype, RedOp op,
-                      Waiting waiting = Waiting::later);
+                      Waiting waiting = Waiting::later) {
+    // In place, MPI leaves the result at the buffer's start and NCCL at the rank's block: the general path.
+    const std::size_t my_block = static_cast<std::size_t>(rank_) * recvcount * size_of(dtype);
+    const bool in_place = recvbuf == static_cast<const std::byte*>(sendbuf) + my_block;
+    if (!plain_library_call(algo, waiting, dtype) || op == RedOp::avg || in_place)
+      return reduce_scatter_general(algo, sendbuf, recvbuf, recvcount, dtype, op, waiting);
+    STRATA_MPI_CHECK(MPI_Reduce_scatter_block(sendbuf, recvbuf, static_cast<int>(recvcount),
+                                              native_mpi_datatype(dtype), native_mpi_op(op), comm_.get()));
+    return Work();
+  }
   Work allgather(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
-                 Waiting waiting = Waiting::later);
-  Work broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting = Waiting::later);
+                 Waiting waiting = Waiting::later) {
+    if (!plain_library_call(algo, waiting, dtype))
+      return allgather_general(algo, sendbuf, recvbuf, count, dtype, waiting);
+    const std::size_t my_block = static_cast<std::size_t>(rank_) * count * size_of(dtype);
+    const bool in_place = sendbuf == static_cast<std::byte*>(recvbuf) + my_block;
+    const MPI_Datatype type = native_mpi_datatype(dtype);
+    STRATA_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : sendbuf, static_cast<int>(count), type, recvbuf,
+                                   static_cast<int>(count), type, comm_.get()));
+    return Work();
+  }
+  Work broadcast(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting = Waiting::later) {
+    if (!plain_library_call(algo, waiting, dtype) || root < 0 || root >= size_)
+      return broadcast_general(algo, buf, count, dtype, root, waiting);
+    STRATA_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(count), native_mpi_datatype(dtype), root, comm_.get()));
+    return Work();
+  }
   Work send(const void* buf, std::size_t count, DataType dtype, int peer);
   Work recv(void* buf, std::size_t count, DataType dtype, int peer);
 
@@ -165,6 +200,19 @@ class Group {
   std::unique_ptr<ShmNode> intra_first_, intra_last_;
 
   int next_collective_tag();
+  // A blocking library call MPI runs with its own datatype. MPI's blocking and non-blocking collectives do not
+  // match each other, so every rank of a call takes the same path, and the tags stay in step.
+  bool plain_library_call(Algo algo, Waiting waiting, DataType dtype) const {
+    return algo == Algo::library && waiting == Waiting::at_once && !trace_ &&
+           native_mpi_datatype(dtype) != MPI_DATATYPE_NULL;
+  }
+  Work allreduce_general(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype, RedOp op,
+                         Waiting waiting);
+  Work reduce_scatter_general(Algo algo, const void* sendbuf, void* recvbuf, std::size_t recvcount, DataType dtype,
+                              RedOp op, Waiting waiting);
+  Work allgather_general(Algo algo, const void* sendbuf, void* recvbuf, std::size_t count, DataType dtype,
+                         Waiting waiting);
+  Work broadcast_general(Algo algo, void* buf, std::size_t count, DataType dtype, int root, Waiting waiting);
   int next_tag(std::vector<unsigned>& sequence, int peer);
 
   std::string name_;

@@ -332,28 +332,13 @@ MpiTypes::~MpiTypes() {
 }
 
 MPI_Datatype MpiTypes::datatype(DataType dtype) const {
-  switch (dtype) {
-    case DataType::int8: return MPI_INT8_T;
-    case DataType::int32: return MPI_INT32_T;
-    case DataType::float32: return MPI_FLOAT;
-    case DataType::float64: return MPI_DOUBLE;
-    case DataType::float16:
-    case DataType::bfloat16: return two_byte_type_;
-  }
-  return MPI_DATATYPE_NULL;
+  return dtype == DataType::float16 || dtype == DataType::bfloat16 ? two_byte_type_ : native_mpi_datatype(dtype);
 }
 
 MPI_Op MpiTypes::op(DataType dtype, RedOp op) const {
   if (dtype == DataType::float16) return half_ops_[user_op_slot(op)];
   if (dtype == DataType::bfloat16) return bfloat16_ops_[user_op_slot(op)];
-  switch (op) {
-    case RedOp::sum:
-    case RedOp::avg: return MPI_SUM;
-    case RedOp::prod: return MPI_PROD;
-    case RedOp::min: return MPI_MIN;
-    case RedOp::max: return MPI_MAX;
-  }
-  return MPI_OP_NULL;
+  return native_mpi_op(op == RedOp::avg ? RedOp::sum : op);
 }
 
 }  // namespace strata::coll

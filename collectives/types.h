@@ -53,6 +53,30 @@ void finish_avg(void* buf, std::size_t count, DataType dtype, int rank_count);
 void reduce_into_all(std::span<std::byte* const> outputs, std::span<const std::byte* const> inputs, std::size_t count,
                      DataType dtype, RedOp op, int average_over, bool stream);
 
+// The datatypes and reductions MPI has built in: MPI_DATATYPE_NULL for the 16-bit floats, MPI_OP_NULL for avg
+// (MpiTypes covers those). Inline, for the library's blocking fast path (process_group.h).
+inline MPI_Datatype native_mpi_datatype(DataType dtype) {
+  switch (dtype) {
+    case DataType::int8: return MPI_INT8_T;
+    case DataType::int32: return MPI_INT32_T;
+    case DataType::float32: return MPI_FLOAT;
+    case DataType::float64: return MPI_DOUBLE;
+    case DataType::float16:
+    case DataType::bfloat16: return MPI_DATATYPE_NULL;
+  }
+  return MPI_DATATYPE_NULL;
+}
+inline MPI_Op native_mpi_op(RedOp op) {
+  switch (op) {
+    case RedOp::sum: return MPI_SUM;
+    case RedOp::prod: return MPI_PROD;
+    case RedOp::min: return MPI_MIN;
+    case RedOp::max: return MPI_MAX;
+    case RedOp::avg: return MPI_OP_NULL;
+  }
+  return MPI_OP_NULL;
+}
+
 // The MPI datatypes and ops for every (dtype, op), for the MPI library path. MPI has no 16-bit floats, so
 // half and bfloat16 travel as a 2-byte contiguous type with user-defined (commutative) ops built on
 // reduce_into. Construct after MPI_Init and destroy before MPI_Finalize: it frees what it created.
