@@ -94,7 +94,7 @@ struct Options {
   std::string strategies = "all", tp, pp, sequence_parallel = "on";
   int gpus = 0, global_batch = 0, seq = 0, top = 10, interleave = 2, threads = 0;
   double target = kTargetRate;
-  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, vocab = 50257, mlp = 0;
+  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, vocab = 50257, mlp_hidden = 0;
   bool no_prune = false, quiet = false, bench = false, smoke = false, compare_paro = false;
   std::string paro_models = "gpt3-1.3b,llama-7b-like,llama-65b-like", paro_trainable = "all,0.0625",
               paro_nodes = "2,4,16", paro_micro_batches = "1,4,16", paro_ratios = "system,1,4,16",
@@ -110,10 +110,10 @@ train::ModelConfig resolve_model(const Options& o) {
     m = model_named(o.model);
   } else {
     if (o.layers < 1 || o.hidden < 1 || o.heads < 1)
-      throw UsageError("give --model NAME, or --layers, --hidden and --heads (with --kv-heads, --vocab, --mlp)");
+      throw UsageError("give --model NAME, or --layers, --hidden and --heads (with --kv-heads, --vocab, --mlp-hidden)");
     m.name = "custom", m.layers = o.layers, m.hidden = o.hidden, m.heads = o.heads;
     m.kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
-    m.vocab = o.vocab, m.mlp_hidden = o.mlp;
+    m.vocab = o.vocab, m.mlp_hidden = o.mlp_hidden;
     m.max_seq = std::max(o.seq, 1);
   }
   if (const std::string problem = m.validate(); !problem.empty()) throw UsageError("model: " + problem);
@@ -423,7 +423,7 @@ int project_search(int argc, char** argv) {
   cli.option("heads", 0, "its attention heads", o.heads, 0);
   cli.option("kv-heads", 0, "its key/value heads (default: heads)", o.kv_heads, 0);
   cli.option("vocab", 0, "its vocabulary", o.vocab, 1);
-  cli.option("mlp", 0, "its MLP width (default 4 x hidden)", o.mlp, 0);
+  cli.option("mlp-hidden", 0, "its MLP width (default 4 x hidden), as strata-step's --mlp-hidden", o.mlp_hidden, 0);
   cli.option("gpus", 0, "devices to train on", o.gpus, 0);
   cli.option("global-batch", 0, "sequences per step", o.global_batch, 0);
   cli.option("seq", 0, "tokens per sequence (default: the model's longest)", o.seq, 0);

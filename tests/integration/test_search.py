@@ -61,6 +61,22 @@ def test_small_model_top_k_printed_stored_and_reported(tmp_path):
     assert "## Search: gpt2-350m on 32 devices" in text and table["label"][0] in text
 
 
+def test_a_custom_model_by_its_dimensions(tmp_path):
+    """The dimensions with strata-step's flag names: gpt2-350m's give the preset's ranking; a wider MLP a slower step."""
+    common = ["--system", A100, "--gpus", "32", "--global-batch", "64", "--seq", "1024", "-k", "3"]
+    dims = ["--layers", "24", "--hidden", "1024", "--heads", "16", "--vocab", "50257"]
+    preset = search([*common, "--model", "gpt2-350m", "-O", str(tmp_path / "preset.h5")], tmp_path)
+    same = search([*common, *dims, "--mlp-hidden", "4096", "-O", str(tmp_path / "same.h5")], tmp_path)
+    wider = search([*common, *dims, "--mlp-hidden", "8192", "-O", str(tmp_path / "wider.h5")], tmp_path)
+    for result in (preset, same, wider):
+        assert result.returncode == 0, result.stderr
+    step = {name: sr.read_table([str(tmp_path / f"{name}.h5")], "search")
+            for name in ("preset", "same", "wider")}
+    assert list(step["same"]["label"]) == list(step["preset"]["label"])
+    assert list(step["same"]["step"]) == pytest.approx(list(step["preset"]["step"]), rel=1e-12)
+    assert step["wider"]["step"].min() > 1.2 * step["preset"]["step"].min()
+
+
 def test_gpt3_175b_on_1024_gpus(tmp_path):
     out = tmp_path / "search.h5"
     result = search(["--system", H100, "--model", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536", "--seq", "2048",
