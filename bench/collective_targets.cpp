@@ -147,9 +147,9 @@ int run_targets(int argc, char** argv) {
   // strata-collective --mode blocking runs at the library algorithm: the harness's timed loop (measure():
   // barrier, timer, one call) around the operations table's call on a process group, waited for at once. The
   // bare loop is written as OSU's osu_allreduce & co. are: buffers allocated once, then per iteration
-  // MPI_Wtime, the call, MPI_Wtime, barrier; latency = time / iterations. Both use the same buffers. The
-  // contenders alternate call by call (the first of each pair flipping), so drifts in the machine's speed and
-  // in which ranks share a core hit both.
+  // MPI_Wtime, the call, MPI_Wtime, barrier (here barrier first, the same sequence once it runs); latency = time /
+  // iterations. Both use the same buffers. The contenders alternate call by call (the first of each pair
+  // flipping), so drifts in the machine's speed and in which ranks share a core hit both.
   const bool judge_latency = !smoke;
   coll::ProcessGroups groups(coll::GridShape{1, 1, size});
   say("\n# blocking latency (one call per timed interval, barrier between calls), library algorithm, float sum;\n"
@@ -210,7 +210,7 @@ int run_targets(int argc, char** argv) {
       // Sizes of one call per round take more rounds, 40 calls per contender at least: a descheduled rank then
       // spoils a round of one call, and the median needs more of them to pass it by (4 ranks on 2 cores).
       // Short calls run more rounds still, until 0.25 s of both contenders' calls (at most 10x the rounds): a
-      // round of 1000 broadcasts is a millisecond, and 20 of them leave the median a few percent of noise.
+      // round of 1000 broadcasts is a millisecond, and 20 of them are too few for a median steady within 10 %.
       const int min_rounds = smoke ? latency_rounds : std::max(latency_rounds, (40 + latency_iters - 1) / latency_iters);
       const int max_rounds = smoke ? latency_rounds : std::max(min_rounds, 10 * latency_rounds);
       double spent = 0;  // mean seconds per rank in this size's timed calls; the same on every rank
