@@ -180,30 +180,45 @@ class Collector {
     ++used_["strata-gemm"];
   }
 
-  void attention(const RunRef& run) {
-    const View cases = run.table("cases"), summary = run.table("summary");
+  // Calls take(case row, summary row) for every case of `run` that `wanted` keeps and that has a summary row; on
+  // the CPU only cases at the GEMM runs' thread count, noting how many others were left out. Returns how many it took.
+  template <typename Wanted, typename Take>
+  size_t take_cases(const RunRef& run, const View& cases, const View& summary, Wanted wanted, Take take) {
     const auto summary_row = rows_by_case(summary);
     size_t used = 0, other_threads = 0;
     for (size_t r = 0; r < cases.rows(); ++r) {
-      if ((device_ == "cuda") != (cases.text("backend", r) == "cuda")) continue;
-      const std::string pass = cases.text("pass", r);
-      if (cases.text("impl", r) != "flash" || (pass != "fwd" && pass != "bwd")) continue;
+      if (!wanted(r)) continue;
       if (device_ == "cpu" && threads_ != 0 && cases.integer("threads", r) != threads_) {
         ++other_threads;
         continue;
       }
       const auto row = summary_row.find(cases.integer("case", r));
       if (row == summary_row.end()) continue;
-      project::AttentionShape shape{cases.integer("batch", r),  cases.integer("heads_q", r), cases.integer("heads_kv", r),
-                                    cases.integer("seq_q", r),  cases.integer("seq_kv", r),  cases.integer("head_dim", r),
-                                    cases.integer("causal", r) != 0, pass == "bwd"};
-      out_.input.attention.push_back({cases.text("dtype", r), shape, summary.number("time_rankmean_median", row->second),
-                                      relative_spread(summary, row->second, "rankmean")});
+      take(r, row->second);
       ++used;
     }
     if (other_threads)
       out_.notes.push_back(run.where() + ": " + std::to_string(other_threads) +
                            " case(s) with another thread count than the GEMM runs' left out");
+    return used;
+  }
+
+  void attention(const RunRef& run) {
+    const View cases = run.table("cases"), summary = run.table("summary");
+    const size_t used = take_cases(run, cases, summary,
+        [&](size_t r) {
+          const std::string pass = cases.text("pass", r);
+          return (device_ == "cuda") == (cases.text("backend", r) == "cuda") && cases.text("impl", r) == "flash" &&
+                 (pass == "fwd" || pass == "bwd");
+        },
+        [&](size_t r, size_t row) {
+          project::AttentionShape shape{cases.integer("batch", r),  cases.integer("heads_q", r),
+                                        cases.integer("heads_kv", r), cases.integer("seq_q", r),
+                                        cases.integer("seq_kv", r), cases.integer("head_dim", r),
+                                        cases.integer("causal", r) != 0, cases.text("pass", r) == "bwd"};
+          out_.input.attention.push_back({cases.text("dtype", r), shape, summary.number("time_rankmean_median", row),
+                                          relative_spread(summary, row, "rankmean")});
+        });
     if (used) ++used_["strata-attention"];
     else out_.notes.push_back(run.where() + ": no flash fwd or bwd case on the " + device_);
   }
@@ -215,23 +230,11 @@ class Collector {
       return;
     }
     const View cases = run.table("cases"), summary = run.table("summary");
-    const auto summary_row = rows_by_case(summary);
-    size_t used = 0, other_threads = 0;
-    for (size_t r = 0; r < cases.rows(); ++r) {
-      if (threads_ != 0 && cases.integer("threads", r) != threads_) {
-        ++other_threads;
-        continue;
-      }
-      const auto row = summary_row.find(cases.integer("case", r));
-      if (row == summary_row.end()) continue;
+    const size_t used = take_cases(run, cases, summary, [](size_t) { return true; }, [&](size_t r, size_t row) {
       out_.input.elementwise.push_back({cases.text("kernel", r), cases.number("bytes", r),
-                                        summary.number("time_rankmean_median", row->second),
-                                        relative_spread(summary, row->second, "rankmean")});
-      ++used;
-    }
-    if (other_threads)
-      out_.notes.push_back(run.where() + ": " + std::to_string(other_threads) +
-                           " case(s) with another thread count than the GEMM runs' left out");
+                                        summary.number("time_rankmean_median", row),
+                                        relative_spread(summary, row, "rankmean")});
+    });
     if (used) ++used_["strata-elementwise"];
   }
 

@@ -1,6 +1,7 @@
 // strata-elementwise: the CPU training step's elementwise kernels (layer norm, GELU, the residual add, copies, the
-// heads' layouts, biases, gradient accumulation, AdamW; kernels/layers.h) at the shapes a model's step calls them, every rank at once. Bytes are the elements the step's
-// trace counts for the same call, 4 bytes each; GB/s = bytes / time. What a system description's per-kernel rates
+// heads' layouts, biases, gradient accumulation, AdamW; kernels/layers.h) at the shapes a model's step calls them,
+// every rank at once. Bytes are the elements the step's trace counts for the same call, 4 bytes each; GB/s = bytes /
+// time. What a system description's per-kernel rates
 // are fitted from (strata-project calibrate), as the GEMM and attention points are from strata-gemm and
 // strata-attention. Every case is checked against a float64 reference.
 #include <algorithm>

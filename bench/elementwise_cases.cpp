@@ -105,7 +105,7 @@ Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed
     a_ = buffer(P), b_ = buffer(P), x_ = buffer(P);
   } else {  // adamw: parameters x, gradients a, moments y (first) and z (second, positive)
     x_ = buffer(P), a_ = buffer(P, -1e-2f, 1e-2f), y_ = buffer(P, -1e-3f, 1e-3f), z_ = buffer(P, 1e-6f, 1e-4f);
-    a0_.assign(a_.get(), a_.get() + P), x0_.assign(x_.get(), x_.get() + P);
+    x0_.assign(x_.get(), x_.get() + P);
     y0_.assign(y_.get(), y_.get() + P), z0_.assign(z_.get(), z_.get() + P);
   }
 }
@@ -230,7 +230,7 @@ CheckResult Problem::check() const {
     compare(r, x_.get(), want);
   } else {
     std::vector<double> params(x0_.begin(), x0_.end()), m(y0_.begin(), y0_.end()), v(z0_.begin(), z0_.end());
-    ref::adamw_update(params.data(), std::vector<double>(a0_.begin(), a0_.end()).data(), m.data(), v.data(), P,
+    ref::adamw_update(params.data(), widen(a_.get(), P).data(), m.data(), v.data(), P,
                       kAdamW.learning_rate, kAdamW.beta1, kAdamW.beta2, kAdamW.eps, kAdamW.weight_decay, step_, 1.0);
     compare(r, x_.get(), params), compare(r, y_.get(), m), compare(r, z_.get(), v);
   }

@@ -62,7 +62,7 @@ class Problem {
   layers::CpuOptions options_;
   // Inputs a, b, c (as the kernel needs them) and outputs x, y, z; page-aligned, allocated once.
   PageAlignedFloats a_, b_, c_, x_, y_, z_;
-  std::vector<float> a0_, x0_, y0_, z0_;  // AdamW's starting parameters and moments, restored before a check
+  std::vector<float> x0_, y0_, z0_;  // AdamW's starting parameters and moments, restored before a check
   long step_ = 1;
 };
 
