@@ -34,10 +34,11 @@ test-integration:
 	@STRATA_BUILD_DIR=$(abspath $(BUILD)) $(PYTHON) -m pytest -q tests/integration
 
 # The same tests against an AddressSanitizer + UndefinedBehaviorSanitizer build (CPU code; the CUDA
-# sources are compiled in the main build).
+# sources are compiled in the main build). It is also the portable build (no -march=native), so the code paths
+# a binary built for another CPU takes are compiled and tested too.
 test-sanitize:
-	@echo "[build] $(SAN_BUILD) (AddressSanitizer + UndefinedBehaviorSanitizer)"
-	@cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF \
+	@echo "[build] $(SAN_BUILD) (AddressSanitizer + UndefinedBehaviorSanitizer, portable: STRATA_NATIVE=OFF)"
+	@cmake -S . -B $(SAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=address,undefined -DSTRATA_CUDA=OFF -DSTRATA_NATIVE=OFF \
 	  $(QUIET_CMAKE) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(SAN_BUILD) -j $(JOBS) -- --no-print-directory
 	@cd $(SAN_BUILD) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure

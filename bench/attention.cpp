@@ -385,7 +385,7 @@ int run_attention(int argc, char** argv) {
           row.set("flop", flop).set("bytes", bytes);
         },
         [&](Table& row, const CaseResult& res) {
-          set_flop_rates(row, flop, res, ranks, peak_per_rank);
+          set_flop_rates(row, flop, res, ranks, peak_per_rank, label);
           row.set("check_rel_l2", worst);
         });
     if (run.is_root()) {
@@ -396,7 +396,7 @@ int run_attention(int argc, char** argv) {
                        std::to_string(s.heads_kv), std::to_string(s.seq_q), std::to_string(s.seq_kv),
                        std::to_string(s.head_dim), format_fixed(r.rankmax.median * 1e3, 3),
                        format_fixed(per_rank / 1e9, 1), format_fixed(ranks * flop / r.rankmax.median / 1e9, 1),
-                       peak_per_rank > 0 ? format_fixed(100 * per_rank / peak_per_rank, 1) : "n/a", rel});
+                       format_peak_percent(peak_per_rank > 0 ? per_rank / peak_per_rank : 0), rel});
     }
   }
   if (run.is_root()) {

@@ -122,6 +122,7 @@ int run(int argc, char** argv) {
   }
 
   const double peak_median = median(peak);
+  const PeakCheck peak_check = check_peak(PeakPrecision::fp32, cpu, peak_median, measure_clock_hz());
   const BlasCoreChoice core = blas_core_choice();
   // The default library, chosen as a run chooses it: the faster one, here measured at this size.
   size_t best = 0;
@@ -144,6 +145,11 @@ int run(int argc, char** argv) {
   row("openblas as it loads by itself (" + loaded_core + ")", median(as_loaded), false);
   row("openblas generic kernels (OPENBLAS_CORETYPE=PRESCOTT)", median(generic), false);
   std::printf("# OpenBLAS core in this process: %s (%s)\n", core.running.c_str(), core.how.c_str());
+  std::printf("# peak check: %s%s\n", peak_check.agrees ? "agrees: " : "FAILED: ", peak_check.text.c_str());
+  if (!peak_check.agrees) {
+    std::printf("default library / peak: not judged: the measured peak failed its check against the clock\n");
+    return 3;
+  }
   const double ratio = median(rates[best]) / peak_median;
   if (smoke) {
     std::printf("default/peak %.3f (smoke run: target not judged)\n", ratio);

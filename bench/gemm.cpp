@@ -292,7 +292,7 @@ int run_gemm(int argc, char** argv) {
           t.set("flop", flop).set("bytes", bytes);
         },
         [&](Table& t, const CaseResult& r) {
-          set_flop_rates(t, flop, r, ranks, work.peak_per_rank);
+          set_flop_rates(t, flop, r, ranks, work.peak_per_rank, label);
           t.set("peak_source", work.peak_source).set("algorithm", work.algorithm);
           t.set("check_samples", static_cast<int64_t>(check.checked)).set("check_worst_ratio", worst);
         });
@@ -301,7 +301,7 @@ int run_gemm(int argc, char** argv) {
       table.print_row({o.backend, library, gemm::name(dtype), std::to_string(shape.m), std::to_string(shape.n),
                        std::to_string(shape.k), point.text("shape_source"), format_fixed(result.rankmax.median * 1e3, 3),
                        format_fixed(per_rank / 1e9, 1), format_fixed(ranks * flop / result.rankmax.median / 1e9, 1),
-                       work.peak_per_rank > 0 ? format_fixed(100 * per_rank / work.peak_per_rank, 1) : "n/a",
+                       format_peak_percent(work.peak_per_rank > 0 ? per_rank / work.peak_per_rank : 0),
                        worst <= 1 ? "ok" : "FAIL"});
     }
   }

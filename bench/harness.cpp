@@ -285,14 +285,38 @@ void add_flop_rate_columns(Table& summary, const std::string& flop_name) {
   summary.add_column("flop_rate_slowest_rank", ColumnKind::float64, "FLOP/s", flop_name + " / the slowest rank's own median");
   summary.add_column("peak_per_rank", ColumnKind::float64, "FLOP/s", "0 when unknown");
   summary.add_column("peak_fraction", ColumnKind::float64, "1", "flop_rate_per_rank / peak_per_rank; 0 when unknown");
+  summary.add_column("above_peak", ColumnKind::int64, "1",
+                     "1 when a fraction of peak (peak_fraction, or a step's MFU/HFU) exceeds 1, which cannot be true: "
+                     "the peak or the FLOP count is wrong");
 }
 
-void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks, double peak_per_rank) {
+namespace {
+
+bool warn_above_peak(const std::string& label, const std::string& what, double fraction) {
+  if (!(fraction > 1)) return false;
+  std::fprintf(stderr, "warning: %s: %s %.1f %% is above 100 %% and cannot be true (the peak or the FLOP count is "
+                       "wrong); the case is marked above_peak\n",
+               label.c_str(), what.c_str(), 100 * fraction);
+  return true;
+}
+
+}  // namespace
+
+std::string format_peak_percent(double fraction, int decimals, bool sign) {
+  if (!(fraction > 0)) return "n/a";
+  return format_fixed(100 * fraction, decimals) + (sign ? "%" : "") + (fraction > 1 ? "!" : "");
+}
+
+void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks, double peak_per_rank,
+                    const std::string& label, const std::vector<std::pair<std::string, double>>& more) {
   const double per_rank = flop / result.rankmean.median;
   const double slowest = *std::max_element(result.rank_medians.begin(), result.rank_medians.end());
   row.set("flop_rate_per_rank", per_rank).set("flop_rate_aggregate", ranks * flop / result.rankmax.median);
   row.set("flop_rate_slowest_rank", flop / slowest).set("peak_per_rank", peak_per_rank);
-  row.set("peak_fraction", peak_per_rank > 0 ? per_rank / peak_per_rank : 0.0);
+  const double fraction = peak_per_rank > 0 ? per_rank / peak_per_rank : 0.0;
+  bool above = warn_above_peak(label, "the fraction of peak", fraction);
+  for (const auto& [what, other] : more) above = above || warn_above_peak(label, what, other);  // one warning a row
+  row.set("peak_fraction", fraction).set("above_peak", int64_t{above ? 1 : 0});
 }
 
 struct Watchdog::State {

@@ -171,9 +171,15 @@ class Run {
 
 // The FLOP-rate columns every compute benchmark reports, with one convention: per rank from the median of
 // the per-iteration mean over ranks; aggregate = ranks x flop over the median of the per-iteration max; the
-// slowest rank from its own median; the fraction of a known peak (0 when unknown).
+// slowest rank from its own median; the fraction of a known peak (0 when unknown). A fraction above 1 cannot be
+// true (the peak or the FLOP count is wrong): the row is marked (`above_peak`) and rank 0 warns on stderr.
 void add_flop_rate_columns(Table& summary, const std::string& flop_name);
-void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks, double peak_per_rank);
+// `more`: other fractions of the same peak the row reports (a step's MFU and HFU), judged the same way.
+void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks, double peak_per_rank,
+                    const std::string& label, const std::vector<std::pair<std::string, double>>& more = {});
+// A fraction of peak as printed: "65.2" ("65.2%" with `sign`), "n/a" when unknown (<= 0 or NaN), "147.3!"
+// ("147.3%!") above 100 %.
+std::string format_peak_percent(double fraction, int decimals = 1, bool sign = false);
 
 // Ends the job when one case takes longer than its limit: a hung collective is reported (what was
 // running, on which rank) instead of waiting forever. Rank 0 first closes its run as failed, with the

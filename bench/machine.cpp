@@ -26,13 +26,15 @@ using nlohmann::json;
 constexpr int kFormat = 1;
 constexpr double kCacheLifetimeSeconds = 24 * 3600;
 
+// `failure` is written for the reader; it is derived again from the figures, the clock and the CPU on reading.
 json peak_json(const PeakFigure& p) {
-  return {{"one_core", p.one_core}, {"all_cores", p.all_cores}, {"cores", p.cores}, {"kernel", p.kernel}};
+  return {{"one_core", p.one_core}, {"all_cores", p.all_cores}, {"cores", p.cores}, {"kernel", p.kernel},
+          {"failure", p.failure}};
 }
 
 PeakFigure peak_from(const json& j) {
   return {j.at("one_core").get<double>(), j.at("all_cores").get<double>(), j.at("cores").get<int>(),
-          j.at("kernel").get<std::string>()};
+          j.at("kernel").get<std::string>(), ""};
 }
 
 CpuFeatures cpu_from(const json& j) {
@@ -55,6 +57,7 @@ CpuFeatures cpu_from(const json& j) {
                   : flag == "avx512_fp16" ? &cpu.avx512_fp16
                   : flag == "amx_bf16"    ? &cpu.amx_bf16
                   : flag == "neon"        ? &cpu.neon
+                  : flag == "hypervisor"  ? &cpu.hypervisor
                                           : nullptr;
     if (field) *field = true;
   }
@@ -228,7 +231,7 @@ MachineDescription machine_from_json(const json& j) {
     m.fp64 = peak_from(p.at("fp64"));
     m.bf16 = peak_from(p.at("bf16"));
     m.clock_hz = j.at("clock").at("imul_chain_hz").get<double>();
-    m.clock_agrees = j.at("clock").at("agrees_with_fp32_peak").get<bool>();
+    judge_peaks(m);
     const json& mem = j.at("memory");
     m.memory.array_bytes = mem.at("array_bytes").get<int64_t>();
     m.memory.cores = mem.at("cores").get<int>();
@@ -293,7 +296,9 @@ void add_machine_env(std::map<std::string, std::string>& env, const NodeMachine&
     env[std::string("peak_") + name + "_one_core"] = number(peak->one_core);
     env[std::string("peak_") + name + "_all_cores"] = number(peak->all_cores);
     env[std::string("peak_") + name + "_kernel"] = peak->kernel;
+    env[std::string("peak_") + name + "_check"] = peak_check_text(m, *peak);
   }
+  env["cpu_fma_units"] = fma_units(m.cpu).text();
   env["clock_imul_chain_hz"] = number(m.clock_hz);
   env["clock_agrees_with_fp32_peak"] = m.clock_agrees ? "yes" : "no";
   env["memory_copy_one_core"] = number(m.memory.copy.one_core);
@@ -316,8 +321,23 @@ void add_machine_env(std::map<std::string, std::string>& env, const NodeMachine&
   env["machine_json"] = all_nodes_json;
 }
 
+std::string peak_check_text(const MachineDescription& m, const PeakFigure& peak) {
+  if (!peak.known()) return "n/a: " + missing_peak_reason(m.cpu, peak);
+  const PeakPrecision precision = &peak == &m.fp64 ? PeakPrecision::fp64 : &peak == &m.bf16 ? PeakPrecision::bf16
+                                                                                             : PeakPrecision::fp32;
+  const PeakCheck check = check_peak(precision, m.cpu, peak.one_core, m.clock_hz);
+  return (check.agrees ? "agrees: " : "FAILED: ") + check.text;
+}
+
+std::string missing_peak_reason(const CpuFeatures& cpu, const PeakFigure& peak) {
+  if (peak.known()) return "";
+  if (cpu.avx512f || cpu.avx2 || cpu.neon) return "this CPU has no AVX-512 BF16 dot-product unit";
+  return "this CPU has no vector unit Strata has a peak kernel for";
+}
+
 std::string peak_source(const PeakFigure& peak, int threads) {
   if (!peak.known()) return "unknown: this CPU has no kernel to measure this precision's peak";
+  if (!peak.failure.empty()) return "unknown: the measured peak is a " + peak.failure;
   char text[256];
   if (threads <= 1 || peak.all_cores <= 0)
     std::snprintf(text, sizeof text, "measured: %s, one core, %.1f GFLOP/s%s", peak.kernel.c_str(), peak.one_core / 1e9,
@@ -336,13 +356,18 @@ std::string machine_summary(const NodeMachine& node, const BlasCoreChoice& core)
                 m.cpu.model_name.c_str(), m.cpu.vendor.c_str(), m.cpu.family, m.cpu.model, m.topology.cores,
                 node.source.c_str(), node.measured_utc.c_str());
   text += line;
-  std::snprintf(line, sizeof line,
-                "# peak (measured, %s): FP32 %.1f GFLOP/s one core, %.1f all cores; FP64 %.1f / %.1f; BF16 %.1f / %.1f;"
-                " imul clock %.2f GHz (%s)\n",
-                m.fp32.kernel.c_str(), m.fp32.one_core / 1e9, m.fp32.all_cores / 1e9, m.fp64.one_core / 1e9,
-                m.fp64.all_cores / 1e9, m.bf16.one_core / 1e9, m.bf16.all_cores / 1e9, m.clock_hz / 1e9,
-                m.clock_agrees ? "agrees with the FP32 peak" : "DOES NOT agree with the FP32 peak");
-  text += line;
+  auto figure = [&](const char* label, const PeakFigure& p) {
+    if (!p.known()) return std::string(label) + " n/a (" + missing_peak_reason(m.cpu, p) + ")";
+    char text[160];
+    std::snprintf(text, sizeof text, "%s %.1f GFLOP/s one core, %.1f all cores%s", label, p.one_core / 1e9,
+                  p.all_cores / 1e9, p.usable() ? "" : " (FAILED its check, not used)");
+    return std::string(text);
+  };
+  text += "# peak (measured, " + m.fp32.kernel + "): " + figure("FP32", m.fp32) + "; " + figure("FP64", m.fp64) + "; " +
+          figure("BF16", m.bf16) + "\n";
+  text += "# peak check: FP32 " + peak_check_text(m, m.fp32) + "\n";
+  for (const PeakFigure* p : {&m.fp64, &m.bf16})
+    if (p->known() && !p->usable()) text += "# peak check: " + std::string(p == &m.fp64 ? "FP64 " : "BF16 ") + peak_check_text(m, *p) + "\n";
   std::snprintf(line, sizeof line,
                 "# memory (STREAM bytes, %lld MiB arrays): copy %.1f GB/s one core, %.1f all cores; triad %.1f / %.1f\n",
                 static_cast<long long>(m.memory.array_bytes >> 20), m.memory.copy.one_core / 1e9,

@@ -43,6 +43,12 @@ void add_machine_env(std::map<std::string, std::string>& env, const NodeMachine&
 // chains, one core, 216 GFLOP/s".
 std::string peak_source(const PeakFigure& peak, int threads);
 
+// "agrees: 16.1 FLOP/cycle at 2.3 GHz; AMD Zen/Zen+: 2 x 128-bit FMA units per core: 16 expected", "FAILED: ...",
+// or "n/a: <reason>" for a precision this CPU has no kernel for.
+std::string peak_check_text(const MachineDescription& machine, const PeakFigure& peak);
+// Why a precision has no peak on this CPU (empty when it has one).
+std::string missing_peak_reason(const CpuFeatures& cpu, const PeakFigure& peak);
+
 // The lines a run prints first, each starting with "# ".
 std::string machine_summary(const NodeMachine& machine, const BlasCoreChoice& core);
 

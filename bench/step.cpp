@@ -613,9 +613,10 @@ int run_step(int argc, char** argv) {
         last_loss = stats.loss;
         if (run.is_root()) {
           const double tok_s = tokens_per_step / slowest;
-          std::printf("%s step %4d/%d | loss %.4f | norm %.4f | lr %.2e | %9.2f ms | %9.0f tok/s | MFU %5.2f%%%s\n",
+          std::printf("%s step %4d/%d | loss %.4f | norm %.4f | lr %.2e | %9.2f ms | %9.0f tok/s | MFU %s%s\n",
                       label.c_str(), k + 1, h.warmup + h.iters, stats.loss, stats.grad_norm, stats.lr, slowest * 1e3,
-                      tok_s, peak > 0 ? 100 * flop_per_rank / (slowest * peak) : 0.0, timing ? "" : " (warm-up)");
+                      tok_s, format_peak_percent(peak > 0 ? flop_per_rank / (slowest * peak) : 0, 2, true).c_str(),
+                      timing ? "" : " (warm-up)");
           std::fflush(stdout);
         }
         if (!timing) continue;
@@ -723,11 +724,13 @@ int run_step(int argc, char** argv) {
               .set("recompute_policy", placed.policy);
         },
         [&](Table& row, const CaseResult& res) {
-          set_flop_rates(row, flop_per_rank, res, world, peak);
           const double step = res.rankmax.median;
+          const double mfu = peak > 0 ? flop_per_rank / (step * peak) : 0.0;
+          const double hfu = peak > 0 ? (flop_per_rank + recompute_flop_per_rank) / (step * peak) : 0.0;
+          set_flop_rates(row, flop_per_rank, res, world, peak, label, {{"MFU", mfu}, {"HFU", hfu}});
           row.set("tokens_per_s", tokens_per_step / step)
-              .set("mfu", peak > 0 ? flop_per_rank / (step * peak) : 0.0)
-              .set("hfu", peak > 0 ? (flop_per_rank + recompute_flop_per_rank) / (step * peak) : 0.0)
+              .set("mfu", mfu)
+              .set("hfu", hfu)
               .set("loss_first", first_loss).set("loss_last", last_loss);
           for (std::size_t i = 0; i < phase_medians.size(); ++i) row.set(std::string("phase_") + kPhases[i], phase_medians[i]);
           for (std::size_t t = 0; t < kCommTiers; ++t) {
@@ -755,10 +758,11 @@ int run_step(int argc, char** argv) {
       const double step = r.rankmax.median;
       const double states = measured_memory[0] + measured_memory[1] + measured_memory[2];
       const double states_formula = formula_memory.params + formula_memory.grads + formula_memory.optimizer;
-      std::printf("# %s: step %.2f ms (median of %d, max over ranks) | %.0f tok/s | MFU %.2f%% | exposed comm %.1f%% | "
+      std::printf("# %s: step %.2f ms (median of %d, max over ranks) | %.0f tok/s | MFU %s | exposed comm %.1f%% | "
                   "model states %sB/rank (formula %sB) | sent/rank intra %s, inter %s (ring formula %s, %s)%s%s\n",
                   label.c_str(), step * 1e3, r.iterations, tokens_per_step / step,
-                  peak > 0 ? 100 * flop_per_rank / (step * peak) : 0.0, 100 * phase_medians[3] / step, format_si(states).c_str(),
+                  format_peak_percent(peak > 0 ? flop_per_rank / (step * peak) : 0, 2, true).c_str(), 100 * phase_medians[3] / step,
+                  format_si(states).c_str(),
                   format_si(states_formula).c_str(), counts_bytes ? (format_si(sent_intra) + "B").c_str() : "n/a",
                   counts_bytes ? (format_si(sent_inter) + "B").c_str() : "n/a", (format_si(formula_intra) + "B").c_str(),
                   (format_si(formula_inter) + "B").c_str(),

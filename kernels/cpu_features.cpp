@@ -5,6 +5,7 @@
 #include <cpuid.h>
 #endif
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -35,6 +36,7 @@ std::string CpuFeatures::flags_text() const {
   add(sse2, "sse2"), add(avx, "avx"), add(avx2, "avx2"), add(fma, "fma"), add(avx512f, "avx512f");
   add(avx512dq, "avx512dq"), add(avx512bw, "avx512bw"), add(avx512vl, "avx512vl");
   add(avx512_bf16, "avx512_bf16"), add(avx512_fp16, "avx512_fp16"), add(amx_bf16, "amx_bf16"), add(neon, "neon");
+  add(hypervisor, "hypervisor");
   return text;
 }
 
@@ -64,6 +66,7 @@ CpuFeatures detect_cpu_features() {
   cpu.avx512vl = __builtin_cpu_supports("avx512vl");
   cpu.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
   cpu.avx512_fp16 = __builtin_cpu_supports("avx512fp16");
+  cpu.hypervisor = (ecx >> 31) & 1;
   unsigned max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf >= 7) {
     __cpuid_count(7, 0, eax, ebx, ecx, edx);
@@ -72,6 +75,8 @@ CpuFeatures detect_cpu_features() {
 #elif defined(__aarch64__)
   cpu.vendor = "ARM";
   cpu.neon = true;
+  cpu.family = static_cast<int>(std::strtol(cpuinfo_field("CPU implementer").c_str(), nullptr, 0));
+  cpu.model = static_cast<int>(std::strtol(cpuinfo_field("CPU part").c_str(), nullptr, 0));
 #endif
   if (cpu.model_name.empty()) cpu.model_name = cpu.vendor.empty() ? "unknown" : cpu.vendor;
   return cpu;

@@ -10,8 +10,9 @@ namespace strata {
 struct CpuFeatures {
   std::string vendor;      // "GenuineIntel", "AuthenticAMD", "ARM", ... (cpuid vendor string)
   std::string model_name;  // /proc/cpuinfo "model name"
-  int family = 0;          // cpuid display family and model (family 6 model 207: Emerald Rapids)
-  int model = 0;
+  int family = 0;          // x86: cpuid display family and model (family 6 model 207: Emerald Rapids);
+  int model = 0;           // Arm: the CPU implementer and part of /proc/cpuinfo (0x41 0xd40: Neoverse V1)
+  bool hypervisor = false; // running under a hypervisor, which may present another CPU model than the host's
   bool sse2 = false;
   bool avx = false;
   bool avx2 = false;

@@ -6,6 +6,7 @@
 #include <barrier>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <thread>
 
@@ -27,139 +28,193 @@ std::string name(PeakPrecision precision) {
 }
 
 double PeakFigure::per_rank(int threads) const {
+  if (!usable()) return 0;
   if (threads <= 1 || all_cores <= 0 || cores <= 0) return one_core * std::max(threads, 1);
   return all_cores / cores * std::min(threads, cores);
 }
 
 namespace {
 
-// Every inner loop over the chains is unrolled so the accumulators stay in registers. Twelve chains: two FMA pipes with a 4-cycle latency need eight in flight; twelve leave room for the
-// 5-cycle latencies of some cores and still fit the 16 architectural registers of AVX2 with the operands.
+// Twelve chains: two FMA pipes with a 4- or 5-cycle latency need eight to ten in flight, and twelve
+// accumulators with the two operands fit the 16 architectural registers of AVX2.
 constexpr int kChains = 12;
 
-#if defined(__x86_64__)
-template <typename Vector, typename Sum>
-double horizontal_sum(const Vector& v, Sum) {
-  alignas(64) Sum lanes[sizeof(Vector) / sizeof(Sum)];
-  static_assert(sizeof lanes == sizeof v);
-  __builtin_memcpy(lanes, &v, sizeof v);
+// The chains run inside one asm block whose operands are the twelve accumulators, the two constant vectors
+// and the counter: a register operand cannot live in memory while the block runs, so no compiler, option or
+// register pressure can put an accumulator on the stack (a spilled accumulator turns the loop into a chain of
+// store-to-load forwarding and measures a third of the peak). `STRATA_CHAIN(i)` is one chain's step in the
+// block's text; the operand lists name the same twelve accumulators.
+#define STRATA_FOR_EACH_CHAIN(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define STRATA_ACCUMULATORS(constraint)                                                                      \
+  [a0] constraint(acc[0]), [a1] constraint(acc[1]), [a2] constraint(acc[2]), [a3] constraint(acc[3]),     \
+      [a4] constraint(acc[4]), [a5] constraint(acc[5]), [a6] constraint(acc[6]), [a7] constraint(acc[7]), \
+      [a8] constraint(acc[8]), [a9] constraint(acc[9]), [a10] constraint(acc[10]), [a11] constraint(acc[11])
+
+template <typename Lane, typename Vector>
+double lane_sum(const Vector (&acc)[kChains]) {
+  constexpr size_t lanes = sizeof(Vector) / sizeof(Lane);
   double total = 0;
-  for (Sum lane : lanes) total += static_cast<double>(lane);
+  for (const Vector& v : acc) {
+    Lane values[lanes];
+    static_assert(sizeof values == sizeof v);
+    __builtin_memcpy(values, &v, sizeof v);
+    for (Lane lane : values) total += static_cast<double>(lane);
+  }
   return total;
 }
 
-// Each chain computes acc = acc * x + y with x just below 1: it converges to y / (1 - x) and never reaches
+// Each FMA chain computes acc = acc * x + y with x just below 1: it converges to y / (1 - x) and never reaches
 // subnormals or infinities, which would slow the units down.
+template <typename Vector, typename Lane>
+void fill_chains(Vector (&acc)[kChains], Vector& x, Vector& y) {
+  constexpr size_t lanes = sizeof(Vector) / sizeof(Lane);
+  for (int c = 0; c < kChains; ++c) {
+    Lane values[lanes];
+    for (Lane& v : values) v = static_cast<Lane>(0.5 + 0.01 * c);
+    __builtin_memcpy(&acc[c], values, sizeof values);
+  }
+  Lane xs[lanes], ys[lanes];
+  for (size_t i = 0; i < lanes; ++i) xs[i] = static_cast<Lane>(0.999999), ys[i] = static_cast<Lane>(1e-6);
+  __builtin_memcpy(&x, xs, sizeof xs), __builtin_memcpy(&y, ys, sizeof ys);
+}
+
+#if defined(__x86_64__)
+// AT&T operand order: `vfmadd213ps y, x, acc` is acc = x * acc + y.
+#define STRATA_FMA213(op, i) op " %[y], %[x], %[a" #i "]\n\t"
+#define STRATA_LOOP(body) "1:\n\t" body "dec %[n]\n\tjnz 1b\n\t"
+
 __attribute__((target("avx512f"))) double fma_avx512_fp32(long iterations) {
-  __m512 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.5f + 0.01f * static_cast<float>(c));
-  const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-6f);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, y);
-  __m512 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  return horizontal_sum(sum, 0.0f);
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
+  __m512 acc[kChains], x, y;
+  fill_chains<__m512, float>(acc, x, y);
+#define STRATA_CHAIN(i) STRATA_FMA213("vfmadd213ps", i)
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+v"), [n] "+r"(iterations)
+               : [x] "v"(x), [y] "v"(y)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<float>(acc);
 }
 
 __attribute__((target("avx512f"))) double fma_avx512_fp64(long iterations) {
-  __m512d acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_pd(0.5 + 0.01 * c);
-  const __m512d x = _mm512_set1_pd(0.999999), y = _mm512_set1_pd(1e-6);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_pd(acc[c], x, y);
-  __m512d sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_pd(sum, acc[c]);
-  return horizontal_sum(sum, 0.0);
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
+  __m512d acc[kChains], x, y;
+  fill_chains<__m512d, double>(acc, x, y);
+#define STRATA_CHAIN(i) STRATA_FMA213("vfmadd213pd", i)
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+v"), [n] "+r"(iterations)
+               : [x] "v"(x), [y] "v"(y)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<double>(acc);
 }
 
-// vdpbf16ps: each FP32 lane adds two bf16 products. The sums grow linearly, staying far below overflow.
+// vdpbf16ps: each FP32 lane adds two bf16 products of the constant pairs a and b (0.01 each); the sums grow
+// linearly and stay far below overflow.
 __attribute__((target("avx512f,avx512bf16"))) double dot_avx512_bf16(long iterations) {
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
   __m512 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.01f * static_cast<float>(c));
   const __m512 small = _mm512_set1_ps(0.01f);
-  const __m512bh a = _mm512_cvtne2ps_pbh(small, small), b = _mm512_cvtne2ps_pbh(small, small);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
-  __m512 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
-  return horizontal_sum(sum, 0.0f);
+  const __m512bh pairs = _mm512_cvtne2ps_pbh(small, small);
+  __m512 a, b;
+  __builtin_memcpy(&a, &pairs, sizeof a), __builtin_memcpy(&b, &pairs, sizeof b);
+#define STRATA_CHAIN(i) "vdpbf16ps %[b], %[a], %[a" #i "]\n\t"
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+v"), [n] "+r"(iterations)
+               : [a] "v"(a), [b] "v"(b)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<float>(acc);
 }
 
 __attribute__((target("avx2,fma"))) double fma_avx2_fp32(long iterations) {
-  __m256 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(0.5f + 0.01f * static_cast<float>(c));
-  const __m256 x = _mm256_set1_ps(0.999999f), y = _mm256_set1_ps(1e-6f);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, y);
-  __m256 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm256_add_ps(sum, acc[c]);
-  return horizontal_sum(sum, 0.0f);
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
+  __m256 acc[kChains], x, y;
+  fill_chains<__m256, float>(acc, x, y);
+#define STRATA_CHAIN(i) STRATA_FMA213("vfmadd213ps", i)
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+x"), [n] "+r"(iterations)
+               : [x] "x"(x), [y] "x"(y)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<float>(acc);
 }
 
 __attribute__((target("avx2,fma"))) double fma_avx2_fp64(long iterations) {
-  __m256d acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_pd(0.5 + 0.01 * c);
-  const __m256d x = _mm256_set1_pd(0.999999), y = _mm256_set1_pd(1e-6);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_pd(acc[c], x, y);
-  __m256d sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm256_add_pd(sum, acc[c]);
-  return horizontal_sum(sum, 0.0);
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
+  __m256d acc[kChains], x, y;
+  fill_chains<__m256d, double>(acc, x, y);
+#define STRATA_CHAIN(i) STRATA_FMA213("vfmadd213pd", i)
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+x"), [n] "+r"(iterations)
+               : [x] "x"(x), [y] "x"(y)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<double>(acc);
 }
 
+// SSE2 has no FMA: a multiply and an add per step, both counted.
 double mul_add_sse2_fp32(long iterations) {
-  __m128 acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm_set1_ps(0.5f + 0.01f * static_cast<float>(c));
-  const __m128 x = _mm_set1_ps(0.999999f), y = _mm_set1_ps(1e-6f);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], x), y);
-  __m128 sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm_add_ps(sum, acc[c]);
-  return horizontal_sum(sum, 0.0f);
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
+  __m128 acc[kChains], x, y;
+  fill_chains<__m128, float>(acc, x, y);
+#define STRATA_CHAIN(i) "mulps %[x], %[a" #i "]\n\taddps %[y], %[a" #i "]\n\t"
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+x"), [n] "+r"(iterations)
+               : [x] "x"(x), [y] "x"(y)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<float>(acc);
 }
 
 double mul_add_sse2_fp64(long iterations) {
-  __m128d acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm_set1_pd(0.5 + 0.01 * c);
-  const __m128d x = _mm_set1_pd(0.999999), y = _mm_set1_pd(1e-6);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm_add_pd(_mm_mul_pd(acc[c], x), y);
-  __m128d sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm_add_pd(sum, acc[c]);
-  return horizontal_sum(sum, 0.0);
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
+  __m128d acc[kChains], x, y;
+  fill_chains<__m128d, double>(acc, x, y);
+#define STRATA_CHAIN(i) "mulpd %[x], %[a" #i "]\n\taddpd %[y], %[a" #i "]\n\t"
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+x"), [n] "+r"(iterations)
+               : [x] "x"(x), [y] "x"(y)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<double>(acc);
 }
+#undef STRATA_FMA213
+#undef STRATA_LOOP
 #elif defined(__aarch64__)
+// fmla acc, x, y is acc += x * y: with x * y = 1e-6 the chains grow linearly and stay far from overflow.
+#define STRATA_LOOP(body) "1:\n\t" body "subs %[n], %[n], #1\n\tb.ne 1b\n\t"
+
 double fma_neon_fp32(long iterations) {
-  float32x4_t acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = vdupq_n_f32(0.5f + 0.01f * static_cast<float>(c));
-  const float32x4_t x = vdupq_n_f32(0.999999f), y = vdupq_n_f32(1e-6f);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = vfmaq_f32(y, acc[c], x);
-  double total = 0;
-  for (int c = 0; c < kChains; ++c) total += vaddvq_f32(acc[c]);
-  return total;
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
+  float32x4_t acc[kChains], x, y;
+  fill_chains<float32x4_t, float>(acc, x, y);
+#define STRATA_CHAIN(i) "fmla %[a" #i "].4s, %[x].4s, %[y].4s\n\t"
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+w"), [n] "+r"(iterations)
+               : [x] "w"(x), [y] "w"(y)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<float>(acc);
 }
 
 double fma_neon_fp64(long iterations) {
-  float64x2_t acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = vdupq_n_f64(0.5 + 0.01 * c);
-  const float64x2_t x = vdupq_n_f64(0.999999), y = vdupq_n_f64(1e-6);
-  for (long i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int c = 0; c < kChains; ++c) acc[c] = vfmaq_f64(y, acc[c], x);
-  double total = 0;
-  for (int c = 0; c < kChains; ++c) total += vaddvq_f64(acc[c]);
-  return total;
+  iterations = std::max(iterations, 1L);  // the loop counts down to zero
+  float64x2_t acc[kChains], x, y;
+  fill_chains<float64x2_t, double>(acc, x, y);
+#define STRATA_CHAIN(i) "fmla %[a" #i "].2d, %[x].2d, %[y].2d\n\t"
+  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
+               : STRATA_ACCUMULATORS("+w"), [n] "+r"(iterations)
+               : [x] "w"(x), [y] "w"(y)
+               : "cc");
+#undef STRATA_CHAIN
+  return lane_sum<double>(acc);
 }
+#undef STRATA_LOOP
 #endif
+#undef STRATA_ACCUMULATORS
+#undef STRATA_FOR_EACH_CHAIN
 
 using Clock = std::chrono::steady_clock;
 
@@ -257,27 +312,34 @@ PeakFigure measure_peak(PeakPrecision precision, const CpuFeatures& cpu, const P
 }
 
 double measure_clock_hz(int trials, double trial_seconds) {
+#if defined(__x86_64__) || defined(__aarch64__)
+  // Each asm block is a dependent chain of 16 integer operations of known latency: `imul` takes 3 cycles on
+  // every x86-64 core since 2008; `add` 1 cycle on Arm's cores. The loop counter runs on other ports in parallel.
 #if defined(__x86_64__)
-  // Each asm block is 16 dependent imuls of 3 cycles. The loop counter runs on other ports in parallel.
+  constexpr double kCyclesPerBlock = 48;
+#define STRATA_STEP "imul %0, %0\n\t"
+#else
+  constexpr double kCyclesPerBlock = 16;
+#define STRATA_STEP "add %0, %0, %0\n\t"
+#endif
   auto blocks_taking = [](long blocks) {
     uint64_t x = 1;
     auto start = Clock::now();
     for (long i = 0; i < blocks; ++i)
-      asm volatile(
-          "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
-          "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
-          "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0\n\t"
-          "imul %0, %0\n\timul %0, %0\n\timul %0, %0\n\timul %0, %0"
-          : "+r"(x));
+      asm volatile(STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP
+                   STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP STRATA_STEP
+                   : "+r"(x));
     return std::chrono::duration<double>(Clock::now() - start).count();
   };
+#undef STRATA_STEP
   long blocks = 1000;
   blocks_taking(blocks);
   double t = blocks_taking(blocks);
   while (t < 5e-4 && blocks < (1L << 40)) t = blocks_taking(blocks *= 4);
   blocks = std::max(1L, static_cast<long>(static_cast<double>(blocks) * trial_seconds / t));
   std::vector<double> hz;
-  for (int i = 0; i < std::max(1, trials); ++i) hz.push_back(48.0 * static_cast<double>(blocks) / blocks_taking(blocks));
+  for (int i = 0; i < std::max(1, trials); ++i)
+    hz.push_back(kCyclesPerBlock * static_cast<double>(blocks) / blocks_taking(blocks));
   return median(hz);
 #else
   (void)trials, (void)trial_seconds;
@@ -285,18 +347,126 @@ double measure_clock_hz(int trials, double trial_seconds) {
 #endif
 }
 
-std::vector<double> plausible_fp32_flop_per_cycle(const CpuFeatures& cpu) {
-  if (!cpu.avx512f && !(cpu.avx2 && cpu.fma) && !cpu.neon) return {8, 16};  // SSE2 mul + add on one or two ports
-  const double lanes = fp32_vector_lanes(cpu);
-  return {2 * lanes, 4 * lanes};
+namespace {
+
+struct ModelRange {
+  int first, last;  // CPUID model (Arm: part) range, inclusive
+};
+
+struct UnitsEntry {
+  const char* vendor;  // CpuFeatures::vendor
+  int family;          // CPUID display family (Arm: implementer)
+  std::vector<ModelRange> models;
+  const char* microarchitecture;
+  std::vector<int> unit_counts;
+  int unit_bits;
+};
+
+// FMA units per core by CPU model, from the vendors' optimisation manuals (Intel's Optimization Reference
+// Manual, AMD's Software Optimization Guides for families 17h, 19h and 1Ah, Arm's Neoverse Software
+// Optimization Guides). docs/cpu-peak.md lists the sources per row.
+const std::vector<UnitsEntry>& units_table() {
+  static const std::vector<UnitsEntry> table = {
+      // AMD: Zen and Zen+ split 256-bit operations over two 128-bit FMA pipes; Zen 2 to Zen 4 have two
+      // 256-bit pipes (Zen 4 double-pumps AVX-512); Zen 5 has two 512-bit pipes except in the mobile parts.
+      {"AuthenticAMD", 0x17, {{0x00, 0x2f}}, "AMD Zen/Zen+", {2}, 128},
+      {"AuthenticAMD", 0x17, {{0x30, 0xff}}, "AMD Zen 2", {2}, 256},
+      {"AuthenticAMD", 0x19, {{0x00, 0x0f}, {0x20, 0x2f}, {0x40, 0x5f}}, "AMD Zen 3", {2}, 256},
+      {"AuthenticAMD", 0x19, {{0x10, 0x1f}, {0x60, 0x7f}, {0xa0, 0xaf}}, "AMD Zen 4", {2}, 256},
+      {"AuthenticAMD", 0x1a, {{0x00, 0x1f}, {0x40, 0x4f}}, "AMD Zen 5", {2}, 512},
+      {"AuthenticAMD", 0x1a, {{0x20, 0x2f}, {0x60, 0x7f}}, "AMD Zen 5 (mobile)", {2}, 256},
+      // Intel, family 6.
+      {"GenuineIntel", 6, {{0x3c, 0x3c}, {0x3f, 0x3f}, {0x45, 0x46}}, "Intel Haswell", {2}, 256},
+      {"GenuineIntel", 6, {{0x3d, 0x3d}, {0x47, 0x47}, {0x4f, 0x4f}, {0x56, 0x56}}, "Intel Broadwell", {2}, 256},
+      {"GenuineIntel", 6, {{0x4e, 0x4e}, {0x5e, 0x5e}, {0x8e, 0x8e}, {0x9e, 0x9e}, {0xa5, 0xa6}},
+       "Intel Skylake (client)", {2}, 256},
+      {"GenuineIntel", 6, {{0x55, 0x55}}, "Intel Skylake-SP/Cascade Lake/Cooper Lake", {1, 2}, 512},
+      {"GenuineIntel", 6, {{0x6a, 0x6a}, {0x6c, 0x6c}}, "Intel Ice Lake-SP", {2}, 512},
+      {"GenuineIntel", 6, {{0x7d, 0x7e}, {0x8c, 0x8d}, {0xa7, 0xa7}}, "Intel Ice Lake/Tiger Lake/Rocket Lake (client)",
+       {1}, 512},
+      {"GenuineIntel", 6, {{0x8f, 0x8f}}, "Intel Sapphire Rapids", {2}, 512},
+      {"GenuineIntel", 6, {{0xcf, 0xcf}}, "Intel Emerald Rapids", {2}, 512},
+      {"GenuineIntel", 6, {{0xad, 0xae}}, "Intel Granite Rapids", {2}, 512},
+      {"GenuineIntel", 6, {{0xaf, 0xaf}, {0xdd, 0xdd}}, "Intel Sierra Forest/Clearwater Forest (E-cores)", {2}, 128},
+      // Arm (implementer 0x41): NEON runs on 128-bit pipes, two on the N cores and four on the V cores.
+      {"ARM", 0x41, {{0xd0c, 0xd0c}}, "Arm Neoverse N1", {2}, 128},
+      {"ARM", 0x41, {{0xd49, 0xd49}}, "Arm Neoverse N2", {2}, 128},
+      {"ARM", 0x41, {{0xd8e, 0xd8e}}, "Arm Neoverse N3", {2}, 128},
+      {"ARM", 0x41, {{0xd40, 0xd40}}, "Arm Neoverse V1", {4}, 128},
+      {"ARM", 0x41, {{0xd4f, 0xd4f}}, "Arm Neoverse V2", {4}, 128},
+      {"ARM", 0x41, {{0xd84, 0xd84}}, "Arm Neoverse V3", {4}, 128},
+  };
+  return table;
 }
 
-bool peak_agrees_with_clock(const CpuFeatures& cpu, double fp32_one_core, double clock_hz, double low, double high) {
-  if (fp32_one_core <= 0 || clock_hz <= 0) return false;
-  const double per_cycle = fp32_one_core / clock_hz;
-  for (double candidate : plausible_fp32_flop_per_cycle(cpu))
-    if (per_cycle >= low * candidate && per_cycle <= high * candidate) return true;
-  return false;
+// The kernel's vector width in bits: what fma_kernel() picks for this CPU.
+int kernel_vector_bits(const CpuFeatures& cpu) { return 32 * fp32_vector_lanes(cpu); }
+
+std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", value);
+  return text;
+}
+
+}  // namespace
+
+std::string FmaUnits::text() const {
+  if (!known()) return "not in the table of FMA units";
+  std::string counts;
+  for (int c : unit_counts) counts += (counts.empty() ? "" : " or ") + std::to_string(c);
+  return microarchitecture + ": " + counts + " x " + std::to_string(unit_bits) + "-bit FMA units per core";
+}
+
+FmaUnits fma_units(const CpuFeatures& cpu) {
+  for (const UnitsEntry& e : units_table()) {
+    if (cpu.vendor != e.vendor || cpu.family != e.family) continue;
+    for (const ModelRange& range : e.models)
+      if (cpu.model >= range.first && cpu.model <= range.last) return {e.microarchitecture, e.unit_counts, e.unit_bits};
+  }
+  return {};
+}
+
+std::vector<double> expected_flop_per_cycle(PeakPrecision precision, const CpuFeatures& cpu) {
+  const bool sse2_only = !cpu.avx512f && !(cpu.avx2 && cpu.fma) && !cpu.neon;
+  const double per_lane = precision == PeakPrecision::fp64 ? 1.0 : precision == PeakPrecision::bf16 ? 4.0 : 2.0;
+  FmaUnits units = fma_units(cpu);
+  if (!units.known()) units.unit_counts = {1, 2}, units.unit_bits = kernel_vector_bits(cpu);
+  std::vector<double> expected;
+  for (int count : units.unit_counts) {
+    // SSE2's multiply and add issue to separate ports: the same FLOP per cycle as one FMA unit per port.
+    const int bits = std::min(units.unit_bits, sse2_only ? 128 : kernel_vector_bits(cpu));
+    expected.push_back(count * (bits / 32.0) * per_lane);
+  }
+  return expected;
+}
+
+PeakCheck check_peak(PeakPrecision precision, const CpuFeatures& cpu, double one_core, double clock_hz) {
+  PeakCheck check;
+  check.expected = expected_flop_per_cycle(precision, cpu);
+  const FmaUnits units = fma_units(cpu);
+  std::string expected;
+  for (double e : check.expected) expected += (expected.empty() ? "" : " or ") + number_text(e);
+  const std::string basis = units.known() ? units.text()
+                                          : "not in the table of FMA units, so one or two " +
+                                                std::to_string(kernel_vector_bits(cpu)) + "-bit units";
+  if (one_core <= 0) {
+    check.text = "no " + name(precision) + " kernel on this CPU";
+    return check;
+  }
+  if (clock_hz <= 0) {
+    check.agrees = true;
+    check.text = "not checked: no clock measurement on this architecture";
+    return check;
+  }
+  check.flop_per_cycle = one_core / clock_hz;
+  for (double e : check.expected)
+    if (check.flop_per_cycle >= kPeakTolerance.low * e && check.flop_per_cycle <= kPeakTolerance.high * e)
+      check.agrees = true;
+  check.text = number_text(check.flop_per_cycle) + " FLOP/cycle at " + number_text(clock_hz / 1e9) + " GHz; " + basis +
+               ": " + expected + " expected";
+  if (!check.agrees && cpu.hypervisor)
+    check.text += " (under a hypervisor, which may present another CPU model than the host's)";
+  return check;
 }
 
 }  // namespace strata

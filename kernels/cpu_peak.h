@@ -2,8 +2,9 @@
 // widest vector unit present (AVX-512, AVX2, NEON; SSE2 multiply + add otherwise; AVX-512 BF16 dot products
 // where present) runs on one core and on every core at once, and the median of several trials is the peak.
 // A clock measured with a dependent chain of `imul` (3-cycle latency on every x86 core since 2008, and not
-// executed at rename, unlike `add` with an immediate on recent Intel cores) stays beside it as a cross-check:
-// measured FLOP/s divided by that clock must be the FLOP per cycle of one or two FMA units of that width.
+// executed at rename, unlike `add` with an immediate on recent Intel cores; on Arm a chain of `add`) stays beside it as a cross-check:
+// measured FLOP/s divided by that clock must be what this CPU's FMA units do per cycle (a table by CPU model,
+// fma_units()). A peak that is not is a failed measurement, never a denominator.
 #pragma once
 
 #include <string>
@@ -23,9 +24,11 @@ struct PeakFigure {
   double all_cores = 0;  // FLOP/s, one thread pinned to each core, all at once
   int cores = 0;
   std::string kernel;    // e.g. "12 independent AVX-512 FMA chains"
+  std::string failure;   // why the figure failed its check against the clock; empty when it agrees
   bool known() const { return one_core > 0; }
+  bool usable() const { return known() && failure.empty(); }
   // The peak a rank running `threads` threads is held against: the one-core figure for one thread, the
-  // all-core figure per core (clocks drop when every core is busy) for more.
+  // all-core figure per core (clocks drop when every core is busy) for more; 0 (unknown) when not usable().
   double per_rank(int threads) const;
 };
 
@@ -47,16 +50,45 @@ FmaKernel fma_kernel(PeakPrecision precision, const CpuFeatures& cpu);
 
 PeakFigure measure_peak(PeakPrecision precision, const CpuFeatures& cpu, const PeakOptions& options);
 
-// Cycles per second of this core from a dependent `imul` chain (median of `trials`); 0 where not x86-64.
+// Cycles per second of this core from a dependent chain of integer operations (x86-64 `imul`, Arm `add`;
+// median of `trials`); 0 on other architectures.
 double measure_clock_hz(int trials = 7, double trial_seconds = 0.005);
 
-// The cross-check: FMA units of this width do 2 x lanes (one unit) or 4 x lanes (two units) FP32 FLOP per
-// cycle; SSE2 multiply + add does 8 or 16. Returns those two candidates.
-std::vector<double> plausible_fp32_flop_per_cycle(const CpuFeatures& cpu);
-// Whether `fp32_one_core` / `clock_hz` lies within [low, high] times one of the candidates. The bounds allow
-// what virtual machines and turbo do to the clock between two measurements, and reject the 3-6x errors of a
-// clock read from an instruction the core does not execute one per cycle.
-bool peak_agrees_with_clock(const CpuFeatures& cpu, double fp32_one_core, double clock_hz, double low = 0.7,
-                            double high = 1.2);
+// The FMA units of one core, from the CPU's vendor, family and model (x86 CPUID; Arm implementer and part):
+// how many there are and how wide. `unit_counts` holds one count where the model decides it and two where the
+// part number does (Skylake-SP Silver and some Gold parts have one 512-bit unit, others two); it is empty for
+// a CPU the table does not know.
+struct FmaUnits {
+  std::string microarchitecture;  // "AMD Zen 3", "Intel Sapphire Rapids", "Arm Neoverse V2"; empty when unknown
+  std::vector<int> unit_counts;   // {2}, or {1, 2}
+  int unit_bits = 0;              // 128, 256 or 512: the width each unit executes per cycle
+  bool known() const { return !unit_counts.empty(); }
+  std::string text() const;       // "AMD Zen 3: 2 x 256-bit FMA units per core"
+};
+FmaUnits fma_units(const CpuFeatures& cpu);
+
+// FLOP per cycle per core that `precision`'s peak kernel can reach on `cpu`: 2 x units x lanes for FP32, lanes
+// the narrower of the unit and the kernel's vector (AVX-512 on 256-bit units, as on Zen 4, runs at the 256-bit
+// rate); FP64 half of that, BF16 dot products twice. For a CPU the table does not know: one or two units of
+// the kernel's vector width. One figure per candidate unit count.
+std::vector<double> expected_flop_per_cycle(PeakPrecision precision, const CpuFeatures& cpu);
+
+// A measured peak held to the clock: FLOP/s / clock within [kPeakTolerance.low, .high] of an expected FLOP per
+// cycle. The bounds allow what the core does to its clock between the two measurements (turbo, the lower
+// AVX-512 clocks of Intel's frequency licences, a noisy neighbour); a measured peak outside them is a failed
+// measurement and is not used: %peak and MFU are then not reported.
+struct PeakTolerance {
+  double low = 0.7;
+  double high = 1.15;
+};
+inline constexpr PeakTolerance kPeakTolerance{};
+
+struct PeakCheck {
+  bool agrees = false;
+  double flop_per_cycle = 0;           // measured FLOP/s / clock
+  std::vector<double> expected;        // expected_flop_per_cycle()
+  std::string text;                    // "16.1 FLOP/cycle; AMD Zen: 2 x 128-bit FMA units per core: 16 expected"
+};
+PeakCheck check_peak(PeakPrecision precision, const CpuFeatures& cpu, double one_core, double clock_hz);
 
 }  // namespace strata

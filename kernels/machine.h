@@ -28,8 +28,8 @@ struct MachineDescription {
   CpuFeatures cpu;
   CpuTopology topology;
   PeakFigure fp32, fp64, bf16;
-  double clock_hz = 0;        // dependent imul chain, one core
-  bool clock_agrees = false;  // peak_agrees_with_clock(cpu, fp32.one_core, clock_hz)
+  double clock_hz = 0;        // dependent integer chain, one core (measure_clock_hz)
+  bool clock_agrees = false;  // the FP32 peak's check against the clock agrees (judge_peaks)
   MemoryBandwidth memory;
   int64_t gemm_probe_size = 0;        // the square FP32 GEMM each library ran, one thread
   std::vector<GemmBackendRate> gemm;  // every library this build has
@@ -46,7 +46,11 @@ struct MachineOptions {
   int gemm_trials = 3;
 };
 
-// Measures this node. Uses the calling thread and one thread per core; leaves the GEMM libraries at one thread.
+// Holds each measured peak to the clock and the CPU's FMA units (check_peak): a peak that does not agree gets
+// its `failure` and is not used as a denominator. Sets clock_agrees from the FP32 check.
+void judge_peaks(MachineDescription& machine);
+
+// Measures this node. A peak that fails its check is measured again (twice at most) before it is given up. Uses the calling thread and one thread per core; leaves the GEMM libraries at one thread.
 MachineDescription measure_machine(const MachineOptions& options = {});
 
 // FP32 FLOP/s of `backend` on a size^3 GEMM (one thread, median of `trials` after one warm-up), on buffers

@@ -414,9 +414,9 @@ std::string machine_json() {
   m.cpu.model_name = "Test CPU";
   m.topology.cores = 2;
   m.topology.source = "test";
-  m.fp32 = {100e9, 200e9, 2, "test chains"};
-  m.fp64 = {50e9, 100e9, 2, "test chains"};
-  m.bf16 = {0, 0, 2, ""};
+  m.fp32 = {100e9, 200e9, 2, "test chains", ""};
+  m.fp64 = {50e9, 100e9, 2, "test chains", ""};
+  m.bf16 = {0, 0, 2, "", ""};
   m.memory.copy = {20e9, 30e9};
   m.memory.triad = {15e9, 30e9};
   m.memory.cores = 2;
