@@ -314,8 +314,10 @@ void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks
   row.set("flop_rate_per_rank", per_rank).set("flop_rate_aggregate", ranks * flop / result.rankmax.median);
   row.set("flop_rate_slowest_rank", flop / slowest).set("peak_per_rank", peak_per_rank);
   const double fraction = peak_per_rank > 0 ? per_rank / peak_per_rank : 0.0;
-  bool above = warn_above_peak(label, "the fraction of peak", fraction);
-  for (const auto& [what, other] : more) above = above || warn_above_peak(label, what, other);  // one warning a row
+  // One warning a row, naming the figure the program reports first (a step's MFU before its fraction of peak).
+  bool above = false;
+  for (const auto& [what, other] : more) above = above || warn_above_peak(label, what, other);
+  above = above || warn_above_peak(label, "the fraction of peak", fraction);
   row.set("peak_fraction", fraction).set("above_peak", int64_t{above ? 1 : 0});
 }
 
