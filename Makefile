@@ -6,7 +6,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 PYTHON     ?= python3
 
-.PHONY: all deps build run test test-unit test-integration test-sanitize bench micro clean
+.PHONY: all deps build run test test-unit test-integration test-sanitize bench micro gpu-check gpu-bundle clean
 
 all: build
 
@@ -69,6 +69,15 @@ bench: build
 	  $(BUILD)/strata-bench-pipeline || missed=1; \
 	$(BUILD)/strata-project search --system project/systems/a100-80gb-sxm-hdr200.json --bench || missed=1; \
 	exit $$missed
+
+# On a GPU node: every GPU test, GEMM, attention, collective and step measured beside PyTorch, one summary
+# (scripts/gpu/check.sh; GPU_CHECK_ARGS e.g. --budget 900 --out DIR). gpu-bundle packs the programs and the
+# libraries a GPU machine without MPI or HDF5 needs (scripts/gpu/bundle.sh).
+gpu-check: build
+	@scripts/gpu/check.sh --build $(BUILD) $(GPU_CHECK_ARGS)
+
+gpu-bundle:
+	@scripts/gpu/bundle.sh --build $(BUILD)
 
 micro: build
 	@$(BUILD)/strata-micro
