@@ -77,7 +77,7 @@ gpu-check: build
 	@scripts/gpu/check.sh --build $(BUILD) $(GPU_CHECK_ARGS)
 
 gpu-bundle:
-	@scripts/gpu/bundle.sh --build $(BUILD)
+	@scripts/gpu/bundle.sh
 
 micro: build
 	@$(BUILD)/strata-micro

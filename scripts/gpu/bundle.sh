@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine without MPI, HDF5 or a package registry needs to run Strata's GPU check
-# (scripts/gpu/check.sh): the programs and GPU test binaries of a Release build with CUDA for sm_80 and
-# sm_90, every shared library they load that the machine's image lacks (scripts/gpu/device-libraries.txt
+# (scripts/gpu/check.sh): the programs and GPU test binaries of a portable Release build (no -march=native:
+# the GPU machine's CPU is not this one) with CUDA for sm_80 and sm_90, every shared library they load that the machine's image lacks (scripts/gpu/device-libraries.txt
 # lists what it has), and Open MPI's launcher with its plugins, laid out so OPAL_PREFIX relocates it.
 #
 #   scripts/gpu/bundle.sh [--build DIR] [--out DIR] [--no-build]
 #
+# --build: the build folder (default build-gpu/, configured here); --no-build: take DIR as it is.
 # Writes OUT (default .gpu-bundle/, git-ignored): strata-gpu.tar.xz and MANIFEST.txt. Fails (exit 1) when the
 # bundle is over 60 MiB or a program would not find a library there. cuBLAS, cuBLASLt, the CUDA runtime and
 # NCCL do not travel: check.sh finds the machine's own.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
-build=${STRATA_BUILD_DIR:-$root/build}
+build=$root/build-gpu
 out=$root/.gpu-bundle
 do_build=1
 limit_mib=60
@@ -37,9 +38,10 @@ gpu_tests=(strata-gpu-tests strata-nccl-groups-gpu-tests strata-trainer-gpu-test
 # ---- the build ------------------------------------------------------------------------------------------
 if [ "$do_build" = 1 ]; then
   cached() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt" 2>/dev/null; }
-  if [ "$(cached CMAKE_BUILD_TYPE)" != Release ] || [ "$(cached STRATA_CUDA_ARCHITECTURES)" != "80;90" ]; then
-    say "configuring $build (Release, CUDA sm_80 and sm_90)"
-    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA_ARCHITECTURES="80;90" \
+  if [ "$(cached CMAKE_BUILD_TYPE)" != Release ] || [ "$(cached STRATA_CUDA_ARCHITECTURES)" != "80;90" ] ||
+     [ "$(cached STRATA_NATIVE)" != OFF ]; then
+    say "configuring $build (Release, portable: STRATA_NATIVE=OFF, CUDA sm_80 and sm_90)"
+    cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DSTRATA_CUDA_ARCHITECTURES="80;90" -DSTRATA_NATIVE=OFF \
       -DCMAKE_RULE_MESSAGES=OFF -DCMAKE_TARGET_MESSAGES=OFF >/dev/null
   fi
   say "building ${programs[*]} ${gpu_tests[*]} in $build"
@@ -127,7 +129,8 @@ mkdir -p "$out"
 rm -f "$out/strata-gpu.tar.xz" "$out/MANIFEST.txt"
 {
   echo "# Strata GPU bundle: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)'), built $(date -u +%FT%TZ) on $(hostname)"
-  echo "# build: $build ($(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt"), CUDA architectures $(sed -n 's/^STRATA_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt"))"
+  native=$(sed -n 's/^STRATA_NATIVE:[A-Z]*=//p' "$build/CMakeCache.txt")
+  echo "# build: $build ($(sed -n 's/^CMAKE_BUILD_TYPE:[A-Z]*=//p' "$build/CMakeCache.txt"), CUDA architectures $(sed -n 's/^STRATA_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt"), $( [ "$native" = OFF ] && echo portable || echo "-march=native for $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'): may not run on another CPU"))"
   echo "# needs on the machine: ${glibc_needed:-GLIBC ?} or newer, ${glibcxx_needed:-GLIBCXX ?} or newer, and: ${device_libs[*]}"
   echo "# Open MPI: OPAL_PREFIX=<bundle>/openmpi; PMIx plugins: PMIX_INSTALL_PREFIX=<bundle>/pmix"
   [ "${#left_out[@]}" -eq 0 ] || echo "# plugins left out (transports a one-node check does not use): ${left_out[*]}"
