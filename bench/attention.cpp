@@ -48,7 +48,7 @@ struct Case {
 
 std::vector<int> int_list(const std::string& text, const char* what) {
   std::vector<int> out;
-  for (const auto& item : split(text, ',')) {
+  for (const auto& item : split_list(text, what)) {
     int64_t v = parse_int(item, what);
     if (v <= 0) throw UsageError(std::string(what) + " must be positive, got " + item);
     out.push_back(static_cast<int>(v));
@@ -69,7 +69,7 @@ Case case_of(const AxisPoint& p) {
 // sequence lengths are an axis of their own when --seq-kv is given, and otherwise step with --seq.
 Axes plan_cases(const Options& o) {
   const bool cpu = o.backend == "cpu";
-  for (const auto& d : split(o.dtype, ','))
+  for (const auto& d : split_list(o.dtype, "--dtype"))
     if (cpu ? d != "fp32" : (d != "fp16" && d != "bf16"))
       throw UsageError("dtype " + d + " is not available on the " + o.backend + " backend (" +
                        (cpu ? "cpu: fp32" : "cuda: fp16, bf16") + ")");
@@ -79,7 +79,7 @@ Axes plan_cases(const Options& o) {
   std::vector<int64_t> causal;
   if (o.causal != "yes") causal.push_back(0);
   if (o.causal != "no") causal.push_back(1);
-  std::vector<std::string> impls = split(o.impls, ','), passes = split(o.passes, ',');
+  std::vector<std::string> impls = split_list(o.impls, "--impl"), passes = split_list(o.passes, "--pass");
   for (const auto& i : impls)
     if (cpu ? (i != "flash" && i != "naive") : (i != "flash" && i != "unfused"))
       throw UsageError("unknown implementation '" + i + "' (" + (cpu ? "cpu: flash, naive" : "cuda: flash, unfused") + ")");
@@ -102,7 +102,7 @@ Axes plan_cases(const Options& o) {
     axes.add("seq_q", std::vector<int64_t>(seqs.begin(), seqs.end()))
         .add("seq_kv", std::vector<int64_t>(seqs_kv.begin(), seqs_kv.end()));
   }
-  axes.add("causal", causal).add("pass", passes).add("impl", impls).add("dtype", split(o.dtype, ','));
+  axes.add("causal", causal).add("pass", passes).add("impl", impls).add("dtype", split_list(o.dtype, "--dtype"));
 
   for (const AxisPoint& point : axes.product()) {
     const Case c = case_of(point);
@@ -292,6 +292,25 @@ int run_attention(int argc, char** argv) {
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe: the kernels hold BLAS to one "
                      "thread per kernel thread");
+  h.kernel_threads = o.threads;
+  // The largest case must fit in host memory: Q, O, dO, dQ and K, V, dK, dV as floats (the inputs' float copies
+  // and the read-back outputs on the GPU path), the log-sum-exps, and the naive kernel's (Sq, Skv) scores per thread.
+  double host_bytes = 0;
+  std::string largest;
+  for (const AxisPoint& point : points) {
+    const Case c = case_of(point);
+    const double q = double(c.shape.batch) * c.shape.heads_q * c.shape.seq_q * c.shape.head_dim;
+    const double kv = double(c.shape.batch) * c.shape.heads_kv * c.shape.seq_kv * c.shape.head_dim;
+    double bytes = 4 * (4 * q + 4 * kv + double(c.shape.batch) * c.shape.heads_q * c.shape.seq_q);
+    if (c.impl == "naive") bytes += 4 * 2.0 * o.threads * c.shape.seq_q * c.shape.seq_kv;
+    if (bytes > host_bytes) {
+      host_bytes = bytes;
+      largest = c.impl + " " + c.pass + " b" + std::to_string(c.shape.batch) + " h" + std::to_string(c.shape.heads_q) + " s" +
+                std::to_string(c.shape.seq_q) + " d" + std::to_string(c.shape.head_dim);
+    }
+  }
+  check_fits_in_memory("strata-attention case " + largest, host_bytes, host_memory_per_rank(),
+                       "the node's available memory over its ranks");
 
   std::string device = "cpu";
   int gpu = -1;

@@ -64,6 +64,14 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
+std::vector<std::string> split_list(const std::string& text, const std::string& what) {
+  if (text.empty()) throw UsageError(what + ": empty list");
+  std::vector<std::string> items = split(text, ',');
+  for (const std::string& item : items)
+    if (item.empty()) throw UsageError(what + ": empty item in '" + text + "'");
+  return items;
+}
+
 namespace {
 
 // The shortest text that reads back as `value` (0 rather than 0.0 or 0.00000000000000000).
@@ -148,7 +156,11 @@ void Cli::option(const std::string& long_name, char short_name, const std::strin
 }
 
 void Cli::option(const std::string& long_name, char short_name, const std::string& help, std::string& target) {
-  add(long_name, short_name, "TEXT", help, [&target](const std::string& text) { target = text; },
+  add(long_name, short_name, "TEXT", help,
+      [&target, long_name](const std::string& text) {
+        if (text.empty()) throw UsageError("--" + long_name + ": empty value");
+        target = text;
+      },
       [&target] { return nlohmann::json(target); });
 }
 
@@ -193,7 +205,10 @@ void Cli::build(CLI::App& app) const {
   for (const Option& o : options_) {
     std::string names = o.short_name ? std::string("-") + o.short_name + ",--" + o.long_name : "--" + o.long_name;
     for (const auto& alias : o.aliases) names += ",--" + alias;
-    auto parse = o.parse;
+    auto parse = [this, inner = o.parse, name = o.long_name](const std::string& text) {
+      given_.insert(name);
+      inner(text);
+    };
     // Values are applied as they are read, in command-line order (trigger_on_parse), so `--quiet --no-quiet`
     // ends false and the first bad value on the line is the one reported.
     if (o.value_name.empty()) {
@@ -237,6 +252,7 @@ bool Cli::parse(int argc, const char* const* argv) {
 
   CLI::App app;
   build(app);
+  given_.clear();
   if (positionals_.target) positionals_.target->clear();
   try {
     app.parse(args);

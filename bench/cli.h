@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,9 @@ bool parse_bool(const std::string& text, const std::string& what);
 // Bytes with optional binary suffix K, M, G (1K = 1024), as nccl-tests reads -b/-e.
 int64_t parse_bytes(const std::string& text, const std::string& what);
 std::vector<std::string> split(const std::string& text, char separator);
+// A comma-separated list a user gave for `what` (e.g. "--shapes"): UsageError naming it when the list or any
+// item is empty ("--shapes: empty item in '64x64x64,'"), so an empty value never runs nothing or a default.
+std::vector<std::string> split_list(const std::string& text, const std::string& what);
 
 class Cli {
  public:
@@ -44,6 +48,7 @@ class Cli {
               int64_t min_value);
   void option(const std::string& long_name, char short_name, const std::string& help, double& target,
               double min_value);
+  // A text value; an empty one ("--shapes ''") is a usage error naming the option.
   void option(const std::string& long_name, char short_name, const std::string& help, std::string& target);
   // A value that must be one of `choices`.
   void choice(const std::string& long_name, char short_name, const std::string& help, std::string& target,
@@ -58,6 +63,9 @@ class Cli {
 
   // Returns false when --help was asked for (usage printed to stdout), true otherwise.
   bool parse(int argc, const char* const* argv);
+  // Whether the last parse() was given the option (by any of its names), so a default can be told from a
+  // value the user chose.
+  bool given(const std::string& long_name) const { return given_.count(long_name) > 0; }
   std::string usage() const;
   // {"option": value, ...} for every option, in declaration order, with the values after parsing.
   std::string resolved_json() const;
@@ -85,6 +93,7 @@ class Cli {
 
   std::string program_;
   std::string summary_;
+  mutable std::set<std::string> given_;
   std::vector<Option> options_;
   Positionals positionals_;
 };

@@ -95,12 +95,12 @@ Group make_group(const std::string& kind, const coll::Layout& layout, const coll
 }
 
 template <typename T>
-std::vector<T> parse_list(const std::string& text, const char* what, auto parse, auto all) {
+std::vector<T> parse_list(const std::string& text, const char* flag, const char* what, auto parse, auto all) {
   if (text == "all") return std::vector<T>(all.begin(), all.end());
   std::vector<T> out;
-  for (const auto& item : split(text, ',')) {
+  for (const auto& item : split_list(text, flag)) {
     auto value = parse(item);
-    if (!value) throw UsageError(std::string("unknown ") + what + " '" + item + "'");
+    if (!value) throw UsageError(std::string(flag) + ": unknown " + what + " '" + item + "'");
     out.push_back(*value);
   }
   return out;
@@ -358,7 +358,7 @@ void append_group_rows(Run& run, const CaseResult& r, const std::vector<int>& gr
 // in turn, as the step progresses its operations.
 int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, const Cli& cli,
               const coll::Layout& layout, const coll::Grid& grid, Algo algo, const std::vector<size_t>& sizes) {
-  const DataType dtype = coll::parse_datatype(split(o.datatypes, ',').front()).value_or(DataType::float32);
+  const DataType dtype = coll::parse_datatype(split_list(o.datatypes, "--datatype").front()).value_or(DataType::float32);
   const size_t elem = coll::size_of(dtype);
   const int tp = grid.shape().tp, dp = grid.shape().dp;
   // Per size, four rows: each operation alone, then each beside the other.
@@ -372,6 +372,11 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
                    {"allreduce", std::string(coll::name(dtype)), "sum", "tp", "reduce_scatter/dp"},
                    {"reduce_scatter", std::string(coll::name(dtype)), "sum", "dp", "allreduce/tp"}});
   const std::vector<AxisPoint> points = axes.product();
+  // Each size holds an allreduce's and a reduce-scatter's inputs, outputs and expected values: about six buffers
+  // of the size at most.
+  const size_t largest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  check_fits_in_memory("strata-collective --mixed at " + format_gib(double(largest)), 6.0 * double(largest),
+                       host_memory_per_rank(), "the node's available memory over its ranks");
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), "cpu");
   run.set_case_count(static_cast<int>(points.size()));
   Watchdog watchdog([&run](const std::string& message) { run.mark_failed(message); });
@@ -510,13 +515,13 @@ int run_collective(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
 
   // ---- what to run --------------------------------------------------------------------------------
-  auto ops = parse_list<Operation>(o.collectives, "operation", coll::parse_operation, coll::kAllOperations);
-  auto dtypes = parse_list<DataType>(o.datatypes, "datatype", coll::parse_datatype, coll::kAllDataTypes);
-  auto algos = parse_list<Algo>(o.algos, "algorithm", coll::parse_algo, coll::kAllAlgos);
+  auto ops = parse_list<Operation>(o.collectives, "--collective", "operation", coll::parse_operation, coll::kAllOperations);
+  auto dtypes = parse_list<DataType>(o.datatypes, "--datatype", "datatype", coll::parse_datatype, coll::kAllDataTypes);
+  auto algos = parse_list<Algo>(o.algos, "--algo", "algorithm", coll::parse_algo, coll::kAllAlgos);
   bool any_reduction = std::any_of(ops.begin(), ops.end(), is_reduction);
   if (!o.redops.empty() && !any_reduction)
     throw UsageError("--redop applies to reductions (allreduce, reduce_scatter, reduce), not to " + o.collectives);
-  auto redops = parse_list<RedOp>(o.redops.empty() ? "sum" : o.redops, "reduction", coll::parse_redop, coll::kAllRedOps);
+  auto redops = parse_list<RedOp>(o.redops.empty() ? "sum" : o.redops, "--redop", "reduction", coll::parse_redop, coll::kAllRedOps);
   const int64_t min_bytes = parse_bytes(o.minbytes, "--minbytes"), max_bytes = parse_bytes(o.maxbytes, "--maxbytes");
   const int64_t step_bytes = parse_bytes(o.stepbytes, "--stepbytes");
   if (min_bytes > max_bytes) throw UsageError("--minbytes " + o.minbytes + " is larger than --maxbytes " + o.maxbytes);
@@ -678,6 +683,19 @@ int run_collective(int argc, char** argv) {
                      std::move(point)});
   }
 
+  // Both buffer slots at the largest size any case needs, allocated once; the host also holds a case's inputs,
+  // its read-back outputs and their expected values, each at most that size. Refused before anything is written.
+  size_t largest = 0;
+  for (const Case& c : cases) {
+    const size_t elem = coll::size_of(c.dtype);
+    const Counts n = counts_for(c.op, c.bytes, elem, group_size);
+    largest = std::max(largest, std::max(n.send_elems, n.recv_elems) * elem);
+  }
+  const bool device_buffers = o.backend == "nccl" || o.device_buffers;
+  check_fits_in_memory("strata-collective's largest size (" + format_gib(double(largest)) + " per buffer)",
+                       double(largest) * (device_buffers ? 3 : 5), host_memory_per_rank(),
+                       "the node's available memory over its ranks");
+
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), device);
   run.set_case_count(static_cast<int>(cases.size()));
   Watchdog watchdog([&run](const std::string& message) { run.mark_failed(message); });
@@ -702,12 +720,6 @@ int run_collective(int argc, char** argv) {
   }
 
   const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
-  size_t largest = 0;
-  for (const Case& c : cases) {
-    const size_t elem = coll::size_of(c.dtype);
-    const Counts n = counts_for(c.op, c.bytes, elem, group_size);
-    largest = std::max(largest, std::max(n.send_elems, n.recv_elems) * elem);
-  }
   executor->reserve(largest);
   for (size_t index = 0; index < cases.size(); ++index) {
     const Case& c = cases[index];

@@ -44,7 +44,7 @@ Axes plan_cases(const ElementwiseOptions& o) {
   std::vector<std::string> kernels;
   if (o.kernels == "all") kernels = elementwise::kernel_names();
   else
-    for (const std::string& name : split(o.kernels, ',')) {
+    for (const std::string& name : split_list(o.kernels, "--kernels")) {
       const auto& known = elementwise::kernel_names();
       if (std::find(known.begin(), known.end(), name) == known.end()) {
         std::string names;
@@ -54,7 +54,7 @@ Axes plan_cases(const ElementwiseOptions& o) {
       kernels.push_back(name);
     }
   std::vector<std::vector<AxisValue>> shapes;  // (model, rows, channels, mlp, layer parameters, heads, kv heads, width)
-  for (const std::string& name : split(o.presets, ',')) {
+  for (const std::string& name : split_list(o.presets, "--preset")) {
     train::ModelConfig model;
     try {
       model = train::preset(name);
@@ -88,6 +88,7 @@ int run_elementwise(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe the cores");
+  h.kernel_threads = o.threads;
   const Axes axes = plan_cases(o);  // bad input refused before anything is written
   const std::vector<AxisPoint> points = axes.product();
 

@@ -47,7 +47,7 @@ std::vector<cpu_gemm::Backend> libraries_for(const std::string& text, DType dtyp
       if (dtype != DType::fp64 || cpu_gemm::supports_fp64(b)) chosen.push_back(b);
     return chosen;
   }
-  for (const auto& name : split(text, ',')) {
+  for (const auto& name : split_list(text, "--library")) {
     auto b = cpu_gemm::parse_backend(name);
     if (!b) throw UsageError("unknown --library '" + name + "' (auto, all, openblas, onednn)");
     if (!cpu_gemm::available(*b)) throw UsageError("--library " + name + ": this build has no " + name);
@@ -67,7 +67,7 @@ std::vector<int64_t> parse_square(const std::string& text) {
     if (low <= 0 || high < low) throw UsageError("--square " + text + ": expected 0 < START <= END");
     for (int64_t s = low; s <= high; s *= 2) sizes.push_back(s);
   } else {
-    for (const auto& part : split(text, ',')) {
+    for (const auto& part : split_list(text, "--square")) {
       int64_t s = parse_int(part, "--square");
       if (s <= 0) throw UsageError("--square sizes must be positive, got " + part);
       sizes.push_back(s);
@@ -85,7 +85,7 @@ struct GemmCases {
 
 GemmCases plan_cases(const GemmOptions& o, cpu_gemm::Backend fastest) {
   std::vector<std::string> dtypes;
-  for (const auto& text : split(o.dtypes, ',')) {
+  for (const auto& text : split_list(o.dtypes, "--dtype")) {
     auto d = gemm::parse_dtype(text);
     if (!d) throw UsageError("unknown dtype '" + text + "' (fp32, fp64, tf32, fp16, bf16, fp8)");
     bool cpu_has = *d == DType::fp32 || *d == DType::fp64;
@@ -100,11 +100,11 @@ GemmCases plan_cases(const GemmOptions& o, cpu_gemm::Backend fastest) {
     shapes.push_back({s.m, s.n, s.k, source});
   };
   if (!o.shapes.empty())
-    for (const auto& text : split(o.shapes, ',')) add_shape(gemm::parse_shape(text), "explicit");
+    for (const auto& text : split_list(o.shapes, "--shapes")) add_shape(gemm::parse_shape(text), "explicit");
   if (!o.square.empty())
     for (int64_t s : parse_square(o.square)) add_shape({s, s, s}, "square");
   if (!o.presets.empty())
-    for (const auto& name : split(o.presets, ',')) {
+    for (const auto& name : split_list(o.presets, "--preset")) {
       const train::ModelConfig model = train::preset(name);
       std::vector<train::LayerGemm> gemms = train::layer_gemms(model, o.tokens, o.tp);
       if (o.training) {
@@ -190,7 +190,22 @@ int run_gemm(int argc, char** argv) {
   }
   if (o.backend == "cuda" && o.libraries != "auto") throw UsageError("--library applies to the cpu backend only");
   // Checked before the run starts (so bad input writes nothing); the machine's fastest library is known after.
-  plan_cases(o, cpu_gemm::Backend::openblas);
+  const GemmCases planned = plan_cases(o, cpu_gemm::Backend::openblas);
+  // The largest case must fit: host memory holds A, W and C (on the GPU path also the inputs' float copies for
+  // the check and their staging), the device A, W and C.
+  double host_bytes = 0, device_bytes = 0;
+  std::string largest;
+  for (const AxisPoint& point : planned.points) {
+    const DType d = *gemm::parse_dtype(point.text("dtype"));
+    const double m = double(point.integer("m")), n = double(point.integer("n")), k = double(point.integer("k"));
+    const double in = gemm::input_bytes(d), out = gemm::output_bytes(d);
+    const double host = o.backend == "cpu" ? (m * k + n * k) * in + m * n * out : (m * k + n * k) * (4 + in) + m * n * out;
+    if (host > host_bytes) host_bytes = host, largest = point.text("dtype") + " " + std::to_string(point.integer("m")) + "x" +
+                                                         std::to_string(point.integer("n")) + "x" + std::to_string(point.integer("k"));
+    device_bytes = std::max(device_bytes, (m * k + n * k) * in + m * n * out);
+  }
+  check_fits_in_memory("strata-gemm case " + largest, host_bytes, host_memory_per_rank(),
+                       "the node's available memory over its ranks");
 
   const int rank = world_rank();
   [[maybe_unused]] int device = -1;  // the GPU this rank drives (CUDA builds)
@@ -204,6 +219,10 @@ int run_gemm(int argc, char** argv) {
     device = node.rank() % count;  // one GPU per local rank
     cuda::set_device(device);
     device_text = "cuda:" + std::to_string(device) + " " + cuda::device_name(device);
+    double device_limit = 0.9 * double(cuda::device_memory_bytes(device));  // the smallest GPU decides, on every rank
+    STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &device_limit, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
+    check_fits_in_memory("strata-gemm case " + largest + " on the GPU", device_bytes, device_limit,
+                         "nine tenths of the GPU's memory");
 #else
     throw UsageError("--backend cuda: this strata-gemm was built without CUDA");
 #endif

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <condition_variable>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -82,9 +83,20 @@ Run::Run(std::string benchmark, int argc, const char* const* argv, const Harness
   if (options_.blas_threads > 1 && blas::is_single_threaded_build())
     throw UsageError("--blas-threads " + std::to_string(options_.blas_threads) +
                      " needs a threaded BLAS, but this OpenBLAS is the single-threaded build");
+  const int world = world_size();
+  if (options_.inject_wrong_element >= world)
+    throw UsageError("--inject-wrong-element " + std::to_string(options_.inject_wrong_element) + ": no such rank (the job has " +
+                     std::to_string(world) + " rank" + (world == 1 ? ")" : "s, 0 to " + std::to_string(world - 1) + ")"));
   cpu_gemm::set_threads(options_.blas_threads);
   context_ = collect_context(argc, argv, device);
   cpu_gemm::set_threads(options_.blas_threads);  // measuring the machine runs the libraries on one thread
+  // Threads beyond the hardware threads of the smallest node cannot run at once: a typo, not a setting.
+  int hardware_threads = std::max(1, context_.machine.description.topology.hardware_threads);
+  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hardware_threads, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  for (const auto& [flag, threads] : {std::pair{"--blas-threads", options_.blas_threads}, {"--threads", options_.kernel_threads}})
+    if (threads > hardware_threads)
+      throw UsageError(std::string(flag) + " " + std::to_string(threads) + " exceeds the " + std::to_string(hardware_threads) +
+                       " hardware threads of a node of this job");
   if (is_root()) {
     std::fputs(machine_summary(context_.machine, context_.blas_core).c_str(), stdout);
     std::fflush(stdout);
@@ -275,6 +287,31 @@ int Run::finish() {
     std::fprintf(stderr, "[%s] results: %s (run %s)%s\n", benchmark_.c_str(), output_path_.c_str(), run_id_.c_str(),
                  check_failed_ ? "; OUTPUT CHECK FAILED" : "");
   return check_failed_ ? 1 : 0;
+}
+
+double host_memory_per_rank() {
+  double kib = INFINITY;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  while (meminfo >> key) {
+    if (key == "MemAvailable:") {
+      meminfo >> kib;
+      break;
+    }
+    meminfo.ignore(256, '\n');
+  }
+  const Comm node = split_shared_memory(MPI_COMM_WORLD);
+  double per_rank = kib * 1024 / node.size();
+  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &per_rank, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
+  return per_rank;
+}
+
+std::string format_gib(double bytes) { return format_fixed(bytes / double(int64_t{1} << 30), 3) + " GiB"; }
+
+void check_fits_in_memory(const std::string& what, double bytes, double limit, const std::string& limit_source) {
+  if (bytes <= limit) return;
+  throw UsageError(what + " needs about " + format_gib(bytes) + " per rank, above the limit of " + format_gib(limit) +
+                   " (" + limit_source + ")");
 }
 
 void add_flop_rate_columns(Table& summary, const std::string& flop_name) {

@@ -30,6 +30,7 @@ struct HarnessOptions {
   bool quiet = false;
   std::string output;      // results file; empty = a new file under results/runs/
   int blas_threads = 1;    // CPU BLAS threads per rank
+  int kernel_threads = 1;  // a program's own kernel threads per rank (--threads), held to the node like blas_threads
   // Testing the output checks: this world rank corrupts one output element of every case after the untimed
   // checked run and before its check (-1: never; -2: every rank), so a test can prove a wrong result fails
   // the run and is counted on every rank.
@@ -168,6 +169,14 @@ class Run {
   bool finished_ = false;
   std::chrono::steady_clock::time_point started_;
 };
+
+// Bytes of host memory one rank may use: the node's available memory (MemAvailable) over the ranks on the node,
+// the smallest over the job's nodes; infinite where /proc/meminfo does not say. Collective over the world.
+double host_memory_per_rank();
+// Refuses a run whose largest case would not fit, before anything is allocated or written: UsageError naming the
+// case, its estimate and the limit with where the limit comes from ("the node's available memory over its 2 ranks").
+void check_fits_in_memory(const std::string& what, double bytes, double limit, const std::string& limit_source);
+std::string format_gib(double bytes);  // "1.234 GiB"
 
 // The FLOP-rate columns every compute benchmark reports, with one convention: per rank from the median of
 // the per-iteration mean over ranks; aggregate = ranks x flop over the median of the per-iteration max; the

@@ -206,21 +206,21 @@ int run_interference(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
 
   // ---- the cases, checked before the run starts ----
-  std::vector<std::string> kernels = split(o.kernels, ',');
+  std::vector<std::string> kernels = split_list(o.kernels, "--kernels");
   for (const auto& k : kernels)
     if (k != "gemm" && k != "attention") throw UsageError("unknown kernel '" + k + "' (gemm, attention)");
   const gemm::Shape gemm_shape = gemm::parse_shape(o.gemm);
   const attention::Shape attention_shape{1, o.heads, o.heads, o.seq, o.seq, o.dim, true};
   if (std::string problem = attention::validate(attention_shape); !problem.empty()) throw UsageError(problem);
   std::vector<Operation> ops;
-  for (const auto& name : split(o.collectives, ',')) {
+  for (const auto& name : split_list(o.collectives, "--collective")) {
     const auto op = coll::parse_operation(name);
     if (!op || (*op != Operation::allreduce && *op != Operation::reduce_scatter && *op != Operation::allgather))
       throw UsageError("unknown --collective '" + name + "' (allreduce, reduce_scatter, allgather)");
     ops.push_back(*op);
   }
   std::vector<Algo> algos;
-  for (const auto& name : split(o.algos, ',')) {
+  for (const auto& name : split_list(o.algos, "--algo")) {
     const auto algo = coll::parse_algo(name);
     if (!algo) throw UsageError("unknown --algo '" + name + "'");
     for (Operation op : ops)

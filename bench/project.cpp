@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/json_file.h"
 #include "bench/calibration_input.h"
 #include "bench/check.h"
 #include "bench/cli.h"
@@ -120,16 +121,6 @@ void check_file_output(const std::string& path, const std::string& what) {
   if (!parent.empty() && !fs::is_directory(parent)) throw UsageError(what + " folder " + parent.string() + " does not exist");
 }
 
-nlohmann::json read_json_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) throw UsageError(what + " " + path + ": cannot open the file");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw UsageError(what + " " + path + ": not JSON: " + e.what());
-  }
-}
-
 void print_prediction(const StepCase& step, const PredictedStep& p) {
   const project::Prediction& r = p.prediction;
   const project::StepComponents& m = r.mean;
@@ -194,6 +185,7 @@ int predict(int argc, char** argv) {
   cli.flag("quiet", 'q', "print only errors", quiet);
   cli.alias("microbatches", "accumulation");
   if (!cli.parse(argc, argv)) return 0;
+  f.micro_batch_given = cli.given("micro-batch");
   if (system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
   check_results_output(output);
   check_file_output(timeline, "--timeline");

@@ -77,7 +77,7 @@ double parse_memory(const std::string& text) {
 
 std::vector<int> int_list(const std::string& text, const std::string& what, int minimum) {
   std::vector<int> values;
-  for (const std::string& part : split(text, ',')) {
+  for (const std::string& part : split_list(text, what)) {
     const int64_t v = parse_int(part, what);
     if (v < minimum || v > 1 << 24) throw UsageError(what + ": " + part + " is out of range (at least " + std::to_string(minimum) + ")");
     values.push_back(static_cast<int>(v));
@@ -123,7 +123,7 @@ train::ModelConfig resolve_model(const Options& o) {
 std::vector<train::Strategy> resolve_strategies(const std::string& text) {
   if (text == "all") return {};
   std::vector<train::Strategy> out;
-  for (const std::string& part : split(text, ',')) {
+  for (const std::string& part : split_list(text, "--strategies")) {
     const train::Strategy s = train::parse_strategy(part);  // std::invalid_argument naming the bad letter
     if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   }
@@ -145,14 +145,14 @@ project::SearchSpace resolve_space(const Options& o, const project::System& syst
   train::trainable_units(space.model, space.trainable);
   space.micro_batch_sizes = int_list(o.micro_batches, "--micro-batches", 1);
   space.schedules.clear();
-  for (const std::string& part : split(o.schedules, ',')) {
+  for (const std::string& part : split_list(o.schedules, "--schedules")) {
     const auto s = train::parse_schedule(part);
     if (!s) throw UsageError("--schedules: unknown schedule '" + part + "' (gpipe, 1f1b, interleaved)");
     space.schedules.push_back(*s);
   }
   space.interleave_chunks = o.interleave;
   space.recompute.clear();
-  for (const std::string& part : split(o.recompute, ',')) {
+  for (const std::string& part : split_list(o.recompute, "--recompute")) {
     const auto r = train::parse_recompute(part);
     if (!r) throw UsageError("--recompute: unknown mode '" + part + "' (none, full, selective)");
     if (*r == train::Recompute::overlap)
@@ -312,13 +312,13 @@ struct ParoGrid {
 ParoGrid paro_grid(const Options& o) {
   ParoGrid grid;
   std::vector<std::pair<std::string, train::ModelConfig>> models;
-  for (const std::string& name : split(o.paro_models, ',')) models.emplace_back(name, model_named(name));
+  for (const std::string& name : split_list(o.paro_models, "--paro-models")) models.emplace_back(name, model_named(name));
   std::vector<std::pair<std::string, train::Trainable>> trainables;
-  for (const std::string& name : split(o.paro_trainable, ',')) trainables.emplace_back(name, train::parse_trainable(name));
+  for (const std::string& name : split_list(o.paro_trainable, "--paro-trainable")) trainables.emplace_back(name, train::parse_trainable(name));
   const std::vector<int> nodes = int_list(o.paro_nodes, "--paro-nodes", 1);
   const std::vector<int> micro_batches = int_list(o.paro_micro_batches, "--paro-micro-batches", 1);
   std::vector<double> ratios;
-  for (const std::string& part : split(o.paro_ratios, ',')) {
+  for (const std::string& part : split_list(o.paro_ratios, "--paro-ratios")) {
     const double ratio = part == "system" ? 0 : parse_double(part, "--paro-ratios");
     if (ratio < 0) throw UsageError("--paro-ratios: " + part + " is negative");
     ratios.push_back(ratio);

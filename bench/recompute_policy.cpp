@@ -1,3 +1,4 @@
+#include "bench/json_file.h"
 #include "bench/recompute_policy.h"
 
 #include <fstream>
@@ -80,15 +81,7 @@ train::Placement placement_from_json(const train::PlacementProblem& problem, con
   return placement;
 }
 
-nlohmann::json read_policy_json(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UsageError("recompute policy " + path + ": cannot open the file");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw UsageError("recompute policy " + path + ": not JSON: " + e.what());
-  }
-}
+nlohmann::json read_policy_json(const std::string& path) { return read_json_file(path, "recompute policy"); }
 
 train::Placement read_recompute_policy(const std::string& path, const train::PlacementProblem& problem) {
   train::Placement placement = placement_from_json(problem, read_policy_json(path), path);

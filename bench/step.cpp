@@ -58,23 +58,12 @@ struct Options : StepFlags {
   double recompute_time_limit = 10;
 };
 
-// Bytes a rank may hold: --memory-limit, else the node's available memory shared by its ranks.
-double memory_limit(const Options& o, int ranks_on_node) {
-  if (o.memory_limit_gib > 0) return o.memory_limit_gib * double(1 << 30);
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (meminfo >> key) {
-    if (key == "MemAvailable:") {
-      meminfo >> kib;
-      return kib * 1024 / ranks_on_node;
-    }
-    meminfo.ignore(256, '\n');
-  }
-  return INFINITY;  // unknown: no check
+// Bytes a rank may hold: --memory-limit, else the node's available memory shared by its ranks. Collective.
+double memory_limit(const Options& o) {
+  const double available = host_memory_per_rank();
+  return o.memory_limit_gib > 0 ? o.memory_limit_gib * double(1 << 30) : available;
 }
 
-std::string gib(double bytes) { return format_fixed(bytes / double(1 << 30), 3) + " GiB"; }
 
 // The harness's median; NaN for no steps.
 double median(std::vector<double> v) { return v.empty() ? NAN : summarize(std::move(v)).median; }
@@ -168,19 +157,22 @@ void check_policy_form(const std::string& path) {
   (void)placement_from_json(PlacementProblem{}, policy, path);
 }
 
-// The entries of a policy file that belong to this rank's ops; the count of entries no rank claims is checked by
-// the caller over the pipeline.
-Placement policy_for_rank(const std::string& path, const PlacementProblem& problem, int& claimed, int& entries) {
+// The entries of a policy file that belong to this rank's ops. `claimed` gets one flag per entry of the file (1:
+// an op of this rank) and `names` each entry's op, so the caller can name the entries no rank of the pipeline claims.
+Placement policy_for_rank(const std::string& path, const PlacementProblem& problem, std::vector<int>& claimed,
+                          std::vector<std::string>& names) {
   nlohmann::json policy = read_policy_json(path);
   if (policy.is_object() && policy.contains("placement") && policy["placement"].is_array()) {
     std::set<std::string> mine;
     for (const RecomputableOp& op : problem.ops) mine.insert(op.name);
     nlohmann::json kept = nlohmann::json::array();
-    for (const nlohmann::json& entry : policy["placement"])
-      if (!entry.is_object() || !entry.contains("op") || !entry["op"].is_string() || mine.count(entry["op"].get<std::string>()))
-        kept.push_back(entry);
-    entries = static_cast<int>(policy["placement"].size());
-    claimed = static_cast<int>(kept.size());
+    for (const nlohmann::json& entry : policy["placement"]) {
+      const bool named = entry.is_object() && entry.contains("op") && entry["op"].is_string();
+      const bool ours = !named || mine.count(entry["op"].get<std::string>());  // malformed: refused below, here
+      if (ours) kept.push_back(entry);
+      claimed.push_back(ours ? 1 : 0);
+      names.push_back(named ? entry["op"].get<std::string>() : "?");
+    }
     policy["placement"] = kept;
   }
   Placement placement = placement_from_json(problem, policy, path);
@@ -217,15 +209,22 @@ void on_every_rank(const Body& body) {
 }
 
 // A policy file's placement of this rank's ops, checked on every rank. Collective over the world.
-Placement read_policy(const std::string& path, const PlacementProblem& problem, coll::ProcessGroups& groups) {
+Placement read_policy(const std::string& path, const PlacementProblem& problem) {
   Placement placement;
-  int claimed = 0, entries = 0;
-  on_every_rank([&] { placement = policy_for_rank(path, problem, claimed, entries); });
-  // Each op is on one pipeline rank: the claims of the pipeline's ranks add up to the file's entries.
-  int all_claimed = groups.tp_index() == 0 && groups.dp_index() == 0 ? claimed : 0;
-  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_claimed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
-  if (all_claimed != entries)
-    throw UsageError("recompute policy " + path + ": " + std::to_string(entries - all_claimed) + " entries name no op of this run");
+  std::vector<int> claimed;
+  std::vector<std::string> names;
+  on_every_rank([&] { placement = policy_for_rank(path, problem, claimed, names); });
+  // Each op is on one pipeline rank: an entry no rank claims names no op of this run. Every rank read the same
+  // file, so the flags line up entry by entry.
+  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, claimed.data(), static_cast<int>(claimed.size()), MPI_INT, MPI_MAX,
+                                 MPI_COMM_WORLD));
+  std::string unknown;
+  int count = 0;
+  for (size_t i = 0; i < claimed.size(); ++i)
+    if (!claimed[i] && ++count <= 5) unknown += (unknown.empty() ? "'" : ", '") + names[i] + "'";
+  if (count > 0)
+    throw UsageError("recompute policy " + path + ": " + std::to_string(count) + " entr" + (count == 1 ? "y names" : "ies name") +
+                     " no op of this run: unknown op " + unknown + (count > 5 ? ", ..." : ""));
   return placement;
 }
 
@@ -250,7 +249,7 @@ Placed place_recomputation(TrainConfig& c, coll::ProcessGroups& groups, const To
   options.time_limit_s = o.recompute_time_limit;
   Placement placement;
   if (!o.recompute_policy.empty()) {
-    placement = read_policy(o.recompute_policy, problem.problem, groups);
+    placement = read_policy(o.recompute_policy, problem.problem);
     placed.chosen = summarise(problem.problem, placement, 0, false);
   } else if (o.recompute_solver == "heuristic") {
     placed.chosen = solve_heuristic(problem.problem, options);
@@ -351,6 +350,7 @@ int run_step(int argc, char** argv) {
   cli.alias("steps", "iters");
   cli.alias("microbatches", "accumulation");
   if (!cli.parse(argc, argv)) return 0;
+  o.micro_batch_given = cli.given("micro-batch");
   const bool on_gpu = o.backend == "cuda";
 #ifndef STRATA_HAVE_CUDA
   if (on_gpu)
@@ -359,6 +359,15 @@ int run_step(int argc, char** argv) {
 #endif
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe the cores");
+  if (o.min_lr > o.lr) {
+    char text[96];
+    std::snprintf(text, sizeof text, "--min-lr %g is above --lr %g", o.min_lr, o.lr);
+    throw UsageError(std::string(text) + ": the cosine decay ends at or below the peak learning rate");
+  }
+  if (o.timeline_steps > h.iters)
+    throw UsageError("--timeline-steps " + std::to_string(o.timeline_steps) + " exceeds the " + std::to_string(h.iters) +
+                     " timed steps (--iters)");
+  h.kernel_threads = o.threads;
 
   const int world = world_size();
   StepPlan step_plan = plan_step(o, world);
@@ -414,7 +423,7 @@ int run_step(int argc, char** argv) {
     }
 #endif
   // Before anything large is allocated: every strategy must fit (host memory; on GPUs the device refuses).
-  const double rank_limit = memory_limit(o, split_shared_memory(MPI_COMM_WORLD).size());
+  const double rank_limit = memory_limit(o);
   if (!on_gpu) {
     const double limit = rank_limit;
     double worst = 0;
@@ -429,14 +438,14 @@ int run_step(int argc, char** argv) {
       if (total > worst) {
         worst = total, worst_name = c.strategy.name() + (c.recompute == Recompute::none
                                                              ? "" : std::string(" with ") + name(c.recompute) + " recomputation");
-        parts = "parameters " + gib(e.params) + ", gradients " + gib(e.grads) + ", optimizer " + gib(e.optimizer) +
-                ", activations " + gib(e.activations + e.workspace) + ", communication buffers " + gib(e.comm_buffers);
+        parts = "parameters " + format_gib(e.params) + ", gradients " + format_gib(e.grads) + ", optimizer " + format_gib(e.optimizer) +
+                ", activations " + format_gib(e.activations + e.workspace) + ", communication buffers " + format_gib(e.comm_buffers);
       }
     }
     const double over = allreduce_max(MPI_COMM_WORLD, worst > limit ? 1.0 : 0.0);
     if (over > 0)
-      throw UsageError("strategy " + worst_name + " needs about " + gib(worst) + " per rank (" + parts + "), above the limit of " +
-                       (std::isfinite(limit) ? gib(limit) : std::string("?")) +
+      throw UsageError("strategy " + worst_name + " needs about " + format_gib(worst) + " per rank (" + parts + "), above the limit of " +
+                       (std::isfinite(limit) ? format_gib(limit) : std::string("?")) +
                        (o.memory_limit_gib > 0 ? " (--memory-limit)" : " (available memory over the node's ranks)") +
                        ": use a smaller model, micro-batch or sequence, or a sharded strategy");
   }
@@ -456,7 +465,7 @@ int run_step(int argc, char** argv) {
       const double allowance = o.memory_limit_gib > 0 ? rank_limit - (e.params + e.grads + e.optimizer + e.workspace + e.comm_buffers) : 0;
       const OverlapProblem problem = overlap_problem(c, shape.pp, shape.pp_rank, shape.tp, c.sequence_parallel && shape.tp > 1,
                                                      unmeasured_profile(c, shape.pp, shape.pp_rank), allowance);
-      (void)read_policy(o.recompute_policy, problem.problem, groups);
+      (void)read_policy(o.recompute_policy, problem.problem);
     }
   }
 

@@ -53,7 +53,7 @@ std::vector<Recompute> recompute_modes(const std::string& text, bool pipeline) {
   if (text == "all" && pipeline) return {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap};
   if (text == "all") return {Recompute::none, Recompute::full, Recompute::selective};
   std::vector<Recompute> out;
-  for (const std::string& item : split(text, ',')) {
+  for (const std::string& item : split_list(text, "--recompute")) {
     const std::optional<Recompute> mode = parse_recompute(item);
     if (!mode) throw UsageError("--recompute: unknown mode '" + item + "' (none, full, selective, overlap or all)");
     out.push_back(*mode);
@@ -66,7 +66,7 @@ std::vector<Strategy> strategies(const StepFlags& o) {
   std::vector<Strategy> out;
   if (o.paro == "all") return runnable_strategies();
   if (o.zero == "all") return {zero_stage(0), zero_stage(1), zero_stage(2), zero_stage(3)};
-  for (const std::string& item : split(o.paro.empty() ? (o.zero.empty() ? "0" : o.zero) : o.paro, ',')) {
+  for (const std::string& item : split_list(o.paro.empty() ? (o.zero.empty() ? "0" : o.zero) : o.paro, o.paro.empty() ? "--zero" : "--paro")) {
     Strategy s = o.paro.empty() ? zero_stage(static_cast<int>(parse_int(item, "--zero"))) : parse_strategy(item);
     if (const std::string why = refusal_reason(s); !why.empty())
       throw UsageError("strategy " + s.name() + " is not run: " + why);
@@ -149,7 +149,13 @@ StepPlan plan_step(StepFlags& o, int world) {
     if (o.global_batch % per_step != 0)
       throw UsageError("--global-batch " + std::to_string(o.global_batch) + " is not divisible by " + std::to_string(dp_ranks) +
                        " data-parallel ranks x " + std::to_string(o.accumulation) + " micro-batches");
-    config.micro_batch = static_cast<int>(o.global_batch / per_step);
+    const int64_t from_global = o.global_batch / per_step;
+    if (o.micro_batch_given && from_global != o.micro_batch)
+      throw UsageError("--global-batch " + std::to_string(o.global_batch) + " over " + std::to_string(dp_ranks) +
+                       " data-parallel ranks x " + std::to_string(o.accumulation) + " micro-batches is a micro-batch of " +
+                       std::to_string(from_global) + ", but --micro-batch says " + std::to_string(o.micro_batch) +
+                       ": give one of them");
+    config.micro_batch = static_cast<int>(from_global);
   }
   config.comm_algo = *coll::parse_algo(o.comm_algo);
   config.sequence_parallel = o.sp;
@@ -161,7 +167,7 @@ StepPlan plan_step(StepFlags& o, int world) {
   config.virtual_stages = o.virtual_stages;
   if (!o.stage_layers.empty()) {
     if (o.partition == "balanced") throw UsageError("--stage-layers and --partition balanced both given: choose one");
-    for (const std::string& item : split(o.stage_layers, ','))
+    for (const std::string& item : split_list(o.stage_layers, "--stage-layers"))
       config.stage_layers.push_back(static_cast<int>(parse_int(item, "--stage-layers")));
   }
   if (const std::string why = schedule_refusal(config.schedule, {grid.pp, o.accumulation, o.virtual_stages}); !why.empty())

@@ -23,6 +23,7 @@ struct StepFlags {
   int micro_batch = 1;
   int accumulation = 1;
   int64_t global_batch = 0;  // rows; 0: dp x accumulation x micro_batch
+  bool micro_batch_given = false;  // --micro-batch was on the command line (a --global-batch must then agree)
   std::string paro, zero;
   int group_size = 0;
   std::string trainable = "all";

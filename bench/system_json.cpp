@@ -1,3 +1,4 @@
+#include "bench/json_file.h"
 #include "bench/system_json.h"
 
 #include <algorithm>
@@ -514,15 +515,7 @@ std::string format_system_json(const ordered_json& document) {
 }
 
 project::System read_system(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UsageError("system description " + path + ": cannot open it");
-  json document;
-  try {
-    document = json::parse(in);
-  } catch (const json::parse_error& e) {
-    throw UsageError("system description " + path + ": not valid JSON: " + e.what());
-  }
-  return system_from_json(document, path);
+  return system_from_json(read_json_file(path, "system description"), path);
 }
 
 void write_system(const std::string& path, const project::System& system) {

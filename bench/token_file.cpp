@@ -1,6 +1,7 @@
 // Implementation of the token file reader (see token_file.h).
 #include "bench/token_file.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "bench/check.h"
@@ -9,6 +10,8 @@ namespace strata {
 
 std::vector<uint16_t> read_token_file(const std::string& path) {
   constexpr int32_t kMagic = 20240520, kVersion = 1;
+  if (std::filesystem::is_directory(path)) throw UsageError("token file " + path + " is a directory, not an llm.c token file");
+  if (!std::filesystem::exists(path)) throw UsageError("token file " + path + " does not exist");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw UsageError("cannot open token file " + path);
   int32_t header[256] = {};

@@ -50,6 +50,12 @@ int compute_capability(int device) {
 
 void set_device(int device) { STRATA_KERNEL_CUDA_CHECK(cudaSetDevice(device)); }
 
+std::size_t device_memory_bytes(int device) {
+  cudaDeviceProp properties{};
+  STRATA_KERNEL_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  return properties.totalGlobalMem;
+}
+
 DeviceMemory::DeviceMemory(std::size_t bytes) : bytes_(bytes) {
   STRATA_KERNEL_CUDA_CHECK(cudaMalloc(&pointer_, bytes == 0 ? 1 : bytes));
 }

@@ -16,6 +16,7 @@ std::string device_name(int device);
 // Compute capability as major * 10 + minor (90 for H100).
 int compute_capability(int device);
 void set_device(int device);
+std::size_t device_memory_bytes(int device);  // the device's total memory
 
 // Device memory with an owner, and synchronous copies, for benchmarks that stage inputs and read results.
 class DeviceMemory {
