@@ -254,7 +254,7 @@ def policy_variants(table) -> dict[str, str]:
     (["--pp", "2", "--stage-layers", "1,3", "--partition", "balanced"], "--stage-layers and --partition balanced both given"),
     (["--pp", "2", "--recompute", "overlap", "--recompute-policy", "{malformed}"], "not JSON"),
     (["--pp", "2", "--recompute", "overlap", "--recompute-policy", "{format}"], "\"format\" must be \"strata-recompute-policy\""),
-    (["--pp", "2", "--recompute", "overlap", "--recompute-policy", "{op}"], "1 entries name no op of this run"),
+    (["--pp", "2", "--recompute", "overlap", "--recompute-policy", "{op}"], "1 entry names no op of this run: unknown op 'mb9.L0.pre'"),
     (["--pp", "2", "--recompute", "overlap", "--recompute-policy", "{mode}"], "has mode 'later'"),
     (["--pp", "2", "--partition", "balanced", "--recompute", "overlap", "--recompute-policy", "{format}"],
      "\"format\" must be \"strata-recompute-policy\""),
