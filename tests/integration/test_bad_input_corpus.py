@@ -169,3 +169,59 @@ def test_an_output_that_is_not_a_results_file_is_refused(reference, name, kind):
     assert path in result.stderr or os.path.basename(path) in result.stderr, result.stderr
     if before is not None:
         assert digest(path) == before
+
+
+def system_with(folder, name: str, text: str) -> str:
+    path = folder / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["predict", "search"])
+def test_a_bad_system_description_names_the_file_and_the_field(reference, command):
+    folder, _, env = reference
+    with open(SYSTEM) as handle:
+        text = handle.read()
+    # A number beyond what a double holds, in the first numeric field of the shipped description.
+    field, number = re.search(r'"(\w+)":\s*(\d+(?:\.\d+)?(?:e\d+)?)', text).groups()
+    overflow = system_with(folder, "overflow.json", text.replace(f'"{field}": {number}', f'"{field}": 1e999', 1))
+    broken = system_with(folder, "broken.json", text[: len(text) // 2])
+    args = PROGRAMS[f"strata-project {command}"]
+    for path, expected in ((overflow, field), (broken, "not JSON"), (str(folder), "is a directory"),
+                           (str(folder / "none.json"), "none.json")):
+        at = args.index("--system") + 1
+        result = subprocess.run([program("strata-project"), command, *args[:at], path, *args[at + 1:]],
+                                capture_output=True, text=True, env=env, cwd=str(folder), timeout=120)
+        assert result.returncode == 2, (path, result.stderr)
+        assert os.path.basename(path) in result.stderr and expected in result.stderr, (path, result.stderr)
+
+
+SCRIPT_CASES = [
+    ("strata-compare", ["--threshold", "nan"], "--threshold"),
+    ("strata-compare", ["--threshold", "-1"], "--threshold"),
+    ("strata-compare", ["--noise-factor", "inf"], "--noise-factor"),
+    ("strata-compare", ["--noise-factor", "0.5"], "--noise-factor"),
+    ("strata-compare", ["--alpha", "2"], "--alpha"),
+    ("strata-compare", ["--min-samples", "0"], "--min-samples"),
+    ("strata-compare", ["--threshold", "abc"], "--threshold"),
+    ("strata-trace", ["--case", "abc"], "--case"),
+    ("strata-compare", ["--bogus"], "--bogus"),
+    ("strata-report", ["--bogus"], "--bogus"),
+    ("strata-merge", ["--bogus"], "--bogus"),
+    ("strata-trace", ["--bogus"], "--bogus"),
+]
+
+
+@pytest.mark.parametrize("script, args, flag", SCRIPT_CASES, ids=[f"{s}{' '.join(a)}" for s, a, _ in SCRIPT_CASES])
+def test_the_scripts_refuse_bad_values_naming_the_flag(reference, script, args, flag):
+    folder, results, env = reference
+    target = folder / "script-target.h5"
+    shutil.copyfile(results, target)
+    before = digest(str(target))
+    files = {"strata-compare": [str(target), str(target)], "strata-merge": [str(folder / "merged.h5"), str(target)]}.get(
+        script, [str(target)])
+    result = subprocess.run(["python3", os.path.join(ROOT, "scripts", script), *files, *args], capture_output=True,
+                            text=True, env=env, cwd=str(folder), timeout=120)
+    assert result.returncode == 2, (result.stdout[-1000:], result.stderr[-1000:])
+    assert flag in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert digest(str(target)) == before
