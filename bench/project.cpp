@@ -185,7 +185,7 @@ int predict(int argc, char** argv) {
   cli.flag("quiet", 'q', "print only errors", quiet);
   cli.alias("microbatches", "accumulation");
   if (!cli.parse(argc, argv)) return 0;
-  f.micro_batch_given = cli.given("micro-batch");
+  f.micro_batch_given = cli.given("micro-batch"), f.accumulation_given = cli.given("accumulation");
   if (system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
   check_results_output(output);
   check_file_output(timeline, "--timeline");

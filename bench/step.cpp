@@ -350,7 +350,7 @@ int run_step(int argc, char** argv) {
   cli.alias("steps", "iters");
   cli.alias("microbatches", "accumulation");
   if (!cli.parse(argc, argv)) return 0;
-  o.micro_batch_given = cli.given("micro-batch");
+  o.micro_batch_given = cli.given("micro-batch"), o.accumulation_given = cli.given("accumulation");
   const bool on_gpu = o.backend == "cuda";
 #ifndef STRATA_HAVE_CUDA
   if (on_gpu)

@@ -22,6 +22,7 @@ void add_model_flags(Cli& cli, StepFlags& o) {
   cli.option("vocab", 0, "vocabulary (0: the preset's)", o.vocab, 0);
   cli.option("mlp-hidden", 0, "MLP width (0: the preset's, 4 x hidden)", o.mlp_hidden, 0);
   cli.option("seq", 's', "sequence length", o.seq, 1);
+  cli.option("positions", 0, "position table (0: the preset's; a custom shape's at least --seq)", o.positions, 0);
 }
 
 void add_batch_flags(Cli& cli, StepFlags& o) {
@@ -83,10 +84,15 @@ ModelConfig model_of(const StepFlags& o) {
   over(m.layers, o.layers), over(m.hidden, o.hidden), over(m.heads, o.heads), over(m.vocab, o.vocab);
   over(m.mlp_hidden, o.mlp_hidden);
   m.kv_heads = o.kv_heads > 0 ? o.kv_heads : (o.heads > 0 ? m.heads : m.kv_heads);
-  if (o.layers || o.hidden || o.heads || o.kv_heads || o.vocab || o.mlp_hidden) m.name += "+custom";
+  const bool custom = o.layers || o.hidden || o.heads || o.kv_heads || o.vocab || o.mlp_hidden;
+  if (custom) m.name += "+custom";
+  // A shape of one's own trains at the sequence it is given, as Megatron-LM sizes its position table.
+  if (o.positions > 0) m.max_seq = o.positions;
+  else if (custom) m.max_seq = std::max(m.max_seq, o.seq);
   if (const std::string problem = m.validate(); !problem.empty()) throw UsageError("model: " + problem);
   if (o.seq > m.max_seq)
-    throw UsageError("--seq " + std::to_string(o.seq) + " exceeds the model's position table (" + std::to_string(m.max_seq) + ")");
+    throw UsageError("--seq " + std::to_string(o.seq) + " exceeds the model's position table (" + std::to_string(m.max_seq) +
+                     "; --positions sets it)");
   return m;
 }
 
@@ -144,7 +150,15 @@ StepPlan plan_step(StepFlags& o, int world) {
   TrainConfig& config = plan.config;
   config.model = model, config.seq = o.seq, config.accumulation = o.accumulation, config.trainable = plan.trainable;
   config.micro_batch = o.micro_batch;
-  if (o.global_batch > 0) {
+  if (o.global_batch > 0 && o.micro_batch_given && !o.accumulation_given) {
+    // Megatron-LM's reading: the global batch and the micro-batch are given, the micro-batches per step follow.
+    const int64_t per_micro_batch = static_cast<int64_t>(dp_ranks) * o.micro_batch;
+    if (o.global_batch % per_micro_batch != 0)
+      throw UsageError("--global-batch " + std::to_string(o.global_batch) + " is not divisible by " + std::to_string(dp_ranks) +
+                       " data-parallel ranks x --micro-batch " + std::to_string(o.micro_batch));
+    config.accumulation = static_cast<int>(o.global_batch / per_micro_batch);
+    o.accumulation = config.accumulation;
+  } else if (o.global_batch > 0) {
     const int64_t per_step = static_cast<int64_t>(dp_ranks) * o.accumulation;
     if (o.global_batch % per_step != 0)
       throw UsageError("--global-batch " + std::to_string(o.global_batch) + " is not divisible by " + std::to_string(dp_ranks) +
@@ -152,9 +166,9 @@ StepPlan plan_step(StepFlags& o, int world) {
     const int64_t from_global = o.global_batch / per_step;
     if (o.micro_batch_given && from_global != o.micro_batch)
       throw UsageError("--global-batch " + std::to_string(o.global_batch) + " over " + std::to_string(dp_ranks) +
-                       " data-parallel ranks x " + std::to_string(o.accumulation) + " micro-batches is a micro-batch of " +
+                       " data-parallel ranks x --accumulation " + std::to_string(o.accumulation) + " is a micro-batch of " +
                        std::to_string(from_global) + ", but --micro-batch says " + std::to_string(o.micro_batch) +
-                       ": give one of them");
+                       ": give two of the three");
     config.micro_batch = static_cast<int>(from_global);
   }
   config.comm_algo = *coll::parse_algo(o.comm_algo);

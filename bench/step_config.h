@@ -23,7 +23,11 @@ struct StepFlags {
   int micro_batch = 1;
   int accumulation = 1;
   int64_t global_batch = 0;  // rows; 0: dp x accumulation x micro_batch
-  bool micro_batch_given = false;  // --micro-batch was on the command line (a --global-batch must then agree)
+  // Whether --micro-batch and --accumulation were on the command line: with --global-batch, the one left out
+  // follows (the accumulation, as Megatron-LM reads them, when both are left out the micro-batch); all three
+  // given must agree.
+  bool micro_batch_given = false, accumulation_given = false;
+  int positions = 0;  // position table; 0: the preset's, for a custom shape at least --seq
   std::string paro, zero;
   int group_size = 0;
   std::string trainable = "all";

@@ -78,36 +78,38 @@ void fill_chains(Vector (&acc)[kChains], Vector& x, Vector& y) {
   __builtin_memcpy(&x, xs, sizeof xs), __builtin_memcpy(&y, ys, sizeof ys);
 }
 
+// One kernel: `chain(i)` is chain i's step in the loop's text, `reg` the operands' register class ("x": xmm/ymm,
+// "v": also zmm16-31, "w": Arm's vector registers).
+#define STRATA_PEAK_KERNEL(function, attributes, Vector, Lane, reg, chain)                  \
+  attributes double function(long iterations) {                                          \
+    iterations = std::max(iterations, 1L); /* the loop counts down to zero */            \
+    Vector acc[kChains], x, y;                                                           \
+    fill_chains<Vector, Lane>(acc, x, y);                                                \
+    asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(chain))                               \
+                 : STRATA_ACCUMULATORS("+" reg), [n] "+r"(iterations)                    \
+                 : [x] reg(x), [y] reg(y)                                                \
+                 : "cc");                                                                \
+    return lane_sum<Lane>(acc);                                                          \
+  }
+
 #if defined(__x86_64__)
-// AT&T operand order: `vfmadd213ps y, x, acc` is acc = x * acc + y.
-#define STRATA_FMA213(op, i) op " %[y], %[x], %[a" #i "]\n\t"
 #define STRATA_LOOP(body) "1:\n\t" body "dec %[n]\n\tjnz 1b\n\t"
-
-__attribute__((target("avx512f"))) double fma_avx512_fp32(long iterations) {
-  iterations = std::max(iterations, 1L);  // the loop counts down to zero
-  __m512 acc[kChains], x, y;
-  fill_chains<__m512, float>(acc, x, y);
-#define STRATA_CHAIN(i) STRATA_FMA213("vfmadd213ps", i)
-  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
-               : STRATA_ACCUMULATORS("+v"), [n] "+r"(iterations)
-               : [x] "v"(x), [y] "v"(y)
-               : "cc");
-#undef STRATA_CHAIN
-  return lane_sum<float>(acc);
-}
-
-__attribute__((target("avx512f"))) double fma_avx512_fp64(long iterations) {
-  iterations = std::max(iterations, 1L);  // the loop counts down to zero
-  __m512d acc[kChains], x, y;
-  fill_chains<__m512d, double>(acc, x, y);
-#define STRATA_CHAIN(i) STRATA_FMA213("vfmadd213pd", i)
-  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
-               : STRATA_ACCUMULATORS("+v"), [n] "+r"(iterations)
-               : [x] "v"(x), [y] "v"(y)
-               : "cc");
-#undef STRATA_CHAIN
-  return lane_sum<double>(acc);
-}
+// AT&T operand order: `vfmadd213ps y, x, acc` is acc = x * acc + y. SSE2 has no FMA: a multiply and an add per
+// step, both counted.
+#define STRATA_FMA_PS(i) "vfmadd213ps %[y], %[x], %[a" #i "]\n\t"
+#define STRATA_FMA_PD(i) "vfmadd213pd %[y], %[x], %[a" #i "]\n\t"
+#define STRATA_MUL_ADD_PS(i) "mulps %[x], %[a" #i "]\n\taddps %[y], %[a" #i "]\n\t"
+#define STRATA_MUL_ADD_PD(i) "mulpd %[x], %[a" #i "]\n\taddpd %[y], %[a" #i "]\n\t"
+STRATA_PEAK_KERNEL(fma_avx512_fp32, __attribute__((target("avx512f"))), __m512, float, "v", STRATA_FMA_PS)
+STRATA_PEAK_KERNEL(fma_avx512_fp64, __attribute__((target("avx512f"))), __m512d, double, "v", STRATA_FMA_PD)
+STRATA_PEAK_KERNEL(fma_avx2_fp32, __attribute__((target("avx2,fma"))), __m256, float, "x", STRATA_FMA_PS)
+STRATA_PEAK_KERNEL(fma_avx2_fp64, __attribute__((target("avx2,fma"))), __m256d, double, "x", STRATA_FMA_PD)
+STRATA_PEAK_KERNEL(mul_add_sse2_fp32, , __m128, float, "x", STRATA_MUL_ADD_PS)
+STRATA_PEAK_KERNEL(mul_add_sse2_fp64, , __m128d, double, "x", STRATA_MUL_ADD_PD)
+#undef STRATA_FMA_PS
+#undef STRATA_FMA_PD
+#undef STRATA_MUL_ADD_PS
+#undef STRATA_MUL_ADD_PD
 
 // vdpbf16ps: each FP32 lane adds two bf16 products of the constant pairs a and b (0.01 each); the sums grow
 // linearly and stay far below overflow.
@@ -127,92 +129,19 @@ __attribute__((target("avx512f,avx512bf16"))) double dot_avx512_bf16(long iterat
 #undef STRATA_CHAIN
   return lane_sum<float>(acc);
 }
-
-__attribute__((target("avx2,fma"))) double fma_avx2_fp32(long iterations) {
-  iterations = std::max(iterations, 1L);  // the loop counts down to zero
-  __m256 acc[kChains], x, y;
-  fill_chains<__m256, float>(acc, x, y);
-#define STRATA_CHAIN(i) STRATA_FMA213("vfmadd213ps", i)
-  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
-               : STRATA_ACCUMULATORS("+x"), [n] "+r"(iterations)
-               : [x] "x"(x), [y] "x"(y)
-               : "cc");
-#undef STRATA_CHAIN
-  return lane_sum<float>(acc);
-}
-
-__attribute__((target("avx2,fma"))) double fma_avx2_fp64(long iterations) {
-  iterations = std::max(iterations, 1L);  // the loop counts down to zero
-  __m256d acc[kChains], x, y;
-  fill_chains<__m256d, double>(acc, x, y);
-#define STRATA_CHAIN(i) STRATA_FMA213("vfmadd213pd", i)
-  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
-               : STRATA_ACCUMULATORS("+x"), [n] "+r"(iterations)
-               : [x] "x"(x), [y] "x"(y)
-               : "cc");
-#undef STRATA_CHAIN
-  return lane_sum<double>(acc);
-}
-
-// SSE2 has no FMA: a multiply and an add per step, both counted.
-double mul_add_sse2_fp32(long iterations) {
-  iterations = std::max(iterations, 1L);  // the loop counts down to zero
-  __m128 acc[kChains], x, y;
-  fill_chains<__m128, float>(acc, x, y);
-#define STRATA_CHAIN(i) "mulps %[x], %[a" #i "]\n\taddps %[y], %[a" #i "]\n\t"
-  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
-               : STRATA_ACCUMULATORS("+x"), [n] "+r"(iterations)
-               : [x] "x"(x), [y] "x"(y)
-               : "cc");
-#undef STRATA_CHAIN
-  return lane_sum<float>(acc);
-}
-
-double mul_add_sse2_fp64(long iterations) {
-  iterations = std::max(iterations, 1L);  // the loop counts down to zero
-  __m128d acc[kChains], x, y;
-  fill_chains<__m128d, double>(acc, x, y);
-#define STRATA_CHAIN(i) "mulpd %[x], %[a" #i "]\n\taddpd %[y], %[a" #i "]\n\t"
-  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
-               : STRATA_ACCUMULATORS("+x"), [n] "+r"(iterations)
-               : [x] "x"(x), [y] "x"(y)
-               : "cc");
-#undef STRATA_CHAIN
-  return lane_sum<double>(acc);
-}
-#undef STRATA_FMA213
 #undef STRATA_LOOP
 #elif defined(__aarch64__)
 // fmla acc, x, y is acc += x * y: with x * y = 1e-6 the chains grow linearly and stay far from overflow.
 #define STRATA_LOOP(body) "1:\n\t" body "subs %[n], %[n], #1\n\tb.ne 1b\n\t"
-
-double fma_neon_fp32(long iterations) {
-  iterations = std::max(iterations, 1L);  // the loop counts down to zero
-  float32x4_t acc[kChains], x, y;
-  fill_chains<float32x4_t, float>(acc, x, y);
-#define STRATA_CHAIN(i) "fmla %[a" #i "].4s, %[x].4s, %[y].4s\n\t"
-  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
-               : STRATA_ACCUMULATORS("+w"), [n] "+r"(iterations)
-               : [x] "w"(x), [y] "w"(y)
-               : "cc");
-#undef STRATA_CHAIN
-  return lane_sum<float>(acc);
-}
-
-double fma_neon_fp64(long iterations) {
-  iterations = std::max(iterations, 1L);  // the loop counts down to zero
-  float64x2_t acc[kChains], x, y;
-  fill_chains<float64x2_t, double>(acc, x, y);
-#define STRATA_CHAIN(i) "fmla %[a" #i "].2d, %[x].2d, %[y].2d\n\t"
-  asm volatile(STRATA_LOOP(STRATA_FOR_EACH_CHAIN(STRATA_CHAIN))
-               : STRATA_ACCUMULATORS("+w"), [n] "+r"(iterations)
-               : [x] "w"(x), [y] "w"(y)
-               : "cc");
-#undef STRATA_CHAIN
-  return lane_sum<double>(acc);
-}
+#define STRATA_FMLA_4S(i) "fmla %[a" #i "].4s, %[x].4s, %[y].4s\n\t"
+#define STRATA_FMLA_2D(i) "fmla %[a" #i "].2d, %[x].2d, %[y].2d\n\t"
+STRATA_PEAK_KERNEL(fma_neon_fp32, , float32x4_t, float, "w", STRATA_FMLA_4S)
+STRATA_PEAK_KERNEL(fma_neon_fp64, , float64x2_t, double, "w", STRATA_FMLA_2D)
+#undef STRATA_FMLA_4S
+#undef STRATA_FMLA_2D
 #undef STRATA_LOOP
 #endif
+#undef STRATA_PEAK_KERNEL
 #undef STRATA_ACCUMULATORS
 #undef STRATA_FOR_EACH_CHAIN
 
