@@ -777,9 +777,11 @@ int run_collective(int argc, char** argv) {
               .set("intra_bytes_per_rank", own ? traffic_sum[0] / ranks : std::nan(""))
               .set("inter_bytes_per_rank", own ? traffic_sum[1] / ranks : std::nan(""))
               .set("slowdown_vs_alone", std::nan(""));
+        },
+        [&](const CaseResult& res) {
+          if (run.is_root()) append_group_rows(run, res, group_of_rank, group.count, n, factor);
         });
     if (run.is_root()) {
-      append_group_rows(run, r, group_of_rank, group.count, n, factor);
       double t = r.rankmax.median;
       table.print_row({std::to_string(n.size_bytes), std::to_string(n.count), std::string(coll::name(c.dtype)),
                        c.has_redop ? std::string(coll::name(c.redop)) : "none",

@@ -37,6 +37,17 @@ void add_harness_options(Cli& cli, HarnessOptions& o) {
              "element per case", o.inject_wrong_element, -2);
 }
 
+void check_output_is_no_input(const HarnessOptions& options) {
+  std::string refusal;
+  if (world_rank() == 0) try {
+      check_outputs(options.inputs, {{"-O/--output", options.output, ""}}, {});
+    } catch (const std::invalid_argument& e) {
+      refusal = e.what();
+    }
+  refusal = broadcast_string(MPI_COMM_WORLD, refusal);
+  if (!refusal.empty()) throw UsageError(refusal);
+}
+
 void ConsoleTable::print_header() const {
   std::string line = "#";
   for (const auto& c : columns_) {
@@ -116,7 +127,12 @@ Run::Run(std::string benchmark, int argc, const char* const* argv, const Harness
       attrs["benchmark"] = benchmark_;
       attrs["config_json"] = config_json;
       attrs["start_utc"] = utc_now_iso();
-      writer_ = std::make_unique<ResultsWriter>(output_path_, run_id_, attrs);
+      check_outputs(options_.inputs, {{"-O/--output", output_path_, ""}}, {});
+      writer_ = std::make_unique<ResultsWriter>(output_path_, run_id_, attrs, [this](double seconds) {
+        if (!options_.quiet)
+          std::fprintf(stderr, "[%s] %s; waiting up to %.0f s for it to finish\n", benchmark_.c_str(),
+                       in_use_message(output_path_).c_str(), seconds);
+      });
       writer_->write_env(context_.env);
       write_ranks_table();
     } catch (const std::invalid_argument& e) {
@@ -193,7 +209,8 @@ void Run::check_interrupt() {
 
 CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elements, const std::string& label,
                        const std::function<void(Table&)>& fill_case,
-                       const std::function<void(Table&, const CaseResult&)>& fill_summary) {
+                       const std::function<void(Table&, const CaseResult&)>& fill_summary,
+                       const std::function<void(const CaseResult&)>& more_tables) {
   CaseResult result;
   result.index = case_index_++;
   result.iterations = static_cast<int>(my_samples.size());
@@ -203,6 +220,15 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
   STRATA_MPI_CHECK(MPI_Allreduce(&wrong_elements, &wrong_total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
   if (wrong_total) check_failed_ = true;
   result.wrong_elements = wrong_total;
+  // Rows of every table of the case, held until all are known: an error or a stop on the way leaves no part of it.
+  struct CaseRows {
+    Run& run;
+    ~CaseRows() {
+      run.recording_case_ = false;
+      run.case_tables_.clear();
+      run.cases_.clear_rows(), run.samples_.clear_rows(), run.summary_.clear_rows();
+    }
+  } rows{*this};
 
   if (is_root()) {
     int iters = result.iterations;
@@ -237,19 +263,20 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
         samples_.set("time", all[static_cast<size_t>(r) * iters + i]);
         samples_.end_row();
       }
+  }
+  recording_case_ = true;
+  if (more_tables) more_tables(result);
+  if (is_root()) {
     {
       std::lock_guard lock(writer_mutex_);
       if (!finished_) {
         writer_->append(cases_);
         writer_->append(samples_);
         writer_->append(summary_);
+        for (const Table& table : case_tables_) writer_->append(table);
         writer_->flush();
       }
     }
-    cases_.clear_rows();
-    samples_.clear_rows();
-    summary_.clear_rows();
-
     if (!options_.quiet) {
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
       int done = result.index + 1;
@@ -263,6 +290,10 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
 }
 
 void Run::append_table(const Table& rows) {
+  if (recording_case_) {
+    case_tables_.push_back(rows);
+    return;
+  }
   std::lock_guard lock(writer_mutex_);
   if (!writer_ || finished_) return;
   writer_->append(rows);

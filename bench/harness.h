@@ -14,6 +14,7 @@
 #include "bench/check.h"
 #include "bench/cli.h"
 #include "bench/context.h"
+#include "bench/output_files.h"
 #include "collectives/mpi.h"
 #include "bench/stats.h"
 #include "bench/timer.h"
@@ -35,11 +36,16 @@ struct HarnessOptions {
   // checked run and before its check (-1: never; -2: every rank), so a test can prove a wrong result fails
   // the run and is counted on every rank.
   int inject_wrong_element = -1;
+  // Files the program reads, named by their flags (set by the program, not a flag): the output is none of them.
+  std::vector<FileArg> inputs;
 };
 inline bool injects_wrong_element(const HarnessOptions& options, int rank) {
   return options.inject_wrong_element == rank || options.inject_wrong_element == -2;
 }
 void add_harness_options(Cli& cli, HarnessOptions& options);
+// Collective: refuses (UsageError on every rank, rank 0 judging) an --output that is one of options.inputs. Run
+// checks it too; a program that reads its inputs before it starts the Run calls this first.
+void check_output_is_no_input(const HarnessOptions& options);
 
 struct MeasureSpec {
   int warmup = 3;
@@ -132,14 +138,19 @@ class Run {
   void set_case_count(int total) { total_cases_ = total; }
   std::vector<double> measure(Timer& timer, const std::function<void()>& body, int ops_per_sample = 1);
 
-  // Collective. Gathers this case's samples from every rank; on rank 0 fills the standard summary columns,
-  // calls the benchmark's fill functions (which set their declared columns for this case's row), appends
-  // to the file and flushes it. `wrong_elements` is this rank's count of failed output checks.
+  // Collective. Gathers this case's samples from every rank; on rank 0 fills the standard summary columns and
+  // calls the benchmark's fill functions (which set their declared columns for this case's row). `more_tables`,
+  // when given, runs next on every rank (it may be collective) and adds the case's rows of the benchmark's own
+  // tables through append_table. Then every table's rows of the case are appended together and the file is
+  // flushed, so a case is in all its tables or, when the job stops before, in none. `wrong_elements` is this
+  // rank's count of failed output checks.
   CaseResult record(const std::vector<double>& my_samples, int64_t wrong_elements, const std::string& label,
                     const std::function<void(Table&)>& fill_case,
-                    const std::function<void(Table&, const CaseResult&)>& fill_summary);
+                    const std::function<void(Table&, const CaseResult&)>& fill_summary,
+                    const std::function<void(const CaseResult&)>& more_tables = {});
 
-  // Rank 0: appends a benchmark's own table (e.g. per-group results) to this run and flushes.
+  // Rank 0: appends a benchmark's own table to this run and flushes; inside record's `more_tables`, the rows
+  // join the case's and are written with them.
   void append_table(const Table& rows);
 
   bool any_check_failed() const { return check_failed_; }
@@ -163,6 +174,8 @@ class Run {
   // and HDF5 (serial build) takes one thread at a time. Guards finished_ too.
   std::timed_mutex writer_mutex_;
   Table cases_{"cases"}, summary_{"summary"}, samples_{"samples"};
+  std::vector<Table> case_tables_;  // the benchmark's own rows of the case being recorded
+  bool recording_case_ = false;
   int case_index_ = 0;
   int total_cases_ = 0;
   bool check_failed_ = false;

@@ -113,6 +113,17 @@ int run_targets(int argc, char** argv) {
   int64_t chunk_bytes = parse_bytes(chunk_text, "--chunk-bytes");
   if (smoke && chunk_bytes == 0) chunk_bytes = 1024;
   if (min_bytes == 0 || min_bytes > max_bytes) throw UsageError("--minbytes must be positive and at most --maxbytes");
+  {
+    // Rank 0 writes the file, so rank 0 judges the path, and every rank stops together.
+    std::string refusal;
+    if (world_rank() == 0) try {
+        check_outputs({}, {}, {{"--json", json_path, "the figures as JSON"}});
+      } catch (const UsageError& e) {
+        refusal = e.what();
+      }
+    refusal = broadcast_string(MPI_COMM_WORLD, refusal);
+    if (!refusal.empty()) throw UsageError(refusal);
+  }
 
   // The operations the process groups run with HO-Ring, as the operations table says.
   std::string horing_ops;

@@ -330,7 +330,10 @@ ProjectRun::ProjectRun(const std::string& path, const std::string& command, int 
   attrs["slurm_job_id"] = attrs["slurm_nodelist"] = attrs["slurm_tasks_per_node"] = "";
   attrs["n_nodes"] = attrs["n_ranks"] = attrs["ranks_per_node"] = "1";
   attrs["hosts"] = hosts;
-  writer_ = std::make_unique<ResultsWriter>(path_, run_id_, attrs);
+  writer_ = std::make_unique<ResultsWriter>(path_, run_id_, attrs, [this](double seconds) {
+    std::fprintf(stderr, "strata-project: %s; waiting up to %.0f s for it to finish\n", in_use_message(path_).c_str(),
+                 seconds);
+  });
   writer_->write_env({{"hosts", hosts}, {"command_line", attrs["command_line"]}, {"compiler", STRATA_BUILD_COMPILER},
                       {"cxx_flags", STRATA_BUILD_CXX_FLAGS}, {"build_type", STRATA_BUILD_TYPE},
                       {"sanitizers", STRATA_BUILD_SANITIZE}, {"git_commit", STRATA_GIT_COMMIT}});

@@ -25,6 +25,7 @@
 #include "bench/check.h"
 #include "bench/cli.h"
 #include "bench/harness.h"
+#include "bench/output_files.h"
 #include "bench/prediction.h"
 #include "bench/project_search.h"
 #include "bench/step_config.h"
@@ -38,15 +39,6 @@
 namespace {
 
 using namespace strata;
-
-// The output must be writable as a file: refused before anything is read, so a typo costs nothing.
-void check_output(const std::string& path) {
-  namespace fs = std::filesystem;
-  if (path.empty()) throw UsageError("-o/--output FILE is required: where to write the system description");
-  if (fs::is_directory(path)) throw UsageError("output " + path + " is a directory");
-  const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent)) throw UsageError("output folder " + parent.string() + " does not exist");
-}
 
 std::string utc_date() {
   const std::time_t now = std::time(nullptr);
@@ -73,7 +65,11 @@ int calibrate(int argc, char** argv) {
              device, {"auto", "cpu", "cuda"});
   cli.flag("quiet", 'q', "print only errors", quiet);
   if (!cli.parse(argc, argv)) return 0;
-  check_output(output);
+  // Refused before anything is read, so a typo costs nothing.
+  if (output.empty()) throw UsageError("-o/--output FILE is required: where to write the system description");
+  std::vector<FileArg> inputs = {{"--base", base_path, ""}};
+  for (const std::string& file : files) inputs.push_back({"FILE", file, ""});
+  check_outputs(inputs, {}, {{"-o/--output", output, "a system description (JSON)"}});
   std::optional<project::System> base;
   if (!base_path.empty()) base = read_system(base_path);
 
@@ -110,17 +106,6 @@ std::string duration(double seconds) {
   return format_fixed(seconds * 1e6, 1) + " us";
 }
 
-std::string gib(double bytes) { return format_fixed(bytes / double(1 << 30), 3) + " GiB"; }
-
-// A file to write later: its folder must exist and it must not be a folder, checked before anything is computed.
-void check_file_output(const std::string& path, const std::string& what) {
-  namespace fs = std::filesystem;
-  if (path.empty()) return;
-  if (fs::is_directory(path)) throw UsageError(what + " " + path + " is a directory");
-  const fs::path parent = fs::path(path).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent)) throw UsageError(what + " folder " + parent.string() + " does not exist");
-}
-
 void print_prediction(const StepCase& step, const PredictedStep& p) {
   const project::Prediction& r = p.prediction;
   const project::StepComponents& m = r.mean;
@@ -139,9 +124,9 @@ void print_prediction(const StepCase& step, const PredictedStep& p) {
   const train::MemoryUse& mem = p.memory;
   std::printf("#   memory/rank (formula, max over ranks): parameters %s, gradients %s, optimizer %s, activations %s, "
               "workspace %s, communication buffers %s; total %s\n",
-              gib(mem.params).c_str(), gib(mem.grads).c_str(), gib(mem.optimizer).c_str(), gib(mem.activations).c_str(),
-              gib(mem.workspace).c_str(), gib(mem.comm_buffers).c_str(),
-              gib(mem.params + mem.grads + mem.optimizer + mem.activations + mem.workspace + mem.comm_buffers).c_str());
+              format_gib(mem.params).c_str(), format_gib(mem.grads).c_str(), format_gib(mem.optimizer).c_str(), format_gib(mem.activations).c_str(),
+              format_gib(mem.workspace).c_str(), format_gib(mem.comm_buffers).c_str(),
+              format_gib(mem.params + mem.grads + mem.optimizer + mem.activations + mem.workspace + mem.comm_buffers).c_str());
   std::fflush(stdout);
 }
 
@@ -187,8 +172,9 @@ int predict(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
   f.micro_batch_given = cli.given("micro-batch"), f.accumulation_given = cli.given("accumulation");
   if (system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
+  const std::vector<FileArg> inputs = {{"--system", system_path, ""}, {"--recompute-policy", policy_path, ""}};
+  check_outputs(inputs, {{"-O/--output", output, ""}}, {{"--timeline", timeline, "a Chrome trace (JSON)"}});
   check_results_output(output);
-  check_file_output(timeline, "--timeline");
   const project::System system = read_system(system_path);
   const int per_node = system.device.devices_per_node;
   if (dtype == "auto") dtype = system.device.compute.count("bf16") ? "bf16" : "fp32";
@@ -236,6 +222,13 @@ int predict(int argc, char** argv) {
     }
   if (policy && std::find(plan.modes.begin(), plan.modes.end(), train::Recompute::overlap) == plan.modes.end())
     throw UsageError("--recompute-policy is a placement for --recompute overlap, which is not asked for");
+  // Every file a timeline goes to, now that their number is known: the run is appended only when all can be written.
+  if (!timeline.empty() && steps.size() > 1) {
+    std::vector<FileArg> timelines;
+    for (std::size_t i = 0; i < steps.size(); ++i)
+      timelines.push_back({"--timeline", timeline_path(timeline, i, steps.size()), "a Chrome trace (JSON)"});
+    check_outputs(inputs, {{"-O/--output", output, ""}}, timelines);
+  }
 
   // Every prediction before anything is written: a configuration the step refuses leaves the output untouched.
   const train::ModelConfig& model = plan.model;
@@ -264,17 +257,18 @@ int predict(int argc, char** argv) {
     }
   }
 
-  ProjectRun run(output, "predict", argc, argv, cli.resolved_json(), {{"system", system.name}, {"system_file", system_path}});
-  Table table = prediction_table();
-  for (std::size_t i = 0; i < steps.size(); ++i) add_prediction_row(table, static_cast<int64_t>(i), steps[i], predicted[i], system.name);
-  run.append(table);
-  run.finish();
+  // The timelines before the run: a run in the file says its whole output was written.
   if (!timeline.empty())
     for (std::size_t i = 0; i < steps.size(); ++i) {
       const std::string path = timeline_path(timeline, i, steps.size());
       write_file_atomically(path, timeline_to_chrome_trace(predicted[i].prediction.timeline, predicted[i].streams, predicted[i].phases).dump());
       if (!quiet) std::printf("# timeline (%s): %s\n", steps[i].label.c_str(), path.c_str());
     }
+  ProjectRun run(output, "predict", argc, argv, cli.resolved_json(), {{"system", system.name}, {"system_file", system_path}});
+  Table table = prediction_table();
+  for (std::size_t i = 0; i < steps.size(); ++i) add_prediction_row(table, static_cast<int64_t>(i), steps[i], predicted[i], system.name);
+  run.append(table);
+  run.finish();
   if (!quiet) std::printf("# results: %s\n", run.path().c_str());
   return 0;
 }
@@ -358,6 +352,9 @@ int validate(int argc, char** argv) {
   cli.flag("quiet", 'q', "print only the error table's summary line and errors", quiet);
   if (!cli.parse(argc, argv)) return 0;
   if (system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
+  std::vector<FileArg> inputs = {{"--system", system_path, ""}};
+  for (const std::string& file : files) inputs.push_back({"STEPFILE", file, ""});
+  check_outputs(inputs, {{"-O/--output", output, ""}}, {});
   check_results_output(output);
   const project::System system = read_system(system_path);
   if (const std::string field = fitted_from_steps(system); !field.empty())

@@ -23,6 +23,7 @@
 #include "bench/context.h"
 #include "bench/system_json.h"
 #include "bench/harness.h"
+#include "bench/output_files.h"
 #include "bench/prediction.h"
 #include "kernels/cpu_gemm.h"
 #include "project/search.h"
@@ -463,6 +464,7 @@ int project_search(int argc, char** argv) {
   const std::string config = cli.resolved_json();
   if (o.system_path.empty()) throw UsageError("--system FILE is required: the system description to search on");
   if (o.smoke && !o.bench) throw UsageError("--smoke goes with --bench");
+  check_outputs({{"--system", o.system_path, ""}}, {{"-O/--output", o.output, ""}}, {});
   const project::System system = read_system(o.system_path);
 
   if (o.compare_paro) return compare_paro(o, system, o.output, argc, argv, config);

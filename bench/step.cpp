@@ -351,6 +351,9 @@ int run_step(int argc, char** argv) {
   cli.alias("microbatches", "accumulation");
   if (!cli.parse(argc, argv)) return 0;
   o.micro_batch_given = cli.given("micro-batch"), o.accumulation_given = cli.given("accumulation");
+  if (o.data != "synthetic" && o.data != "repeat") h.inputs.push_back({"--data", o.data, ""});
+  h.inputs.push_back({"--recompute-policy", o.recompute_policy, ""});
+  check_output_is_no_input(h);
   const bool on_gpu = o.backend == "cuda";
 #ifndef STRATA_HAVE_CUDA
   if (on_gpu)
@@ -761,8 +764,8 @@ int run_step(int argc, char** argv) {
                                     : plan.exposed_s > 0 ? placed.heuristic_exposed_s / plan.exposed_s - 1 : 0.0);
           row.set("sent_intra", counts_bytes ? sent_intra : NAN).set("sent_inter", counts_bytes ? sent_inter : NAN)
               .set("sent_intra_formula", formula_intra).set("sent_inter_formula", formula_inter);
-        });
-    recorder.write_case(r.index);
+        },
+        [&](const CaseResult& res) { recorder.write_case(res.index); });
     if (run.is_root()) {
       const double step = r.rankmax.median;
       const double states = measured_memory[0] + measured_memory[1] + measured_memory[2];

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <sys/stat.h>
 
 namespace strata::h5 {
@@ -337,6 +338,148 @@ std::vector<std::string> read_string_column(const Handle& group, const std::stri
   for (char* text : pointers) values.emplace_back(text ? text : "");
   H5Dvlen_reclaim(type.get(), prefix.mem_space.get(), H5P_DEFAULT, pointers.data());
   return values;
+}
+
+}  // namespace strata::h5
+
+namespace strata::h5 {
+namespace {
+
+// A damaged header can claim any size; reading more than this in one piece is refused rather than attempted.
+constexpr size_t kWalkSlabBytes = size_t{16} << 20;
+
+// Frees what reading variable-length data allocated, for types that hold any.
+void reclaim_if_variable(hid_t mem_type, hid_t mem_space, void* buffer) {
+  if (H5Tis_variable_str(mem_type) > 0 || H5Tdetect_class(mem_type, H5T_VLEN) > 0)
+    H5Dvlen_reclaim(mem_type, mem_space, H5P_DEFAULT, buffer);
+}
+
+Handle native_type_of(hid_t file_type) {
+  return Handle(STRATA_H5_CHECK(H5Tget_native_type(file_type, H5T_DIR_DEFAULT)), H5Tclose);
+}
+
+void read_attribute(hid_t object, hsize_t index, const std::string& where) {
+  char name_buffer[256] = {};
+  H5Aget_name_by_idx(object, ".", H5_INDEX_NAME, H5_ITER_INC, index, name_buffer, sizeof name_buffer, H5P_DEFAULT);
+  const std::string what = "attribute " + std::to_string(index) + (name_buffer[0] ? " ('" + std::string(name_buffer) + "')" : "") +
+                           " of " + where;
+  hid_t id = H5Aopen_by_idx(object, ".", H5_INDEX_NAME, H5_ITER_INC, index, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) throw ResultsError("cannot open " + what);
+  Handle attr(id, H5Aclose);
+  hid_t type_id = H5Aget_type(attr.get()), space_id = H5Aget_space(attr.get());
+  Handle file_type(type_id, H5Tclose), space(space_id, H5Sclose);
+  if (type_id < 0 || space_id < 0) throw ResultsError("cannot read the type or shape of " + what);
+  const hssize_t points = H5Sget_simple_extent_npoints(space.get());
+  if (points < 0) throw ResultsError("cannot read the shape of " + what);
+  if (points == 0) return;
+  Handle mem_type = native_type_of(file_type.get());
+  const size_t size = H5Tget_size(mem_type.get());
+  if (size == 0 || static_cast<size_t>(points) > kWalkSlabBytes / size) throw ResultsError(what + " claims an impossible size");
+  std::vector<unsigned char> buffer(size * static_cast<size_t>(points));
+  if (H5Aread(attr.get(), mem_type.get(), buffer.data()) < 0) throw ResultsError("cannot read the value of " + what);
+  reclaim_if_variable(mem_type.get(), space.get(), buffer.data());
+}
+
+// Every value of a dataset, read along its first dimension in slabs of at most kWalkSlabBytes.
+void read_dataset(hid_t dataset, const std::string& where) {
+  hid_t type_id = H5Dget_type(dataset), space_id = H5Dget_space(dataset);
+  Handle file_type(type_id, H5Tclose), file_space(space_id, H5Sclose);
+  if (type_id < 0 || space_id < 0) throw ResultsError("cannot read the type or shape of dataset " + where);
+  const int rank = H5Sget_simple_extent_ndims(file_space.get());
+  if (rank < 0 || rank > H5S_MAX_RANK) throw ResultsError("cannot read the shape of dataset " + where);
+  Handle mem_type = native_type_of(file_type.get());
+  const size_t size = H5Tget_size(mem_type.get());
+  if (size == 0) throw ResultsError("dataset " + where + " has an element size of zero");
+  if (rank == 0) {
+    if (H5Sget_simple_extent_type(file_space.get()) == H5S_NULL) return;
+    if (size > kWalkSlabBytes) throw ResultsError("dataset " + where + " claims an impossible element size");
+    std::vector<unsigned char> buffer(size);
+    Handle scalar(STRATA_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
+    if (H5Dread(dataset, mem_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer.data()) < 0)
+      throw ResultsError("cannot read dataset " + where);
+    reclaim_if_variable(mem_type.get(), scalar.get(), buffer.data());
+    return;
+  }
+  std::vector<hsize_t> dims(static_cast<size_t>(rank));
+  if (H5Sget_simple_extent_dims(file_space.get(), dims.data(), nullptr) < 0)
+    throw ResultsError("cannot read the extent of dataset " + where);
+  size_t row_bytes = size;
+  for (int d = 1; d < rank; ++d) {
+    if (dims[static_cast<size_t>(d)] == 0) return;
+    if (dims[static_cast<size_t>(d)] > kWalkSlabBytes / row_bytes)
+      throw ResultsError("dataset " + where + " claims an impossible extent");
+    row_bytes *= static_cast<size_t>(dims[static_cast<size_t>(d)]);
+  }
+  const hsize_t slab_rows = std::max<hsize_t>(1, kWalkSlabBytes / row_bytes);
+  std::vector<unsigned char> buffer;
+  for (hsize_t row = 0; row < dims[0]; row += slab_rows) {
+    std::vector<hsize_t> start(static_cast<size_t>(rank), 0), count = dims;
+    start[0] = row;
+    count[0] = std::min(slab_rows, dims[0] - row);
+    if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0)
+      throw ResultsError("cannot select rows of dataset " + where);
+    Handle mem_space(STRATA_H5_CHECK(H5Screate_simple(rank, count.data(), nullptr)), H5Sclose);
+    buffer.assign(static_cast<size_t>(count[0]) * row_bytes, 0);
+    if (H5Dread(dataset, mem_type.get(), mem_space.get(), file_space.get(), H5P_DEFAULT, buffer.data()) < 0)
+      throw ResultsError("cannot read rows " + std::to_string(row) + " to " + std::to_string(row + count[0]) +
+                         " of dataset " + where);
+    reclaim_if_variable(mem_type.get(), mem_space.get(), buffer.data());
+  }
+}
+
+void read_attributes(hid_t object, const std::string& where) {
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info{};
+  const herr_t got = H5Oget_info3(object, &info, H5O_INFO_NUM_ATTRS);
+#else
+  H5O_info_t info{};
+  const herr_t got = H5Oget_info2(object, &info, H5O_INFO_NUM_ATTRS);
+#endif
+  if (got < 0) throw ResultsError("cannot read the header of " + where);
+  for (hsize_t i = 0; i < info.num_attrs; ++i) read_attribute(object, i, where);
+}
+
+// Groups nest a few levels in a results file; a damaged one may claim a loop.
+constexpr int kWalkDepth = 64;
+
+void walk_group(hid_t group, const std::string& where, int depth) {
+  if (depth > kWalkDepth) throw ResultsError("groups nest deeper than " + std::to_string(kWalkDepth) + " levels at " + where);
+  read_attributes(group, where);
+  H5G_info_t info{};
+  if (H5Gget_info(group, &info) < 0) throw ResultsError("cannot read the links of group " + where);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t length = H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (length < 0) throw ResultsError("cannot read link " + std::to_string(i) + " of group " + where);
+    std::string name(static_cast<size_t>(length), '\0');
+    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size() + 1, H5P_DEFAULT) < 0)
+      throw ResultsError("cannot read link " + std::to_string(i) + " of group " + where);
+    const std::string path = (where == "/" ? "" : where) + "/" + name;
+    H5L_info_t link{};
+    if (H5Lget_info(group, name.c_str(), &link, H5P_DEFAULT) < 0) throw ResultsError("cannot read the link " + path);
+    if (link.type != H5L_TYPE_HARD) continue;  // soft and external links name other places; their targets are walked there
+    hid_t id = H5Oopen(group, name.c_str(), H5P_DEFAULT);
+    if (id < 0) throw ResultsError("cannot open " + path);
+    Handle object(id, H5Oclose);
+    switch (H5Iget_type(object.get())) {
+      case H5I_GROUP: walk_group(object.get(), path, depth + 1); break;
+      case H5I_DATASET:
+        read_attributes(object.get(), path);
+        read_dataset(object.get(), path);
+        break;
+      case H5I_DATATYPE: read_attributes(object.get(), path); break;
+      default: throw ResultsError(path + " is an object of no known kind");
+    }
+  }
+}
+
+}  // namespace
+
+void walk(const Handle& file) {
+  try {
+    walk_group(file.get(), "/", 0);
+  } catch (const std::bad_alloc&) {
+    throw ResultsError("an object claims more memory than there is");
+  }
 }
 
 }  // namespace strata::h5

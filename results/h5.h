@@ -83,4 +83,9 @@ std::vector<double> read_double_column(const Handle& group, const std::string& n
 std::vector<std::string> read_string_column(const Handle& group, const std::string& name, size_t rows = SIZE_MAX);
 Handle open_dataset(const Handle& group, const std::string& name);
 
+// Reads the whole file as any reader may: every group's links, every object's attributes (values included) and
+// every dataset's values, in slabs. A damaged file fails here rather than in a later reader, which may be
+// another program. Throws ResultsError naming the first object that cannot be read.
+void walk(const Handle& file);
+
 }  // namespace strata::h5

@@ -9,19 +9,33 @@
 
 namespace strata {
 
+template <typename Read>
+auto ResultsReader::guarded(Read&& read) const -> decltype(read()) {
+  try {
+    return read();
+  } catch (const ResultsError& e) {
+    throw BadResultsFile(path_ + " is a damaged HDF5 file: " + e.what());
+  }
+}
+
 ResultsReader::ResultsReader(const std::string& path) : path_(path) {
   if (!h5::is_hdf5_file(path)) throw BadResultsFile(path + " is not an HDF5 file (or does not exist)");
   try {
     file_ = h5::open_file(path, false);
   } catch (const ResultsError&) {
+    if (held_by_writer(path)) throw BadResultsFile(in_use_message(path) + ": read it when the writer has finished");
     throw BadResultsFile(path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
   }
-  version_ = check_strata_file(file_, path);
+  version_ = guarded([&] { return check_strata_file(file_, path); });
+  // Read whole once, so damage anywhere is named here rather than found, or missed, by whatever is read later.
+  guarded([&] { h5::walk(file_); });
 }
 
 std::vector<std::string> ResultsReader::runs() const {
-  if (!h5::exists(file_, schema::kRunsGroup)) return {};
-  return h5::child_names(h5::open_group(file_, schema::kRunsGroup));
+  return guarded([&]() -> std::vector<std::string> {
+    if (!h5::exists(file_, schema::kRunsGroup)) return {};
+    return h5::child_names(h5::open_group(file_, schema::kRunsGroup));
+  });
 }
 
 h5::Handle ResultsReader::run(const std::string& run_id) const {
@@ -39,24 +53,32 @@ std::map<std::string, std::string> all_attrs(const h5::Handle& object) {
 }  // namespace
 
 std::map<std::string, std::string> ResultsReader::run_attrs(const std::string& run_id) const {
-  return all_attrs(run(run_id));
+  return guarded([&] { return all_attrs(run(run_id)); });
 }
 
 std::map<std::string, std::string> ResultsReader::env(const std::string& run_id) const {
-  h5::Handle group = run(run_id);
-  if (!h5::exists(group, schema::kEnvGroup)) return {};
-  return all_attrs(h5::open_group(group, schema::kEnvGroup));
+  return guarded([&]() -> std::map<std::string, std::string> {
+    h5::Handle group = run(run_id);
+    if (!h5::exists(group, schema::kEnvGroup)) return {};
+    return all_attrs(h5::open_group(group, schema::kEnvGroup));
+  });
 }
 
 std::vector<std::string> ResultsReader::tables(const std::string& run_id) const {
-  std::vector<std::string> names;
-  h5::Handle group = run(run_id);
-  for (const auto& name : h5::child_names(group))
-    if (name != schema::kEnvGroup) names.push_back(name);
-  return names;
+  return guarded([&] {
+    std::vector<std::string> names;
+    h5::Handle group = run(run_id);
+    for (const auto& name : h5::child_names(group))
+      if (name != schema::kEnvGroup) names.push_back(name);
+    return names;
+  });
 }
 
 Table ResultsReader::table(const std::string& run_id, const std::string& name) const {
+  return guarded([&] { return read_table(run_id, name); });
+}
+
+Table ResultsReader::read_table(const std::string& run_id, const std::string& name) const {
   h5::Handle group = run(run_id);
   if (!h5::exists(group, name)) throw BadResultsFile("run " + run_id + " has no table " + name);
   h5::Handle table_group = h5::open_group(group, name);

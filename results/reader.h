@@ -1,5 +1,7 @@
 // Reads Strata results files back into tables: what later benchmarks and the projection build on.
-// Refuses files that are not Strata results or that use a newer major schema version (BadResultsFile).
+// Refuses files that are not Strata results or that use a newer major schema version (BadResultsFile). The file is
+// read whole when it is opened (h5::walk): a damaged file is a BadResultsFile naming it, as is a file another writer
+// holds.
 #pragma once
 
 #include <map>
@@ -24,6 +26,10 @@ class ResultsReader {
 
  private:
   h5::Handle run(const std::string& run_id) const;
+  Table read_table(const std::string& run_id, const std::string& name) const;
+  // Runs a read, turning HDF5 failing underneath (a damaged file) into BadResultsFile naming the file.
+  template <typename Read>
+  auto guarded(Read&& read) const -> decltype(read());
 
   std::string path_;
   std::string version_;

@@ -2,8 +2,11 @@
 #include "results/writer.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 
@@ -12,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "results/schema.h"
 
@@ -54,7 +58,24 @@ std::string check_strata_file(const h5::Handle& file, const std::string& path) {
   return version;
 }
 
-void validate_output_path(const std::string& path) {
+namespace {
+
+// Who holds the file's lock. HDF5 takes an exclusive flock on a file it opens for writing and a shared one on a
+// file it opens for reading, and keeps it until the file is closed.
+enum class Holder { none, readers, writer };
+
+Holder lock_holder(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Holder::none;
+  Holder holder = Holder::none;
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0) holder = errno == EWOULDBLOCK ? Holder::writer : Holder::none;
+  else if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) holder = Holder::readers;
+  close(fd);  // releases what this probe took
+  return holder;
+}
+
+// What a path must be before HDF5 opens it for a run: checks that read nothing inside the file.
+void check_output_kind(const std::string& path) {
   if (path.empty()) throw BadResultsFile("output path is empty");
   std::error_code ec;
   fs::file_status status = fs::status(path, ec);
@@ -63,20 +84,60 @@ void validate_output_path(const std::string& path) {
     if (!fs::is_regular_file(status)) throw BadResultsFile("output path " + path + " is not a regular file");
     if (!can_open_for_writing(path)) throw BadResultsFile("output file " + path + " is not writable");
     if (!h5::is_hdf5_file(path)) throw BadResultsFile("output file " + path + " exists and is not an HDF5 file");
-    // A truncated or otherwise damaged file still carries the HDF5 signature; opening it read-only tells.
-    h5::Handle file;
-    try {
-      file = h5::open_file(path, false);
-    } catch (const ResultsError&) {
-      throw BadResultsFile("output file " + path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
-    }
-    check_strata_file(file, path);
     return;
   }
   fs::path parent = fs::path(path).parent_path();
   if (parent.empty()) parent = ".";
   if (!fs::is_directory(parent, ec)) throw BadResultsFile("output folder " + parent.string() + " does not exist");
   if (!can_create_in(parent)) throw BadResultsFile("output folder " + parent.string() + " is not writable");
+}
+
+// Opens an existing file read-only and reads it whole: a Strata file of a major version this program reads, every
+// object readable. False, with nothing checked, when a writer holds the file.
+bool inspect_existing(const std::string& path) {
+  h5::Handle file;
+  try {
+    file = h5::open_file(path, false);
+  } catch (const ResultsError&) {
+    if (lock_holder(path) == Holder::writer) return false;
+    throw BadResultsFile("output file " + path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
+  }
+  try {
+    check_strata_file(file, path);
+    h5::walk(file);
+  } catch (const ResultsError& e) {
+    throw BadResultsFile("output file " + path + " is a damaged HDF5 file: " + e.what());
+  }
+  return true;
+}
+
+std::string holder_message(const std::string& path, Holder holder) {
+  return holder == Holder::readers ? path + " is in use by another program reading it (it holds the file's lock)"
+                                   : in_use_message(path);
+}
+
+}  // namespace
+
+bool held_by_writer(const std::string& path) { return lock_holder(path) == Holder::writer; }
+
+std::string in_use_message(const std::string& path) {
+  return path + " is in use by another writer (it holds the file's lock)";
+}
+
+double lock_wait_seconds() {
+  const char* text = std::getenv(kLockWaitVariable);
+  if (!text || !*text) return kDefaultLockWait;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (*end != '\0' || !std::isfinite(seconds) || seconds < 0)
+    throw BadResultsFile(std::string(kLockWaitVariable) + "=" + text + ": expected the seconds to wait for another "
+                         "writer of a results file, a number >= 0");
+  return seconds;
+}
+
+void validate_output_path(const std::string& path) {
+  check_output_kind(path);
+  if (fs::exists(path)) inspect_existing(path);
 }
 
 std::string utc_now_iso() {
@@ -104,24 +165,61 @@ std::string new_run_id() {
 }
 
 ResultsWriter::ResultsWriter(const std::string& path, const std::string& run_id,
-                             const std::map<std::string, std::string>& run_attrs)
+                             const std::map<std::string, std::string>& run_attrs,
+                             const std::function<void(double seconds)>& on_wait)
     : path_(path), run_id_(run_id) {
   if (const char* kill = std::getenv(kTestKillAfterColumns)) kill_after_columns_ = std::atoll(kill);
-  validate_output_path(path);
-  if (fs::exists(path)) {
-    file_ = h5::open_file(path, true);
-    // The file now holds tables of this minor version; a file of a newer minor keeps its number.
-    auto major = h5::read_int_attr(file_, "schema_version_major");
-    auto minor = h5::read_int_attr(file_, "schema_version_minor");
-    if (major == schema::kVersionMajor && minor.value_or(0) < schema::kVersionMinor)
-      h5::write_attr(file_, "schema_version_minor", static_cast<int64_t>(schema::kVersionMinor));
-  } else {
-    file_ = h5::create_file(path);
+  const double wait = lock_wait_seconds();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                                 std::chrono::duration<double>(wait));
+  bool created = false, waited = false;
+  for (;;) {
+    check_output_kind(path);
+    Holder holder = Holder::none;
+    if (!fs::exists(path)) {
+      try {
+        file_ = h5::create_file(path);
+        created = true;
+        break;
+      } catch (const ResultsError&) {
+        if (!fs::exists(path)) throw;
+        continue;  // another writer created it first: it is an existing file now
+      }
+    }
+    holder = lock_holder(path);
+    if (holder == Holder::none && inspect_existing(path)) {
+      try {
+        file_ = h5::open_file(path, true);
+        break;
+      } catch (const ResultsError&) {
+        holder = lock_holder(path);
+        if (holder == Holder::none)
+          throw BadResultsFile("output file " + path + " cannot be opened for writing (HDF5 refuses it)");
+      }
+    }
+    if (holder == Holder::none) holder = Holder::writer;  // a writer took it between the probe and the open
+    if (std::chrono::steady_clock::now() >= deadline) {
+      char waited_text[64] = "not waiting";
+      if (wait > 0) std::snprintf(waited_text, sizeof waited_text, "waited %g s for it to finish", wait);
+      throw FileInUse("output file " + holder_message(path, holder) + "; " + std::string(waited_text) + " (" + kLockWaitVariable +
+                      "=SECONDS sets the wait)");
+    }
+    if (!waited && on_wait) on_wait(wait);
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (created) {
     h5::write_attr(file_, "schema", std::string(schema::kName));
     h5::write_attr(file_, "schema_version_major", static_cast<int64_t>(schema::kVersionMajor));
     h5::write_attr(file_, "schema_version_minor", static_cast<int64_t>(schema::kVersionMinor));
     h5::write_attr(file_, "created_utc", utc_now_iso());
     h5::create_group(file_, schema::kRunsGroup);
+  } else {
+    // The file now holds tables of this minor version; a file of a newer minor keeps its number.
+    auto major = h5::read_int_attr(file_, "schema_version_major");
+    auto minor = h5::read_int_attr(file_, "schema_version_minor");
+    if (major == schema::kVersionMajor && minor.value_or(0) < schema::kVersionMinor)
+      h5::write_attr(file_, "schema_version_minor", static_cast<int64_t>(schema::kVersionMinor));
   }
   h5::Handle runs = h5::open_group(file_, schema::kRunsGroup);
   if (h5::exists(runs, run_id)) throw ResultsError("run " + run_id + " already exists in " + path);

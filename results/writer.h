@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -13,8 +14,22 @@
 namespace strata {
 
 // Checks that `path` can take a new run without harm: a missing file in a writable folder, or an existing,
-// writable Strata file of a major version this program understands. Throws BadResultsFile naming the problem.
+// writable Strata file of a major version this program understands whose every object reads back (h5::walk).
+// Throws BadResultsFile naming the problem. A file another writer holds is checked when the writer opens it.
 void validate_output_path(const std::string& path);
+
+// Two writers of one file: HDF5 holds an exclusive lock (flock) on a file while it is open for writing, so a second
+// writer waits for it, up to STRATA_LOCK_WAIT seconds (default 30; 0: refuse at once), then refuses with
+// FileInUse. Readers do not wait: a file being written is refused at once.
+inline constexpr const char* kLockWaitVariable = "STRATA_LOCK_WAIT";
+inline constexpr double kDefaultLockWait = 30;
+double lock_wait_seconds();  // BadResultsFile when STRATA_LOCK_WAIT is not a number of seconds >= 0
+bool held_by_writer(const std::string& path);
+std::string in_use_message(const std::string& path);
+
+struct FileInUse : BadResultsFile {
+  using BadResultsFile::BadResultsFile;
+};
 
 // Refuses files that are not HDF5, not Strata results, or of a newer major version (BadResultsFile).
 // Returns "major.minor".
@@ -30,8 +45,11 @@ inline constexpr const char* kTestKillAfterColumns = "STRATA_TEST_KILL_AFTER_COL
 
 class ResultsWriter {
  public:
-  // Opens (or creates) the file and creates /runs/<run_id> with the given attributes.
-  ResultsWriter(const std::string& path, const std::string& run_id, const std::map<std::string, std::string>& run_attrs);
+  // Opens (or creates) the file and creates /runs/<run_id> with the given attributes. When another writer holds
+  // the file, waits for it (lock_wait_seconds(); `on_wait` is called once when the wait begins) and throws
+  // FileInUse if it is still held after that.
+  ResultsWriter(const std::string& path, const std::string& run_id, const std::map<std::string, std::string>& run_attrs,
+                const std::function<void(double seconds)>& on_wait = {});
 
   const std::string& run_id() const { return run_id_; }
   const std::string& path() const { return path_; }

@@ -7,13 +7,21 @@
     # One run's table, only some columns and rows (reads no more of a large table than it must):
     ev = sr.read_run_table("a.h5", run_id, "events", columns=["start", "end"], where={"case": 2, "rank": 3})
 
-Files that are not Strata results, or that use a newer major schema version, raise StrataFileError.
+Files that are not Strata results, that use a newer major schema version, that are damaged (an object that does
+not read back) or that another program is writing, raise StrataFileError. The scripts check their outputs with
+check_outputs before writing anything, and run their main through run_script, which turns these errors into one
+line `<script>: error: ...` and exit status 2.
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import math
 import os
-from typing import Iterable
+import sys
+import tempfile
+import time
+from typing import Callable, Iterable
 
 import h5py
 import numpy as np
@@ -28,7 +36,17 @@ RUN_COLUMNS = ("benchmark", "status", "start_utc", "end_utc", "launcher", "n_nod
 
 
 class StrataFileError(Exception):
-    """A file Strata cannot read: not HDF5, not Strata results, or a newer major schema."""
+    """A file Strata cannot read or write: not HDF5, not Strata results, a newer major schema, damaged, held by
+    another writer; or an output that would overwrite an input or a results file."""
+
+
+class FileInUseError(StrataFileError):
+    """Another program holds the file's lock: a writer (or, for a writer, a reader) has it open."""
+
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+LOCK_WAIT_VARIABLE = "STRATA_LOCK_WAIT"  # seconds a writer waits for another writer of its file (default 30)
+DEFAULT_LOCK_WAIT = 30.0
 
 
 def _text(value) -> str:
@@ -39,25 +57,225 @@ def _text(value) -> str:
     return str(value)
 
 
+def lock_holder(path: str) -> str | None:
+    """Who holds the file's lock: "writer", "readers" or None. HDF5 takes an exclusive flock on a file it opens for
+    writing and a shared one on a file it opens for reading, and keeps it until the file is closed."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "writer"
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "readers"
+        return None
+    finally:
+        os.close(fd)  # releases what the probe took
+
+
+def in_use_message(path: str, holder: str = "writer") -> str:
+    if holder == "readers":
+        return f"{path}: in use by another program reading it (it holds the file's lock)"
+    return f"{path}: in use by another writer (it holds the file's lock)"
+
+
+def has_hdf5_signature(path: str) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE
+    except OSError:
+        return False
+
+
+# Files already read whole, by identity and version: a script opens one file many times.
+_walked: set[tuple] = set()
+_WALK_SLAB_BYTES = 16 << 20
+
+
+def _walk(handle: h5py.File, path: str) -> None:
+    """Reads the file as any reader may (every link, attribute and dataset value, datasets in slabs), so a damaged
+    file is reported here, naming it, instead of failing later inside a plot."""
+    stat = os.stat(path)
+    key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key in _walked:
+        return
+    where = "/"
+    try:
+        for name in handle.attrs:
+            where = f"attribute {name!r} of /"
+            handle.attrs[name]
+
+        def visit(name, obj):
+            nonlocal where
+            for attr in obj.attrs:
+                where = f"attribute {attr!r} of /{name}"
+                obj.attrs[attr]
+            where = f"/{name}"
+            if isinstance(obj, h5py.Dataset):
+                if obj.shape is None or obj.shape == ():
+                    if obj.shape == ():
+                        obj[()]
+                    return
+                row = max(obj.dtype.itemsize, 1) * int(math.prod(obj.shape[1:]) or 1)
+                step = max(_WALK_SLAB_BYTES // row, 1)
+                for start in range(0, obj.shape[0], step):
+                    obj[start:start + step]
+
+        handle.visititems(visit)
+    except Exception as error:  # noqa: BLE001 - whatever HDF5 raises on a damaged object
+        raise StrataFileError(f"{path}: damaged HDF5 file: {where} cannot be read ({error})") from None
+    _walked.add(key)
+
+
 def open_file(path: str) -> h5py.File:
-    """Opens a Strata file read-only after checking its schema name and major version."""
+    """Opens a Strata file read-only after checking its schema name and major version, and reading it whole once."""
     if not os.path.isfile(path):
         raise StrataFileError(f"{path}: no such file")
     try:
         handle = h5py.File(path, "r")
     except OSError as error:
-        raise StrataFileError(f"{path} is not an HDF5 file ({error})") from None
-    name = _text(handle.attrs.get("schema", ""))
+        if not has_hdf5_signature(path):
+            raise StrataFileError(f"{path} is not an HDF5 file ({error})") from None
+        if lock_holder(path) == "writer":
+            raise FileInUseError(in_use_message(path) + ": read it when the writer has finished") from None
+        raise StrataFileError(f"{path}: damaged HDF5 file: HDF5 cannot open it (truncated?): {error}") from None
+    try:
+        name = _text(handle.attrs.get("schema", ""))
+        major = int(handle.attrs.get("schema_version_major", -1))
+        minor = int(handle.attrs.get("schema_version_minor", -1))
+    except Exception as error:  # noqa: BLE001 - a damaged root
+        handle.close()
+        raise StrataFileError(f"{path}: damaged HDF5 file: its root attributes cannot be read ({error})") from None
     if name != SCHEMA_NAME:
         handle.close()
         raise StrataFileError(f"{path} is an HDF5 file but not a Strata results file")
-    major = int(handle.attrs.get("schema_version_major", -1))
-    minor = int(handle.attrs.get("schema_version_minor", -1))
     if major > SCHEMA_MAJOR:
         handle.close()
         raise StrataFileError(f"{path} uses Strata results schema {major}.{minor}, newer than this reader's "
                               f"{SCHEMA_MAJOR}.x: use a newer Strata")
+    try:
+        _walk(handle, path)
+    except StrataFileError:
+        handle.close()
+        raise
     return handle
+
+
+def lock_wait_seconds() -> float:
+    text = os.environ.get(LOCK_WAIT_VARIABLE, "")
+    if not text:
+        return DEFAULT_LOCK_WAIT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not math.isfinite(seconds) or seconds < 0:
+        raise StrataFileError(f"{LOCK_WAIT_VARIABLE}={text}: expected the seconds to wait for another writer of a "
+                              f"results file, a number >= 0")
+    return seconds
+
+
+def open_for_writing(path: str, on_wait: Callable[[float], None] | None = None) -> h5py.File:
+    """Opens an existing Strata file for writing, as the programs do: when another program holds it, waits up to
+    STRATA_LOCK_WAIT seconds (default 30) for it to finish, then raises FileInUseError. The file is checked whole
+    (open_file) before it is opened for writing."""
+    wait = lock_wait_seconds()
+    deadline = time.monotonic() + wait
+    waited = False
+    while True:
+        holder = lock_holder(path)
+        if holder is None:
+            with open_file(path):
+                pass
+            try:
+                return h5py.File(path, "r+", libver=("earliest", "v110"))
+            except OSError as error:
+                holder = lock_holder(path)
+                if holder is None:
+                    raise StrataFileError(f"{path}: cannot be opened for writing ({error})") from None
+        if time.monotonic() >= deadline:
+            raise FileInUseError(in_use_message(path, holder) + (f"; waited {wait:.0f} s for it to finish" if wait > 0
+                                                                 else "") +
+                                 f" ({LOCK_WAIT_VARIABLE}=SECONDS sets the wait)")
+        if not waited and on_wait:
+            on_wait(wait)
+        waited = True
+        time.sleep(0.1)
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: by device and inode where both exist, else by their real paths."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_outputs(inputs: Iterable[tuple[str, str]], appended: Iterable[tuple[str, str]] = (),
+                  replaced: Iterable[tuple[str, str, str]] = ()) -> None:
+    """Before anything is written: refuses (StrataFileError naming the argument and the file) an output that is an
+    input or another output (same path, or same file by device and inode). `appended` are results files runs go
+    into; `replaced` are (argument, path, what it holds) written whole, which must besides not be an existing HDF5
+    file (results would be lost), a folder, or unwritable, in a folder that exists and takes new files."""
+    inputs = [(flag, path) for flag, path in inputs if path]
+    outputs = [(flag, path) for flag, path in appended if path] + [(f, p) for f, p, _ in replaced if p and p != "-"]
+    for i, (flag, path) in enumerate(outputs):
+        for in_flag, in_path in inputs:
+            if same_file(path, in_path):
+                raise StrataFileError(f"{path}: {flag} is also an input ({in_flag} {in_path}); a script never writes "
+                                      f"over a file it reads: give another output path")
+        for other_flag, other in outputs[:i]:
+            if same_file(path, other):
+                raise StrataFileError(f"{path}: {flag} and {other_flag} are the same file; each output needs its own")
+    for flag, path, what in replaced:
+        if not path or path == "-":
+            continue
+        if os.path.isdir(path):
+            raise StrataFileError(f"{path}: {flag} is a directory, not a file")
+        if os.path.exists(path):
+            if not os.path.isfile(path):
+                raise StrataFileError(f"{path}: {flag} is not a regular file")
+            if has_hdf5_signature(path):
+                raise StrataFileError(f"{path}: {flag} is an existing HDF5 file, which may hold results: refusing to "
+                                      f"overwrite it with {what}; give another path")
+            try:
+                os.close(os.open(path, os.O_WRONLY))
+            except OSError as error:
+                raise StrataFileError(f"{path}: {flag} is not writable ({error.strerror})") from None
+        check_folder_writable(flag, os.path.dirname(os.path.abspath(path)))
+
+
+def check_folder_writable(flag: str, folder: str) -> None:
+    if not os.path.isdir(folder):
+        raise StrataFileError(f"{folder}: {flag}: the folder does not exist")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".strata-write-probe-", dir=folder)
+    except OSError as error:
+        raise StrataFileError(f"{folder}: {flag}: the folder is not writable ({error.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def run_script(prog: str, main: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Runs a script's main: a file it cannot read or write (StrataFileError, OSError) is one line
+    `<prog>: error: ...` on stderr and exit status 2, never a traceback."""
+    try:
+        return main(argv)
+    except StrataFileError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+    except OSError as error:
+        what = error.strerror or str(error)
+        name = error.filename
+        print(f"{prog}: error: {name}: {what}" if name else f"{prog}: error: {what}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 128 + 2
+    return 2
 
 
 def _attrs(group) -> dict:
@@ -278,9 +496,7 @@ def write_run_table(path: str, run_id: str, table: str, columns: dict, units: di
     lengths = {len(v) for v in columns.values()}
     if len(lengths) > 1:
         raise ValueError(f"columns of {table} differ in length: {sorted(lengths)}")
-    with open_file(path):  # same checks as a reader: a Strata file, not a newer major
-        pass
-    with h5py.File(path, "r+", libver=("earliest", "v110")) as f:
+    with open_for_writing(path) as f:  # the reader's checks, then another writer waited for
         run = f["runs"][run_id]
         if table in run:
             del run[table]

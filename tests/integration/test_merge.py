@@ -160,5 +160,5 @@ def test_bad_inputs_and_outputs_exit_2(job_files, tmp_path):
     shutil.copyfile(job_files[0], copy)
     before = digest(str(copy))
     result = merge([copy, job_files[1], copy], tmp_path)
-    assert result.returncode == 2 and "both an input and the output" in result.stderr
+    assert result.returncode == 2 and "is also an input" in result.stderr
     assert digest(str(copy)) == before

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -90,12 +92,14 @@ TEST(Results, AppendingARunLeavesEarlierRunsIntact) {
     w.append(sample_table());
     // not finished: stays "interrupted"
   }
-  ResultsReader r(path);
-  EXPECT_EQ(r.runs(), (std::vector<std::string>{"run-1", "run-2"}));
-  EXPECT_EQ(r.run_attrs("run-1")["status"], "ok");
-  EXPECT_EQ(r.run_attrs("run-2")["status"], "interrupted");
-  Table after = r.table("run-1", "summary");
-  EXPECT_EQ(after.column("time").reals, before.column("time").reals);
+  {
+    ResultsReader r(path);
+    EXPECT_EQ(r.runs(), (std::vector<std::string>{"run-1", "run-2"}));
+    EXPECT_EQ(r.run_attrs("run-1")["status"], "ok");
+    EXPECT_EQ(r.run_attrs("run-2")["status"], "interrupted");
+    Table after = r.table("run-1", "summary");
+    EXPECT_EQ(after.column("time").reals, before.column("time").reals);
+  }
   EXPECT_THROW(ResultsWriter(path, "run-1", {}), std::runtime_error);  // run ids are never reused
 }
 
@@ -198,6 +202,78 @@ TEST(Results, RefusesATruncatedFileWithoutTouchingIt) {
   EXPECT_THROW(ResultsReader{path}, std::invalid_argument);
   EXPECT_THROW(ResultsWriter(path, "run-2", {}), std::invalid_argument);
   EXPECT_EQ(read_bytes(path), before);
+}
+
+// Damage inside a file, where opening it does not look (the chunk index of a column in its second half): the writer
+// refuses to append and the reader to read, each naming the file as damaged, and the file is left as it was.
+TEST(Results, RefusesAFileDamagedInsideWithoutTouchingIt) {
+  TempDir dir;
+  std::string path = dir.file("damaged.h5");
+  {
+    ResultsWriter w(path, "run-1", {});
+    w.append(sample_table());
+    w.finish(schema::kStatusOk);
+  }
+  std::string bytes = read_bytes(path);
+  const size_t index = bytes.rfind("TREE");
+  ASSERT_NE(index, std::string::npos);
+  ASSERT_GT(index, bytes.size() / 2);
+  for (size_t i = index; i < index + 8; ++i) bytes[i] = static_cast<char>(~bytes[i]);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  const std::string before = read_bytes(path);
+  h5::Handle file = h5::open_file(path, false);  // the damage is inside: the file opens
+  EXPECT_THROW(h5::walk(file), ResultsError);
+  file = h5::Handle();
+  auto expect_damaged = [&](auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for the damaged file";
+    } catch (const BadResultsFile& e) {
+      EXPECT_NE(std::string(e.what()).find(path + " is a damaged HDF5 file"), std::string::npos) << e.what();
+    }
+  };
+  expect_damaged([&] { validate_output_path(path); });
+  expect_damaged([&] { ResultsWriter(path, "run-2", {}); });
+  expect_damaged([&] {
+    ResultsReader reader(path);
+    for (const auto& run : reader.runs())
+      for (const auto& table : reader.tables(run)) reader.table(run, table);
+  });
+  EXPECT_EQ(read_bytes(path), before);
+}
+
+// A second writer of a file another writer holds (HDF5's lock) waits STRATA_LOCK_WAIT seconds, then refuses with
+// FileInUse; once the first closes, the second appends. A malformed wait is refused.
+TEST(Results, ASecondWriterWaitsForTheFirstThenRefusesOrAppends) {
+  TempDir dir;
+  std::string path = dir.file("shared.h5");
+  ASSERT_EQ(setenv(kLockWaitVariable, "0.3", 1), 0);
+  {
+    ResultsWriter first(path, "run-1", {});
+    first.append(sample_table());
+    first.flush();
+    EXPECT_TRUE(held_by_writer(path));
+    bool told = false;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ResultsWriter second(path, "run-2", {}, [&](double seconds) { told = seconds == 0.3; });
+      ADD_FAILURE() << "the second writer did not wait for the first";
+    } catch (const FileInUse& e) {
+      EXPECT_NE(std::string(e.what()).find("in use by another writer"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(told);
+    EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 0.3);
+    first.finish(schema::kStatusOk);
+  }
+  EXPECT_FALSE(held_by_writer(path));
+  {
+    ResultsWriter second(path, "run-2", {});
+    second.finish(schema::kStatusOk);
+  }
+  EXPECT_EQ(ResultsReader(path).runs().size(), 2u);
+  ASSERT_EQ(setenv(kLockWaitVariable, "soon", 1), 0);
+  EXPECT_THROW(ResultsWriter(path, "run-3", {}), BadResultsFile);
+  ASSERT_EQ(unsetenv(kLockWaitVariable), 0);
 }
 
 // Schema 1.1 only adds tables: a 1.0 file still reads, and appending a run to it raises its minor version.
