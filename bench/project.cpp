@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/published.h"
 #include "bench/json_file.h"
 #include "bench/calibration_input.h"
 #include "bench/check.h"
@@ -345,12 +346,29 @@ int validate(int argc, char** argv) {
   Cli cli("strata-project validate",
           "Every measured strata-step case of the files predicted on a system description fitted from benchmark runs "
           "only, beside its measured step and phases, with the errors.");
-  cli.positionals("STEPFILE", "Strata result files with strata-step runs (HDF5)", files, 1);
+  PublishedOptions published;
+  cli.positionals("STEPFILE", "Strata result files with strata-step runs (HDF5)", files, 0);
   cli.option("system", 0, "the system description (JSON, e.g. strata-project calibrate's), never fitted from step runs",
              system_path);
+  cli.option("published", 0, "instead of STEPFILEs: a set of published training steps (project/published/steps.json), "
+             "each row predicted on the description of its GPU", published.file);
+  cli.option("systems", 0, "with --published: GPU=FILE,... descriptions instead of the set's own", published.systems);
+  cli.choice("part", 0, "with --published: the rows to predict", published.part, {"all", "calibration", "held-out"});
+  cli.option("only", 0, "with --published: these rows (ids, comma-separated)", published.only);
+  cli.flag("bench", 0, "with --published: judge the held-out errors against their targets (exit 3 when missed)",
+           published.bench);
   cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/)", output);
   cli.flag("quiet", 'q', "print only the error table's summary line and errors", quiet);
   if (!cli.parse(argc, argv)) return 0;
+  if (!published.file.empty()) {
+    if (!files.empty() || !system_path.empty())
+      throw UsageError("--published predicts the set's rows on their GPUs' descriptions: give no STEPFILE and no --system");
+    published.output = output, published.quiet = quiet;
+    return validate_published(published, argc, argv, cli.resolved_json());
+  }
+  for (const char* flag : {"systems", "only", "bench"})
+    if (cli.given(flag)) throw UsageError(std::string("--") + flag + " applies to --published only");
+  if (files.empty()) throw UsageError("expected at least one STEPFILE argument, or --published FILE (see --help)");
   if (system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
   std::vector<FileArg> inputs = {{"--system", system_path, ""}};
   for (const std::string& file : files) inputs.push_back({"STEPFILE", file, ""});
