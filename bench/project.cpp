@@ -145,7 +145,7 @@ std::string case_label(const train::Strategy& strategy, train::Recompute mode) {
 
 int predict(int argc, char** argv) {
   StepFlags f;
-  std::string system_path, output, timeline, dtype = "auto", policy_path;
+  std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash";
   int nodes = 0, gpus = 0, element_bytes = 0;
   bool quiet = false;
   Cli cli("strata-project predict",
@@ -163,6 +163,8 @@ int predict(int argc, char** argv) {
              "--grid's ranks)", nodes, 0);
   cli.option("gpus", 0, "ranks (devices) of the job, instead of --nodes", gpus, 0);
   cli.option("dtype", 0, "of GEMMs and attention (auto: bf16 where the description's device has it, else fp32)", dtype);
+  cli.choice("attention", 0, "how attention runs: flash (a fused kernel) or unfused (the scores materialised, as "
+             "frameworks ran it before flash attention)", attention, {"flash", "unfused"});
   cli.option("element-bytes", 0, "bytes of an activation, gradient and collective element (0: 2 for bf16 and fp16, "
              "else 4)", element_bytes, 0);
   cli.option("timeline", 0, "write the predicted timeline as a Chrome trace (JSON; with several predictions, one file "
@@ -211,7 +213,7 @@ int predict(int argc, char** argv) {
       step.grid = plan.grid;
       step.trace.ranks_per_node = f.group_size > 0 ? f.group_size : per_node;
       step.trace.grid_order = f.grid_order;
-      step.workload = {dtype, element_bytes};
+      step.workload = {dtype, element_bytes, attention};
       if (mode == train::Recompute::overlap) {
         if (!policy)
           throw UsageError("--recompute overlap needs a placement: --recompute-policy FILE (strata-step stores one with "

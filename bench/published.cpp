@@ -36,6 +36,7 @@ struct Row {
   StepFlags flags;
   int gpus = 0;
   std::string dtype;
+  std::string attention = "flash";  // flash, or unfused (the scores materialised)
   double measured_s = 0;
   bool derived = false;  // the step time is derived from a published throughput
   std::string skipped;   // why the row is not predicted; empty when it is
@@ -155,6 +156,8 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   f.zero = std::to_string(zero);
   row.gpus = static_cast<int>(gpus);
   row.dtype = dtype_of(r.optional_text("precision").value_or("bf16"));
+  row.attention = r.optional_text("attention").value_or("flash");
+  if (row.attention != "flash" && row.attention != "unfused") r.fail("attention", "flash or unfused, got '" + row.attention + "'");
   return row;
 }
 
@@ -282,7 +285,7 @@ int validate_published(const PublishedOptions& o, int argc, char** argv, const s
     step.grid = plan.grid;
     step.trace.ranks_per_node = system.device.devices_per_node;
     step.trace.grid_order = flags.grid_order;
-    step.workload = {row.dtype, 2};
+    step.workload = {row.dtype, 2, row.attention};
     Result result;
     result.row = &row;
     try {

@@ -111,11 +111,24 @@ double compute_seconds(const System& system, const Op& op) {
     case OpKind::timed: return op.seconds;
     case OpKind::gemm: return system.device.gemm_seconds(op.dtype, op.m, op.n, op.k);
     case OpKind::attention:
+      if (op.unfused) return unfused_attention_seconds(system.device, op);
       return system.device.attention_seconds(
           op.dtype, {op.batch, op.heads, op.kv_heads, op.seq_q, op.seq_kv, op.head_dim, op.causal, op.backward});
     case OpKind::elementwise: return system.device.elementwise_seconds(op.name, op.bytes);
     default: throw std::invalid_argument(std::string("compute_seconds of a ") + op_kind_name(op.kind) + " op");
   }
+}
+
+double unfused_attention_seconds(const Device& device, const Op& op) {
+  const std::int64_t bh = op.batch * op.heads, sq = op.seq_q, skv = op.seq_kv, d = op.head_dim;
+  const double scores = static_cast<double>(bh) * static_cast<double>(sq) * static_cast<double>(skv);
+  constexpr double kElement = 2, kMask = 1;
+  auto gemm = [&](std::int64_t m, std::int64_t n, std::int64_t k) { return device.gemm_seconds(op.dtype, m, n, k); };
+  auto pass = [&](double bytes) { return device.elementwise_seconds(bytes); };
+  if (!op.backward)
+    return gemm(bh * sq, skv, d) + pass(2 * kElement * scores) + pass((2 * kElement + kMask) * scores) + gemm(bh * sq, d, skv);
+  return gemm(bh * sq, skv, d) + pass((2 * kElement + kMask) * scores) + pass(3 * kElement * scores) + gemm(bh * sq, d, skv) +
+         2 * gemm(bh * skv, d, sq);
 }
 
 namespace {

@@ -61,6 +61,9 @@ struct Op {
   std::int64_t m = 0, n = 0, k = 0;
   std::int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0, kv_heads = 0;
   bool causal = false, backward = false;
+  // attention without a fused kernel (no flash attention): the (s_q, s_kv) scores are materialised, so the call is
+  // batched GEMMs and elementwise passes over the scores (unfused_attention_seconds).
+  bool unfused = false;
   std::string dtype;
   double bytes = 0;  // elementwise: bytes read and written; collective: S of metrics.md; send/recv: payload
   CollectiveOp collective = CollectiveOp::allreduce;
@@ -83,6 +86,14 @@ double attention_flops(const Op& op);
 
 // The alone-time of a compute op on the system's device.
 double compute_seconds(const System& system, const Op& op);
+
+// Attention as frameworks ran it before fused kernels (Megatron-LM's until 2023): the (b h, s_q, s_kv) scores of
+// 2-byte elements are materialised, the mask is applied to them rather than skipped (a causal call costs a
+// non-causal one), and attention dropout keeps a 1-byte mask. Forward: Q K^T, scale-mask-softmax (read and write
+// the scores), dropout (read, write, and the mask), P V. Backward: dO V^T, dropout's backward (read the gradient and
+// the mask, write), softmax's backward (read the gradient and P, write), and dS K, dS^T Q, P^T dO. Each GEMM as one
+// of equal shape over the b h batches (m = b h s), each pass as an elementwise kernel of its bytes.
+double unfused_attention_seconds(const Device& device, const Op& op);
 
 struct RankGraph {
   int rank = 0;

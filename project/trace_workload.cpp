@@ -44,6 +44,7 @@ Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& optio
         case train::TraceOpKind::gemm: op = gemm_op(t.name, t.m, t.n, t.k, options.dtype); break;
         case train::TraceOpKind::attention:
           op = attention_op(t.name, t.batch, t.heads, t.seq_q, t.seq_kv, t.head_dim, t.causal, t.backward, options.dtype);
+          op.unfused = options.attention == "unfused";
           break;
         case train::TraceOpKind::elementwise: op = elementwise_op(t.name, t.elements * options.element_bytes); break;
         case train::TraceOpKind::collective: {

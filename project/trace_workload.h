@@ -16,6 +16,9 @@ struct WorkloadOptions {
   // Bytes of an activation or gradient element in elementwise kernels and in collectives and transfers of the
   // step's floats (the trace counts 4: fp32 on the CPU); 2 predicts a bf16 step. Scalar fp64 reductions keep 8.
   int element_bytes = 4;
+  // How attention runs: "flash" (a fused kernel, Device::attention_seconds) or "unfused" (the scores materialised,
+  // unfused_attention_seconds), as frameworks ran it before flash attention.
+  std::string attention = "flash";
 };
 
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});
