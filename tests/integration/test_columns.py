@@ -1,7 +1,8 @@
 """Every column the programs derive, recomputed here from the raw `samples` table of the same file: each rank
 statistic of time for both rank views, the per-rank medians, the FLOP rates and the fraction of peak, algbw,
-busbw and busbw_rankmean, the per-group table; and every table's `rows` attribute after several appends
-(cases appended one by one, and two runs in one file)."""
+busbw and busbw_rankmean, the per-group table, the same rates and the slowdown of strata-collective's concurrent
+(--mixed) path; and every table's `rows` attribute after several appends (cases appended one by one, and two runs
+in one file)."""
 from __future__ import annotations
 
 import h5py
@@ -158,3 +159,48 @@ def test_group_table_from_samples(two_runs):
             op = cases["operation"][int(case)]
             op = op.decode() if isinstance(op, bytes) else op
             assert groups["busbw"][row] == pytest.approx(size / median * BUS[op](len(members)), rel=1e-12)
+
+
+MIXED_RANKS = 4
+MIXED = ["--grid", "tp=2,dp=2", "--mixed", "-b", "4K", "-e", "16K", "-f", "4"]
+
+
+def text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    """strata-collective --mixed: an allreduce in the TP groups and a reduce-scatter in the DP groups, each alone and
+    beside the other, at two sizes."""
+    work = tmp_path_factory.mktemp("mixed")
+    out = work / "mixed.h5"
+    result = mpirun(MIXED_RANKS, [program("strata-collective"), *MIXED, "-n", str(ITERS), "-w", "1", "-q",
+                                  "--output", str(out)], cwd=str(work), timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (_, tables), = runs_of(out)
+    return tables
+
+
+def test_mixed_rates_from_samples(mixed_run):
+    samples, summary, cases = mixed_run["samples"][0], mixed_run["summary"][0], mixed_run["cases"][0]
+    assert mixed_run["cases"][1] == mixed_run["summary"][1] == 8  # two sizes, four rows each
+    alone_median = {}
+    for row in np.argsort(summary["case"], kind="stable"):
+        case = summary["case"][row]
+        at = int(np.flatnonzero(cases["case"] == case)[0])
+        op, size, n = text(cases["operation"][at]), cases["size_bytes"][at], int(cases["group_size"][at])
+        concurrent = text(cases["concurrent_with"][at]) != ""
+        grid = per_iteration(samples, case, MIXED_RANKS)
+        rankmax, rankmean = np.median(grid.max(axis=0)), np.median(grid.mean(axis=0))
+        assert rankmax != rankmean, "the ranks' times differ, so the two views tell each column apart"
+        assert summary["bus_factor"][row] == pytest.approx(BUS[op](n))
+        assert summary["algbw"][row] == pytest.approx(size / rankmax, rel=1e-12), (case, op)
+        assert summary["busbw"][row] == pytest.approx(size / rankmax * BUS[op](n), rel=1e-12), (case, op)
+        assert summary["busbw_rankmean"][row] == pytest.approx(size / rankmean * BUS[op](n), rel=1e-12), (case, op)
+        if concurrent:
+            assert summary["slowdown_vs_alone"][row] == pytest.approx(rankmax / alone_median[op, size], rel=1e-12)
+        else:
+            alone_median[op, size] = rankmax
+            assert summary["slowdown_vs_alone"][row] == 1.0
+    assert len(alone_median) == 4

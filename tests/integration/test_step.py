@@ -1,7 +1,7 @@
 """strata-step end to end under mpirun: every case's HDF5 records read back (bytes per tier equal to the ring
 formula, model-state memory equal to the formula up to padding, activations exactly, phases that add up to
-the step, a timeline, per-step metrics), the built-in task's loss falling on 1 and 4 ranks, and bad input
-refused with exit 2 before anything is written."""
+the step, a timeline, per-step metrics, FLOPs and MFU from the model's dimensions), the built-in task's loss
+falling on 1 and 4 ranks, and bad input refused with exit 2 before anything is written."""
 from __future__ import annotations
 
 import os
@@ -113,6 +113,32 @@ def test_phases_timeline_and_metrics(four_ranks):
     losses = table["loss_last"].to_numpy()
     assert np.allclose(losses, losses[0], rtol=1e-4)
     assert (table["mfu"] > 0).all() and (table["tokens_per_s"] > 0).all()
+
+
+TINY_MAX_SEQ = 64  # the tiny preset's position table (train/model_config.cpp); not among the cases' columns
+
+
+def test_flop_and_mfu_are_the_model_flops(four_ranks):
+    """flop: (6N + 6Lhs) per token x the global batch's tokens / ranks, N counted here from the model's dimensions;
+    mfu and hfu divide it (with the recomputed FLOPs) by the median step (max over ranks) and the peak."""
+    path, _, _ = four_ranks
+    table = sr.read_cases_with_summary(path, "strata-step")
+    for _, row in table.iterrows():
+        layers, h, heads, kv_heads, vocab, seq = (int(row[k]) for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq"))
+        qkv, mlp = (heads + 2 * kv_heads) * (h // heads), 4 * h
+        per_layer = 2 * 2 * h + (qkv * h + qkv) + (h * h + h) + (mlp * h + mlp) + (h * mlp + h)
+        parameters = vocab * h + TINY_MAX_SEQ * h + layers * per_layer + 2 * h
+        assert row["parameters"] == parameters, row["strategy"]
+        ranks = int(row["dp"] * row["tp"] * row["pp"])
+        assert ranks == 4
+        tokens = int(row["global_batch"]) * seq
+        assert tokens == 4 * 2 * 2 * 32  # dp x accumulation x micro-batch rows of 32 tokens
+        flop = (6.0 * parameters + 6.0 * layers * h * seq) * tokens / ranks
+        assert row["flop"] == pytest.approx(flop, rel=1e-12), row["strategy"]
+        step, peak = row["time_rankmax_median"], row["peak_per_rank"]
+        assert row["mfu"] == pytest.approx(flop / (step * peak) if peak > 0 else 0.0, rel=1e-12), row["strategy"]
+        assert row["hfu"] == pytest.approx((flop + row["flop_recompute"]) / (step * peak) if peak > 0 else 0.0,
+                                           rel=1e-12), row["strategy"]
 
 
 @pytest.mark.parametrize("ranks", [1, 4])

@@ -7,7 +7,8 @@
 //   "allreduce" on stream "comm", group "world", bytes 8 * --count, around a real MPI_Allreduce;
 //   memory: "activations" noted as 1000 * (r + 1) * (i + 1) B each iteration (high-water: that of the last
 //   iteration), "parameters" 4096 B;
-//   metrics: loss = 1 / (i + 1) + case, grad_norm = r + i (unit 1), step_time (unit s).
+//   metrics: loss = 1 / (i + 1) + case, grad_norm = r + i (unit 1), step_time (unit s);
+//   cases: body_calls, the calls the harness's timed loop made of the body, warm-up included (--warmup + --iters).
 #include <chrono>
 #include <thread>
 
@@ -35,6 +36,7 @@ int run_steps(int argc, char** argv) {
   StepRecorder recorder(run);
   run.set_case_count(cases);
   run.cases().add_column("count", ColumnKind::int64, "1", "doubles in the allreduce");
+  run.cases().add_column("body_calls", ColumnKind::int64, "1", "calls of the timed loop's body, warm-up included");
   const int rank = run.context().self.rank;
   std::vector<double> in(static_cast<size_t>(count), 1.0), out(in.size());
 
@@ -73,7 +75,7 @@ int run_steps(int argc, char** argv) {
       recorder.add_metric("grad_norm", rank + iteration);
       recorder.add_metric("step_time", host_now() - step_start, "s");
     });
-    run.record(samples, 0, "steps-" + std::to_string(c), [&](Table& t) { t.set("count", count); },
+    run.record(samples, 0, "steps-" + std::to_string(c), [&](Table& t) { t.set("count", count).set("body_calls", call); },
                [](Table&, const CaseResult&) {}, [&](const CaseResult& result) { recorder.write_case(result.index); });
   }
   return run.finish();

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include "results/h5.h"
 #include "results/reader.h"
@@ -183,6 +184,33 @@ TEST(Results, ReaderCutsColumnsToTheRowsOfTheLastCompleteAppend) {
   EXPECT_EQ(shortest.rows(), 3u);  // label is still 3 long
   EXPECT_EQ(shortest.column("time").reals.size(), 3u);
   EXPECT_EQ(shortest.column("case").ints.size(), 3u);
+}
+
+// A job killed after the last column of an append but before the `rows` attribute leaves every column equally
+// long and longer than `rows`: the columns agree, yet the rows past `rows` belong to an append that did not end.
+TEST(Results, ReaderTakesTheRowsAttributeOverColumnsThatAgree) {
+  TempDir dir;
+  std::string path = dir.file("r.h5");
+  std::string run_id = "run-unfinished";
+  {
+    ResultsWriter w(path, run_id, {});
+    w.append(sample_table());
+  }
+  {
+    h5::Handle file = h5::open_file(path, true);
+    h5::Handle table = h5::open_group(h5::open_group(h5::open_group(file, schema::kRunsGroup), run_id), "summary");
+    h5::append_column(table, "case", std::vector<int64_t>{7, 8});
+    h5::append_column(table, "time", std::vector<double>{7.5, 8.5});
+    h5::append_column(table, "label", std::vector<std::string>{"case-7", "case-8"});
+    for (const char* column : {"case", "time", "label"}) ASSERT_EQ(h5::column_length(table, column), 5u) << column;
+    ASSERT_EQ(h5::read_int_attr(table, "rows"), std::optional<int64_t>{3});
+  }
+  Table table = ResultsReader(path).table(run_id, "summary");
+  EXPECT_EQ(table.rows(), 3u);
+  EXPECT_EQ(table.column("case").ints, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(table.column("time").reals, (std::vector<double>{0.0, 0.5, 1.0}));
+  ASSERT_EQ(table.column("label").texts.size(), 3u);
+  EXPECT_EQ(table.column("label").texts.back(), "case-2 \xce\xbc");
 }
 
 // A truncated HDF5 file keeps its signature but cannot be opened: a usage error, the file untouched.

@@ -1,12 +1,15 @@
 // Tensor parallelism in the CPU model against the whole model on one rank, under mpirun with 2 and 4 ranks as
 // one tensor-parallel group: the same loss, every rank's shard of the gradients equal to that shard of the whole
 // model's gradients, the initialisation of a shard equal to the shard of the whole initialisation, with and
-// without sequence parallelism, and each recomputation mode giving what keeping every activation gives. The vocabulary (23) divides by neither 2 nor
-// 4, so the last slice is short and holds padding rows.
+// without sequence parallelism, and each recomputation mode giving what keeping every activation gives. The
+// comparison starts from biases and norms away from their initial 0 and 1, as after training steps. The vocabulary
+// (23) divides by neither 2 nor 4, so the last slice is short and holds padding rows.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <iostream>
 #include <random>
@@ -55,6 +58,24 @@ Batch random_batch(const ModelConfig& m, int rows, uint64_t seed) {
   return b;
 }
 
+// The whole model's parameters with every bias and norm moved off its initial value (biases 0, norm weights 1), as
+// training moves them: a bias added by every tensor-parallel rank instead of once shows only where it is not 0.
+std::vector<float> with_trained_biases(const ModelConfig& m, const ParameterLayout& layout, std::vector<float> params,
+                                       uint64_t seed) {
+  std::mt19937_64 random(seed + 1);
+  std::uniform_real_distribution<float> offset(0.1f, 0.5f);
+  auto perturb = [&](Slice s) {
+    for (std::size_t i = s.offset; i < s.end(); ++i) params[i] += (random() % 2 ? 1.0f : -1.0f) * offset(random);
+  };
+  using LT = LayerTensor;
+  for (int l = 0; l < m.layers; ++l)
+    for (LT t : {LT::ln1_w, LT::ln1_b, LT::qkv_b, LT::attn_proj_b, LT::ln2_w, LT::ln2_b, LT::fc_b, LT::fc_proj_b})
+      perturb(layout.tensor(l, t));
+  perturb(layout.lnf_w());
+  perturb(layout.lnf_b());
+  return params;
+}
+
 TEST(TensorParallel, ShardsTrainAsTheWholeModel) {
   const uint64_t seed = test_seed();
   const int n = world_size_now();
@@ -68,8 +89,16 @@ TEST(TensorParallel, ShardsTrainAsTheWholeModel) {
     const float normaliser = static_cast<float>(B * T - 1);
 
     GptCpu whole(m, B, T, {});
-    std::vector<float> params(whole.layout().total()), grads(params.size(), 0.0f);
-    init_parameters(m, whole.layout(), params.data(), seed, 0.3f);
+    std::vector<float> initial(whole.layout().total()), grads(initial.size(), 0.0f);
+    init_parameters(m, whole.layout(), initial.data(), seed, 0.3f);
+    const std::vector<float> params = with_trained_biases(m, whole.layout(), initial, seed);
+    for (int l = 0; l < m.layers; ++l)
+      for (LayerTensor t : {LayerTensor::attn_proj_b, LayerTensor::fc_proj_b}) {
+        const Slice bias = whole.layout().tensor(l, t);
+        EXPECT_EQ(std::count(params.begin() + static_cast<std::ptrdiff_t>(bias.offset),
+                             params.begin() + static_cast<std::ptrdiff_t>(bias.end()), 0.0f), 0)
+            << "a row-parallel bias of layer " << l << " is zero, so adding it more than once would not show";
+      }
     const double whole_loss = whole.forward(params.data(), batch.tokens.data(), batch.targets.data());
     whole.backward(params.data(), grads.data(), normaliser);
 
@@ -81,9 +110,10 @@ TEST(TensorParallel, ShardsTrainAsTheWholeModel) {
       const TensorShard& sh = shard.shard();
       ASSERT_EQ(sh.tp, n);
       std::vector<float> local(shard.layout().total()), expected(local.size()), local_grads(local.size(), 0.0f);
-      take_shard(m, sh, params.data(), expected.data());
+      take_shard(m, sh, initial.data(), expected.data());
       init_parameters(m, shard.layout(), local.data(), seed, 0.3f);
       EXPECT_EQ(local, expected) << "a shard's initialisation is the shard of the whole model's";
+      take_shard(m, sh, params.data(), local.data());
       const double loss = shard.forward(local.data(), batch.tokens.data(), batch.targets.data());
       EXPECT_NEAR(loss, whole_loss, 1e-5 * std::fabs(whole_loss)) << what;
       shard.backward(local.data(), local_grads.data(), normaliser);

@@ -81,6 +81,38 @@ TEST(Trace, EveryScheduleGridAndStrategySimulatesWithoutDeadlock) {
   }
 }
 
+// Sequence parallelism reduce-scatters each row-parallel output: every rank contributes the whole (b s, h)
+// activation and keeps its b s / tp rows. The traced count is one rank's share; the projection's size is S of
+// metrics.md, the whole input b s h elements, in the predicted step's element size.
+TEST(Trace, ASequenceParallelReduceScatterIsTheWholeActivation) {
+  TrainConfig c = small_config();
+  c.sequence_parallel = true;
+  const int tp = 4;
+  const StepTrace trace = trace_step(c, {tp, 1, 1}, {4, "tp,pp,dp", {}});
+  ASSERT_EQ(trace.ranks.size(), 1u);
+  const std::vector<TraceOp>& ops = trace.ranks[0].ops;
+  const double activation = static_cast<double>(c.micro_batch) * c.seq * c.model.hidden;
+  for (int element_bytes : {4, 2}) {
+    const project::Workload workload = project::workload_of(trace, {"fp32", element_bytes});
+    ASSERT_EQ(workload.ranks.size(), 1u);
+    ASSERT_EQ(workload.ranks[0].ops.size(), ops.size());
+    std::map<std::string, int> seen;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const TraceOp& op = ops[i];
+      if (op.kind != TraceOpKind::collective || op.collective != TraceCollective::reduce_scatter) continue;
+      ASSERT_EQ(trace.groups.at(static_cast<std::size_t>(op.group)).ranks.size(), static_cast<std::size_t>(tp)) << op.name;
+      EXPECT_EQ(op.count, activation / tp) << op.name;
+      const project::Op& predicted = workload.ranks[0].ops[i];
+      EXPECT_EQ(predicted.collective, project::CollectiveOp::reduce_scatter) << op.name;
+      EXPECT_EQ(predicted.bytes, activation * element_bytes) << op.name << ", " << element_bytes << " B elements";
+      ++seen[op.name];
+    }
+    // Each layer's two row-parallel outputs, every micro-batch.
+    EXPECT_EQ(seen["reduce-scatter attention out"], c.accumulation * c.model.layers);
+    EXPECT_EQ(seen["reduce-scatter mlp out"], c.accumulation * c.model.layers);
+  }
+}
+
 // A grid of 10,240 ranks (tp 8, pp 16, dp 80) of GPT-3 175B, interleaved: one rank per stage traced, each standing
 // for 640; the trace takes seconds, not the 10,240 ranks' worth.
 TEST(Trace, ThousandsOfRanksTraceOnOneRankPerStage) {
