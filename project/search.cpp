@@ -301,7 +301,7 @@ double collective_duration(const System& system, const train::StepTrace& trace, 
   for (int member : members) nodes.push_back(member / system.device.devices_per_node);
   const int size = static_cast<int>(members.size());
   return system.collective_seconds(collective_of(t.collective), t.algorithm, group_kind_of(nodes),
-                                   collective_bytes(t, size, element_bytes), size);
+                                   collective_bytes(t, size, element_bytes), size, members_per_node(nodes));
 }
 
 // Per traced rank: the alone-time of its compute operations (all, or only GEMMs and attention) plus its blocking

@@ -212,6 +212,7 @@ class Simulator {
   std::unordered_map<int, std::vector<CollectiveInstance>> collectives_;  // group -> by sequence
   std::map<int, int> traced_members_;                                     // group -> traced members
   std::unordered_map<int, GroupKind> kinds_;                              // group -> its kind
+  std::unordered_map<int, int> per_node_;                                 // group -> its fewest members on a node
   std::map<std::pair<int, int>, Channel> channels_;                 // (from rank, to rank)
   std::vector<std::pair<size_t, int>> running_;                     // (traced rank index, op)
   std::vector<std::pair<size_t, int>> ending_, still_running_;      // complete_at's, kept between events
@@ -244,6 +245,7 @@ class Simulator {
       std::vector<int> nodes;
       for (int rank : group.ranks) nodes.push_back(rank / system_.device.devices_per_node);
       kinds_[group.id] = group_kind_of(nodes);
+      per_node_[group.id] = members_per_node(nodes);
     }
   }
 
@@ -450,8 +452,8 @@ class Simulator {
       instance.reached.emplace_back(static_cast<int>(r), i);
       if (static_cast<int>(instance.reached.size()) == traced_members_.at(op.group)) {
         const Group& group = *groups_.at(op.group);
-        const double duration = system_.collective_seconds(op.collective, op.algorithm, kind_of(group),
-                                                           op.bytes, static_cast<int>(group.ranks.size()));
+        const double duration = system_.collective_seconds(op.collective, op.algorithm, kind_of(group), op.bytes,
+                                                           static_cast<int>(group.ranks.size()), per_node_.at(group.id));
         for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
       }
     } else if (op.kind == OpKind::send) {

@@ -1,6 +1,7 @@
 #include "project/system.h"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <set>
 #include <sstream>
@@ -224,6 +225,14 @@ std::optional<GroupKind> group_kind_from_name(const std::string& name) {
   return std::nullopt;
 }
 
+int members_per_node(const std::vector<int>& node_of_member) {
+  std::map<int, int> count;
+  for (int node : node_of_member) ++count[node];
+  int fewest = 0;
+  for (const auto& [node, n] : count) fewest = fewest == 0 ? n : std::min(fewest, n);
+  return std::max(fewest, 1);
+}
+
 GroupKind group_kind_of(const std::vector<int>& node_of_member) {
   const std::set<int> nodes(node_of_member.begin(), node_of_member.end());
   if (nodes.size() <= 1) return GroupKind::intra_node;
@@ -260,11 +269,15 @@ const CollectiveModel* System::find_collective(CollectiveOp op, const std::strin
   return best;
 }
 
-double System::collective_seconds(CollectiveOp op, const std::string& algorithm, GroupKind kind, double bytes,
-                                  int ranks) const {
+double System::collective_seconds(CollectiveOp op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
+                                  int per_node) const {
   if (ranks <= 1) return 0;
   if (const CollectiveModel* m = find_collective(op, algorithm, kind, ranks)) return m->seconds(bytes, ranks);
-  return (kind == GroupKind::intra_node ? intra_node : inter_node).collective_seconds(op, bytes, ranks);
+  if (kind == GroupKind::intra_node) return intra_node.collective_seconds(op, bytes, ranks);
+  if (kind == GroupKind::inter_node || per_node <= 1) return inter_node.collective_seconds(op, bytes, ranks);
+  const LatencyBandwidth across = inter_node.model(op), inside = intra_node.model(op);
+  const double bandwidth = std::min(inside.bandwidth.value, per_node * across.bandwidth.value);
+  return across.latency.value + bytes * bus_factor(op, ranks) / bandwidth;
 }
 
 namespace {

@@ -153,6 +153,8 @@ const char* group_kind_name(GroupKind kind);
 std::optional<GroupKind> group_kind_from_name(const std::string& name);
 // The kind of a group whose members sit on these nodes (one entry per member).
 GroupKind group_kind_of(const std::vector<int>& node_of_member);
+// The fewest members the group has on any of its nodes (1 for a group of one member per node).
+int members_per_node(const std::vector<int>& node_of_member);
 
 // alpha + S * bus_factor(n) / beta for the sizes S up to `up_to_bytes` (above the previous range's).
 struct SizeRange {
@@ -211,10 +213,12 @@ struct System {
   std::optional<Quantity> communication_slowdown;
 
   // The time of collective `op` of S = `bytes` on `ranks` ranks of a group of `kind`: the fitted model of that
-  // operation, algorithm and kind (of the nearest measured group size), else the tier's model (a hierarchical
-  // group takes the inter-node tier's).
-  double collective_seconds(CollectiveOp op, const std::string& algorithm, GroupKind kind, double bytes,
-                            int ranks) const;
+  // operation, algorithm and kind (of the nearest measured group size), else the tier's model. A hierarchical group
+  // with `per_node` members on each node crosses nodes on all their NICs at once, as NCCL's rings and trees do on
+  // rail-optimised nodes: latency of the inter-node tier + S x bus_factor / min(intra-node bandwidth, per_node x
+  // inter-node bandwidth) (with one member per node, the inter-node tier's own model).
+  double collective_seconds(CollectiveOp op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
+                            int per_node = 1) const;
   const CollectiveModel* find_collective(CollectiveOp op, const std::string& algorithm, GroupKind kind,
                                          int ranks) const;
 };

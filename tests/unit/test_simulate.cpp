@@ -119,6 +119,42 @@ TEST(SystemDescription, BusFactorsAreThoseOfNcclTests) {
   EXPECT_EQ(s.inter_node.collective_seconds(CollectiveOp::allreduce, 4e9, 1), 0);
 }
 
+TEST(SystemDescription, AGroupOnSeveralNodesCrossesThemOnEveryMembersLink) {
+  const System s = test_system();
+  // One member per node: the inter-node tier. Four per node: four NICs at once, 40 GB/s; eight, 80; twelve: capped
+  // by the intra-node link's 100 GB/s. A ring allreduce of 8 ranks has bus factor 1.75.
+  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::inter_node, 8e9, 8), 10e-6 + 14e9 / 10e9);
+  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 8e9, 8, 1), 10e-6 + 14e9 / 10e9);
+  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 8e9, 8, 4), 10e-6 + 14e9 / 40e9);
+  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 8e9, 16, 8),
+               10e-6 + 8e9 * bus_factor(CollectiveOp::allreduce, 16) / 80e9);
+  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 8e9, 24, 12),
+               10e-6 + 8e9 * bus_factor(CollectiveOp::allreduce, 24) / 100e9);
+  EXPECT_EQ(members_per_node({0, 0, 1, 1, 1, 2, 2}), 2);
+  EXPECT_EQ(members_per_node({0, 1, 2}), 1);
+}
+
+TEST(Simulate, UnfusedAttentionIsItsGemmsAndItsPassesOverTheScores) {
+  const System s = test_system();
+  Op forward = attention_op("a", 2, 4, 512, 512, 64, false, false, "bf16");
+  forward.unfused = true;
+  Op backward = forward;
+  backward.backward = true;
+  const Device& d = s.device;
+  const double scores = 2.0 * 4 * 512 * 512;  // (b h, s_q, s_kv)
+  const double qk = d.gemm_seconds("bf16", 8 * 512, 512, 64), pv = d.gemm_seconds("bf16", 8 * 512, 64, 512);
+  EXPECT_CLOSE(compute_seconds(s, forward), qk + d.elementwise_seconds(4 * scores) + d.elementwise_seconds(5 * scores) + pv);
+  EXPECT_CLOSE(compute_seconds(s, backward), qk + d.elementwise_seconds(5 * scores) + d.elementwise_seconds(6 * scores) +
+                                                 pv + 2 * d.gemm_seconds("bf16", 8 * 512, 64, 512));
+  // The mask is applied to the whole matrix: causal costs as much; a fused kernel skips the masked half.
+  Op causal = forward;
+  causal.causal = true;
+  EXPECT_CLOSE(compute_seconds(s, causal), compute_seconds(s, forward));
+  Op fused = causal;
+  fused.unfused = false;
+  EXPECT_LT(compute_seconds(s, fused), compute_seconds(s, causal));
+}
+
 // ---- the JSON form --------------------------------------------------------------------------------------
 
 TEST(SystemJson, RoundTripKeepsEveryFigureAndSource) {
@@ -280,8 +316,9 @@ TEST(Simulate, AnAllreduceTakesAlphaPlusBusBytesOverBandwidth) {
     EXPECT_CLOSE(t.step_s, 2e-6 + 2.0 * (n - 1) / n * bytes / 100e9);
     EXPECT_CLOSE(t.breakdown[0].exposed_communication_s.at(0), t.step_s);
   }
-  // 16 ranks span two nodes of 8: the inter-node tier.
-  EXPECT_CLOSE(simulate(s, allreduce_workload(16, bytes)).step_s, 10e-6 + 2.0 * 15 / 16 * bytes / 10e9);
+  // 16 ranks span two nodes of 8: the inter-node tier's latency, and its 10 GB/s on each of the 8 members' links at
+  // once (80 GB/s, below the intra-node link's 100).
+  EXPECT_CLOSE(simulate(s, allreduce_workload(16, bytes)).step_s, 10e-6 + 2.0 * 15 / 16 * bytes / 80e9);
 }
 
 TEST(Simulate, ACollectiveWaitsForItsLastRankAndEndsTogether) {

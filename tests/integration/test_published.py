@@ -1,0 +1,148 @@
+"""strata-project validate --published: every row of a published set predicted on its GPU's description, the
+errors stored and summed up per part and GPU generation, the held-out figure judged with --bench, rows the model
+cannot take listed with the reason, and bad sets refused naming the row and the field. The shipped set itself is
+read whole, so a row that does not parse fails here rather than in `make bench`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import h5py
+import pytest
+
+from conftest import ROOT, digest, program
+
+SHIPPED = os.path.join(ROOT, "project", "published", "steps.json")
+A100 = os.path.join(ROOT, "project", "systems", "a100-80gb-sxm-hdr200.json")
+
+
+def row(id_: str, part: str, **fields) -> dict:
+    base = {"id": id_, "split": part, "gpu": "A100-80GB-SXM", "family": "3d", "table": "test", "layers": 4,
+            "hidden": 1024, "heads": 16, "vocab": 51200, "seq": 1024, "tp": 2, "pp": 2, "dp": 2, "gpus": 8,
+            "micro_batch": 1, "global_batch": 16, "recompute": "full", "precision": "fp16", "attention": "unfused",
+            "step_time_s": 1.0}
+    base.update(fields)
+    return base
+
+
+def write_set(path, rows, systems=None) -> str:
+    document = {"format": "strata-published-steps", "version": 1, "systems": systems or {"A100-80GB-SXM": A100},
+                "rows": rows}
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def validate(tmp_path, *args):
+    return subprocess.run([program("strata-project"), "validate", *args], capture_output=True, text=True,
+                          cwd=str(tmp_path), timeout=600)
+
+
+def predicted_step(tmp_path, **fields) -> float:
+    """The step the model predicts for a row, from a set holding only that row."""
+    name = "probe-" + "-".join(f"{k}-{v}" for k, v in sorted(fields.items()))
+    path = write_set(tmp_path / f"{name}.json", [row("probe", "held-out", **fields)])
+    out = tmp_path / f"{name}.h5"
+    result = validate(tmp_path, "--published", path, "-O", str(out), "-q")
+    assert result.returncode == 0, result.stderr
+    with h5py.File(out, "r") as f:
+        (run,) = f["runs"].values()
+        return float(run["published_validation"]["step_time_predicted"][0])
+
+
+def test_each_row_is_predicted_and_its_error_stored(tmp_path):
+    truth = predicted_step(tmp_path)
+    rows = [row("exact", "held-out", step_time_s=truth), row("double", "calibration", step_time_s=2 * truth),
+            row("derived", "held-out", step_time_s=None, derived_step_time_s=truth / 2),
+            row("ring", "held-out", cp=2), row("unstated", "calibration", micro_batch=None)]
+    path = write_set(tmp_path / "set.json", rows)
+    out = tmp_path / "out.h5"
+    result = validate(tmp_path, "--published", path, "-O", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "not predicted: ring (held-out): context parallelism (cp 2) is not modelled" in result.stdout
+    assert "not predicted: unstated (calibration): the source does not state micro_batch" in result.stdout
+    with h5py.File(out, "r") as f:
+        (run,) = f["runs"].values()
+        table = run["published_validation"]
+        ids = [x.decode() for x in table["id"][:]]
+        error = dict(zip(ids, table["step_time_error"][:]))
+        derived = dict(zip(ids, table["derived"][:]))
+        predicted = dict(zip(ids, table["step_time_predicted"][:]))
+        published = dict(zip(ids, table["step_time_published"][:]))
+        assert len(run["prediction"]["case"][:]) == 3
+    assert ids == ["exact", "double", "derived"]
+    for i in ids:
+        assert error[i] == pytest.approx(predicted[i] / published[i] - 1, rel=1e-12)
+    assert error["exact"] == pytest.approx(0, abs=1e-9)
+    assert error["double"] == pytest.approx(-0.5, rel=1e-9)
+    assert error["derived"] == pytest.approx(1.0, rel=1e-9) and derived["derived"] == 1 and derived["exact"] == 0
+    # The summary: held-out A100 over "exact" and "derived": mean |error| 50.0%, worst 100.0% (derived).
+    assert "| held-out | A100 | 2 | 50.0% | 50.0% | 100.0% (derived) |" in result.stdout, result.stdout
+
+
+def test_bench_judges_the_held_out_rows(tmp_path):
+    truth = predicted_step(tmp_path)
+    close = write_set(tmp_path / "close.json", [row("a", "held-out", step_time_s=truth * 1.02),
+                                                row("b", "calibration", step_time_s=truth * 3)])
+    result = validate(tmp_path, "--published", close, "--bench", "-O", str(tmp_path / "a.h5"), "-q")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "held-out A100: mean |error| 2.0% (target <= 5.0%), worst 2.0% (target <= 12.0%): PASS" in result.stdout
+    far = write_set(tmp_path / "far.json", [row("a", "held-out", step_time_s=truth * 1.25)])
+    result = validate(tmp_path, "--published", far, "--bench", "-O", str(tmp_path / "b.h5"), "-q")
+    assert result.returncode == 3 and ": MISS" in result.stdout, result.stdout + result.stderr
+    result = validate(tmp_path, "--published", far, "--part", "calibration", "-O", str(tmp_path / "c.h5"), "-q")
+    assert result.returncode == 2 and "no row to predict (--part calibration)" in result.stderr
+
+
+def test_unfused_attention_and_recomputation_cost_what_they_should(tmp_path):
+    # Materialised scores cost more than a fused kernel, and full recomputation one more forward.
+    flash = predicted_step(tmp_path, attention="flash")
+    unfused = predicted_step(tmp_path, attention="unfused")
+    none = predicted_step(tmp_path, attention="flash", recompute="none")
+    assert unfused > flash > none
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"split": "train"}, "row bad: field split: calibration or held-out, got 'train'"),
+    ({"attention": "sparse"}, "row bad: field attention: flash or unfused, got 'sparse'"),
+    ({"gpus": 9}, "row bad: field gpus: 9 is not tp x pp x dp = 8"),
+    ({"layers": -4}, "row bad: field layers: a whole number >= 0 is required"),
+    ({"step_time_s": None}, "row bad: field step_time_s: neither a published nor a derived step time"),
+    ({"gpu": "V100"}, "row bad: no description for GPU 'V100'"),
+    ({"hidden": 1000}, "row bad: its configuration is refused"),
+])
+def test_a_bad_row_is_refused_naming_it(tmp_path, change, message):
+    path = write_set(tmp_path / "bad.json", [row("good", "held-out"), row("bad", "held-out", **change)])
+    out = tmp_path / "kept.h5"
+    made = validate(tmp_path, "--published", write_set(tmp_path / "ok.json", [row("good", "held-out")]), "-O", str(out), "-q")
+    assert made.returncode == 0, made.stderr
+    before = digest(str(out))
+    result = validate(tmp_path, "--published", path, "-O", str(out))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr, result.stderr
+    assert digest(str(out)) == before
+
+
+def test_flags_that_belong_to_one_form_are_refused_with_the_other(tmp_path):
+    path = write_set(tmp_path / "set.json", [row("a", "held-out")])
+    result = validate(tmp_path, "--published", path, "--system", A100)
+    assert result.returncode == 2 and "give no STEPFILE and no --system" in result.stderr
+    result = validate(tmp_path, "--system", A100, "--bench", "x.h5")
+    assert result.returncode == 2 and "--bench applies to --published only" in result.stderr
+    result = validate(tmp_path, "--system", A100)
+    assert result.returncode == 2 and "--published" in result.stderr
+
+
+def test_the_shipped_set_reads_whole_with_both_generations_in_both_parts():
+    with open(SHIPPED) as handle:
+        document = json.load(handle)
+    rows = document["rows"]
+    assert len(rows) >= 100
+    parts = {(r["split"], "A100" if r["gpu"].startswith("A100") else "H100") for r in rows}
+    assert parts == {("calibration", "A100"), ("calibration", "H100"), ("held-out", "A100"), ("held-out", "H100")}
+    for r in rows:
+        assert r["source"] and r["url"] and r["where"], r["id"]
+        assert r.get("step_time_s") or r.get("derived_step_time_s"), r["id"]
+    for gpu in {r["gpu"] for r in rows}:
+        assert gpu in document["systems"], gpu
+        assert os.path.exists(os.path.join(os.path.dirname(SHIPPED), document["systems"][gpu]))
