@@ -368,6 +368,10 @@ int run_attention(int argc, char** argv) {
   for (size_t index = 0; index < points.size(); ++index) {
     const Case c = case_of(points[index]);
     const Shape& s = c.shape;
+    char label[160];
+    std::snprintf(label, sizeof label, "%s %s%s b%d h%d/%d s%d/%d d%d", c.impl.c_str(), c.pass.c_str(),
+                  s.causal ? " causal" : "", s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_kv, s.head_dim);
+    run.begin_case(label);
     const uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
     const bool has_bwd = c.pass != "fwd";
     const PeakOfCase peak = peak_of(c.dtype);
@@ -395,9 +399,6 @@ int run_attention(int argc, char** argv) {
     const double bytes_bwd = 3 * q_bytes + 2 * kv_bytes + lse_bytes + q_bytes + 2 * kv_bytes;  // Q,O,dO,K,V,lse in; dQ,dK,dV out
     const double bytes = c.pass == "fwd" ? bytes_fwd : c.pass == "bwd" ? bytes_bwd : bytes_fwd + bytes_bwd;
     const int ranks = run.context().n_ranks;
-    char label[160];
-    std::snprintf(label, sizeof label, "%s %s%s b%d h%d/%d s%d/%d d%d", c.impl.c_str(), c.pass.c_str(),
-                  s.causal ? " causal" : "", s.batch, s.heads_q, s.heads_kv, s.seq_q, s.seq_kv, s.head_dim);
     CaseResult r = run.record(samples, check.bad, label,
         [&](Table& row) {
           axes.fill(row, points[index]);

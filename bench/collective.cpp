@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <thread>
+#include <chrono>
 
 #include "bench/axes.h"
 #include "bench/harness.h"
@@ -55,8 +55,6 @@ struct Options {
   std::string grid;
   std::string grid_dim;
   bool mixed = false;
-  double timeout = 0;
-  int inject_hang = -1;
   bool device_buffers = false;
   std::string segment_bytes = "1M";      // ring reduction segments (Strata's algorithms)
   std::string max_message_bytes = "1G";  // larger point-to-point messages are split (Strata's algorithms)
@@ -379,7 +377,6 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
                        host_memory_per_rank(), "the node's available memory over its ranks");
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), "cpu");
   run.set_case_count(static_cast<int>(points.size()));
-  Watchdog watchdog([&run](const std::string& message) { run.mark_failed(message); });
   describe_columns(run);
   axes.declare_columns(run.cases());
   ConsoleTable table({{"size(B)", 11}, {"op", 14}, {"group", 5}, {"with", 16}, {"time(us)", 10}, {"busbw", 8},
@@ -417,16 +414,19 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
           }
       return std::pair{done[0], done[1]};
     };
-    watchdog.arm(o.timeout, "mixed allreduce/reduce_scatter " + std::to_string(bytes) + " B");
+    const std::string what = "mixed allreduce/reduce_scatter " + std::to_string(bytes) + " B";
+    run.begin_case(what, 4);
     std::vector<double> alone_ar, alone_rs, both_ar, both_rs;
-    for (int i = 0; i < h.warmup; ++i) timed(true, false), timed(false, true), timed(true, true);
+    run.progress("the warm-up of " + what);
+    for (int i = 0; i < h.warmup; ++i) run.tick(), timed(true, false), timed(false, true), timed(true, true);
+    run.progress("the timed iterations of " + what);
     for (int i = 0; i < h.iters; ++i) {
+      run.tick();
       alone_ar.push_back(timed(true, false).first);
       alone_rs.push_back(timed(false, true).second);
       auto [a, r] = timed(true, true);
       both_ar.push_back(a), both_rs.push_back(r);
     }
-    watchdog.disarm();
     if (injects_wrong_element(h, run.context().self.rank)) corrupt_first_element(ar_out, dtype);
     int64_t wrong_ar = coll::count_wrong(ar_spec, ar, ar_out, tp_rank, tp, 0);
     int64_t wrong_rs = coll::count_wrong(rs_spec, rs, rs_out, dp_rank, dp, 0);
@@ -475,6 +475,7 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
 int run_collective(int argc, char** argv) {
   HarnessOptions h;
   h.warmup = 5, h.iters = 20;
+  h.timeout = "0";  // a collective's iterations take microseconds to seconds: a limit is the user's to choose
   Options o;
   Cli cli("strata-collective",
           "Collective operations over MPI or NCCL (nccl-tests flags and bandwidth conventions), in any layout.");
@@ -501,15 +502,12 @@ int run_collective(int argc, char** argv) {
   cli.choice("grid-dim", 0, "run in every group of this grid dimension at once", o.grid_dim, {"", "tp", "pp", "dp"});
   cli.flag("mixed", 0, "with --grid: allreduce in the TP groups and reduce-scatter in the DP groups at the same "
            "time, each also alone; reports the slowdown", o.mixed);
-  cli.option("timeout", 't', "seconds one case may take before the job is ended and the hang reported (0: none)",
-             o.timeout, 0.0);
   cli.flag("device-buffers", 0, "MPI backend: GPU buffers (needs a CUDA-aware MPI library; library algorithms, "
            "int8/int32/float/double, no avg)", o.device_buffers);
   cli.option("segment-bytes", 0, "Strata's ring: bytes per reduction segment (K/M/G suffixes), on the process "
              "groups and the blocking algorithms alike", o.segment_bytes);
   cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this, on the "
              "process groups and the blocking algorithms alike", o.max_message_bytes);
-  cli.option("inject-hang", 0, "testing the timeout: this world rank stalls before the last case", o.inject_hang, -1);
   add_harness_options(cli, h);
   cli.alias("warmup_iters", "warmup");
   if (!cli.parse(argc, argv)) return 0;
@@ -698,7 +696,6 @@ int run_collective(int argc, char** argv) {
 
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), device);
   run.set_case_count(static_cast<int>(cases.size()));
-  Watchdog watchdog([&run](const std::string& message) { run.mark_failed(message); });
   describe_columns(run);
   axes.declare_columns(run.cases());
 
@@ -729,12 +726,7 @@ int run_collective(int argc, char** argv) {
                        std::string(coll::name(c.dtype)) + (c.has_redop ? " " + std::string(coll::name(c.redop)) : "") +
                        " " + std::to_string(n.size_bytes) + " B" + (c.in_place ? " in place" : "") + ", " +
                        group_kind + " group " + std::to_string(group.index);
-    watchdog.arm(o.timeout, "the setup of " + what + " (this rank did not arrive)");
-    if (index + 1 == cases.size() && o.inject_hang == run.context().self.rank)
-      std::this_thread::sleep_for(std::chrono::duration<double>(o.timeout > 0 ? o.timeout * 20 : 3600));
-    watchdog.wait_for_ranks(o.timeout, what);  // rank 0 names a rank that did not arrive
-    watchdog.set_activity(what);
-
+    run.begin_case(what);
     executor->prepare(c, n, group_rank);
     // Untimed correctness iteration on inputs with a known exact result.
     executor->load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, group_rank));
@@ -751,7 +743,6 @@ int run_collective(int argc, char** argv) {
     std::vector<double> samples = run.measure(executor->timer(), [&] {
       for (int k = 0; k < ops_per_sample; ++k) executor->run(c, n.count, o.root);
     }, ops_per_sample);
-    watchdog.disarm();
 
     double traffic_mine[2] = {double(traffic.intra_bytes), double(traffic.inter_bytes)}, traffic_sum[2] = {0, 0};
     STRATA_MPI_CHECK(MPI_Reduce(traffic_mine, traffic_sum, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));

@@ -120,6 +120,7 @@ int run_elementwise(int argc, char** argv) {
                                         point.integer("mlp"),     point.integer("layer_parameters"),
                                         point.integer("heads"),   point.integer("kv_heads"),
                                         point.integer("head_dim")};
+    run.begin_case(kernel + " " + point.text("model"));
     const uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
     elementwise::Problem problem(kernel, shape, seed, o.threads);
     // Untimed checked run on fresh outputs, then the timed loop.

@@ -260,6 +260,7 @@ int run_gemm(int argc, char** argv) {
     const gemm::Shape shape{point.integer("m"), point.integer("n"), point.integer("k")};
     const DType dtype = *gemm::parse_dtype(point.text("dtype"));
     const std::string& library = point.text("library");
+    run.begin_case(gemm::name(dtype) + " " + shape.text() + " " + library);
     uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
     Workload work;
     std::unique_ptr<gemm::CpuGemm> cpu;

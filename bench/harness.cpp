@@ -3,14 +3,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <thread>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "bench/blas_core.h"
 #include "kernels/blas.h"
@@ -23,7 +30,20 @@ namespace strata {
 
 namespace {
 std::atomic<int> g_signal{0};
-extern "C" void remember_signal(int signal) { g_signal.store(signal); }
+// The write end of the pipe that wakes a Run's signal thread; -1 when no Run is listening.
+std::atomic<int> g_signal_pipe{-1};
+constexpr char kSignalled = 'S', kStopListening = 'Q';
+extern "C" void remember_signal(int signal) {
+  g_signal.store(signal);
+  const int fd = g_signal_pipe.load();
+  if (fd >= 0 && ::write(fd, &kSignalled, 1) < 0) {
+    // The pipe is full: the thread is already awake.
+  }
+}
+// -t auto: how long a rank may go without progress before the watchdog looks for a stopped or late rank.
+constexpr double kAutoTimeoutSeconds = 600;
+// Seconds a rank ending on a signal waits for rank 0 to close the run and exit first.
+constexpr double kRank0EndWait = 0.5;
 }  // namespace
 
 void add_harness_options(Cli& cli, HarnessOptions& o) {
@@ -33,8 +53,18 @@ void add_harness_options(Cli& cli, HarnessOptions& o) {
   cli.option("output", 'O', "results file to append this run to (default: new file in results/runs/)", o.output);
   cli.option("blas-threads", 0, "CPU BLAS threads per rank", o.blas_threads, 1);
   cli.flag("quiet", 'q', "no progress on stderr", o.quiet);
+  cli.add("timeout", 't', "S|auto[:S]", "seconds a rank may go without progress (an iteration, a step, a case's "
+          "setup) before the job is ended, naming the rank that did not arrive (0: none); auto: look every " +
+          format_fixed(kAutoTimeoutSeconds, 0) + " s (or S) and end it only for a rank proven stopped or stuck",
+          [&o](const std::string& text) {
+            parse_watchdog_limit(text, kAutoTimeoutSeconds);
+            o.timeout = text;
+          },
+          [&o] { return nlohmann::json(o.timeout); });
   cli.option("inject-wrong-element", 0, "testing the checks: this world rank (-2: every rank) corrupts one output "
              "element per case", o.inject_wrong_element, -2);
+  cli.option("inject-hang", 0, "testing the timeout: this world rank (-2: every rank) stalls before the last case",
+             o.inject_hang, -2);
 }
 
 void check_output_is_no_input(const HarnessOptions& options) {
@@ -163,11 +193,78 @@ Run::Run(std::string benchmark, int argc, const char* const* argv, const Harness
   samples_.add_column("iteration", ColumnKind::int64, "1");
   samples_.add_column("time", ColumnKind::float64, "s", "elapsed time of one operation in one timed iteration");
 
+  watchdog_ = std::make_unique<Watchdog>(parse_watchdog_limit(options_.timeout, kAutoTimeoutSeconds),
+                                         [this](const std::string& message) {
+                                           try {
+                                             mark_failed(message);
+                                           } catch (const std::exception&) {
+                                             // The job ends all the same; the run keeps the status it has.
+                                           }
+                                         });
+  listen_for_signals();
+}
+
+// SIGTERM and SIGINT end this rank at once, whatever its main thread is doing. A launcher ending a job (a rank died,
+// a time limit) signals every rank, and Open MPI's mpirun kills whatever is left as soon as one of them exits, then
+// returns without waiting for it: a rank that waited for its main thread (inside MPI, for a dead peer, or in a long
+// case) would outlive the launcher, and so would rank 0 if the others exited while it still closed the run. So rank 0
+// closes the run as interrupted (the completed cases stay), tells the others and exits; they exit when it has.
+void Run::listen_for_signals() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+    throw RuntimeError(std::string("the signal pipe could not be created: ") + std::strerror(errno));
+  signal_wake_[0] = fds[0], signal_wake_[1] = fds[1];
+  g_signal_pipe.store(fds[1]);
   std::signal(SIGINT, remember_signal);
   std::signal(SIGTERM, remember_signal);
+  signal_thread_ = std::thread([this, fd = fds[0]] {
+    for (;;) {
+      pollfd wake{fd, POLLIN, 0};
+      if (::poll(&wake, 1, -1) < 0 && errno != EINTR) return;
+      char byte = 0;
+      while (::read(fd, &byte, 1) == 1) {
+        if (byte == kStopListening) return;
+        if (byte == kSignalled) end_on_signal(g_signal.load());
+      }
+    }
+  });
+}
+
+void Run::end_on_signal(int signal) {
+  if (is_root()) {
+    // Bounded: a main thread inside a large write must not keep this rank alive past the launcher.
+    std::unique_lock lock(writer_mutex_, std::chrono::milliseconds(200));
+    if (lock.owns_lock() && writer_ && !finished_) {
+      try {
+        writer_->finish(schema::kStatusInterrupted);
+        finished_ = true;
+        writer_.reset();  // closed: its lock is free before this process is gone, whatever the launcher does then
+      } catch (const std::exception&) {
+        // The run keeps the "interrupted" status written at its start.
+      }
+    }
+    std::fprintf(stderr, "%s: interrupted by signal %d; completed cases are kept\n", benchmark_.c_str(), signal);
+    std::fflush(stderr);
+    watchdog_->announce_rank0_end();
+  } else {
+    watchdog_->await_rank0_end(kRank0EndWait);  // rank 0 may be gone already, or stopped: bounded
+  }
+  std::_Exit(128 + signal);
 }
 
 Run::~Run() {
+  watchdog_.reset();  // its thread may be closing the run
+  if (signal_thread_.joinable()) {
+    g_signal_pipe.store(-1);
+    if (::write(signal_wake_[1], &kStopListening, 1) < 0) {
+      // Cannot happen on a pipe this thread drains; the join below would then wait for a signal.
+    }
+    signal_thread_.join();
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  }
+  for (int fd : signal_wake_)
+    if (fd >= 0) ::close(fd);
   std::unique_lock lock(writer_mutex_, std::chrono::seconds(10));
   if (lock.owns_lock() && writer_ && !finished_) {
     try {
@@ -196,9 +293,20 @@ void Run::write_ranks_table() {
   writer_->flush();
 }
 
+void Run::begin_case(const std::string& what, int records) {
+  current_case_ = what;
+  const bool stalls = options_.inject_hang == context_.self.rank || options_.inject_hang == -2;
+  if (stalls && case_index_ + records >= total_cases_) {
+    const double limit = parse_watchdog_limit(options_.timeout, kAutoTimeoutSeconds).seconds;
+    std::this_thread::sleep_for(std::chrono::duration<double>(limit > 0 ? 20 * limit : 3600));
+  }
+  watchdog_->progress("the setup of " + what);
+}
+
 std::vector<double> Run::measure(Timer& timer, const std::function<void()>& body, int ops_per_sample) {
   MeasureSpec spec{options_.warmup, options_.iters, options_.max_time, ops_per_sample};
-  return strata::measure(MPI_COMM_WORLD, spec, timer, body);
+  watchdog_->progress("the timed iterations of " + current_case_);
+  return strata::measure(MPI_COMM_WORLD, spec, timer, body, [this] { watchdog_->tick(); });
 }
 
 void Run::check_interrupt() {
@@ -211,6 +319,7 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
                        const std::function<void(Table&)>& fill_case,
                        const std::function<void(Table&, const CaseResult&)>& fill_summary,
                        const std::function<void(const CaseResult&)>& more_tables) {
+  watchdog_->progress("the recording of " + label);
   CaseResult result;
   result.index = case_index_++;
   result.iterations = static_cast<int>(my_samples.size());
@@ -286,6 +395,7 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
     }
   }
   check_interrupt();
+  watchdog_->progress("the work after case " + std::to_string(result.index + 1) + " (" + label + ")");
   return result;
 }
 
@@ -307,9 +417,11 @@ void Run::mark_failed(const std::string& reason) {
   writer_->set_run_attr("failure", reason);
   writer_->finish(schema::kStatusFailed);
   finished_ = true;
+  writer_.reset();  // the job is ending: the file is closed, and free to read, before this rank exits
 }
 
 int Run::finish() {
+  watchdog_->progress("the end of the run");
   STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   std::lock_guard lock(writer_mutex_);
   if (writer_ && !finished_) writer_->finish(check_failed_ ? schema::kStatusFailed : schema::kStatusOk);
@@ -387,117 +499,6 @@ void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks
   for (const auto& [what, other] : more) above = above || warn_above_peak(label, what, other);
   above = above || warn_above_peak(label, "the fraction of peak", fraction);
   row.set("peak_fraction", fraction).set("above_peak", int64_t{above ? 1 : 0});
-}
-
-struct Watchdog::State {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
-  std::string what;
-  double seconds = 0;
-  int rank = 0;  // read on the main thread: with funnelled MPI only it may call MPI
-  bool stopping = false;
-  OnExpiry on_expiry;
-  std::thread thread;
-};
-
-Watchdog::Watchdog(OnExpiry on_expiry) : state_(std::make_unique<State>()) {
-  state_->on_expiry = std::move(on_expiry);
-  state_->rank = world_rank();
-  state_->thread = std::thread([s = state_.get()] {
-    std::unique_lock lock(s->mutex);
-    while (!s->stopping) {
-      if (s->changed.wait_until(lock, s->deadline) == std::cv_status::timeout &&
-          std::chrono::steady_clock::now() >= s->deadline) {
-        expire(*s, "rank " + std::to_string(s->rank) + " timed out after " + format_fixed(s->seconds, 1) +
-                       " s in " + s->what);
-      }
-    }
-  });
-}
-
-void Watchdog::expire(State& s, const std::string& message) {
-  std::fprintf(stderr, "strata: %s; ending the job\n", message.c_str());
-  std::fflush(stderr);
-  if (s.on_expiry) s.on_expiry(message);
-  // Not MPI_Abort: only the main thread may call MPI here. A rank that exits without finalising makes
-  // mpirun and srun end the whole job.
-  std::_Exit(124);
-}
-
-Watchdog::~Watchdog() {
-  {
-    std::lock_guard lock(state_->mutex);
-    state_->stopping = true;
-  }
-  state_->changed.notify_all();
-  state_->thread.join();
-}
-
-void Watchdog::arm(double seconds, std::string what) {
-  {
-    std::lock_guard lock(state_->mutex);
-    state_->seconds = seconds;
-    state_->what = std::move(what);
-    const double grace = state_->rank == 0 ? 0.0 : std::max(2.0, seconds);
-    state_->deadline = seconds > 0 ? std::chrono::steady_clock::now() +
-                                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                             std::chrono::duration<double>(seconds + grace))
-                                   : std::chrono::steady_clock::time_point::max();
-  }
-  state_->changed.notify_all();
-}
-
-void Watchdog::set_activity(std::string what) {
-  std::lock_guard lock(state_->mutex);
-  state_->what = std::move(what);
-}
-
-void Watchdog::disarm() { arm(0, ""); }
-
-void Watchdog::wait_for_ranks(double seconds, const std::string& what) {
-  if (seconds <= 0) return;  // no limit: no extra synchronisation in the case
-  std::string activity;
-  {
-    std::lock_guard lock(state_->mutex);
-    activity = state_->what;
-  }
-  // Beside the collectives' own tags (7101 and up), so an arrival can never match one of their receives.
-  constexpr int kTagArrival = 7099;
-  const int rank = world_rank(), size = world_size();
-  if (rank != 0) {
-    int token = 1;
-    STRATA_MPI_CHECK(MPI_Send(&token, 1, MPI_INT, 0, kTagArrival, MPI_COMM_WORLD));
-    STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));  // this rank's own watchdog stays armed while it waits
-    arm(seconds, activity);
-    return;
-  }
-  // Rank 0 polls, so it learns who is missing; its own watchdog would blame rank 0 and is off meanwhile.
-  disarm();
-  std::vector<int> tokens(static_cast<size_t>(size));
-  std::vector<MPI_Request> requests(static_cast<size_t>(size - 1), MPI_REQUEST_NULL);
-  for (int r = 1; r < size; ++r)
-    STRATA_MPI_CHECK(MPI_Irecv(&tokens[static_cast<size_t>(r)], 1, MPI_INT, r, kTagArrival, MPI_COMM_WORLD,
-                               &requests[static_cast<size_t>(r - 1)]));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                               std::chrono::duration<double>(seconds));
-  std::vector<int> done(requests.size());
-  for (int left = size - 1; left > 0;) {
-    int count = 0;
-    STRATA_MPI_CHECK(MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &count, done.data(),
-                                  MPI_STATUSES_IGNORE));
-    if (count != MPI_UNDEFINED) left -= count;
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      int missing = 1;
-      while (requests[static_cast<size_t>(missing - 1)] == MPI_REQUEST_NULL) ++missing;
-      expire(*state_, "rank " + std::to_string(missing) + " timed out after " + format_fixed(seconds, 1) +
-                          " s in the setup of " + what + " (this rank did not arrive)");
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-  arm(seconds, activity);
 }
 
 int program_main(int argc, char** argv, const char* program, const std::function<int()>& body) {

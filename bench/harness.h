@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/check.h"
@@ -18,6 +19,7 @@
 #include "collectives/mpi.h"
 #include "bench/stats.h"
 #include "bench/timer.h"
+#include "bench/watchdog.h"
 #include "results/table.h"
 
 namespace strata {
@@ -38,6 +40,11 @@ struct HarnessOptions {
   int inject_wrong_element = -1;
   // Files the program reads, named by their flags (set by the program, not a flag): the output is none of them.
   std::vector<FileArg> inputs;
+  // -t/--timeout: seconds a rank may go without progress before the job is ended (0: no watchdog), "auto" or
+  // "auto:S" (bench/watchdog.h). A program sets its own default before add_harness_options.
+  std::string timeout = "auto";
+  // Testing the watchdog: this world rank stalls before the last case, 20 times the limit (-1: never; -2: every rank).
+  int inject_hang = -1;
 };
 inline bool injects_wrong_element(const HarnessOptions& options, int rank) {
   return options.inject_wrong_element == rank || options.inject_wrong_element == -2;
@@ -58,9 +65,12 @@ struct MeasureSpec {
 // barrier, so ranks start together and the time includes only the body. Returns this rank's samples.
 // A template over the timer and the body, as Google Benchmark's loop is: with a HostTimer and a lambda nothing
 // but the body and the clock reads runs between them, which a 0.1 us collective would otherwise feel.
-template <typename TimerType, typename Body>
-std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, TimerType& timer, Body&& body) {
+// `before_iteration` runs before each iteration's barrier, outside the timed region (the watchdog's tick).
+template <typename TimerType, typename Body, typename BeforeIteration>
+std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, TimerType& timer, Body&& body,
+                            BeforeIteration&& before_iteration) {
   for (int i = 0; i < spec.warmup; ++i) {
+    before_iteration();
     timer.start();
     body();
     timer.stop();  // also waits for device work to finish
@@ -69,6 +79,7 @@ std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, TimerType& t
   samples.reserve(static_cast<size_t>(spec.iters));
   double spent = 0;
   for (int i = 0; i < spec.iters; ++i) {
+    before_iteration();
     STRATA_MPI_CHECK(MPI_Barrier(comm));
     timer.start();
     body();
@@ -79,6 +90,10 @@ std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, TimerType& t
     if (spec.budget_s > 0 && i + 1 < spec.iters && allreduce_max(comm, spent) >= spec.budget_s) break;
   }
   return samples;
+}
+template <typename TimerType, typename Body>
+std::vector<double> measure(MPI_Comm comm, const MeasureSpec& spec, TimerType& timer, Body&& body) {
+  return measure(comm, spec, timer, std::forward<Body>(body), [] {});
 }
 
 // Prints rows aligned under a header, nccl-tests style.
@@ -136,6 +151,14 @@ class Run {
   Table& summary() { return summary_; }
 
   void set_case_count(int total) { total_cases_ = total; }
+  // The watchdog's progress points (-t/--timeout); every rank calls them at the same points, in the same order.
+  // A case begins: `what` names it (operation, size, group) for the reports. `records`: the record() calls the
+  // case makes (a measurement reported as several rows). --inject-hang stalls here before the last case.
+  void begin_case(const std::string& what, int records = 1);
+  // This rank moved on to `what` (a step, a phase of a case's setup); tick(): on to the next iteration of it.
+  void progress(std::string what) { watchdog_->progress(std::move(what)); }
+  void tick() { watchdog_->tick(); }
+  // Timed iterations of the current case (each one a progress point).
   std::vector<double> measure(Timer& timer, const std::function<void()>& body, int ops_per_sample = 1);
 
   // Collective. Gathers this case's samples from every rank; on rank 0 fills the standard summary columns and
@@ -154,8 +177,8 @@ class Run {
   void append_table(const Table& rows);
 
   bool any_check_failed() const { return check_failed_; }
-  // Rank 0, from any thread: closes the run as failed with the reason (used by the watchdog). Later writes
-  // of the main thread are dropped, so the file says why the job ended.
+  // Rank 0, from any thread: closes the run as failed with the reason (the watchdog's report). Later writes of the
+  // main thread are dropped, so the file says why the job ended.
   void mark_failed(const std::string& reason);
   // Collective. Closes the run: status ok, or failed when any output check failed. Returns the exit code.
   int finish();
@@ -163,6 +186,8 @@ class Run {
  private:
   void write_ranks_table();
   void check_interrupt();
+  void listen_for_signals();
+  [[noreturn]] void end_on_signal(int signal);
 
   std::string benchmark_;
   HarnessOptions options_;
@@ -181,6 +206,11 @@ class Run {
   bool check_failed_ = false;
   bool finished_ = false;
   std::chrono::steady_clock::time_point started_;
+  std::string current_case_;
+  int signal_wake_[2] = {-1, -1};  // the pipe a signal handler wakes signal_thread_ through
+  std::thread signal_thread_;
+  // Last: its thread may close the run through mark_failed, so it stops before the members above go.
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 // Bytes of host memory one rank may use: the node's available memory (MemAvailable) over the ranks on the node,
@@ -202,33 +232,6 @@ void set_flop_rates(Table& row, double flop, const CaseResult& result, int ranks
 // A fraction of peak as printed: "65.2" ("65.2%" with `sign`), "n/a" when unknown (<= 0 or NaN), "147.3!"
 // ("147.3%!") above 100 %.
 std::string format_peak_percent(double fraction, int decimals = 1, bool sign = false);
-
-// Ends the job when one case takes longer than its limit: a hung collective is reported (what was
-// running, on which rank) instead of waiting forever. Rank 0 first closes its run as failed, with the
-// reason, so the file keeps every completed case. Each rank arms its own watchdog around a case; on ranks
-// other than 0 it fires a grace period later (the larger of 2 s and the limit), so the job's report is
-// rank 0's, the same on stderr and in the file.
-class Watchdog {
- public:
-  using OnExpiry = std::function<void(const std::string& message)>;
-  explicit Watchdog(OnExpiry on_expiry = {});
-  ~Watchdog();
-  Watchdog(const Watchdog&) = delete;
-  Watchdog& operator=(const Watchdog&) = delete;
-  void arm(double seconds, std::string what);  // seconds <= 0: disarmed
-  void set_activity(std::string what);          // what this rank is doing now; the deadline stays
-  void disarm();
-  // Collective over MPI_COMM_WORLD: waits up to `seconds` for every rank to arrive at the start of `what`
-  // (an operation and size). When some rank does not arrive, rank 0 names the first missing one in
-  // "rank R timed out after S s in the setup of WHAT (this rank did not arrive)", on stderr and through
-  // OnExpiry, and ends the job. Once every rank is there, the deadline restarts at `seconds`.
-  void wait_for_ranks(double seconds, const std::string& what);
-
- private:
-  struct State;
-  [[noreturn]] static void expire(State& state, const std::string& message);
-  std::unique_ptr<State> state_;
-};
 
 // Runs a program's body under MPI: usage errors print once and exit 2; other errors print with the rank
 // and abort the job with exit 1; a signal closes the run as interrupted.

@@ -291,6 +291,9 @@ int run_interference(int argc, char** argv) {
   const int rounds_total = h.warmup + h.iters;
   for (size_t index = 0; index < points.size(); index += 4) {
     const AxisPoint& point = points[index];
+    const std::string what = point.text("kernel") + " beside " + point.text("operation") + " " + point.text("algo") + " " +
+                             std::to_string(point.integer("requested_bytes")) + " B";
+    run.begin_case(what, 4);
     std::unique_ptr<Kernel> kernel;
     if (point.text("kernel") == "gemm")
       kernel = std::make_unique<GemmKernel>(gemm_shape, seed, run.context().machine.description.default_gemm);
@@ -306,7 +309,9 @@ int run_interference(int argc, char** argv) {
 
     std::vector<Round> rounds;
     const double budget_start = now();
+    run.progress("the rounds of " + what);
     for (int i = 0; i < rounds_total; ++i) {
+      run.tick();
       Round r = time_round(*kernel, c, group, o.calls, i % 2 == 1);
       if (i >= h.warmup) rounds.push_back(r);
       // --max-time: every rank stops after the same round, the first at which the slowest has spent the budget.

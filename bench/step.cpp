@@ -556,12 +556,15 @@ int run_step(int argc, char** argv) {
     TrainConfig c = config;
     c.strategy = strategy, c.recompute = mode;
     const std::string label = strategy.name() + (mode == Recompute::none ? "" : std::string(" recompute ") + name(mode));
+    run.begin_case("strategy " + label);
+    if (o.partition == "balanced") run.progress("the stage balancing of strategy " + label);
     if (o.partition == "balanced") c.stage_layers = balanced_stages(c, groups, *data, shape, rank_limit);
     Placed placed;
     if (mode == Recompute::overlap) {
       recompute_everything(c, grid.pp);
       const MemoryUse e = memory_estimate(c, shape);
       const double allowance = o.memory_limit_gib > 0 ? rank_limit - (e.params + e.grads + e.optimizer + e.workspace + e.comm_buffers) : 0;
+      run.progress("the recomputation placement of strategy " + label);
       placed = place_recomputation(c, groups, *data, o, shape, allowance);
     }
     const std::string stage_layers = [&] {
@@ -616,6 +619,7 @@ int run_step(int argc, char** argv) {
       for (int k = 0; k < h.warmup + h.iters; ++k) {
         const bool timing = k >= h.warmup;
         const int iteration = k - h.warmup;
+        run.progress("step " + std::to_string(k + 1) + "/" + std::to_string(h.warmup + h.iters) + " of strategy " + label);
         STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
         timer.start();
         StepStats stats = train_step(k + 1, timing && iteration < o.timeline_steps);

@@ -44,11 +44,11 @@ def test_predict_checks_every_timeline_path_before_appending(tmp_path):
         assert [f["runs"][r].attrs["status"] for r in f["runs"]] == ["ok", "ok"]
 
 
-# Sweeps far longer than the moments the signals are sent at (176 and 14 cases).
+# Sweeps far longer than the moments the signals are sent at (176 cases; 14 cases of about a second each).
 COLLECTIVE = ["strata-collective", "--collective", "allreduce", "-a", "ring", "-b", "4K", "-e", "4M",
               "--datatype", "float,double,int32,int8", "--redop", "sum,max", "-m", "blocking", "-n", "20", "-w", "0"]
 STEP = ["strata-step", "--model", "tiny", "--seq", "32", "--micro-batch", "4", "--accumulation", "2", "--paro", "all",
-        "-n", "3", "-w", "0", "--timeline-steps", "1"]
+        "-n", "60", "-w", "0", "--timeline-steps", "1"]
 COLLECTIVE_TABLES = ["cases", "samples", "summary", "groups"]
 STEP_TABLES = ["cases", "samples", "summary", "phases", "events", "memory", "metrics"]
 

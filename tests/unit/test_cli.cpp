@@ -5,7 +5,9 @@
 
 #include "bench/check.h"
 #include "bench/cli.h"
+#include "bench/harness.h"
 #include "bench/shapes.h"
+#include "bench/watchdog.h"
 
 using namespace strata;
 
@@ -184,6 +186,33 @@ TEST(Cli, HelpReturnsFalse) {
   testing::internal::CaptureStdout();
   EXPECT_FALSE(parse(cli, {"--help"}));
   EXPECT_NE(testing::internal::GetCapturedStdout().find("usage: prog"), std::string::npos);
+}
+
+// -t/--timeout, as every program takes it: seconds (strict), auto (the harness's period, not strict) or auto:S.
+TEST(Cli, TimeoutTakesSecondsOrAuto) {
+  HarnessOptions options;
+  Cli cli("prog", "test");
+  add_harness_options(cli, options);
+  EXPECT_EQ(options.timeout, "auto");
+  for (const char* good : {"2.5", "0", "auto", "auto:30"}) {
+    EXPECT_TRUE(parse(cli, {"-t", good})) << good;
+    EXPECT_EQ(options.timeout, good);
+  }
+  const WatchdogLimit seconds = parse_watchdog_limit("2.5", 600);
+  EXPECT_DOUBLE_EQ(seconds.seconds, 2.5);
+  EXPECT_TRUE(seconds.strict);
+  const WatchdogLimit automatic = parse_watchdog_limit("auto", 600);
+  EXPECT_DOUBLE_EQ(automatic.seconds, 600);
+  EXPECT_FALSE(automatic.strict);
+  const WatchdogLimit every = parse_watchdog_limit("auto:30", 600);
+  EXPECT_DOUBLE_EQ(every.seconds, 30);
+  EXPECT_FALSE(every.strict);
+  EXPECT_DOUBLE_EQ(parse_watchdog_limit("0", 600).seconds, 0);  // no watchdog
+  for (const char* bad : {"-1", "nan", "inf", "soon", "auto:0", "auto:", "auto:x", "automatic", ""}) {
+    const std::string message = error_of(cli, {"--timeout", bad});
+    EXPECT_NE(message.find("--timeout"), std::string::npos) << bad << ": " << message;
+    EXPECT_NE(message.find(std::string("'") + bad + "'"), std::string::npos) << bad << ": " << message;
+  }
 }
 
 TEST(Cli, Sizes) {
