@@ -92,7 +92,7 @@ PredictedStep predict_step(const StepCase& step, const project::System& system) 
   const StepTrace trace = trace_step(c, step.grid, step.trace);
   out.trace_s = seconds_since(start);
   start = std::chrono::steady_clock::now();
-  out.prediction = project::predict(system, trace, step.workload);
+  out.prediction = project::predict(system, trace, step.workload, step.predict);
   out.simulate_s = seconds_since(start);
 
   const double world = static_cast<double>(step.grid.size());

@@ -40,6 +40,7 @@ struct StepCase {
   coll::GridShape grid;
   train::TraceOptions trace;
   project::WorkloadOptions workload;
+  project::PredictOptions predict{false, false};  // the fast path; intervals only for a Chrome trace
 };
 
 struct PredictedStep {

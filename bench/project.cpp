@@ -161,7 +161,7 @@ std::string case_label(const train::Strategy& strategy, train::Recompute mode) {
 
 int predict(int argc, char** argv) {
   StepFlags f;
-  std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash";
+  std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash", simulator = "fast";
   std::string tp_comm_overlap = "off", overlap_param_gather = "off";
   int nodes = 0, gpus = 0, element_bytes = 0;
   bool quiet = false;
@@ -192,6 +192,8 @@ int predict(int argc, char** argv) {
              "--overlap-param-gather, off by default there too)", overlap_param_gather, {"on", "off"});
   cli.option("timeline", 0, "write the predicted timeline as a Chrome trace (JSON; with several predictions, one file "
              "each, the index before the extension)", timeline);
+  cli.choice("simulator", 0, "fast (runs of compute simulated as one op, an event queue) or exact (every traced op, "
+             "the reference; the same step and breakdown up to rounding)", simulator, {"fast", "exact"});
   cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/)", output);
   cli.flag("quiet", 'q', "print only errors", quiet);
   cli.alias("microbatches", "accumulation");
@@ -242,6 +244,7 @@ int predict(int argc, char** argv) {
       step.trace.tp_comm_overlap = tp_comm_overlap == "on";
       step.trace.overlap_param_gather = overlap_param_gather == "on";
       step.workload = {dtype, element_bytes, attention};
+      step.predict = {simulator == "exact", !timeline.empty()};
       if (mode == train::Recompute::overlap) {
         if (!policy)
           throw UsageError("--recompute overlap needs a placement: --recompute-policy FILE (strata-step stores one with "
@@ -390,13 +393,15 @@ int validate(int argc, char** argv) {
   cli.option("only", 0, "with --published: these rows (ids, comma-separated)", published.only);
   cli.flag("bench", 0, "with --published: judge the held-out errors against their targets (exit 3 when missed)",
            published.bench);
+  std::string simulator = "fast";
+  cli.choice("simulator", 0, "fast or exact, as predict's", simulator, {"fast", "exact"});
   cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/)", output);
   cli.flag("quiet", 'q', "print only the error table's summary line and errors", quiet);
   if (!cli.parse(argc, argv)) return 0;
   if (!published.file.empty()) {
     if (!files.empty() || !system_path.empty())
       throw UsageError("--published predicts the set's rows on their GPUs' descriptions: give no STEPFILE and no --system");
-    published.output = output, published.quiet = quiet;
+    published.output = output, published.quiet = quiet, published.exact = simulator == "exact";
     return validate_published(published, argc, argv, cli.resolved_json());
   }
   for (const char* flag : {"systems", "only", "bench"})
@@ -470,6 +475,7 @@ int validate(int argc, char** argv) {
         step.trace.ranks_per_node = f.group_size > 0 ? f.group_size : world / run_nodes;
         step.trace.grid_order = f.grid_order;
         step.workload = {"fp32", 4};
+        step.predict.exact = simulator == "exact";
         if (*mode == train::Recompute::overlap) {
           const std::string text = column_of(cases, "recompute_policy", at_cases).texts.at(r);
           nlohmann::json policy;

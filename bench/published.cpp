@@ -297,6 +297,7 @@ int validate_published(const PublishedOptions& o, int argc, char** argv, const s
     step.trace.tp_comm_overlap = row.tp_comm_overlap;
     step.trace.overlap_param_gather = row.overlap_param_gather;
     step.workload = {row.dtype, 2, row.attention};
+    step.predict.exact = o.exact;
     Result result;
     result.row = &row;
     try {

@@ -16,6 +16,7 @@ struct PublishedOptions {
   std::string output;   // results file (empty: a new one)
   bool quiet = false;
   bool bench = false;   // judge the held-out errors against their targets; exit 3 when one is missed
+  bool exact = false;   // the simulator's reference path (project::PredictOptions::exact)
 };
 
 // Collective over nothing (one process). Returns the exit code (3: a target missed with `bench`). UsageError for a

@@ -3,8 +3,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
+#include <stdexcept>
 
 namespace strata::project {
 
@@ -172,18 +178,222 @@ System spread_end(const System& system, int direction) {
   return s;
 }
 
-Prediction predict(const System& system, const train::StepTrace& trace, const WorkloadOptions& options) {
+namespace {
+
+// A trace's runs of compute ops as the compacted workload's timed ops (PredictOptions): the structure once, the
+// alone-times per system.
+class CompactRuns {
+ public:
+  CompactRuns(const train::StepTrace& trace, const WorkloadOptions& options) : trace_(trace) {
+    const int groups = static_cast<int>(trace.groups.size());
+    workload_.groups.reserve(trace.groups.size());
+    for (int g = 0; g < groups; ++g) workload_.groups.push_back({g, trace.groups[static_cast<std::size_t>(g)].ranks});
+    std::unordered_map<ShapeKey, int, ShapeHash> shape_ids;
+    index_.resize(trace.ranks.size());
+    shape_.resize(trace.ranks.size());
+    for (std::size_t r = 0; r < trace.ranks.size(); ++r) {
+      const std::vector<train::TraceOp>& ops = trace.ranks[r].ops;
+      const std::size_t n = ops.size();
+      // A run ends at an op something other than the next compute op depends on.
+      std::vector<int> next_compute(n, -1);
+      for (int i = static_cast<int>(n) - 1, next = -1; i >= 0; --i) {
+        next_compute[static_cast<std::size_t>(i)] = next;
+        if (is_compute(ops[static_cast<std::size_t>(i)].kind)) next = i;
+      }
+      std::vector<char> ends_run(n, 0);
+      for (std::size_t j = 0; j < n; ++j)
+        for (int d : ops[j].depends_on) {
+          const auto dd = static_cast<std::size_t>(d);
+          if (d < 0 || dd >= j) continue;  // the simulator refuses it
+          if (!(is_compute(ops[j].kind) && is_compute(ops[dd].kind) && next_compute[dd] == static_cast<int>(j))) ends_run[dd] = 1;
+        }
+      RankGraph graph{trace.ranks[r].rank, trace.ranks[r].weight, {}};
+      std::vector<int>& index = index_[r];
+      std::vector<int>& shape = shape_[r];
+      index.assign(n, -1);
+      shape.assign(n, -1);
+      int open = -1, last_compute = -1;
+      auto remap = [&](const train::TraceOp& t, Op& op) {
+        op.depends_on.clear();
+        for (int d : t.depends_on) {
+          const int mapped = d >= 0 && static_cast<std::size_t>(d) < n ? index[static_cast<std::size_t>(d)] : d;
+          if (std::find(op.depends_on.begin(), op.depends_on.end(), mapped) == op.depends_on.end()) op.depends_on.push_back(mapped);
+        }
+      };
+      for (std::size_t i = 0; i < n; ++i) {
+        const train::TraceOp& t = ops[i];
+        if (!is_compute(t.kind)) {
+          Op op = workload_op(trace, t, options);
+          op.name.clear();
+          remap(t, op);
+          graph.ops.push_back(std::move(op));
+          index[i] = static_cast<int>(graph.ops.size()) - 1;
+          continue;
+        }
+        const ShapeKey key{t.kind, t.m, t.n, t.k, t.batch, t.heads, t.seq_q, t.seq_kv, t.head_dim, t.causal, t.backward,
+                           t.elements, t.kind == train::TraceOpKind::elementwise ? std::string_view(t.name) : std::string_view()};
+        const auto [found, added] = shape_ids.emplace(key, static_cast<int>(shapes_.size()));
+        if (added) shapes_.push_back(workload_op(trace, t, options));
+        shape[i] = found->second;
+        bool joins = open >= 0 && last_compute >= 0 && !ends_run[static_cast<std::size_t>(last_compute)] &&
+                     ops[static_cast<std::size_t>(last_compute)].phase == t.phase;
+        for (int d : t.depends_on)
+          if (joins && !(d >= 0 && static_cast<std::size_t>(d) < i && is_compute(ops[static_cast<std::size_t>(d)].kind))) joins = false;
+        if (!joins) {
+          Op op = timed_op("", 0);
+          remap(t, op);
+          graph.ops.push_back(std::move(op));
+          open = static_cast<int>(graph.ops.size()) - 1;
+        }
+        index[i] = open;
+        last_compute = static_cast<int>(i);
+      }
+      workload_.ranks.push_back(std::move(graph));
+    }
+  }
+
+  // The alone-time of each distinct compute op on `system`; NaN where the simulator would refuse the op.
+  std::vector<double> shape_seconds(const System& system) const {
+    std::vector<double> seconds;
+    seconds.reserve(shapes_.size());
+    for (const Op& op : shapes_) {
+      const double t = compute_seconds(system, op);
+      const bool valid = std::isfinite(t) && t >= 0 && op.bytes >= 0 && op.m >= 0 && op.n >= 0 && op.k >= 0;
+      seconds.push_back(valid ? t : std::numeric_limits<double>::quiet_NaN());
+    }
+    return seconds;
+  }
+
+  static bool has_valid(const std::vector<double>& shape_seconds) {
+    return std::none_of(shape_seconds.begin(), shape_seconds.end(), [](double t) { return std::isnan(t); });
+  }
+
+  // The compacted workload with these alone-times.
+  const Workload& workload(const std::vector<double>& shape_seconds) {
+    for (std::size_t r = 0; r < workload_.ranks.size(); ++r) {
+      std::vector<Op>& ops = workload_.ranks[r].ops;
+      for (Op& op : ops)
+        if (op.kind == OpKind::timed) op.seconds = 0;
+      for (std::size_t i = 0; i < shape_[r].size(); ++i)
+        if (shape_[r][i] >= 0) ops[static_cast<std::size_t>(index_[r][i])].seconds += shape_seconds[static_cast<std::size_t>(shape_[r][i])];
+    }
+    return workload_;
+  }
+
+  // The timeline of every traced op from the compacted one: a run's wall time spread over its ops by their shares of
+  // its alone-time (the last ends where the run ends).
+  Timeline expand(Timeline compact, const std::vector<double>& shape_seconds, bool intervals) const {
+    Timeline out;
+    out.step_s = compact.step_s;
+    out.breakdown = std::move(compact.breakdown);
+    out.mean = std::move(compact.mean);
+    out.ops.resize(trace_.ranks.size());
+    std::size_t total = 0;
+    for (const train::TraceRank& rank : trace_.ranks) total += rank.ops.size();
+    if (intervals) out.intervals.reserve(total);
+    const int groups = static_cast<int>(trace_.groups.size());
+    for (std::size_t r = 0; r < trace_.ranks.size(); ++r) {
+      const std::vector<train::TraceOp>& ops = trace_.ranks[r].ops;
+      const std::vector<Op>& runs = workload_.ranks[r].ops;
+      const std::vector<OpTiming>& at = compact.ops[r];
+      std::vector<OpTiming>& mine = out.ops[r];
+      mine.resize(ops.size());
+      std::vector<double> done(runs.size(), 0.0);  // alone-time of each run's ops before the current one
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const auto w = static_cast<std::size_t>(index_[r][i]);
+        const OpTiming& run = at[w];
+        if (shape_[r][i] < 0) {
+          mine[i] = run;
+        } else {
+          const double whole = runs[w].seconds, own = shape_seconds[static_cast<std::size_t>(shape_[r][i])];
+          const double before = done[w], after = before + own;
+          const double span = run.end - run.start;
+          OpTiming& t = mine[i];
+          t.start = whole > 0 ? run.start + span * (before / whole) : run.start;
+          t.end = after >= whole ? run.end : run.start + span * (after / whole);
+          t.reached = before == 0 ? run.reached : t.start;
+          done[w] = after;
+        }
+        if (intervals) {
+          const train::TraceOp& t = ops[i];
+          OpKind kind = OpKind::elementwise;
+          int stream = kComputeStream;
+          switch (t.kind) {
+            case train::TraceOpKind::gemm: kind = OpKind::gemm; break;
+            case train::TraceOpKind::attention: kind = OpKind::attention; break;
+            case train::TraceOpKind::elementwise: break;
+            case train::TraceOpKind::collective: kind = OpKind::collective, stream = communication_stream(t.group); break;
+            case train::TraceOpKind::send: kind = OpKind::send, stream = communication_stream(t.group); break;
+            case train::TraceOpKind::recv: kind = OpKind::recv, stream = communication_stream(groups + t.group); break;
+          }
+          out.intervals.push_back({trace_.ranks[r].rank, stream, t.name, kind, mine[i].start, mine[i].end});
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  struct ShapeKey {
+    train::TraceOpKind kind;
+    std::int64_t m, n, k, batch, heads, seq_q, seq_kv, head_dim;
+    bool causal, backward;
+    double elements;
+    std::string_view name;  // elementwise: kernels may have rates of their own
+    bool operator==(const ShapeKey&) const = default;
+  };
+  struct ShapeHash {
+    std::size_t operator()(const ShapeKey& k) const {
+      std::size_t h = std::hash<std::string_view>()(k.name) ^ static_cast<std::size_t>(k.kind);
+      for (std::int64_t v : {k.m, k.n, k.k, k.batch, k.heads, k.seq_q, k.seq_kv, k.head_dim})
+        h = (h ^ static_cast<std::size_t>(v)) * 1099511628211ull;
+      h = (h ^ std::hash<double>()(k.elements)) * 1099511628211ull;
+      return h ^ (k.causal ? 0x9e3779b9u : 0u) ^ (k.backward ? 0x7f4a7c15u : 0u);
+    }
+  };
+  const train::StepTrace& trace_;
+  Workload workload_;
+  std::vector<std::vector<int>> index_;  // [rank][traced op] -> the compacted workload's op
+  std::vector<std::vector<int>> shape_;  // [rank][traced op] -> its distinct compute op; -1: communication
+  std::vector<Op> shapes_;
+};
+
+}  // namespace
+
+Prediction predict(const System& system, const train::StepTrace& trace, const WorkloadOptions& options,
+                   const PredictOptions& how) {
   if (!system.device.compute.count(options.dtype))
     throw std::invalid_argument("the system's device has no " + options.dtype + " compute");
   System nodes = system;
   nodes.device.devices_per_node = std::max(1, trace.ranks_per_node);
-  const Workload workload = workload_of(trace, options);
+  const System low = spread_end(nodes, -1), high = spread_end(nodes, +1);
   Prediction p;
-  p.timeline = simulate(nodes, workload);
-  p.step_s = p.timeline.step_s;
-  // A schedule's order may change between the corners; the interval holds the nominal step either way.
-  p.step_low_s = std::min(p.step_s, simulate(spread_end(nodes, -1), workload).step_s);
-  p.step_high_s = std::max(p.step_s, simulate(spread_end(nodes, +1), workload).step_s);
+  std::optional<CompactRuns> runs;
+  std::vector<double> nominal, faster, slower;
+  if (!how.exact) {
+    runs.emplace(trace, options);
+    nominal = runs->shape_seconds(nodes), faster = runs->shape_seconds(low), slower = runs->shape_seconds(high);
+  }
+  // A distinct op with no valid alone-time (possible only in a workload with no compute too) goes the reference's way,
+  // which names the op it refuses.
+  const bool valid = runs && runs->has_valid(nominal) && runs->has_valid(faster) && runs->has_valid(slower);
+  if (!valid) {
+    const Workload workload = workload_of(trace, options);
+    const SimulateOptions reference{SimulateMethod::scan, how.intervals, true};
+    const SimulateOptions step_only{SimulateMethod::scan, false, false};
+    p.timeline = simulate(nodes, workload, reference);
+    p.step_s = p.timeline.step_s;
+    // A schedule's order may change between the corners; the interval holds the nominal step either way.
+    p.step_low_s = std::min(p.step_s, simulate(low, workload, step_only).step_s);
+    p.step_high_s = std::max(p.step_s, simulate(high, workload, step_only).step_s);
+  } else {
+    const SimulateOptions with_breakdown{SimulateMethod::event_queue, false, true};
+    const SimulateOptions step_only{SimulateMethod::event_queue, false, false};
+    p.timeline = runs->expand(simulate(nodes, runs->workload(nominal), with_breakdown), nominal, how.intervals);
+    p.step_s = p.timeline.step_s;
+    p.step_low_s = std::min(p.step_s, simulate(low, runs->workload(faster), step_only).step_s);
+    p.step_high_s = std::max(p.step_s, simulate(high, runs->workload(slower), step_only).step_s);
+  }
   for (std::size_t r = 0; r < trace.ranks.size(); ++r) p.ranks.push_back(components_of(trace, p.timeline, r));
   p.mean = mean_components(trace, p.timeline);
   return p;

@@ -74,8 +74,21 @@ struct Prediction {
   std::vector<StepComponents> ranks;  // per traced rank
 };
 
+struct PredictOptions {
+  // The reference: every traced op simulated on its own (workload_of), SimulateMethod::scan. Otherwise each run of
+  // a rank's compute ops in one phase that nothing but the next of them waits on (compact_runs) is simulated as one
+  // op of their summed alone-time with the event queue, and the run's wall time is spread back over its ops by
+  // their alone-times. The step, its interval and the components are the reference's up to rounding (the tests
+  // hold them within 1e-9): the compute stream runs a run's work back to back either way, the overlap slowdown acts
+  // on whichever op is running, and a run stays inside one phase. Only a single op's start and end inside a run
+  // whose rate changed midway differ (they are where its share of the run's alone-time puts them).
+  bool exact = false;
+  bool intervals = true;  // fill timeline.intervals (a Chrome trace of the timeline)
+};
+
 // Simulates `trace` on `system` whose devices_per_node is taken as the trace's ranks_per_node (the traced job's
 // nodes); std::invalid_argument for a system the simulator refuses or a dtype the device lacks.
-Prediction predict(const System& system, const train::StepTrace& trace, const WorkloadOptions& options);
+Prediction predict(const System& system, const train::StepTrace& trace, const WorkloadOptions& options,
+                   const PredictOptions& how = {});
 
 }  // namespace strata::project

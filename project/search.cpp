@@ -262,7 +262,9 @@ Evaluation evaluate(const System& system, const SearchSpace& space, const Candid
   const Workload workload = compact_workload(system, trace, workload_options(space.dtype));
   for (const train::TraceRank& r : trace.ranks) e.operations += r.ops.size();
   for (const RankGraph& r : workload.ranks) e.simulated_operations += r.ops.size();
-  const Timeline timeline = simulate(system, workload);
+  SimulateOptions how;
+  how.intervals = false;  // the breakdown's means only
+  const Timeline timeline = simulate(system, workload, how);
   e.step_s = timeline.step_s;
   e.compute_s = timeline.mean.compute_s;
   e.idle_s = timeline.mean.idle_s;

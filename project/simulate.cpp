@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <limits>
 #include <set>
 #include <stdexcept>
@@ -155,6 +157,8 @@ struct OpState {
   CollectiveInstance* instance = nullptr;  // collective: its instance across the group
   Channel* channel = nullptr;              // send, recv: its (from, to) channel
   int peer_index = -1;                     // send: the traced index of the receiving rank
+  double since = 0;                        // compute (event queue): `remaining` holds as of this time
+  unsigned stamp = 0;                      // event queue: the version of its pending end event
 };
 
 // One stream of a rank: its ops in the rank's order, and the first not done.
@@ -169,6 +173,16 @@ struct RankState {
   std::vector<std::vector<int>> dependents;  // per op: the later ops that depend on it
   std::vector<OpState> ops;
   int communication_running = 0;
+  std::vector<int> running_compute;  // event queue: its compute ops now running
+};
+
+// A pending end of a running op (event queue): stale once the op's stamp has moved on.
+struct Event {
+  double time;
+  std::uint32_t rank;
+  int op;
+  unsigned stamp;
+  bool operator>(const Event& other) const { return time > other.time; }
 };
 
 std::string where(const RankGraph& g, int i) {
@@ -178,7 +192,9 @@ std::string where(const RankGraph& g, int i) {
 
 class Simulator {
  public:
-  Simulator(const System& system, const Workload& workload) : system_(system), workload_(workload) {
+  Simulator(const System& system, const Workload& workload, const SimulateOptions& options)
+      : system_(system), workload_(workload), options_(options),
+        slowdown_(1 + system.overlap_slowdown.value), event_queue_(options.method == SimulateMethod::event_queue) {
     if (auto problem = find_problem(system)) throw std::invalid_argument("system description: " + *problem);
     index_ranks();
     index_groups();
@@ -194,6 +210,11 @@ class Simulator {
     while (true) {
       start_everything_reachable(now);
       if (all_done()) break;
+      if (event_queue_) {
+        now = next_queued_event(now);
+        complete_queued_at(now);
+        continue;
+      }
       const double next = next_event(now);
       advance_compute(now, next);
       now = next;
@@ -206,6 +227,12 @@ class Simulator {
  private:
   const System& system_;
   const Workload& workload_;
+  const SimulateOptions options_;
+  const double slowdown_;    // a compute op's wall time per alone-second while communication runs beside it
+  const bool event_queue_;   // SimulateMethod::event_queue
+  std::vector<Event> events_;  // a min-heap on time
+  std::vector<Event> deferred_;
+  double current_ = 0;  // the instant being simulated (event queue): rates change from here on
   std::unordered_map<int, int> rank_index_;  // rank -> traced index
   std::unordered_map<int, const Group*> groups_;
   std::vector<RankState> state_;
@@ -401,6 +428,12 @@ class Simulator {
     t.start = start;
     t.end = end;
     s.status = Status::running;
+    if (event_queue_) {
+      if (state_[r].communication_running == 0) change_rate(r, current_, 1, slowdown_);
+      ++state_[r].communication_running;
+      push_event(r, i, end);
+      return;
+    }
     ++state_[r].communication_running;
     running_.emplace_back(r, i);
   }
@@ -408,7 +441,10 @@ class Simulator {
   void mark_done(size_t r, int i, double end) {
     RankState& rs = state_[r];
     OpState& s = rs.ops[static_cast<size_t>(i)];
-    if (s.status == Status::running && !s.compute) --rs.communication_running;
+    if (s.status == Status::running && !s.compute) {
+      --rs.communication_running;
+      if (event_queue_ && rs.communication_running == 0) change_rate(r, current_, slowdown_, 1);
+    }
     s.status = Status::done;
     timeline_.ops[r][static_cast<size_t>(i)].end = end;
     ++ops_done_;
@@ -445,8 +481,15 @@ class Simulator {
     s.status = Status::reached;
     if (is_compute(op.kind)) {
       s.status = Status::running;
-      if (s.remaining == 0) mark_done(r, i, now);
-      else running_.emplace_back(r, i);
+      if (s.remaining == 0) {
+        mark_done(r, i, now);
+      } else if (event_queue_) {
+        s.since = now;
+        state_[r].running_compute.push_back(i);
+        push_event(r, i, now + s.remaining * slowdown_factor(r));
+      } else {
+        running_.emplace_back(r, i);
+      }
     } else if (op.kind == OpKind::collective) {
       CollectiveInstance& instance = *s.instance;
       instance.reached.emplace_back(static_cast<int>(r), i);
@@ -522,18 +565,103 @@ class Simulator {
     }
   }
 
+  // ---- the event queue (SimulateMethod::event_queue) ----
+  // A rank's rate changes only when communication starts or stops on it, so each running compute op keeps its work
+  // left as of the last change (`since`) and one pending end event; a change brings the work up to date at the old
+  // rate and re-queues the end at the new one.
+
+  void push_event(size_t r, int i, double time) {
+    OpState& s = state_[r].ops[static_cast<size_t>(i)];
+    events_.push_back({time, static_cast<std::uint32_t>(r), i, ++s.stamp});
+    std::push_heap(events_.begin(), events_.end(), std::greater<>());
+  }
+
+  void change_rate(size_t r, double now, double old_factor, double new_factor) {
+    for (int i : state_[r].running_compute) {
+      OpState& s = state_[r].ops[static_cast<size_t>(i)];
+      s.remaining = std::max(0.0, s.remaining - (now - s.since) / old_factor);
+      s.since = now;
+      push_event(r, i, now + s.remaining * new_factor);
+    }
+  }
+
+  bool is_current(const Event& e) const {
+    const OpState& s = state_[e.rank].ops[static_cast<size_t>(e.op)];
+    return s.status == Status::running && s.stamp == e.stamp;
+  }
+
+  void drop_stale_events() {
+    while (!events_.empty() && !is_current(events_.front())) {
+      std::pop_heap(events_.begin(), events_.end(), std::greater<>());
+      events_.pop_back();
+    }
+  }
+
+  double next_queued_event(double now) {
+    drop_stale_events();
+    if (events_.empty()) next_event(now);  // refuses: the step deadlocks
+    return events_.front().time;
+  }
+
+  // Every op that ends at `now`: communication whose end has come, compute whose work left is below the tolerance
+  // of complete_at. All are taken off the running lists before any rank's rate changes, as complete_at does.
+  void complete_queued_at(double now) {
+    current_ = now;
+    const double tolerance = 1e-12 * std::max(1.0, now);
+    const double horizon = now + tolerance * std::max(1.0, slowdown_);
+    ending_.clear(), deferred_.clear();
+    while (!events_.empty() && events_.front().time <= horizon) {
+      const Event e = events_.front();
+      std::pop_heap(events_.begin(), events_.end(), std::greater<>());
+      events_.pop_back();
+      if (!is_current(e)) continue;
+      OpState& s = state_[e.rank].ops[static_cast<size_t>(e.op)];
+      bool ends;
+      if (s.compute) {
+        const double left = std::max(0.0, s.remaining - (now - s.since) / slowdown_factor(e.rank));
+        ends = left <= tolerance;
+      } else {
+        ends = timeline_.ops[e.rank][static_cast<size_t>(e.op)].end <= now;
+      }
+      if (ends) ending_.emplace_back(e.rank, e.op);
+      else deferred_.push_back(e);
+    }
+    for (const Event& e : deferred_) {
+      events_.push_back(e);
+      std::push_heap(events_.begin(), events_.end(), std::greater<>());
+    }
+    for (const auto& [r, i] : ending_) {
+      if (!state_[r].ops[static_cast<size_t>(i)].compute) continue;
+      std::vector<int>& list = state_[r].running_compute;
+      list.erase(std::find(list.begin(), list.end(), i));
+    }
+    for (const auto& [r, i] : ending_) {
+      const bool compute = state_[r].ops[static_cast<size_t>(i)].compute;
+      mark_done(r, i, compute ? now : timeline_.ops[r][static_cast<size_t>(i)].end);
+    }
+  }
+
   void finish() {
     double step = 0;
     for (const auto& rank : timeline_.ops)
       for (const OpTiming& t : rank) step = std::max(step, t.end);
     timeline_.step_s = step;
+    if (options_.intervals) {
+      size_t total = 0;
+      for (const RankGraph& g : workload_.ranks) total += g.ops.size();
+      timeline_.intervals.reserve(total);
+      for (size_t r = 0; r < workload_.ranks.size(); ++r) {
+        const RankGraph& g = workload_.ranks[r];
+        for (size_t i = 0; i < g.ops.size(); ++i) {
+          const OpTiming& t = timeline_.ops[r][i];
+          timeline_.intervals.push_back({g.rank, g.ops[i].stream, g.ops[i].name, g.ops[i].kind, t.start, t.end});
+        }
+      }
+    }
+    if (!options_.breakdown) return;
     double total_weight = 0;
     for (size_t r = 0; r < workload_.ranks.size(); ++r) {
       const RankGraph& g = workload_.ranks[r];
-      for (size_t i = 0; i < g.ops.size(); ++i) {
-        const OpTiming& t = timeline_.ops[r][i];
-        timeline_.intervals.push_back({g.rank, g.ops[i].stream, g.ops[i].name, g.ops[i].kind, t.start, t.end});
-      }
       timeline_.breakdown.push_back(breakdown_of(r));
       const Breakdown& b = timeline_.breakdown.back();
       const double w = g.weight;
@@ -598,6 +726,8 @@ class Simulator {
 
 }  // namespace
 
-Timeline simulate(const System& system, const Workload& workload) { return Simulator(system, workload).run(); }
+Timeline simulate(const System& system, const Workload& workload, const SimulateOptions& options) {
+  return Simulator(system, workload, options).run();
+}
 
 }  // namespace strata::project

@@ -30,39 +30,43 @@ double collective_bytes(const train::TraceOp& op, int group_size, int element_by
   return whole ? block * group_size : block;
 }
 
+Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const WorkloadOptions& options) {
+  const int groups = static_cast<int>(trace.groups.size());
+  Op op;
+  switch (t.kind) {
+    case train::TraceOpKind::gemm: op = gemm_op(t.name, t.m, t.n, t.k, options.dtype); break;
+    case train::TraceOpKind::attention:
+      op = attention_op(t.name, t.batch, t.heads, t.seq_q, t.seq_kv, t.head_dim, t.causal, t.backward, options.dtype);
+      op.unfused = options.attention == "unfused";
+      break;
+    case train::TraceOpKind::elementwise: op = elementwise_op(t.name, t.elements * options.element_bytes); break;
+    case train::TraceOpKind::collective: {
+      const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
+      op = collective_op(t.name, collective_of(t.collective), t.group, collective_bytes(t, size, options.element_bytes));
+      op.algorithm = t.algorithm;
+      break;
+    }
+    case train::TraceOpKind::send:
+      op = send_op(t.name, t.peer, t.count * element_bytes_of(t, options.element_bytes), communication_stream(t.group));
+      break;
+    case train::TraceOpKind::recv:
+      // A rank's receives run on a stream of their own beside its sends' (both are the pp group's transfers).
+      op = recv_op(t.name, t.peer, t.count * element_bytes_of(t, options.element_bytes),
+                   communication_stream(groups + t.group));
+      break;
+  }
+  op.depends_on = t.depends_on;
+  return op;
+}
+
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options) {
   Workload w;
   const int groups = static_cast<int>(trace.groups.size());
   for (int g = 0; g < groups; ++g) w.groups.push_back({g, trace.groups[static_cast<std::size_t>(g)].ranks});
-  // A rank's receives run on a stream of their own beside its sends' (both are the pp group's transfers).
-  auto receive_stream = [&](int group) { return communication_stream(groups + group); };
   for (const train::TraceRank& rank : trace.ranks) {
     RankGraph graph{rank.rank, rank.weight, {}};
-    for (const train::TraceOp& t : rank.ops) {
-      Op op;
-      switch (t.kind) {
-        case train::TraceOpKind::gemm: op = gemm_op(t.name, t.m, t.n, t.k, options.dtype); break;
-        case train::TraceOpKind::attention:
-          op = attention_op(t.name, t.batch, t.heads, t.seq_q, t.seq_kv, t.head_dim, t.causal, t.backward, options.dtype);
-          op.unfused = options.attention == "unfused";
-          break;
-        case train::TraceOpKind::elementwise: op = elementwise_op(t.name, t.elements * options.element_bytes); break;
-        case train::TraceOpKind::collective: {
-          const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
-          op = collective_op(t.name, collective_of(t.collective), t.group, collective_bytes(t, size, options.element_bytes));
-          op.algorithm = t.algorithm;
-          break;
-        }
-        case train::TraceOpKind::send:
-          op = send_op(t.name, t.peer, t.count * element_bytes_of(t, options.element_bytes), communication_stream(t.group));
-          break;
-        case train::TraceOpKind::recv:
-          op = recv_op(t.name, t.peer, t.count * element_bytes_of(t, options.element_bytes), receive_stream(t.group));
-          break;
-      }
-      op.depends_on = t.depends_on;
-      graph.ops.push_back(std::move(op));
-    }
+    graph.ops.reserve(rank.ops.size());
+    for (const train::TraceOp& t : rank.ops) graph.ops.push_back(workload_op(trace, t, options));
     w.ranks.push_back(std::move(graph));
   }
   return w;

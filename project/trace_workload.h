@@ -22,6 +22,8 @@ struct WorkloadOptions {
 };
 
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});
+// One traced op as workload_of makes it (its dependencies as traced).
+Op workload_op(const train::StepTrace& trace, const train::TraceOp& op, const WorkloadOptions& options);
 
 // The simulator's collective for a traced one.
 CollectiveOp collective_of(train::TraceCollective c);
