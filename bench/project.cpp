@@ -29,6 +29,7 @@
 #include "bench/output_files.h"
 #include "bench/prediction.h"
 #include "bench/project_search.h"
+#include "bench/project_speed.h"
 #include "bench/step_config.h"
 #include "bench/system_json.h"
 #include "bench/timeline_trace.h"
@@ -606,6 +607,7 @@ const Command kCommands[] = {
     {"predict", "predict a training step on a system description", predict},
     {"validate", "predict measured strata-step cases and compare", validate},
     {"search", "rank training configurations by predicted step time", project_search},
+    {"speed", "time the prediction of the largest configurations against its target", project_speed},
 };
 
 std::string usage() {

@@ -126,10 +126,18 @@ StepComponents components_of(const train::StepTrace& trace, const Timeline& time
 }
 
 StepComponents mean_components(const train::StepTrace& trace, const Timeline& timeline) {
+  std::vector<StepComponents> ranks;
+  ranks.reserve(trace.ranks.size());
+  for (std::size_t r = 0; r < trace.ranks.size(); ++r) ranks.push_back(components_of(trace, timeline, r));
+  return mean_components(trace, ranks);
+}
+
+StepComponents mean_components(const train::StepTrace& trace, const std::vector<StepComponents>& ranks) {
+  if (ranks.size() != trace.ranks.size()) throw std::invalid_argument("components: not one per traced rank");
   StepComponents mean;
   double weights = 0;
   for (std::size_t r = 0; r < trace.ranks.size(); ++r) {
-    const StepComponents c = components_of(trace, timeline, r);
+    const StepComponents& c = ranks[r];
     const double w = trace.ranks[r].weight;
     weights += w;
     mean.step_s += w * c.step_s;
@@ -395,7 +403,7 @@ Prediction predict(const System& system, const train::StepTrace& trace, const Wo
     p.step_high_s = std::max(p.step_s, simulate(high, runs->workload(slower), step_only).step_s);
   }
   for (std::size_t r = 0; r < trace.ranks.size(); ++r) p.ranks.push_back(components_of(trace, p.timeline, r));
-  p.mean = mean_components(trace, p.timeline);
+  p.mean = mean_components(trace, p.ranks);
   return p;
 }
 

@@ -60,6 +60,8 @@ std::string wait_role(const train::StepTrace& trace, const train::TraceOp& op);
 StepComponents components_of(const train::StepTrace& trace, const Timeline& timeline, std::size_t rank);
 // Over all ranks, each traced rank weighted by the ranks it stands for; step_s is the mean of the ranks' own steps.
 StepComponents mean_components(const train::StepTrace& trace, const Timeline& timeline);
+// The same from each traced rank's components_of.
+StepComponents mean_components(const train::StepTrace& trace, const std::vector<StepComponents>& ranks);
 
 // The description with every figure at the end of its relative spread: direction -1 the faster end, +1 the
 // slower (see the header comment).

@@ -170,7 +170,8 @@ struct Queue {
 
 struct RankState {
   std::vector<Queue> queues;               // by first appearance of the stream in the rank's list
-  std::vector<std::vector<int>> dependents;  // per op: the later ops that depend on it
+  // Per op i: the later ops that depend on it, dependents[dependents_from[i] .. dependents_from[i + 1]).
+  std::vector<int> dependents_from, dependents;
   std::vector<OpState> ops;
   int communication_running = 0;
   std::vector<int> running_compute;  // event queue: its compute ops now running
@@ -291,7 +292,13 @@ class Simulator {
       const RankGraph& g = workload_.ranks[r];
       RankState& s = state_[r];
       s.ops.resize(g.ops.size());
-      s.dependents.resize(g.ops.size());
+      s.dependents_from.assign(g.ops.size() + 1, 0);
+      for (size_t i = 0; i < g.ops.size(); ++i)
+        for (int d : g.ops[i].depends_on)
+          if (d >= 0 && d < static_cast<int>(i)) ++s.dependents_from[static_cast<size_t>(d) + 1];
+      for (size_t i = 0; i < g.ops.size(); ++i) s.dependents_from[i + 1] += s.dependents_from[i];
+      s.dependents.resize(static_cast<size_t>(s.dependents_from.back()));
+      std::vector<int> filled(s.dependents_from.begin(), s.dependents_from.end() - 1);
       ops_total_ += g.ops.size();
       std::map<int, std::vector<int>> collectives_of_group;
       std::unordered_map<int, int> queue_of_stream;
@@ -300,7 +307,7 @@ class Simulator {
         const int oi = static_cast<int>(i);
         for (int d : op.depends_on) {
           if (d < 0 || d >= oi) refuse(where(g, oi) + " depends on op " + std::to_string(d) + ", not an earlier op");
-          s.dependents[static_cast<size_t>(d)].push_back(oi);
+          s.dependents[static_cast<size_t>(filled[static_cast<size_t>(d)]++)] = oi;
         }
         s.ops[i].pending = static_cast<int>(op.depends_on.size());
         const auto [queue, added] = queue_of_stream.emplace(op.stream, static_cast<int>(s.queues.size()));
@@ -449,7 +456,8 @@ class Simulator {
     timeline_.ops[r][static_cast<size_t>(i)].end = end;
     ++ops_done_;
     ++rs.queues[static_cast<size_t>(s.queue)].head;
-    for (int j : rs.dependents[static_cast<size_t>(i)]) --rs.ops[static_cast<size_t>(j)].pending;
+    for (int k = rs.dependents_from[static_cast<size_t>(i)]; k < rs.dependents_from[static_cast<size_t>(i) + 1]; ++k)
+      --rs.ops[static_cast<size_t>(rs.dependents[static_cast<size_t>(k)])].pending;
     make_dirty(r);
   }
 

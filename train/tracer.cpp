@@ -29,7 +29,7 @@ int Tracer::add(TraceOp op) {
   op.unit = unit_;
   const int index = static_cast<int>(ops_.size());
   ops_.push_back(std::move(op));
-  done_.push_back(std::make_shared<bool>(compute));
+  done_.push_back(compute);
   (compute ? last_compute_ : last_operation_) = index;
   return index;
 }
@@ -60,13 +60,13 @@ namespace {
 // A traced operation: it completes once its flag is set. The flag is the coroutine's parameter, so its frame holds
 // it (a lambda's captures would die with the lambda); the wait is a named variable, as GCC 12 destroys some
 // temporaries of a co_await expression twice.
-coll::Step until_set(std::shared_ptr<bool> done) {
+coll::Step until_set(const bool* done) {
   coll::Until set{[done] { return *done; }};
   co_await set;
 }
 
-coll::Work pending(const std::shared_ptr<bool>& done) {
-  return coll::Work::start([&done](coll::Traffic*) { return until_set(done); });
+coll::Work pending(const bool* done) {
+  return coll::Work::start([done](coll::Traffic*) { return until_set(done); });
 }
 
 }  // namespace
@@ -85,7 +85,7 @@ coll::Work Tracer::collective(const coll::Group& group, coll::Operation operatio
   }
   op.name = next_name_.empty() ? group.name() + " " + std::string(coll::info(operation).name) : std::exchange(next_name_, {});
   const int index = add(std::move(op));
-  return pending(done_[static_cast<std::size_t>(index)]);
+  return pending(&done_[static_cast<std::size_t>(index)]);
 }
 
 coll::Work Tracer::point_to_point(const coll::Group& group, bool send, int peer, std::size_t count, coll::DataType dtype) {
@@ -95,13 +95,13 @@ coll::Work Tracer::point_to_point(const coll::Group& group, bool send, int peer,
   op.count = static_cast<double>(count), op.element_bytes = static_cast<int>(coll::size_of(dtype));
   op.name = next_name_.empty() ? std::string(send ? "send" : "recv") : std::exchange(next_name_, {});
   const int index = add(std::move(op));
-  return pending(done_[static_cast<std::size_t>(index)]);
+  return pending(&done_[static_cast<std::size_t>(index)]);
 }
 
 void Tracer::complete(int op) {
   if (op < 0 || op >= static_cast<int>(ops_.size())) throw std::logic_error("tracer: no operation " + std::to_string(op));
-  if (*done_[static_cast<std::size_t>(op)]) return;
-  *done_[static_cast<std::size_t>(op)] = true;
+  if (done_[static_cast<std::size_t>(op)]) return;
+  done_[static_cast<std::size_t>(op)] = true;
   waited_.push_back(op);
 }
 

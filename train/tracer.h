@@ -7,6 +7,8 @@
 // a traced step makes no progress on its own, so every wait names what it waits for.
 #pragma once
 
+#include <algorithm>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +24,8 @@ class TraceGroups {
  public:
   int id(const coll::Group& group);
   const std::vector<TraceGroup>& all() const { return groups_; }
+  // The most ops one tracer of these groups took: the next reserves as many (a step's ranks trace alike).
+  std::size_t ops_hint = 0;
 
  private:
   std::map<std::pair<std::string, std::vector<int>>, int> index_;
@@ -30,7 +34,7 @@ class TraceGroups {
 
 class Tracer : public coll::GroupTrace {
  public:
-  explicit Tracer(TraceGroups& groups) : groups_(groups) {}
+  explicit Tracer(TraceGroups& groups) : groups_(groups) { ops_.reserve(groups.ops_hint); }
 
   void gemm(std::string name, std::int64_t m, std::int64_t n, std::int64_t k);
   void attention(std::string name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
@@ -54,13 +58,18 @@ class Tracer : public coll::GroupTrace {
   // The parameter unit every op recorded from now on belongs to (TraceOp::unit); -1: none.
   void set_unit(int unit) { unit_ = unit; }
 
-  std::vector<TraceOp> take() { return std::move(ops_); }
+  std::vector<TraceOp> take() {
+    groups_.ops_hint = std::max(groups_.ops_hint, ops_.size());
+    return std::move(ops_);
+  }
 
  private:
   int add(TraceOp op);
   TraceGroups& groups_;
   std::vector<TraceOp> ops_;
-  std::vector<std::shared_ptr<bool>> done_;  // per op: set when the executor waits for it
+  // Per op: set when the executor waits for it. A deque keeps each flag where it is as ops are added, so an
+  // operation's Work reads its own flag for as long as the tracer lives.
+  std::deque<bool> done_;
   int last_compute_ = -1, last_operation_ = -1;
   std::vector<int> waited_;  // completed since the last compute op
   std::string next_name_;
