@@ -202,19 +202,18 @@ class CompactRuns {
     for (std::size_t r = 0; r < trace.ranks.size(); ++r) {
       const std::vector<train::TraceOp>& ops = trace.ranks[r].ops;
       const std::size_t n = ops.size();
-      // A run ends at an op something other than the next compute op depends on.
-      std::vector<int> next_compute(n, -1);
-      for (int i = static_cast<int>(n) - 1, next = -1; i >= 0; --i) {
-        next_compute[static_cast<std::size_t>(i)] = next;
-        if (is_compute(ops[static_cast<std::size_t>(i)].kind)) next = i;
-      }
+      // A run ends at an op something other than the next compute op depends on (the next compute op after a compute
+      // op d is the one whose last compute op before it is d).
       std::vector<char> ends_run(n, 0);
-      for (std::size_t j = 0; j < n; ++j)
+      for (std::size_t j = 0, last = n; j < n; ++j) {
+        const bool compute = is_compute(ops[j].kind);
         for (int d : ops[j].depends_on) {
           const auto dd = static_cast<std::size_t>(d);
           if (d < 0 || dd >= j) continue;  // the simulator refuses it
-          if (!(is_compute(ops[j].kind) && is_compute(ops[dd].kind) && next_compute[dd] == static_cast<int>(j))) ends_run[dd] = 1;
+          if (!(compute && dd == last)) ends_run[dd] = 1;
         }
+        if (compute) last = j;
+      }
       RankGraph graph{trace.ranks[r].rank, trace.ranks[r].weight, {}};
       std::vector<int>& index = index_[r];
       std::vector<int>& shape = shape_[r];
@@ -397,10 +396,14 @@ Prediction predict(const System& system, const train::StepTrace& trace, const Wo
   } else {
     const SimulateOptions with_breakdown{SimulateMethod::event_queue, false, true};
     const SimulateOptions step_only{SimulateMethod::event_queue, false, false};
-    p.timeline = runs->expand(simulate(nodes, runs->workload(nominal), with_breakdown), nominal, how.intervals);
+    // Indexed once; each run reads the durations the workload holds then.
+    Simulation simulation(nodes, runs->workload(nominal));
+    p.timeline = runs->expand(simulation.run(nodes, with_breakdown), nominal, how.intervals);
     p.step_s = p.timeline.step_s;
-    p.step_low_s = std::min(p.step_s, simulate(low, runs->workload(faster), step_only).step_s);
-    p.step_high_s = std::max(p.step_s, simulate(high, runs->workload(slower), step_only).step_s);
+    runs->workload(faster);
+    p.step_low_s = std::min(p.step_s, simulation.run(low, step_only).step_s);
+    runs->workload(slower);
+    p.step_high_s = std::max(p.step_s, simulation.run(high, step_only).step_s);
   }
   for (std::size_t r = 0; r < trace.ranks.size(); ++r) p.ranks.push_back(components_of(trace, p.timeline, r));
   p.mean = mean_components(trace, p.ranks);

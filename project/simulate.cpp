@@ -133,9 +133,10 @@ double unfused_attention_seconds(const Device& device, const Op& op) {
          2 * gemm(bh * skv, d, sq);
 }
 
-namespace {
+// The simulator's own state (Simulation holds one, so the names are not in an anonymous namespace).
+namespace simulator_detail {
 
-enum class Status { waiting, reached, running, done };
+enum class Status : std::uint8_t { waiting, reached, running, done };
 
 struct CollectiveInstance {
   std::vector<std::pair<int, int>> reached;  // (traced rank index, op index)
@@ -145,20 +146,22 @@ struct Channel {  // the sends of one (from, to) pair, matched in order with the
   std::vector<double> send_start;   // by sequence; NaN until it starts
   std::vector<double> transfer_s;
   std::vector<int> waiting_recv;    // op index of the recv reached before its send started, or -1
+  std::vector<double> bytes;        // of each send
+  bool same_node = false;
 };
 
-struct OpState {
-  Status status = Status::waiting;
-  bool compute = false;
+struct OpState {  // packed: a step's ops are many, and the simulation walks them all
   double remaining = 0;  // compute: alone-seconds of work left
+  double since = 0;      // compute (event queue): `remaining` holds as of this time
+  CollectiveInstance* instance = nullptr;  // collective: its instance across the group
+  Channel* channel = nullptr;              // send, recv: its (from, to) channel
   int sequence = -1;     // collective: its number on its group; send/recv: its number on its (from, to) channel
   int queue = 0;         // its stream's place in RankState::queues
   int pending = 0;       // the ops it depends on that have not ended
-  CollectiveInstance* instance = nullptr;  // collective: its instance across the group
-  Channel* channel = nullptr;              // send, recv: its (from, to) channel
-  int peer_index = -1;                     // send: the traced index of the receiving rank
-  double since = 0;                        // compute (event queue): `remaining` holds as of this time
-  unsigned stamp = 0;                      // event queue: the version of its pending end event
+  int peer_index = -1;   // send: the traced index of the receiving rank
+  unsigned stamp = 0;    // event queue: the version of its pending end event
+  Status status = Status::waiting;
+  bool compute = false;
 };
 
 // One stream of a rank: its ops in the rank's order, and the first not done.
@@ -191,18 +194,60 @@ std::string where(const RankGraph& g, int i) {
          ")";
 }
 
+
+
 class Simulator {
  public:
-  Simulator(const System& system, const Workload& workload, const SimulateOptions& options)
-      : system_(system), workload_(workload), options_(options),
-        slowdown_(1 + system.overlap_slowdown.value), event_queue_(options.method == SimulateMethod::event_queue) {
+  Simulator(const System& system, const Workload& workload)
+      : system_(&system), workload_(workload), slowdown_(1 + system.overlap_slowdown.value) {
     if (auto problem = find_problem(system)) throw std::invalid_argument("system description: " + *problem);
     index_ranks();
     index_groups();
     index_ops();
+    prepared_ = true;
   }
 
-  Timeline run() {
+  // Everything that depends on the description or on the workload's durations, afresh: the state before a run.
+  void prepare(const System& system) {
+    if (auto problem = find_problem(system)) throw std::invalid_argument("system description: " + *problem);
+    if (system.device.devices_per_node != system_->device.devices_per_node)
+      throw std::logic_error("simulation: a description with other nodes than the one the workload was indexed on");
+    system_ = &system;
+    slowdown_ = 1 + system.overlap_slowdown.value;
+    for (size_t r = 0; r < state_.size(); ++r) {
+      RankState& rs = state_[r];
+      const RankGraph& g = workload_.ranks[r];
+      for (size_t i = 0; i < rs.ops.size(); ++i) {
+        OpState& s = rs.ops[i];
+        s.status = Status::waiting;
+        s.pending = static_cast<int>(g.ops[i].depends_on.size());
+        s.since = 0;
+        if (s.compute) s.remaining = alone_seconds(g, static_cast<int>(i));
+      }
+      for (Queue& q : rs.queues) q.head = 0;
+      rs.communication_running = 0;
+      rs.running_compute.clear();
+    }
+    for (auto& [group, instances] : collectives_)
+      for (CollectiveInstance& instance : instances) instance.reached.clear();
+    for (auto& [key, channel] : channels_) {
+      std::fill(channel.send_start.begin(), channel.send_start.end(), std::numeric_limits<double>::quiet_NaN());
+      std::fill(channel.waiting_recv.begin(), channel.waiting_recv.end(), -1);
+      const NetworkTier& tier = channel.same_node ? system_->intra_node : system_->inter_node;
+      for (size_t q = 0; q < channel.bytes.size(); ++q) channel.transfer_s[q] = tier.transfer_seconds(channel.bytes[q]);
+    }
+    timeline_ = Timeline{};
+    running_.clear(), ending_.clear(), still_running_.clear(), events_.clear(), deferred_.clear(), dirty_.clear();
+    ops_done_ = 0;
+    current_ = 0;
+    prepared_ = true;
+  }
+
+  Timeline run(const SimulateOptions& options) {
+    if (!prepared_) throw std::logic_error("simulation: run twice without prepare");
+    prepared_ = false;
+    options_ = options;
+    event_queue_ = options.method == SimulateMethod::event_queue;
     timeline_.ops.resize(workload_.ranks.size());
     for (size_t r = 0; r < workload_.ranks.size(); ++r) timeline_.ops[r].resize(workload_.ranks[r].ops.size());
     is_dirty_.assign(state_.size(), 0);
@@ -226,11 +271,12 @@ class Simulator {
   }
 
  private:
-  const System& system_;
+  const System* system_;
   const Workload& workload_;
-  const SimulateOptions options_;
-  const double slowdown_;    // a compute op's wall time per alone-second while communication runs beside it
-  const bool event_queue_;   // SimulateMethod::event_queue
+  SimulateOptions options_;
+  double slowdown_;          // a compute op's wall time per alone-second while communication runs beside it
+  bool event_queue_ = true;  // SimulateMethod::event_queue
+  bool prepared_ = false;
   std::vector<Event> events_;  // a min-heap on time
   std::vector<Event> deferred_;
   double current_ = 0;  // the instant being simulated (event queue): rates change from here on
@@ -271,14 +317,22 @@ class Simulator {
       for (int rank : group.ranks) traced += rank_index_.count(rank) ? 1 : 0;
       traced_members_[group.id] = traced;
       std::vector<int> nodes;
-      for (int rank : group.ranks) nodes.push_back(rank / system_.device.devices_per_node);
+      for (int rank : group.ranks) nodes.push_back(rank / system_->device.devices_per_node);
       kinds_[group.id] = group_kind_of(nodes);
       per_node_[group.id] = members_per_node(nodes);
     }
   }
 
+  double alone_seconds(const RankGraph& g, int i) const {
+    const Op& op = g.ops[static_cast<size_t>(i)];
+    const double t = compute_seconds(*system_, op);
+    if (!std::isfinite(t) || t < 0 || op.seconds < 0 || op.bytes < 0 || op.m < 0 || op.n < 0 || op.k < 0)
+      refuse(where(g, i) + " has a negative size or duration");
+    return t;
+  }
+
   bool same_node(int a, int b) const {
-    return a / system_.device.devices_per_node == b / system_.device.devices_per_node;
+    return a / system_->device.devices_per_node == b / system_->device.devices_per_node;
   }
 
   GroupKind kind_of(const Group& group) const { return kinds_.at(group.id); }
@@ -316,10 +370,7 @@ class Simulator {
         s.ops[i].queue = queue->second;
         s.ops[i].compute = is_compute(op.kind);
         if (is_compute(op.kind)) {
-          const double t = compute_seconds(system_, op);
-          if (!std::isfinite(t) || t < 0 || op.seconds < 0 || op.bytes < 0 || op.m < 0 || op.n < 0 || op.k < 0)
-            refuse(where(g, oi) + " has a negative size or duration");
-          s.ops[i].remaining = t;
+          s.ops[i].remaining = alone_seconds(g, oi);
         } else if (op.kind == OpKind::collective) {
           const auto group = groups_.find(op.group);
           if (group == groups_.end()) refuse(where(g, oi) + " names group " + std::to_string(op.group) + ", unknown");
@@ -406,7 +457,9 @@ class Simulator {
       channel.send_start.assign(ns, std::numeric_limits<double>::quiet_NaN());
       channel.transfer_s.resize(ns);
       channel.waiting_recv.assign(ns, -1);
-      const NetworkTier& tier = same_node(key.first, key.second) ? system_.intra_node : system_.inter_node;
+      channel.same_node = same_node(key.first, key.second);
+      channel.bytes.resize(ns);
+      const NetworkTier& tier = channel.same_node ? system_->intra_node : system_->inter_node;
       for (size_t q = 0; q < ns; ++q) {
         const auto [sr, so] = s->second[q];
         const auto [rr, ro] = r->second[q];
@@ -416,6 +469,7 @@ class Simulator {
           refuse(where(workload_.ranks[static_cast<size_t>(sr)], so) + " sends " + std::to_string(send.bytes) +
                  " B, " + where(workload_.ranks[static_cast<size_t>(rr)], ro) + " receives " +
                  std::to_string(recv.bytes) + " B");
+        channel.bytes[q] = send.bytes;
         channel.transfer_s[q] = tier.transfer_seconds(send.bytes);
       }
     }
@@ -503,7 +557,7 @@ class Simulator {
       instance.reached.emplace_back(static_cast<int>(r), i);
       if (static_cast<int>(instance.reached.size()) == traced_members_.at(op.group)) {
         const Group& group = *groups_.at(op.group);
-        const double duration = system_.collective_seconds(op.collective, op.algorithm, kind_of(group), op.bytes,
+        const double duration = system_->collective_seconds(op.collective, op.algorithm, kind_of(group), op.bytes,
                                                            static_cast<int>(group.ranks.size()), per_node_.at(group.id));
         for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
       }
@@ -528,7 +582,7 @@ class Simulator {
   }
 
   double slowdown_factor(size_t r) const {
-    return state_[r].communication_running > 0 ? 1 + system_.overlap_slowdown.value : 1;
+    return state_[r].communication_running > 0 ? 1 + system_->overlap_slowdown.value : 1;
   }
 
   double next_event(double now) const {
@@ -732,10 +786,20 @@ class Simulator {
   }
 };
 
-}  // namespace
+}  // namespace simulator_detail
 
 Timeline simulate(const System& system, const Workload& workload, const SimulateOptions& options) {
-  return Simulator(system, workload, options).run();
+  return simulator_detail::Simulator(system, workload).run(options);
+}
+
+Simulation::Simulation(const System& system, const Workload& workload)
+    : simulator_(std::make_unique<simulator_detail::Simulator>(system, workload)) {}
+
+Simulation::~Simulation() = default;
+
+Timeline Simulation::run(const System& system, const SimulateOptions& options) {
+  simulator_->prepare(system);
+  return simulator_->run(options);
 }
 
 }  // namespace strata::project

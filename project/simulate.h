@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -162,5 +163,25 @@ struct SimulateOptions {
 // Throws std::invalid_argument for a workload that cannot run: a dependency on a later op, an unknown group or
 // peer, collectives that do not match across a group, unmatched sends, a deadlock (naming the ops waiting).
 Timeline simulate(const System& system, const Workload& workload, const SimulateOptions& options = {});
+
+namespace simulator_detail {
+class Simulator;
+}
+
+// One workload indexed once (its ops, streams, dependencies, collectives and transfers matched and checked, as
+// simulate() does) and simulated as often as asked: each run reads the compute ops' alone-times and the transfers'
+// times afresh, from the workload as it is then (its ops' durations may change, not its structure) on the description
+// given, which must have the nodes of the one it was indexed on. The interval's corners are three runs of one.
+class Simulation {
+ public:
+  Simulation(const System& system, const Workload& workload);  // std::invalid_argument as simulate()
+  ~Simulation();
+  Simulation(const Simulation&) = delete;
+  Simulation& operator=(const Simulation&) = delete;
+  Timeline run(const System& system, const SimulateOptions& options = {});
+
+ private:
+  std::unique_ptr<simulator_detail::Simulator> simulator_;
+};
 
 }  // namespace strata::project
