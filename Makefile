@@ -68,6 +68,7 @@ bench: build
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 4 \
 	  $(BUILD)/strata-bench-pipeline || missed=1; \
 	$(BUILD)/strata-project search --system project/systems/a100-80gb-sxm-hdr200.json --bench || missed=1; \
+	$(BUILD)/strata-project speed || missed=1; \
 	$(BUILD)/strata-project validate --published project/published/steps.json --part held-out --bench -q \
 	  -O $(BUILD)/published-validation.h5 || missed=1; \
 	exit $$missed

@@ -215,6 +215,7 @@ class CompactRuns {
         if (compute) last = j;
       }
       RankGraph graph{trace.ranks[r].rank, trace.ranks[r].weight, {}};
+      graph.ops.reserve(n / 2);
       std::vector<int>& index = index_[r];
       std::vector<int>& shape = shape_[r];
       index.assign(n, -1);
@@ -230,8 +231,7 @@ class CompactRuns {
       for (std::size_t i = 0; i < n; ++i) {
         const train::TraceOp& t = ops[i];
         if (!is_compute(t.kind)) {
-          Op op = workload_op(trace, t, options);
-          op.name.clear();
+          Op op = communication_op(trace, t, options);
           remap(t, op);
           graph.ops.push_back(std::move(op));
           index[i] = static_cast<int>(graph.ops.size()) - 1;
@@ -341,6 +341,29 @@ class CompactRuns {
   }
 
  private:
+  // workload_op's communication op, without the name (a workload's names are for messages and Chrome traces, which
+  // the reference path and expand() give) and with no dependencies yet.
+  static Op communication_op(const train::StepTrace& trace, const train::TraceOp& t, const WorkloadOptions& options) {
+    Op op;
+    op.kind = t.kind == train::TraceOpKind::collective ? OpKind::collective
+              : t.kind == train::TraceOpKind::send     ? OpKind::send
+                                                       : OpKind::recv;
+    if (t.kind == train::TraceOpKind::collective) {
+      const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
+      op.collective = collective_of(t.collective);
+      op.group = t.group;
+      op.bytes = collective_bytes(t, size, options.element_bytes);
+      op.stream = communication_stream(t.group);
+      op.algorithm = t.algorithm;
+    } else {
+      op.peer = t.peer;
+      op.bytes = t.count * element_bytes_of(t, options.element_bytes);
+      const int groups = static_cast<int>(trace.groups.size());
+      op.stream = communication_stream(t.kind == train::TraceOpKind::send ? t.group : groups + t.group);
+    }
+    return op;
+  }
+
   struct ShapeKey {
     train::TraceOpKind kind;
     std::int64_t m, n, k, batch, heads, seq_q, seq_kv, head_dim;
