@@ -26,6 +26,7 @@ PROGRAMS = {
     "strata-interference": ["--gemm", "8x8x8", "-s", "16", "-D", "8", "-H", "1", "-n", "1", "-w", "0"],
     "strata-project predict": ["--system", SYSTEM, "--model", "tiny", "-q"],
     "strata-project search": ["--system", SYSTEM, "--model", "gpt2-124m", "--gpus", "8", "--top", "1", "-q"],
+    "strata-project speed": ["--smoke"],
 }
 # Flags whose value no generated value can make wrong, or that end the program before it runs.
 SKIPPED = {"help", "list-presets", "bench"}
