@@ -151,7 +151,8 @@ int predict(int argc, char** argv) {
   Cli cli("strata-project predict",
           "One training step of a model on a grid, traced and simulated on a system description: step time with the "
           "interval of the description's spreads, its breakdown, memory per rank, MFU and tokens/s.");
-  cli.option("system", 0, "the system description (JSON, project/SYSTEM.md)", system_path);
+  cli.option("system", 0, "the system description (JSON, project/SYSTEM.md), or a shipped one by name (e.g. "
+             "h100-sxm-ndr400)", system_path);
   add_model_flags(cli, f);
   add_batch_flags(cli, f);
   add_grid_flags(cli, f);
@@ -175,6 +176,7 @@ int predict(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
   f.micro_batch_given = cli.given("micro-batch"), f.accumulation_given = cli.given("accumulation");
   if (system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
+  system_path = find_system_file(system_path);
   const std::vector<FileArg> inputs = {{"--system", system_path, ""}, {"--recompute-policy", policy_path, ""}};
   check_outputs(inputs, {{"-O/--output", output, ""}}, {{"--timeline", timeline, "a Chrome trace (JSON)"}});
   check_results_output(output);
@@ -350,9 +352,10 @@ int validate(int argc, char** argv) {
           "only, beside its measured step and phases, with the errors.");
   PublishedOptions published;
   cli.positionals("STEPFILE", "Strata result files with strata-step runs (HDF5)", files, 0);
-  cli.option("system", 0, "the system description (JSON, e.g. strata-project calibrate's), never fitted from step runs",
+  cli.option("system", 0, "the system description (JSON, e.g. strata-project calibrate's, or a shipped one by name), never "
+             "fitted from step runs",
              system_path);
-  cli.option("published", 0, "instead of STEPFILEs: a set of published training steps (project/published/steps.json), "
+  cli.option("published", 0, "instead of STEPFILEs: a set of published training steps (project/published/steps.json, or by name: steps), "
              "each row predicted on the description of its GPU", published.file);
   cli.option("systems", 0, "with --published: GPU=FILE,... descriptions instead of the set's own", published.systems);
   cli.choice("part", 0, "with --published: the rows to predict", published.part, {"all", "calibration", "held-out"});
@@ -372,6 +375,7 @@ int validate(int argc, char** argv) {
     if (cli.given(flag)) throw UsageError(std::string("--") + flag + " applies to --published only");
   if (files.empty()) throw UsageError("expected at least one STEPFILE argument, or --published FILE (see --help)");
   if (system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
+  system_path = find_system_file(system_path);
   std::vector<FileArg> inputs = {{"--system", system_path, ""}};
   for (const std::string& file : files) inputs.push_back({"STEPFILE", file, ""});
   check_outputs(inputs, {{"-O/--output", output, ""}}, {});

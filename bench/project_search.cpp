@@ -417,7 +417,8 @@ int project_search(int argc, char** argv) {
   Cli cli("strata-project search",
           "Every grid (tensor x pipeline x data parallel), PaRO/ZeRO strategy, micro-batch size, schedule and "
           "recomputation mode that runs and fits in memory, ranked by predicted step time (project/search.h).");
-  cli.option("system", 0, "the system description (JSON, project/SYSTEM.md)", o.system_path);
+  cli.option("system", 0, "the system description (JSON, project/SYSTEM.md), or a shipped one by name (e.g. "
+             "h100-sxm-ndr400)", o.system_path);
   cli.option("model", 0, "a model preset (strata-step's, or llama-7b-like, llama-65b-like)", o.model);
   cli.option("layers", 0, "a custom model's layers", o.layers, 0);
   cli.option("hidden", 0, "its hidden width", o.hidden, 0);
@@ -463,6 +464,7 @@ int project_search(int argc, char** argv) {
   cpu_gemm::set_threads(1);  // nothing here runs a GEMM: keep BLAS's threads from spinning beside the search's
   const std::string config = cli.resolved_json();
   if (o.system_path.empty()) throw UsageError("--system FILE is required: the system description to search on");
+  o.system_path = find_system_file(o.system_path);
   if (o.smoke && !o.bench) throw UsageError("--smoke goes with --bench");
   check_outputs({{"--system", o.system_path, ""}}, {{"-O/--output", o.output, ""}}, {});
   const project::System system = read_system(o.system_path);

@@ -17,6 +17,7 @@
 #include "bench/json_file.h"
 #include "bench/output_files.h"
 #include "bench/prediction.h"
+#include "bench/shipped_files.h"
 #include "bench/step_config.h"
 #include "bench/system_json.h"
 
@@ -223,7 +224,9 @@ std::string percent(double fraction) { return format_fixed(100 * fraction, 1) + 
 
 }  // namespace
 
-int validate_published(const PublishedOptions& o, int argc, char** argv, const std::string& config_json) {
+int validate_published(const PublishedOptions& options, int argc, char** argv, const std::string& config_json) {
+  PublishedOptions o = options;
+  o.file = resolve_shipped_file(o.file, "project/published");  // "steps": the set Strata ships
   if (o.part != "all" && o.part != "calibration" && o.part != "held-out")
     throw UsageError("--part: calibration, held-out or all, got '" + o.part + "'");
   const json set = read_json_file(o.file, "published set");

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "bench/check.h"
+#include "bench/shipped_files.h"
 
 namespace strata {
 namespace {
@@ -514,8 +515,21 @@ std::string format_system_json(const ordered_json& document) {
   return out + "\n";
 }
 
+std::string find_system_file(const std::string& argument) {
+  const std::string file = resolve_shipped_file(argument, "project/systems");
+  std::error_code error;
+  if (file == argument && argument.find('/') == std::string::npos && !std::filesystem::exists(argument, error)) {
+    std::string shipped;
+    for (const std::string& name : shipped_names("project/systems")) shipped += (shipped.empty() ? "" : ", ") + name;
+    throw UsageError("system description " + argument + ": no such file, nor a shipped description of that name" +
+                     (shipped.empty() ? std::string() : " (shipped: " + shipped + ")"));
+  }
+  return file;
+}
+
 project::System read_system(const std::string& path) {
-  return system_from_json(read_json_file(path, "system description"), path);
+  const std::string file = find_system_file(path);
+  return system_from_json(read_json_file(file, "system description"), file);
 }
 
 void write_system(const std::string& path, const project::System& system) {

@@ -45,7 +45,10 @@ project::System system_from_json(const nlohmann::json& document, const std::stri
 // so a description with many points stays readable and editable.
 std::string format_system_json(const nlohmann::ordered_json& document);
 
-project::System read_system(const std::string& path);
+// The file a --system argument names: a path, or a shipped description's name (bench/shipped_files.h). Throws
+// UsageError naming the argument and the shipped names when it is neither.
+std::string find_system_file(const std::string& argument);
+project::System read_system(const std::string& path);  // path: as find_system_file takes it
 // Writes the whole file or nothing: a temporary file beside `path`, renamed over it once complete.
 void write_system(const std::string& path, const project::System& system);
 
