@@ -18,6 +18,7 @@
 #include "results/schema.h"
 #include "results/writer.h"
 #include "train/overlap.h"
+#include "train/gpu_memory.h"
 #include "train/step_formulas.h"
 #include "train/tracer.h"
 
@@ -47,7 +48,8 @@ const TrainConfig& config_of(const StepCase& step, int stage) {
                                                   : step.trace.pipeline_rank_configs.at(static_cast<std::size_t>(stage));
 }
 
-// What each rank holds, per category, the largest over the pipeline ranks; in the workload's element convention.
+// What each rank holds, per category, the largest over the pipeline ranks: the CPU step's formulas for 4-byte
+// elements, a GPU step's in mixed precision for 2-byte ones.
 MemoryUse memory_per_rank(const StepCase& step) {
   MemoryUse most;
   const int per_node = static_cast<int>(std::min<long long>(step.trace.ranks_per_node, step.grid.size()));
@@ -56,18 +58,12 @@ MemoryUse memory_per_rank(const StepCase& step) {
     TraceGroups groups;
     Tracer tracer(groups);
     coll::ProcessGroups traced(step.grid, per_node, step.trace.grid_order, ranks[static_cast<std::size_t>(stage)], tracer);
-    const MemoryUse m = memory_estimate(config_of(step, stage), data_parallel_shape(traced));
+    const MemoryUse m = step.workload.element_bytes == 4 ? memory_estimate(config_of(step, stage), data_parallel_shape(traced))
+                                                         : gpu_memory_estimate(config_of(step, stage), data_parallel_shape(traced),
+                                                                               gpu_layout(step.workload));
     most.params = std::max(most.params, m.params), most.grads = std::max(most.grads, m.grads);
     most.optimizer = std::max(most.optimizer, m.optimizer), most.activations = std::max(most.activations, m.activations);
     most.workspace = std::max(most.workspace, m.workspace), most.comm_buffers = std::max(most.comm_buffers, m.comm_buffers);
-  }
-  if (step.workload.element_bytes != 4) {
-    // Mixed precision (research.md): 2, 2 and 12 bytes per element against the fp32 formulas' 4, 4 and 8.
-    most.params *= kMixedPrecisionStates.params / kFp32States.params;
-    most.grads *= kMixedPrecisionStates.grads / kFp32States.grads;
-    most.optimizer *= kMixedPrecisionStates.optimizer / kFp32States.optimizer;
-    const double scale = step.workload.element_bytes / 4.0;
-    most.activations *= scale, most.workspace *= scale, most.comm_buffers *= scale;
   }
   return most;
 }
@@ -79,6 +75,15 @@ std::string join_ints(const std::vector<int>& values) {
 }
 
 }  // namespace
+
+GpuLayout gpu_layout(const project::WorkloadOptions& workload) {
+  GpuLayout layout;
+  layout.element_bytes = workload.element_bytes;
+  layout.flash_attention = workload.attention != "unfused";
+  return layout;
+}
+
+double memory_total(const MemoryUse& m) { return m.params + m.grads + m.optimizer + m.activations + m.workspace + m.comm_buffers; }
 
 PredictedStep predict_step(const StepCase& step, const project::System& system) {
   const TrainConfig& c = step.config;
@@ -113,6 +118,10 @@ PredictedStep predict_step(const StepCase& step, const project::System& system) 
   out.hfu = step_s > 0 && out.peak_per_rank > 0
                 ? (out.flop_per_rank + out.recompute_flop_per_rank) / (step_s * out.peak_per_rank) : 0;
   out.memory = memory_per_rank(step);
+  if (system.device.memory_capacity) {
+    out.memory_capacity = system.device.memory_capacity->value;
+    out.fits = memory_total(out.memory) <= out.memory_capacity ? 1 : 0;
+  }
   out.stage_layers = join_ints(stage_partition(c.model, step.grid.pp * c.virtual_stages, c.stage_layers));
   // project/trace_workload.h: a group's collectives and sends on one stream each, its receives on another.
   const int groups = static_cast<int>(trace.groups.size());
@@ -246,7 +255,10 @@ Table prediction_table() {
       .add_column("schedule", K::string, "").add_column("virtual_stages", K::int64, "1")
       .add_column("stage_layers", K::string, "1", "layers of each pipeline stage, in stage order")
       .add_column("sp", K::int64, "1", "sequence parallelism (1: on)")
-      .add_column("comm_algo", K::string, "").add_column("overlap", K::int64, "1")
+      .add_column("comm_algo", K::string, "")
+      .add_column("overlap", K::int64, "1", "gradient reductions during backward (1: on)")
+      .add_column("overlap_param_gather", K::int64, "1", "the optimizer's parameter gathers beside the next forward (1: on)")
+      .add_column("tp_comm_overlap", K::int64, "1", "tensor-parallel communication beside the GEMMs (1: on)")
       .add_column("system", K::string, "", "the system description's name")
       .add_column("dtype", K::string, "", "of GEMMs and attention")
       .add_column("element_bytes", K::int64, "B", "of activations, gradients and the step's collectives")
@@ -268,7 +280,10 @@ Table prediction_table() {
       .add_column("hfu", K::float64, "1", "(model + recomputed FLOPs) / (predicted step x peak x ranks)");
   for (const char* category : kMemory)
     t.add_column(std::string("memory_") + category, K::float64, "B",
-                 "formula (train/step_formulas.h; element_bytes 2: mixed precision), max over ranks");
+                 "formula (train/step_formulas.h; element_bytes 2: a GPU step's, train/gpu_memory.h), max over ranks");
+  t.add_column("memory_capacity", K::float64, "B", "the description's device.memory_capacity; 0: not given")
+      .add_column("fits", K::int64, "1", "1: the memory per rank (all categories) is within the capacity; 0: above it; "
+                  "-1: no capacity given");
   t.add_column("trace_seconds", K::float64, "s", "wall time of tracing the step")
       .add_column("simulate_seconds", K::float64, "s", "wall time of the three simulations");
   return t;
@@ -290,6 +305,8 @@ void add_prediction_row(Table& t, int64_t index, const StepCase& step, const Pre
       .set("grid_order", step.trace.grid_order).set("schedule", name(c.schedule)).set("virtual_stages", c.virtual_stages)
       .set("stage_layers", p.stage_layers).set("sp", c.sequence_parallel ? 1 : 0)
       .set("comm_algo", std::string(coll::name(c.comm_algo))).set("overlap", c.overlap ? 1 : 0)
+      .set("overlap_param_gather", step.trace.overlap_param_gather ? 1 : 0)
+      .set("tp_comm_overlap", step.trace.tp_comm_overlap ? 1 : 0)
       .set("system", system_name).set("dtype", step.workload.dtype).set("element_bytes", step.workload.element_bytes)
       .set("step_time", p.prediction.step_s).set("step_time_low", p.prediction.step_low_s)
       .set("step_time_high", p.prediction.step_high_s);
@@ -301,6 +318,7 @@ void add_prediction_row(Table& t, int64_t index, const StepCase& step, const Pre
   t.set("tokens_per_s", p.tokens_per_s).set("flop", p.flop_per_rank).set("flop_recompute", p.recompute_flop_per_rank)
       .set("peak_per_rank", p.peak_per_rank).set("mfu", p.mfu).set("hfu", p.hfu);
   for (const char* category : kMemory) t.set(std::string("memory_") + category, memory_of(p.memory, category));
+  t.set("memory_capacity", p.memory_capacity).set("fits", static_cast<int64_t>(p.fits));
   t.set("trace_seconds", p.trace_s).set("simulate_seconds", p.simulate_s);
   t.end_row();
 }

@@ -8,10 +8,11 @@
 //   x tokens of the global batch / (predicted step x the description's dense peak of the workload's dtype x ranks);
 //   HFU adds the recomputed FLOPs (train::recompute_flops_per_token).
 // - Memory per rank (the largest over the pipeline ranks, per category): train::memory_estimate, the CPU step's
-//   fp32 formulas, for element_bytes 4. For 2-byte elements (bf16 mixed precision) the model states follow
-//   research.md's mixed-precision count (train::kMixedPrecisionStates: 2 B parameters, 2 B gradients, 12 B optimizer
-//   states per element, so the fp32 formulas' 4, 4, 8 B are scaled by 1/2, 1/2, 3/2) and activations, workspace and
-//   communication buffers by element_bytes / 4.
+//   fp32 formulas, for element_bytes 4. For 2-byte elements, a GPU step in mixed precision
+//   (train::gpu_memory_estimate): model states at research.md's mixed-precision count (train::kMixedPrecisionStates:
+//   2 B parameters, 2 B gradients, 12 B optimizer states per element) and Korthikanti et al.'s activations for the
+//   workload's attention (flash: no s^2 scores). A step fits when the total is within the description's
+//   device.memory_capacity.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include "project/predict.h"
 #include "project/system.h"
 #include "results/table.h"
+#include "train/gpu_memory.h"
 #include "train/trainer.h"
 
 namespace strata {
@@ -48,10 +50,16 @@ struct PredictedStep {
   double peak_per_rank = 0;                               // the description's peak of the workload's dtype
   double tokens_per_s = 0, mfu = 0, hfu = 0;
   train::MemoryUse memory;  // per rank: the largest over the pipeline ranks, per category
+  double memory_capacity = 0;  // B per device: the description's device.memory_capacity; 0 when it gives none
+  int fits = -1;               // 1: the memory per rank (all categories) is within it; 0: above it; -1: no capacity
   std::string stage_layers;  // layers of each stage, comma-separated
   std::map<int, std::string> streams;  // the simulated streams' names, for a Chrome trace
   std::vector<std::string> phases;     // per interval of the timeline: its op's phase
 };
+
+// The GPU memory layout of a workload: its element size, and flash attention unless it runs attention unfused.
+train::GpuLayout gpu_layout(const project::WorkloadOptions& workload);
+double memory_total(const train::MemoryUse& memory);  // all categories
 
 // Throws std::invalid_argument for a configuration the step refuses on the grid (a strategy on uneven groups, a
 // model that does not divide) or a description the simulator refuses.

@@ -126,9 +126,25 @@ void print_prediction(const StepCase& step, const PredictedStep& p) {
   std::printf("#   memory/rank (formula, max over ranks): parameters %s, gradients %s, optimizer %s, activations %s, "
               "workspace %s, communication buffers %s; total %s\n",
               format_gib(mem.params).c_str(), format_gib(mem.grads).c_str(), format_gib(mem.optimizer).c_str(), format_gib(mem.activations).c_str(),
-              format_gib(mem.workspace).c_str(), format_gib(mem.comm_buffers).c_str(),
-              format_gib(mem.params + mem.grads + mem.optimizer + mem.activations + mem.workspace + mem.comm_buffers).c_str());
+              format_gib(mem.workspace).c_str(), format_gib(mem.comm_buffers).c_str(), format_gib(memory_total(mem)).c_str());
+  if (p.fits >= 0)
+    std::printf("#   device memory %s: %s\n", format_gib(p.memory_capacity).c_str(),
+                p.fits ? "fits" : "does NOT fit (warning on stderr)");
   std::fflush(stdout);
+}
+
+// A prediction whose memory per rank exceeds the device's: the step as configured would not run there. On stderr
+// even with --quiet: the step time of a configuration that cannot run is no answer.
+void warn_does_not_fit(const StepCase& step, const PredictedStep& p, const std::string& system_path) {
+  const train::MemoryUse& m = p.memory;
+  std::fprintf(stderr,
+               "strata-project predict: warning: %s does not fit: %s per rank predicted (parameters %s, gradients %s, "
+               "optimizer %s, activations %s, workspace %s, communication buffers %s), above the device's memory "
+               "capacity of %s (%s device.memory_capacity)\n",
+               step.label.c_str(), format_gib(memory_total(m)).c_str(), format_gib(m.params).c_str(),
+               format_gib(m.grads).c_str(), format_gib(m.optimizer).c_str(), format_gib(m.activations).c_str(),
+               format_gib(m.workspace).c_str(), format_gib(m.comm_buffers).c_str(), format_gib(p.memory_capacity).c_str(),
+               system_path.c_str());
 }
 
 // Where the timeline of prediction `index` of `count` goes: FILE itself for one, FILE with the index before its
@@ -146,6 +162,7 @@ std::string case_label(const train::Strategy& strategy, train::Recompute mode) {
 int predict(int argc, char** argv) {
   StepFlags f;
   std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash";
+  std::string tp_comm_overlap = "off", overlap_param_gather = "off";
   int nodes = 0, gpus = 0, element_bytes = 0;
   bool quiet = false;
   Cli cli("strata-project predict",
@@ -168,6 +185,12 @@ int predict(int argc, char** argv) {
              "frameworks ran it before flash attention)", attention, {"flash", "unfused"});
   cli.option("element-bytes", 0, "bytes of an activation, gradient and collective element (0: 2 for bf16 and fp16, "
              "else 4)", element_bytes, 0);
+  cli.alias("overlap-grad-reduce", "overlap");
+  cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
+             "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", tp_comm_overlap, {"on", "off"});
+  cli.choice("overlap-param-gather", 0, "the optimizer's parameter all-gathers (sharded optimizer states, whole "
+             "parameters: ZeRO-1/2, Megatron's distributed optimizer) beside the next forward (Megatron-Core's "
+             "--overlap-param-gather, off by default there too)", overlap_param_gather, {"on", "off"});
   cli.option("timeline", 0, "write the predicted timeline as a Chrome trace (JSON; with several predictions, one file "
              "each, the index before the extension)", timeline);
   cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/)", output);
@@ -202,6 +225,9 @@ int predict(int argc, char** argv) {
     }
   }
   StepPlan plan = plan_step(f, world);
+  if (tp_comm_overlap == "on" && plan.grid.tp > 1 && !plan.config.sequence_parallel)
+    throw UsageError("--tp-comm-overlap on needs --sp: the tensor-parallel communication it overlaps with the GEMMs is "
+                     "sequence parallelism's all-gathers and reduce-scatters (Megatron-Core requires it too)");
   std::optional<nlohmann::json> policy;
   if (!policy_path.empty()) policy = read_json_file(policy_path, "recompute policy");
   if (f.recompute == "all" && !policy) std::erase(plan.modes, train::Recompute::overlap);  // placed only from a policy
@@ -215,6 +241,8 @@ int predict(int argc, char** argv) {
       step.grid = plan.grid;
       step.trace.ranks_per_node = f.group_size > 0 ? f.group_size : per_node;
       step.trace.grid_order = f.grid_order;
+      step.trace.tp_comm_overlap = tp_comm_overlap == "on";
+      step.trace.overlap_param_gather = overlap_param_gather == "on";
       step.workload = {dtype, element_bytes, attention};
       if (mode == train::Recompute::overlap) {
         if (!policy)
@@ -240,11 +268,13 @@ int predict(int argc, char** argv) {
   if (!quiet) {
     std::printf("# strata-project predict: %s (%s parameters) on %d rank(s) of %s (%d per node): tp %d x pp %d x dp %d, "
                 "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention, %d-byte "
-                "elements; comm %s, overlap %s\n",
+                "elements; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
+                "communication %s\n",
                 model.name.c_str(), format_si(static_cast<double>(model.parameters())).c_str(), world, system.name.c_str(),
                 steps.front().trace.ranks_per_node, plan.grid.tp, plan.grid.pp, plan.grid.dp, plan.config.micro_batch,
                 plan.config.seq, plan.config.accumulation, static_cast<long long>(plan.global_rows), dtype.c_str(),
-                element_bytes, f.comm_algo.c_str(), f.overlap.c_str());
+                element_bytes, f.comm_algo.c_str(), f.overlap.c_str(), overlap_param_gather.c_str(),
+                tp_comm_overlap.c_str());
     std::printf("# step: the simulated step (last op's end over ranks) [interval: the description's figures at the ends of "
                 "their spreads]; MFU: 6N + 6Lhs model FLOPs per token over the description's %s peak (%s FLOP/s per rank)\n",
                 dtype.c_str(), format_si(system.device.compute.at(dtype).peak_flops.value).c_str());
@@ -254,6 +284,7 @@ int predict(int argc, char** argv) {
   for (const StepCase& step : steps) {
     const auto start = std::chrono::steady_clock::now();
     predicted.push_back(predict_step(step, system));
+    if (predicted.back().fits == 0) warn_does_not_fit(step, predicted.back(), system_path);
     if (!quiet) {
       print_prediction(step, predicted.back());
       std::printf("#   predicted in %.2f s (this machine)\n",

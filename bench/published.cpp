@@ -38,6 +38,7 @@ struct Row {
   int gpus = 0;
   std::string dtype;
   std::string attention = "flash";  // flash, or unfused (the scores materialised)
+  bool tp_comm_overlap = false, overlap_param_gather = false;  // predict's defaults where the row says nothing
   double measured_s = 0;
   bool derived = false;  // the step time is derived from a published throughput
   std::string skipped;   // why the row is not predicted; empty when it is
@@ -74,8 +75,8 @@ class RowReader {
     if (!row_[name].is_string()) fail(name, "a string is required, got " + text_of(row_[name]));
     return row_[name].get<std::string>();
   }
-  bool flag(const std::string& name) const {
-    if (!row_.contains(name) || row_[name].is_null()) return false;
+  bool flag(const std::string& name, bool otherwise = false) const {
+    if (!row_.contains(name) || row_[name].is_null()) return otherwise;
     if (!row_[name].is_boolean()) fail(name, "true or false is required, got " + text_of(row_[name]));
     return row_[name].get<bool>();
   }
@@ -159,6 +160,14 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   row.dtype = dtype_of(r.optional_text("precision").value_or("bf16"));
   row.attention = r.optional_text("attention").value_or("flash");
   if (row.attention != "flash" && row.attention != "unfused") r.fail("attention", "flash or unfused, got '" + row.attention + "'");
+  // What the row's framework overlapped; unstated: strata-project predict's defaults (gradient reductions during
+  // backward on, the rest off).
+  f.overlap = r.flag("overlap_grad_reduce", true) ? "on" : "off";
+  row.overlap_param_gather = r.flag("overlap_param_gather");
+  row.tp_comm_overlap = r.flag("tp_comm_overlap");
+  if (row.tp_comm_overlap && tp > 1 && !f.sp)
+    r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "
+                              "reduce-scatters)");
   return row;
 }
 
@@ -288,6 +297,8 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     step.grid = plan.grid;
     step.trace.ranks_per_node = system.device.devices_per_node;
     step.trace.grid_order = flags.grid_order;
+    step.trace.tp_comm_overlap = row.tp_comm_overlap;
+    step.trace.overlap_param_gather = row.overlap_param_gather;
     step.workload = {row.dtype, 2, row.attention};
     Result result;
     result.row = &row;
@@ -332,6 +343,11 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
               "published - 1 of the step time (published, or derived from the published throughput)\n",
               o.file.c_str(), results.size(), skipped.size());
   for (const auto& [row, why] : skipped) std::printf("# not predicted: %s (%s): %s\n", row->id.c_str(), row->part.c_str(), why.c_str());
+  for (const Result& r : results)
+    if (r.predicted.fits == 0)
+      std::printf("# memory: %s (%s) is predicted to need %s per GPU, above the %s of its description\n", r.row->id.c_str(),
+                  r.row->gpu.c_str(), format_gib(memory_total(r.predicted.memory)).c_str(),
+                  format_gib(r.predicted.memory_capacity).c_str());
   std::printf("| part | GPU | rows | mean |error| | mean error | worst |error| |\n|---|---|---|---|---|---|\n");
   bool missed = false;
   for (const auto& [key, s] : summaries) {

@@ -35,7 +35,8 @@ void add_batch_flags(Cli& cli, StepFlags& o) {
   cli.option("group-size", 'g', "ranks per group (an emulated node) for I strategies; 0: real nodes", o.group_size, 0);
   cli.option("trainable", 0, "all, a fraction of the layers from the last (0.25), or last:K", o.trainable);
   cli.choice("comm-algo", 0, "algorithms of the step's collectives", o.comm_algo, {"library", "ring", "hierarchical", "horing", "shm"});
-  cli.choice("overlap", 0, "reduce gradients during backward and gather parameters ahead", o.overlap, {"on", "off"});
+  cli.choice("overlap", 0, "reduce gradients during backward (as Megatron-Core's --overlap-grad-reduce) and gather "
+             "sharded parameters ahead", o.overlap, {"on", "off"});
 }
 
 void add_grid_flags(Cli& cli, StepFlags& o) {

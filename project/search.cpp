@@ -158,15 +158,9 @@ RankMemory memory_per_rank(const SearchSpace& space, const Candidate& k, int dev
   RankMemory best;
   double most = -1;
   for (int r = 0; r < k.pp; ++r) {
-    train::MemoryUse use = train::memory_estimate(config, data_parallel_layout(k, devices_per_node, space.devices, r));
-    if (mixed) {
-      // The fp32 accounting (4, 4, 8 bytes per parameter; 4 per activation element) in mixed precision.
-      use.params *= train::kMixedPrecisionStates.params / train::kFp32States.params;
-      use.grads *= train::kMixedPrecisionStates.grads / train::kFp32States.grads;
-      use.optimizer *= train::kMixedPrecisionStates.optimizer / train::kFp32States.optimizer;
-      use.activations *= 0.5, use.workspace *= 0.5, use.comm_buffers *= 0.5;
-    }
-    const RankMemory here{use, r};
+    const train::DataParallelShape shape = data_parallel_layout(k, devices_per_node, space.devices, r);
+    // A 16-bit step is a GPU's, held as predict holds it (train/gpu_memory.h, flash attention); fp32 the executor's.
+    const RankMemory here{mixed ? train::gpu_memory_estimate(config, shape) : train::memory_estimate(config, shape), r};
     if (here.total() > most) most = here.total(), best = here;
   }
   return best;

@@ -15,10 +15,10 @@
 //   recompute none, full, selective. Overlapped recomputation needs a measured placement (train/overlap.h) and is
 //        not searched.
 //   strategy each runnable one (train::runnable_strategies; a named one train::refusal_reason refuses is refused)
-// Memory: train::memory_estimate for every pipeline rank, the largest counted. It is the CPU executor's fp32
-// accounting; for a 16-bit dtype (bf16, fp16, fp8) the search takes mixed precision instead: model states at
-// train::kMixedPrecisionStates (2, 2, 12 bytes per parameter, the fp32 figures scaled per category) and
-// activations, workspace and communication buffers at 2 bytes an element (half the fp32 figure).
+// Memory: for every pipeline rank, the largest counted, as strata-project predict counts it: for a 16-bit dtype
+// (bf16, fp16, fp8) a GPU step in mixed precision (train::gpu_memory_estimate: model states at
+// train::kMixedPrecisionStates, 2, 2 and 12 bytes per parameter; Korthikanti et al.'s activations with flash
+// attention), for fp32 the CPU executor's accounting (train::memory_estimate).
 // Each configuration that fits is traced (train::trace_step), its operation graph compacted (compact_workload,
 // below: the same predicted timeline from fewer operations) and simulated (project::simulate).
 //
@@ -54,6 +54,7 @@
 #include "project/paro_rule.h"
 #include "project/simulate.h"
 #include "project/trace_workload.h"
+#include "train/gpu_memory.h"
 #include "train/step_formulas.h"
 #include "train/trainer.h"
 

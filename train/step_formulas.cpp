@@ -181,19 +181,44 @@ double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int t
   return 4 * (2 * R * C + N * C + N * (3 * A + Q + 2 * KV + 2 * F) + gathered) + 8 * C;
 }
 
-MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) {
+namespace {
+
+// The parameters of the units the rank holds, the trainable ones among them, and the largest unit padded to the
+// data-parallel degree, in bytes of fp32.
+struct HeldUnits {
+  double held = 0, trainable = 0, largest = 0;
+};
+
+HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
   const ParameterLayout layout(c.model, tensor_shard(c.model, shape.tp, 0));
   const std::vector<Slice> units = layout.units();
   const std::vector<bool> trains = trainable_units(c.model, c.trainable);
   const RankUnits here = rank_units(c, shape);
-  double held = 0, trainable = 0, largest = 0;
+  HeldUnits h;
   for (std::size_t u = 0; u < units.size(); ++u) {
     if (!here.held[u]) continue;
-    held += static_cast<double>(units[u].size);
-    if (trains[u]) trainable += static_cast<double>(units[u].size);
-    largest = std::max(largest, 4.0 * static_cast<double>(padded(units[u].size, shape.n)));
+    h.held += static_cast<double>(units[u].size);
+    if (trains[u]) h.trainable += static_cast<double>(units[u].size);
+    h.largest = std::max(h.largest, 4.0 * static_cast<double>(padded(units[u].size, shape.n)));
   }
-  const ModelStateMemory states = model_state_memory(c.strategy, held, trainable, shape.m, shape.n, kFp32States);
+  return h;
+}
+
+}  // namespace
+
+double data_parallel_buffer_bytes(const TrainConfig& c, const DataParallelShape& shape) {
+  const HeldUnits h = held_units(c, shape);
+  double bytes = 0;
+  if (c.strategy.params != Sharding::none) bytes += 4 * h.largest;
+  if (c.strategy.grads != Sharding::none) bytes += 4 * h.largest;
+  if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) bytes += 4 * h.trainable / shape.m;
+  return bytes;
+}
+
+MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) {
+  const HeldUnits h = held_units(c, shape);
+  const RankUnits here = rank_units(c, shape);
+  const ModelStateMemory states = model_state_memory(c.strategy, h.held, h.trainable, shape.m, shape.n, kFp32States);
   MemoryUse use;
   use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
   const bool sp = c.sequence_parallel && shape.tp > 1;
@@ -206,9 +231,7 @@ MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) 
     // flight there, which in 1F1B is one more than here.
     if (!plan.embedding) use.comm_buffers += (plan.activation_sets + 1) * message;
   }
-  if (c.strategy.params != Sharding::none) use.comm_buffers += 4 * largest;
-  if (c.strategy.grads != Sharding::none) use.comm_buffers += 4 * largest;
-  if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) use.comm_buffers += 4 * trainable / shape.m;
+  use.comm_buffers += data_parallel_buffer_bytes(c, shape);
   return use;
 }
 

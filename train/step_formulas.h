@@ -103,5 +103,7 @@ double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int t
 // gradient waiting for the stage below, one per micro-batch in flight there (one more than here in 1F1B), (R, C)
 // floats each.
 MemoryUse memory_estimate(const TrainConfig& config, const DataParallelShape& shape);
+// The data-parallel part of those communication buffers (fp32), the same for every pipeline layout.
+double data_parallel_buffer_bytes(const TrainConfig& config, const DataParallelShape& shape);
 
 }  // namespace strata::train

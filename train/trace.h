@@ -25,6 +25,9 @@ struct TraceOp {
   // reductions, the waits at the end of the passes).
   std::string phase;
   std::vector<int> depends_on;  // earlier ops of the same rank that must end before this one starts
+  // The parameter unit (embeddings 0, layers 1..L, final norm L + 1) whose forward or backward pass issued the op,
+  // or whose update or post-update gather it is; -1 outside them.
+  int unit = -1;
   // gemm: C (m, n) = A (m, k) B (k, n)
   std::int64_t m = 0, n = 0, k = 0;
   // attention: batch, heads, query and key lengths, head dimension, causal, forward or backward

@@ -1,6 +1,8 @@
 // Recording a traced step (see tracer.h).
 #include "train/tracer.h"
 
+#include <algorithm>
+#include <map>
 #include <stdexcept>
 
 namespace strata::train {
@@ -24,6 +26,7 @@ int Tracer::add(TraceOp op) {
     op.depends_on = {last_compute_};
   }
   op.phase = phase_;
+  op.unit = unit_;
   const int index = static_cast<int>(ops_.size());
   ops_.push_back(std::move(op));
   done_.push_back(std::make_shared<bool>(compute));
@@ -100,6 +103,120 @@ void Tracer::complete(int op) {
   if (*done_[static_cast<std::size_t>(op)]) return;
   *done_[static_cast<std::size_t>(op)] = true;
   waited_.push_back(op);
+}
+
+namespace {
+
+bool is_compute(TraceOpKind kind) {
+  return kind == TraceOpKind::gemm || kind == TraceOpKind::attention || kind == TraceOpKind::elementwise;
+}
+
+void add_dependency(TraceOp& op, int on) {
+  if (std::find(op.depends_on.begin(), op.depends_on.end(), on) == op.depends_on.end()) op.depends_on.push_back(on);
+}
+
+}  // namespace
+
+int overlap_tensor_parallel_communication(StepTrace& trace) {
+  int moved = 0;
+  for (TraceRank& rank : trace.ranks) {
+    std::vector<TraceOp>& ops = rank.ops;
+    const int n = static_cast<int>(ops.size());
+    std::vector<int> previous_compute(static_cast<std::size_t>(n), -1), next_compute(static_cast<std::size_t>(n), -1);
+    for (int i = 0, last = -1; i < n; ++i) {
+      previous_compute[static_cast<std::size_t>(i)] = last;
+      if (is_compute(ops[static_cast<std::size_t>(i)].kind)) last = i;
+    }
+    for (int i = n - 1, next = -1; i >= 0; --i) {
+      next_compute[static_cast<std::size_t>(i)] = next;
+      if (is_compute(ops[static_cast<std::size_t>(i)].kind)) next = i;
+    }
+    for (int i = 0; i < n; ++i) {
+      TraceOp& op = ops[static_cast<std::size_t>(i)];
+      if (op.kind != TraceOpKind::collective || op.group < 0 || trace.groups.at(static_cast<std::size_t>(op.group)).role != "tp")
+        continue;
+      if (op.collective == TraceCollective::allgather) {
+        // The first compute op that waits for the gather: a GEMM runs beside it, the op after the GEMM waits.
+        int reader = next_compute[static_cast<std::size_t>(i)];
+        while (reader >= 0 && std::find(ops[static_cast<std::size_t>(reader)].depends_on.begin(),
+                                        ops[static_cast<std::size_t>(reader)].depends_on.end(),
+                                        i) == ops[static_cast<std::size_t>(reader)].depends_on.end())
+          reader = next_compute[static_cast<std::size_t>(reader)];
+        if (reader < 0 || ops[static_cast<std::size_t>(reader)].kind != TraceOpKind::gemm) continue;
+        const int after = next_compute[static_cast<std::size_t>(reader)];
+        if (after < 0) continue;
+        std::vector<int>& waits = ops[static_cast<std::size_t>(reader)].depends_on;
+        waits.erase(std::remove(waits.begin(), waits.end(), i), waits.end());
+        add_dependency(ops[static_cast<std::size_t>(after)], i);
+        ++moved;
+      } else if (op.collective == TraceCollective::reduce_scatter) {
+        // The GEMM whose output it reduces: the collective starts when the GEMM could.
+        const int producer = previous_compute[static_cast<std::size_t>(i)];
+        if (producer < 0 || ops[static_cast<std::size_t>(producer)].kind != TraceOpKind::gemm ||
+            std::find(op.depends_on.begin(), op.depends_on.end(), producer) == op.depends_on.end())
+          continue;
+        std::vector<int> waits = ops[static_cast<std::size_t>(producer)].depends_on;
+        if (const int before = previous_compute[static_cast<std::size_t>(producer)]; before >= 0) waits.push_back(before);
+        for (int d : op.depends_on)
+          if (d != producer) waits.push_back(d);
+        std::sort(waits.begin(), waits.end());
+        waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
+        op.depends_on = std::move(waits);
+        ++moved;
+      }
+    }
+  }
+  return moved;
+}
+
+int overlap_parameter_gathers(StepTrace& trace) {
+  int moved = 0;
+  for (TraceRank& rank : trace.ranks) {
+    std::vector<TraceOp>& ops = rank.ops;
+    const std::size_t n = ops.size();
+    std::vector<char> gather(n, 0);
+    std::vector<std::size_t> order;  // the gathers first, then every other op, each in its order
+    for (std::size_t i = 0; i < n; ++i) {
+      const TraceOp& op = ops[i];
+      gather[i] = op.kind == TraceOpKind::collective && op.collective == TraceCollective::allgather &&
+                  op.phase == "optimizer" && op.unit >= 0;
+      if (gather[i]) order.push_back(i);
+    }
+    if (order.empty()) continue;
+    const std::size_t gathers = order.size();
+    for (std::size_t i = 0; i < n; ++i)
+      if (!gather[i]) order.push_back(i);
+    std::vector<int> position(n);
+    for (std::size_t p = 0; p < n; ++p) position[order[p]] = static_cast<int>(p);
+    // Each unit's first compute op of the forward pass, at its new position.
+    std::map<int, int> first_forward;
+    for (std::size_t i = 0; i < n; ++i)
+      if (ops[i].phase == "forward" && ops[i].unit >= 0 && is_compute(ops[i].kind)) first_forward.emplace(ops[i].unit, position[i]);
+    std::vector<TraceOp> moved_ops;
+    moved_ops.reserve(n);
+    for (std::size_t p = 0; p < n; ++p) {
+      TraceOp op = std::move(ops[order[p]]);
+      std::vector<int> waits;
+      if (p >= gathers)
+        for (int d : op.depends_on)
+          if (!gather[static_cast<std::size_t>(d)]) waits.push_back(position[static_cast<std::size_t>(d)]);
+      op.depends_on = std::move(waits);
+      moved_ops.push_back(std::move(op));
+    }
+    for (std::size_t g = 0; g < gathers; ++g) {
+      const int unit = moved_ops[g].unit;
+      auto reader = first_forward.find(unit);
+      // A unit no forward op here belongs to (the token table's copy beside the head): the head's, the last unit.
+      if (reader == first_forward.end() && !first_forward.empty()) reader = std::prev(first_forward.end());
+      if (reader == first_forward.end()) continue;
+      std::vector<int>& waits = moved_ops[static_cast<std::size_t>(reader->second)].depends_on;
+      waits.push_back(static_cast<int>(g));
+      std::sort(waits.begin(), waits.end());
+      ++moved;
+    }
+    ops = std::move(moved_ops);
+  }
+  return moved;
 }
 
 }  // namespace strata::train

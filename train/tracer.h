@@ -51,6 +51,8 @@ class Tracer : public coll::GroupTrace {
   // The phase every op recorded from now on is issued in (TraceOp::phase).
   void set_phase(std::string phase) { phase_ = std::move(phase); }
   const std::string& phase() const { return phase_; }
+  // The parameter unit every op recorded from now on belongs to (TraceOp::unit); -1: none.
+  void set_unit(int unit) { unit_ = unit; }
 
   std::vector<TraceOp> take() { return std::move(ops_); }
 
@@ -63,6 +65,26 @@ class Tracer : public coll::GroupTrace {
   std::vector<int> waited_;  // completed since the last compute op
   std::string next_name_;
   std::string phase_;
+  int unit_ = -1;
 };
+
+// What production frameworks overlap that this executor runs one after another, as the traced graph's dependencies
+// (the simulator runs a group's collectives on their own stream, so a dependency removed is an overlap gained).
+//
+// Tensor-parallel communication beside the GEMMs (Megatron-Core's --tp-comm-overlap, Transformer Engine's
+// userbuffers; sequence parallelism only, as there): a tensor-parallel all-gather whose first reader is a GEMM runs
+// beside that GEMM, and the compute op after the GEMM waits for it instead; a tensor-parallel reduce-scatter of a
+// GEMM's output starts with that GEMM rather than after it. Framework kernels pipeline the GEMM over chunks of the
+// collective; the trace runs the two side by side, so a pair takes the longer of the two (plus the system's overlap
+// slowdown on the GEMM), not their sum. Returns the collectives it moved.
+int overlap_tensor_parallel_communication(StepTrace& trace);
+
+// The optimizer's parameter all-gathers (the post-update gathers of a strategy whose parameters are held whole
+// and whose optimizer states are sharded: Megatron's distributed optimizer, ZeRO-1 and 2) overlapped with the next
+// step's forward (Megatron-Core's --overlap-param-gather): a step's gathers are the previous update's, so each rank
+// starts them first, in their order, waiting for nothing, and each unit's first forward op waits for its own (the
+// token table's copy on a stage without the embeddings: for the head's first op, which reads it). Nothing waits for
+// them at the end of the step any more. Returns the gathers it moved.
+int overlap_parameter_gathers(StepTrace& trace);
 
 }  // namespace strata::train

@@ -717,6 +717,7 @@ struct Trainer::Impl {
       trace_phase(phase);
       body();
       trace_phase("");
+      if (tracer) tracer->set_unit(-1);
       const double end = now();
       seconds += end - start - (exposed - exposed_before);
       if (timeline) timeline->push_back({what, "compute", "", start, end, 0});
@@ -814,6 +815,7 @@ struct Trainer::Impl {
       LayerHooks hooks;
       hooks.before_forward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
+        if (tracer) tracer->set_unit(static_cast<int>(u));
         at_hook();
         need_params(u);
         point(u);
@@ -826,6 +828,7 @@ struct Trainer::Impl {
       };
       hooks.before_backward = [&](int layer) {
         const std::size_t u = static_cast<std::size_t>(layer + 1);
+        if (tracer) tracer->set_unit(static_cast<int>(u));
         at_hook();
         unit_backward_start = now(), unit_exposed_start = exposed, unit_recompute = 0;
         if (u >= 1) {
@@ -962,6 +965,7 @@ struct Trainer::Impl {
     adamw.learning_rate = stats.lr = learning_rate(c.lr, step_index);
     for (std::size_t u = 0; u < U; ++u) {
       if (!units[u].trains) continue;
+      if (tracer) tracer->set_unit(static_cast<int>(u));
       const std::size_t count = held(units[u], c.strategy.optimizer);
       // Parameters, both moments read and written, the gradient read.
       compute("adamw", 7.0 * static_cast<double>(count), [&] {
@@ -970,6 +974,7 @@ struct Trainer::Impl {
       });
       synchronise_parameters(u);
     }
+    if (tracer) tracer->set_unit(-1);
     wait_all();
     for (std::size_t u = 0; u < U; ++u) {
       release(reduced[u]);
@@ -1091,6 +1096,8 @@ StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, con
     trace.ranks.push_back({rank, grid.tp * grid.dp, tracer.take()});
   }
   trace.groups = groups.all();
+  if (options.tp_comm_overlap) overlap_tensor_parallel_communication(trace);
+  if (options.overlap_param_gather) overlap_parameter_gathers(trace);
   return trace;
 }
 

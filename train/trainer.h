@@ -109,6 +109,12 @@ struct TraceOptions {
   // One configuration per pipeline rank where they differ (overlap's placement: each rank's kept ops and
   // recomputations in windows, apply_placement in overlap.h); empty: `config` on every rank.
   std::vector<TrainConfig> pipeline_rank_configs;
+  // What production frameworks overlap that the executor runs one after another (tracer.h): tensor-parallel
+  // all-gathers and reduce-scatters beside their GEMMs (Megatron-Core's --tp-comm-overlap), and the optimizer's
+  // parameter all-gathers beside the next forward (--overlap-param-gather). The gradients' reductions during backward
+  // are the executor's own (TrainConfig::overlap).
+  bool tp_comm_overlap = false;
+  bool overlap_param_gather = false;
 };
 StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, const TraceOptions& options = {});
 

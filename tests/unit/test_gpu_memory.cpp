@@ -1,0 +1,205 @@
+// A 16-bit GPU step's memory (train/gpu_memory.h) against Korthikanti et al. 2022 ("Reducing Activation
+// Recomputation in Large Transformer Models", arXiv 2205.05198): Table 2's activations per layer and Section 4.3's
+// first pipeline stage at Table 3's four configurations (22B, 175B, 530B, 1T on A100s; the figures Figure 7 sets
+// against the tensor-parallel baseline), each model fitting 80 GB with sequence parallelism and selective or full
+// recomputation, and the baseline of the two largest not fitting (the paper's reason for the techniques).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "train/gpu_memory.h"
+#include "train/step_formulas.h"
+
+namespace strata::train {
+namespace {
+
+// Table 3: the paper's configurations (sequence 2048, vocabulary 51200, tensor parallelism 8), micro-batch and
+// global batch of Table 5's runs; 175B and 530B interleaved with 3 chunks per rank.
+struct PaperModel {
+  std::string name;
+  int heads, hidden, layers, pp, chunks, micro_batch, global_batch;
+};
+const std::vector<PaperModel>& paper_models() {
+  static const std::vector<PaperModel> models = {{"22B", 64, 6144, 48, 1, 1, 4, 4},
+                                                 {"175B", 96, 12288, 96, 8, 3, 1, 64},
+                                                 {"530B", 128, 20480, 105, 35, 3, 1, 280},
+                                                 {"1T", 160, 25600, 128, 64, 1, 1, 512}};
+  return models;
+}
+constexpr int kSeq = 2048, kTp = 8;
+
+ModelConfig model_of(const PaperModel& p) {
+  ModelConfig m;
+  m.name = p.name, m.layers = p.layers, m.hidden = p.hidden, m.heads = p.heads, m.kv_heads = p.heads;
+  m.vocab = 51200, m.max_seq = kSeq;
+  return m;
+}
+
+TrainConfig config_of(const PaperModel& p, Recompute recompute, bool sp) {
+  TrainConfig c;
+  c.model = model_of(p);
+  c.seq = kSeq, c.micro_batch = p.micro_batch, c.accumulation = p.global_batch / p.micro_batch;
+  c.schedule = p.chunks > 1 ? Schedule::interleaved : Schedule::one_f_one_b, c.virtual_stages = p.chunks;
+  c.recompute = recompute, c.sequence_parallel = sp;
+  return c;
+}
+
+// The paper's layout: materialised scores (its models predate fused attention), dropout masks, 2-byte elements.
+const GpuLayout kPaper{2, false, true};
+
+TEST(GpuMemory, OneLayerIsTable2) {
+  for (const PaperModel& p : paper_models()) {
+    const double s = kSeq, b = p.micro_batch, h = p.hidden, a = p.heads, t = kTp, sbh = s * b * h;
+    const ModelConfig m = model_of(p);
+    // No parallelism: sbh (34 + 5 as/h).
+    EXPECT_DOUBLE_EQ(gpu_activation_bytes(m, p.micro_batch, kSeq, 1, false, kPaper).layer(), sbh * (34 + 5 * a * s / h)) << p.name;
+    // Tensor parallelism: sbh (10 + 24/t + 5 as/(ht)).
+    const GpuActivationBytes tp = gpu_activation_bytes(m, p.micro_batch, kSeq, kTp, false, kPaper);
+    EXPECT_DOUBLE_EQ(tp.layer(), sbh * (10 + 24 / t + 5 * a * s / (h * t))) << p.name;
+    // ... with sequence parallelism: sbh/t (34 + 5 as/h).
+    const GpuActivationBytes sp = gpu_activation_bytes(m, p.micro_batch, kSeq, kTp, true, kPaper);
+    EXPECT_DOUBLE_EQ(sp.layer(), sbh / t * (34 + 5 * a * s / h)) << p.name;
+    // Selective recomputation: sbh (10 + 24/t); with sequence parallelism sbh 34/t.
+    EXPECT_DOUBLE_EQ(gpu_layer_kept_bytes(tp, Recompute::selective), sbh * (10 + 24 / t)) << p.name;
+    EXPECT_DOUBLE_EQ(gpu_layer_kept_bytes(sp, Recompute::selective), sbh * 34 / t) << p.name;
+    // Full recomputation: the layer's input, 2 sbh.
+    EXPECT_DOUBLE_EQ(gpu_layer_kept_bytes(tp, Recompute::full), 2 * sbh) << p.name;
+    EXPECT_DOUBLE_EQ(gpu_layer_kept_bytes(tp, Recompute::none), tp.layer()) << p.name;
+  }
+  // The figures themselves, as fractions of the tensor-parallel baseline (Figure 7: each technique about halves it,
+  // both together are a 5x reduction, full recomputation about a tenth): 22B, 175B, 530B, 1T.
+  const double both[] = {0.161, 0.185, 0.202, 0.202}, sp_only[] = {0.668, 0.620, 0.583, 0.583},
+               selective_only[] = {0.494, 0.565, 0.619, 0.619}, full[] = {0.076, 0.087, 0.095, 0.095};
+  for (std::size_t i = 0; i < paper_models().size(); ++i) {
+    const PaperModel& p = paper_models()[i];
+    const ModelConfig m = model_of(p);
+    const GpuActivationBytes tp = gpu_activation_bytes(m, p.micro_batch, kSeq, kTp, false, kPaper);
+    const GpuActivationBytes sp = gpu_activation_bytes(m, p.micro_batch, kSeq, kTp, true, kPaper);
+    const double baseline = tp.layer();
+    EXPECT_NEAR(gpu_layer_kept_bytes(sp, Recompute::selective) / baseline, both[i], 0.0005) << p.name;
+    EXPECT_NEAR(sp.layer() / baseline, sp_only[i], 0.0005) << p.name;
+    EXPECT_NEAR(gpu_layer_kept_bytes(tp, Recompute::selective) / baseline, selective_only[i], 0.0005) << p.name;
+    EXPECT_NEAR(gpu_layer_kept_bytes(tp, Recompute::full) / baseline, full[i], 0.0005) << p.name;
+  }
+  // 175B with sequence parallelism and selective recomputation: 2048 x 12288 x 34 / 8 B = 106.95 MB per layer.
+  EXPECT_DOUBLE_EQ(gpu_layer_kept_bytes(gpu_activation_bytes(model_of(paper_models()[1]), 1, kSeq, kTp, true, kPaper),
+                                        Recompute::selective),
+                   106954752.0);
+}
+
+// Flash attention keeps the softmax's fp32 log-sum-exp (4 a s b / t) where the paper keeps 5 a s^2 b / t; the rest of
+// the layer is the same, and selective recomputation drops either.
+TEST(GpuMemory, FlashAttentionKeepsNoScores) {
+  const PaperModel& p = paper_models()[1];
+  const ModelConfig m = model_of(p);
+  const GpuActivationBytes flash = gpu_activation_bytes(m, 1, kSeq, kTp, true, {2, true, true});
+  const GpuActivationBytes unfused = gpu_activation_bytes(m, 1, kSeq, kTp, true, kPaper);
+  EXPECT_DOUBLE_EQ(flash.op[static_cast<std::size_t>(LayerOp::core)], 4.0 * p.heads * kSeq / kTp);
+  EXPECT_DOUBLE_EQ(unfused.op[static_cast<std::size_t>(LayerOp::core)], 5.0 * p.heads * kSeq * kSeq / kTp);
+  EXPECT_DOUBLE_EQ(gpu_layer_kept_bytes(flash, Recompute::selective), gpu_layer_kept_bytes(unfused, Recompute::selective));
+  // Without dropout the two masks of the layer go: 2 sbh / t less.
+  const GpuActivationBytes no_dropout = gpu_activation_bytes(m, 1, kSeq, kTp, true, {2, true, false});
+  EXPECT_DOUBLE_EQ(flash.layer() - no_dropout.layer(), 2.0 * kSeq * p.hidden / kTp);
+}
+
+// Section 4.3: the first pipeline stage holds p micro-batches in 1F1B, so L layers of one micro-batch whatever p is;
+// interleaved with v chunks (1 + (p - 1)/(p v)) times that; and the embeddings' dropout mask of the p micro-batches,
+// sbhp/t (sbhp without sequence parallelism), and with one stage the output layer, 4 sbh/t (1 + v/h). Per GPU (GB),
+// SP + selective: 10.509, 13.288, 24.961, 28.941; full recomputation (Table 2's 2 sbh, no SP): 5.293, 6.442, 13.128,
+// 16.777. The estimate adds the recomputation's space, one layer's recomputed terms (the core for selective, all but its input for
+// full), and holds the embeddings' mask of the micro-batches the interleaved schedule has in flight
+// on chunk 0, which the paper rounds to p (15 against 8 for 175B).
+TEST(GpuMemory, FirstStageHoldsSection43sTotal) {
+  const double selective_gb[] = {10.509, 13.288, 24.961, 28.941}, full_gb[] = {5.293, 6.442, 13.128, 16.777};
+  for (std::size_t i = 0; i < paper_models().size(); ++i) {
+    const PaperModel& p = paper_models()[i];
+    const double sbh = double(kSeq) * p.micro_batch * p.hidden;
+    const double layers = p.layers * (p.chunks > 1 ? 1 + (p.pp - 1.0) / (p.pp * p.chunks) : 1.0);
+    auto output = [&](double whole) { return p.pp == 1 ? 4 * sbh / whole + 4.0 * kSeq * p.micro_batch * 51200 / kTp : 0; };
+    const double paper_selective = sbh * 34 / kTp * layers + p.pp * sbh / kTp + output(kTp);
+    const double paper_full = 2 * sbh * layers + p.pp * sbh + output(1);
+    EXPECT_NEAR(paper_selective / 1e9, selective_gb[i], 0.0005) << p.name;
+    EXPECT_NEAR(paper_full / 1e9, full_gb[i], 0.0005) << p.name;
+
+    const GpuActivationBytes sp = gpu_activation_bytes(model_of(p), p.micro_batch, kSeq, kTp, true, kPaper);
+    const GpuActivationBytes tp = gpu_activation_bytes(model_of(p), p.micro_batch, kSeq, kTp, false, kPaper);
+    const double selective = gpu_activation_peak(config_of(p, Recompute::selective, true), p.pp, 0, kTp, true, kPaper) -
+                             sp.op[static_cast<std::size_t>(LayerOp::core)];
+    const double full = gpu_activation_peak(config_of(p, Recompute::full, false), p.pp, 0, kTp, false, kPaper) -
+                        (tp.layer() - tp.input);  // the recomputed layer beside the inputs kept
+    // The layers' share exactly, and the embeddings' and output layer's terms as the schedule holds them.
+    EXPECT_GE(selective, sbh * 34 / kTp * layers) << p.name;
+    // The interleaved schedule has more than p micro-batches in flight on chunk 0 (up to 2p: 15 for 175B, 70 for
+    // 530B), so the embeddings' masks add at most another p of them to the paper's total.
+    EXPECT_GE(selective, paper_selective * (1 - 1e-12)) << p.name;
+    EXPECT_LE(selective, paper_selective + p.pp * sbh / kTp) << p.name;
+    EXPECT_GE(full, 2 * sbh * layers) << p.name;
+    EXPECT_GE(full, paper_full * (1 - 1e-12)) << p.name;
+    EXPECT_LE(full, paper_full + p.pp * sbh) << p.name;
+    if (p.chunks == 1) {  // 1F1B holds exactly p: the paper's totals
+      EXPECT_NEAR(selective, paper_selective, 1e-9 * paper_selective) << p.name;
+      EXPECT_NEAR(full, paper_full, 1e-9 * paper_full) << p.name;
+    }
+  }
+}
+
+// The whole rank (model states in mixed precision, activations, workspace, buffers): every configuration of Table 5
+// fits an 80 GB A100 with sequence parallelism and selective recomputation, and with full recomputation; without
+// recomputation and sequence parallelism the 530B and 1T models do not.
+TEST(GpuMemory, TheTable5ConfigurationsFit80GB) {
+  for (const PaperModel& p : paper_models()) {
+    DataParallelShape shape;
+    shape.tp = kTp, shape.pp = p.pp, shape.pp_rank = 0;
+    auto total = [&](Recompute recompute, bool sp) {
+      double most = 0;
+      for (int r : {0, p.pp - 1}) {
+        shape.pp_rank = r;
+        const MemoryUse m = gpu_memory_estimate(config_of(p, recompute, sp), shape, kPaper);
+        most = std::max(most, m.params + m.grads + m.optimizer + m.activations + m.workspace + m.comm_buffers);
+      }
+      return most;
+    };
+    EXPECT_LT(total(Recompute::selective, true), 80e9) << p.name;
+    EXPECT_LT(total(Recompute::full, false), 80e9) << p.name;
+    if (p.name == "530B" || p.name == "1T") {
+      EXPECT_GT(total(Recompute::none, false), 80e9) << p.name;
+    }
+  }
+}
+
+// The schedule decides the micro-batches in flight: GPipe holds all m, 1F1B's rank r min(p - r, m).
+TEST(GpuMemory, MicroBatchesInFlightFollowTheSchedule) {
+  PaperModel p{"small", 8, 512, 8, 4, 1, 1, 16};
+  const GpuActivationBytes bytes = gpu_activation_bytes(model_of(p), 1, kSeq, 1, false);
+  const double stage = 2 * bytes.layer();  // 8 layers over 4 stages
+  TrainConfig c = config_of(p, Recompute::none, false);
+  for (int r = 1; r < 3; ++r) {  // neither the embeddings' stage nor the head's
+    EXPECT_DOUBLE_EQ(gpu_activation_peak(c, 4, r, 1, false), (4 - r) * stage) << "1f1b rank " << r;
+    c.schedule = Schedule::gpipe;
+    EXPECT_DOUBLE_EQ(gpu_activation_peak(c, 4, r, 1, false), 16 * stage) << "gpipe rank " << r;
+    c.schedule = Schedule::one_f_one_b;
+  }
+}
+
+// The CPU step keeps its own fp32 formula: the GPU estimate's model states are the fp32 ones at 2/2/12 bytes, and its
+// data-parallel buffers memory_estimate's at half.
+TEST(GpuMemory, ModelStatesAreTheMixedPrecisionCount) {
+  TrainConfig c;
+  c.model = preset("tiny");
+  c.seq = 32, c.micro_batch = 2, c.accumulation = 2;
+  c.strategy = parse_strategy("NNG");
+  DataParallelShape shape;
+  shape.n = 4, shape.m = 4, shape.g = 1;
+  const MemoryUse fp32 = memory_estimate(c, shape), gpu = gpu_memory_estimate(c, shape);
+  EXPECT_DOUBLE_EQ(gpu.params, fp32.params / 2);
+  EXPECT_DOUBLE_EQ(gpu.grads, fp32.grads / 2);
+  EXPECT_DOUBLE_EQ(gpu.optimizer, fp32.optimizer * 1.5);
+  EXPECT_DOUBLE_EQ(gpu.comm_buffers, data_parallel_buffer_bytes(c, shape) / 2);
+  EXPECT_DOUBLE_EQ(gpu.workspace, fp32.workspace / 2);
+  EXPECT_DOUBLE_EQ(gpu.activations, gpu_activation_peak(c, 1, 0, 1, false));
+}
+
+}  // namespace
+}  // namespace strata::train
