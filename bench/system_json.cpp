@@ -30,6 +30,7 @@ ordered_json curve_to_json(const project::EfficiencyCurve& curve) {
   ordered_json points = ordered_json::array();
   for (const auto& p : curve.points) points.push_back({p.flops, p.efficiency});
   ordered_json out = {{"points", points}, {"spread", curve.relative_spread}};
+  if (curve.over != "flops") out["over"] = curve.over;
   if (!curve.source.empty()) out["source"] = curve.source;
   return out;
 }
@@ -194,8 +195,9 @@ class Reader {
 
   project::EfficiencyCurve curve(const json& value, const std::string& field) const {
     if (!value.is_object()) fail(field, "must be a JSON object");
-    only_keys(value, field, {"points", "spread", "source"});
+    only_keys(value, field, {"points", "spread", "source", "over"});
     project::EfficiencyCurve c;
+    if (value.contains("over")) c.over = text(value, "over", field + ".over", true);
     if (!value.contains("points") || !value.at("points").is_array())
       fail(field + ".points", "must be an array of [flops, efficiency] pairs");
     for (size_t i = 0; i < value.at("points").size(); ++i) {
@@ -412,6 +414,7 @@ ordered_json system_to_json(const project::System& system) {
   device["memory_bandwidth"] = quantity_to_json(system.device.memory_bandwidth);
   device["memory_efficiency"] = quantity_to_json(system.device.memory_efficiency);
   if (system.device.memory_capacity) device["memory_capacity"] = quantity_to_json(*system.device.memory_capacity);
+  if (system.device.kernel_overhead) device["kernel_overhead"] = quantity_to_json(*system.device.kernel_overhead);
   if (system.device.elementwise_bandwidth || !system.device.elementwise_kernels.empty()) {
     ordered_json elementwise = ordered_json::object();
     if (system.device.elementwise_bandwidth) elementwise["bandwidth"] = quantity_to_json(*system.device.elementwise_bandwidth);
@@ -462,7 +465,7 @@ project::System system_from_json(const json& document, const std::string& source
                                       "memory_efficiency"});
   else
     read.only_keys(device, "device", {"name", "source", "devices_per_node", "compute", "memory_bandwidth",
-                                      "memory_efficiency", "memory_capacity", "elementwise"});
+                                      "memory_efficiency", "memory_capacity", "elementwise", "kernel_overhead"});
   system.device.name = read.text(device, "name", "device.name", true);
   system.device.source = read.text(device, "source", "device.source", false);
   if (!device.contains("devices_per_node") || !device.at("devices_per_node").is_number_integer())
@@ -477,6 +480,8 @@ project::System system_from_json(const json& document, const std::string& source
   system.device.memory_efficiency = read.quantity(device, "memory_efficiency", "device.memory_efficiency");
   if (device.contains("memory_capacity"))
     system.device.memory_capacity = read.quantity(device, "memory_capacity", "device.memory_capacity");
+  if (device.contains("kernel_overhead"))
+    system.device.kernel_overhead = read.quantity(device, "kernel_overhead", "device.kernel_overhead");
   if (device.contains("elementwise")) {
     const json& elementwise = read.object(device, "elementwise", "device.elementwise");
     read.only_keys(elementwise, "device.elementwise", {"bandwidth", "kernels"});

@@ -37,8 +37,12 @@ struct EfficiencyCurve {
   std::vector<EfficiencyPoint> points;  // FLOPs strictly increasing
   double relative_spread = 0;
   std::string source;
+  // What the points' first coordinate counts: "flops" of the call, or (attention curves only) "seq_kv", the keys'
+  // sequence length, on which flash attention's efficiency depends at a given head dimension rather than on the
+  // call's FLOPs (published flash-attention sweeps hold the tokens fixed and vary the sequence).
+  std::string over = "flops";
 
-  double at(double flops) const;
+  double at(double x) const;
 };
 
 // One measured GEMM, C (m, n) = A (m, k) W (n, k)^T: the median time of one call and its relative spread.
@@ -94,17 +98,27 @@ struct Device {
   // kernel together (their bytes over their seconds); optional, measured by strata-elementwise at the step's shapes.
   std::map<std::string, Quantity> elementwise_kernels;
   std::optional<Quantity> elementwise_bandwidth;
+  // Seconds between two kernels queued back to back (the launch gap), added to each GEMM, attention and traced
+  // elementwise kernel; absent: none.
+  std::optional<Quantity> kernel_overhead;
 
   // From the efficiency curve alone; throws std::invalid_argument: no such dtype.
   double gemm_seconds(const std::string& dtype, double flops) const;
-  // The measured points first (see ComputePeak), then the roofline.
+  // The measured points first (see ComputePeak), then the roofline; with the kernel overhead.
   double gemm_seconds(const std::string& dtype, std::int64_t m, std::int64_t n, std::int64_t k) const;
+  // With the kernel overhead.
   double attention_seconds(const std::string& dtype, const AttentionShape& shape) const;
   // Bytes at memory_bandwidth x memory_efficiency.
   double elementwise_seconds(double bytes) const;
   // A traced elementwise op: its kernel's measured rate; a kernel not measured, the measured kernels' rate
-  // together; a description without them, elementwise_seconds(bytes).
+  // together; a description without them, elementwise_seconds(bytes); with the kernel overhead.
   double elementwise_seconds(const std::string& op_name, double bytes) const;
+  // The kernel overhead's seconds (0 when the description has none).
+  double launch_gap() const { return kernel_overhead ? kernel_overhead->value : 0; }
+  // One kernel's own time, without the launch gap.
+  double gemm_kernel_seconds(const ComputePeak& peak, const std::string& dtype, std::int64_t m, std::int64_t n,
+                             std::int64_t k) const;
+  double attention_kernel_seconds(const ComputePeak& peak, const AttentionShape& shape) const;
 };
 
 // The kernel of kernels/layers.h a traced elementwise op of the training step runs ("ln1", "ln2" and "lnf":
