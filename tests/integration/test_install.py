@@ -49,7 +49,9 @@ def test_the_install_holds_the_programs_commands_and_shipped_files(prefix):
     for template in ["suite", "step", "collective-sweep", "multi-gpu"]:
         assert (share / "scripts" / "slurm" / f"{template}.sbatch").is_file(), template
     assert (share / "python" / "strata_analysis" / "results.py").is_file()
-    assert (prefix / "share" / "doc" / "strata" / "README.md").is_file()
+    doc = prefix / "share" / "doc" / "strata"
+    assert (doc / "README.md").is_file() and (doc / "docs" / "design").is_dir()
+    assert (doc / "results" / "SCHEMA.md").is_file() and (doc / "project" / "SYSTEM.md").is_file()
     # Nothing of the build folder or the checkout is named in what was installed as text.
     for folder, _, files in os.walk(share):
         for name in files:
