@@ -2,7 +2,7 @@
 // runs np 2 as tp 1 x pp 2 and np 4 as tp 2 x pp 2), every case on the same model, micro-batches, tokens and
 // initialisation:
 //
-// 1. Recomputation overlapped with the pipeline's waits (`--recompute overlap`, Lynx, research.md section 2)
+// 1. Recomputation overlapped with the pipeline's waits (`--recompute overlap`, Lynx, docs/strategies.md#overlapped-recomputation-lynx)
 //    against on-demand recomputation (`full`) and against keeping every activation (`none`), all under 1F1B:
 //    step time and the ratios overlap/full and overlap/none; each mode's exposed recomputation fraction
 //    (recomputation on the critical path: on demand, plus the part of a window's that ran after the awaited

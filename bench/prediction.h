@@ -9,7 +9,7 @@
 //   HFU adds the recomputed FLOPs (train::recompute_flops_per_token).
 // - Memory per rank (the largest over the pipeline ranks, per category): train::memory_estimate, the CPU step's
 //   fp32 formulas, for element_bytes 4. For 2-byte elements, a GPU step in mixed precision
-//   (train::gpu_memory_estimate): model states at research.md's mixed-precision count (train::kMixedPrecisionStates:
+//   (train::gpu_memory_estimate): model states at docs/strategies.md's mixed-precision count (train::kMixedPrecisionStates:
 //   2 B parameters, 2 B gradients, 12 B optimizer states per element) and Korthikanti et al.'s activations for the
 //   workload's attention (flash: no s^2 scores). A step fits when the total is within the description's
 //   device.memory_capacity.

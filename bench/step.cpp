@@ -1,5 +1,5 @@
 // strata-step: a GPT model trained for real on a grid of tensor, pipeline and data parallelism, under data-parallel
-// partitioning strategies (DP, ZeRO-1/2/3 and every runnable PaRO strategy, research.md), pipeline schedules and
+// partitioning strategies (DP, ZeRO-1/2/3 and every runnable PaRO strategy, docs/strategies.md), pipeline schedules and
 // recomputation modes (none, full, selective, and overlapped with communication as Lynx does), one case per
 // strategy and mode on the same model, data and initialisation, so they can be compared side by side. Each step
 // prints one line (loss, gradient norm, learning rate, time, tokens/s, MFU); each case records the step time over
@@ -698,7 +698,7 @@ int run_step(int argc, char** argv) {
         per_step([](const StepStats& s) { return s.recompute_hidden_seconds; }),
         per_step([](const StepStats& s) { return s.pipeline.hidden_seconds(); })};
     // Each rank's pipeline idle time against its compute in the pipelined passes (the ideal time of
-    // metrics.md's bubble), mean over ranks.
+    // docs/metrics.md's bubble), mean over ranks.
     const double bubble = per_step([](const StepStats& s) {
       const double compute = s.forward_seconds + s.backward_seconds + s.recompute_window_seconds;
       return compute > 0 ? s.pipeline.wait_seconds / compute : 0.0;

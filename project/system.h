@@ -52,7 +52,7 @@ struct GemmPoint {
   double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
 };
 
-// One attention call's shape, flash-attention FLOP convention (metrics.md).
+// One attention call's shape, flash-attention FLOP convention (docs/metrics.md).
 struct AttentionShape {
   std::int64_t batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
   bool causal = false;
@@ -128,14 +128,14 @@ struct Device {
 // ops (embedding, positions, cross-entropy, zeroing, the gradient norm).
 std::string elementwise_kernel_of(const std::string& op_name);
 
-// The collectives the cost model knows, with the nccl-tests bus factors of metrics.md.
+// The collectives the cost model knows, with the nccl-tests bus factors of docs/metrics.md.
 enum class CollectiveOp { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce };
 
 const char* collective_name(CollectiveOp op);
 std::optional<CollectiveOp> collective_from_name(const std::string& name);
 std::vector<CollectiveOp> all_collectives();
 
-// Bytes through each rank's link per byte of S (metrics.md: S is one rank's buffer for allreduce, the whole
+// Bytes through each rank's link per byte of S (docs/metrics.md: S is one rank's buffer for allreduce, the whole
 // gathered buffer for allgather and reduce_scatter): 2(n-1)/n for allreduce, (n-1)/n for allgather,
 // reduce_scatter and alltoall, 1 for broadcast and reduce.
 double bus_factor(CollectiveOp op, int ranks);
@@ -178,7 +178,7 @@ struct SizeRange {
   int sizes = 0;        // measured sizes the range was fitted on (0: written by hand)
 };
 
-// Echo's chunked form on one tier (research.md section 3): the bus bytes x = S * bus_factor(n) move in
+// Echo's chunked form on one tier (docs/strategies.md#projection-echo): the bus bytes x = S * bus_factor(n) move in
 // ceil(x / chunk_bytes) chunks; t = latency + chunks * per_chunk + x / bandwidth.
 struct ChunkedModel {
   Quantity latency;        // s
