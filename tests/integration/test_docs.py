@@ -152,3 +152,19 @@ def test_the_checks_catch_what_they_are_for():
     assert not source_path_problems(page, "`results/runs/suite-<UTC time>.h5`")
     assert slug("`strata-gemm`: matrix multiplication") == "strata-gemm-matrix-multiplication"
     assert slug("Predicting a step: `strata-project predict`") == "predicting-a-step-strata-project-predict"
+
+
+def test_the_code_cites_only_documents_the_repository_holds():
+    """A comment citing a document by file name (`docs/metrics.md`, `project/SYSTEM.md`) names one that is here, so a
+    reader of the code can follow it."""
+    cited = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w.-]+\.md)\b")
+    problems = []
+    for pattern in ("bench/**/*.[ch]*", "kernels/**/*.[ch]*", "collectives/**/*.[ch]*", "train/**/*.[ch]*",
+                    "project/**/*.[ch]*", "results/**/*.[ch]*", "tests/unit/*.cpp", "tests/gpu/*.cpp"):
+        for path in glob.glob(os.path.join(ROOT, pattern), recursive=True):
+            for number, line in enumerate(open(path, encoding="utf-8", errors="replace"), 1):
+                for name in cited.findall(line):
+                    if not (os.path.exists(os.path.join(ROOT, name)) or
+                            os.path.exists(os.path.join(os.path.dirname(path), name))):
+                        problems.append(f"{os.path.relpath(path, ROOT)}:{number}: {name}")
+    assert not problems, "cited documents that are not in the repository:\n" + "\n".join(problems)
