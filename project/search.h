@@ -1,7 +1,7 @@
 // The search over ways to train a model on N devices of a described system: every grid (tensor x pipeline x data
 // parallel), data-parallel strategy (PaRO/ZeRO), micro-batch size, pipeline schedule and recomputation mode that
 // runs and fits in memory, ranked by the step time the simulator predicts for it (the step executor's own trace,
-// train::trace_step, as the simulator's workload). Pure logic: the program (bench/project_search.cpp) parses, prints
+// train::trace_step, as the simulator's workload). Pure logic: the program (bench/project/project_search.cpp) parses, prints
 // and writes.
 //
 // What is enumerated, for N devices, the model and a global batch of B sequences of s tokens:

@@ -1,7 +1,7 @@
 // The system description a prediction runs on: what one device computes, how fast its memory is, how fast each
 // network tier moves bytes, and how much compute slows down while communication runs beside it. It is written
 // by hand from spec sheets (project/systems/) or fitted from Strata's own result files (project/calibrate.h,
-// `strata-project calibrate`); its file form is bench/system_json.h, every field documented in project/SYSTEM.md.
+// `strata-project calibrate`); its file form is bench/project/system_json.h, every field documented in project/SYSTEM.md.
 // Units are SI throughout: FLOP/s, B/s, s.
 #pragma once
 

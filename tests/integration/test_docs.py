@@ -15,7 +15,7 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 # A path into the source tree, as the pages write it: `train/schedule.h`, `collectives/algorithms.{h,cpp}`,
-# `bench/system_json` (a module: any file of that stem), `project/systems/*.json`, `scripts/slurm/`.
+# `bench/project/system_json` (a module: any file of that stem), `project/systems/*.json`, `scripts/slurm/`.
 TOP_FOLDERS = ("bench", "collectives", "docs", "kernels", "packaging", "project", "python", "results", "scripts",
                "tests", "train")
 SOURCE_PATH = re.compile(r"^(?:%s)/[\w./*{},-]*$" % "|".join(TOP_FOLDERS))
@@ -97,7 +97,7 @@ def source_path_exists(path: str) -> bool:
         if "*" in candidate:
             ok = bool(glob.glob(full))
         else:
-            # A module named without its extension (`bench/system_json`) is any file of that stem.
+            # A module named without its extension (`bench/project/system_json`) is any file of that stem.
             ok = os.path.exists(full) or bool(glob.glob(full + ".*"))
         if not ok:
             return False
@@ -148,7 +148,7 @@ def test_the_checks_catch_what_they_are_for():
     assert not link_problems(page, "[x](design/training.md#adding-a-schedule)")
     assert source_path_problems(page, "`train/no_such_file.h`")
     assert source_path_problems(page, "`collectives/algorithms.{h,nope}`")
-    assert not source_path_problems(page, "`collectives/algorithms.{h,cpp}` `bench/system_json` `project/systems/*.json`")
+    assert not source_path_problems(page, "`collectives/algorithms.{h,cpp}` `bench/project/system_json` `project/systems/*.json`")
     assert not source_path_problems(page, "`results/runs/suite-<UTC time>.h5`")
     assert slug("`strata-gemm`: matrix multiplication") == "strata-gemm-matrix-multiplication"
     assert slug("Predicting a step: `strata-project predict`") == "predicting-a-step-strata-project-predict"

@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-#include "bench/system_json.h"
+#include "bench/project/system_json.h"
 #include "project/paro_rule.h"
 #include "project/search.h"
 

@@ -1,4 +1,4 @@
-// The projection layer: the system description (project/system.h), its JSON form (bench/system_json.h) and the
+// The projection layer: the system description (project/system.h), its JSON form (bench/project/system_json.h) and the
 // timeline simulator (project/simulate.h), against closed forms a person can compute by hand.
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 
 #include <unistd.h>
 
-#include "bench/system_json.h"
-#include "bench/timeline_trace.h"
+#include "bench/project/system_json.h"
+#include "bench/project/timeline_trace.h"
 #include "project/simulate.h"
 #include "project/system.h"
 
