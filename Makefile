@@ -5,8 +5,9 @@ SAN_BUILD  ?= build-sanitize
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 PYTHON     ?= python3
+PREFIX     ?= /usr/local
 
-.PHONY: all deps build run test test-unit test-integration test-sanitize bench micro gpu-check gpu-bundle clean
+.PHONY: all deps build install run test test-unit test-integration test-sanitize bench micro gpu-check gpu-bundle clean
 
 all: build
 
@@ -20,6 +21,10 @@ build: deps
 	@echo "[build] $(BUILD) (Release, $(JOBS) jobs)"
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(QUIET_CMAKE) $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
+
+# Programs and commands in PREFIX/bin, what they read and the sbatch templates in PREFIX/share/strata.
+install: build
+	@cmake --install $(BUILD) --prefix $(PREFIX) >/dev/null && echo "[install] $(PREFIX)"
 
 run: build
 	@STRATA_BUILD_DIR=$(BUILD) scripts/run-local.sh

@@ -5,7 +5,7 @@
 // OpenBLAS picks its kernels by CPU model when it loads. A model newer than the library (Debian's 0.3.21 on
 // Intel family 6 model 207, for one) falls back to generic Prescott (SSE3) kernels that run 5-6x below
 // the machine; OpenBLAS reads OPENBLAS_CORETYPE only at load, so the program sets it and re-executes itself
-// before MPI starts (bench/blas_core.h).
+// before MPI starts (bench/harness/blas_core.h).
 #pragma once
 
 #include <string>

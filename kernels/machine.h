@@ -2,7 +2,7 @@
 // cores, a clock to cross-check them, memory bandwidth beyond the last-level cache, and the FP32 GEMM rate
 // of each CPU GEMM library, from which the default library is chosen. Every %peak, MFU and system
 // description of the projection is held against these figures. Measuring takes about two seconds; the
-// harness does it once per node and job and shares the result (bench/machine.h).
+// harness does it once per node and job and shares the result (bench/harness/machine.h).
 #pragma once
 
 #include <cstdint>

@@ -21,7 +21,7 @@ double median_of(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-// Linear interpolation between order statistics, as bench/stats does.
+// Linear interpolation between order statistics, as bench/harness/stats does.
 double percentile_of_sorted(const std::vector<double>& sorted, double p) {
   const double position = p * static_cast<double>(sorted.size() - 1);
   const auto below = static_cast<size_t>(std::floor(position));

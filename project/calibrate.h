@@ -1,5 +1,5 @@
 // Calibration: a system description (system.h) fitted from what Strata measured on a machine. The result files
-// are read in bench/ (bench/calibration_input.h) into the measurements below, each already one median time per
+// are read in bench/ (bench/project/calibration_input.h) into the measurements below, each already one median time per
 // case; this layer only fits, so it needs no file, MPI or device.
 //
 // What is fitted, and how (project/SYSTEM.md says it for users):

@@ -1,10 +1,10 @@
-// PaRO's rule for choosing a data-parallel strategy (research.md, section 1, "Choosing a strategy"; the paper gives
+// PaRO's rule for choosing a data-parallel strategy (docs/strategies.md#choosing-a-strategy; the paper gives
 // the structure, the formulas are our derivation): score each strategy by four communication terms beside the
 // compute and the optimizer, skip the strategies that do not fit in memory, and take the smallest
 //
 //   T = A (t_compute + t_param + t_gradient) + t_syncg + t_syncp + t_optimizer
 //
-// with A micro-batches per step. Each term is the ring volume one rank sends (research.md's table, as the step
+// with A micro-batches per step. Each term is the ring volume one rank sends (docs/strategies.md's table, as the step
 // executor runs it: train/step_formulas.h's expected_traffic) over the bandwidth of the tier it crosses. n ranks
 // form g groups (nodes) of m; a collective over the m ranks of a group runs at the intra-node bandwidth B', one
 // over the g groups (one rank each) at the inter-node bandwidth B, and one over all n ranks at B when it spans

@@ -1,7 +1,7 @@
 // The search over ways to train a model on N devices of a described system: every grid (tensor x pipeline x data
 // parallel), data-parallel strategy (PaRO/ZeRO), micro-batch size, pipeline schedule and recomputation mode that
 // runs and fits in memory, ranked by the step time the simulator predicts for it (the step executor's own trace,
-// train::trace_step, as the simulator's workload). Pure logic: the program (bench/project_search.cpp) parses, prints
+// train::trace_step, as the simulator's workload). Pure logic: the program (bench/project/project_search.cpp) parses, prints
 // and writes.
 //
 // What is enumerated, for N devices, the model and a global batch of B sequences of s tokens:
@@ -132,7 +132,7 @@ struct Evaluation {
   std::map<std::string, double> exposed_s;
   RankMemory memory;
   double tokens_per_s = 0;
-  // Model FLOPs (metrics.md: 6 N + 6 L h s per token, train::model_flops_per_token, whatever trains) over the step
+  // Model FLOPs (docs/metrics.md: 6 N + 6 L h s per token, train::model_flops_per_token, whatever trains) over the step
   // time and the peak of every device in the search's dtype.
   double mfu = 0;
   double lower_bound_s = 0;
@@ -229,7 +229,7 @@ ParoComparisonRow compare_paro(const System& system, const ParoComparisonScenari
                                train::Recompute recompute, const std::string& dtype, double memory_limit);
 
 // The rule's inputs for a scenario (exposed for tests): Ψ, Ψ', Ψ_b from the model's units, n = nodes x devices per
-// node, m = devices per node, the tiers' bandwidths, t_compute from the model FLOPs of a micro-batch (metrics.md's
+// node, m = devices per node, the tiers' bandwidths, t_compute from the model FLOPs of a micro-batch (docs/metrics.md's
 // 6 N + 6 L h s per token, scaled to a forward over Ψ, a backward of twice that over Ψ_b and, with full
 // recomputation, another forward over Ψ_b) at the GEMM efficiency of that many FLOPs, t_optimizer from 28 bytes
 // moved per element (fp32 master weights and both moments read and written, a 16-bit gradient read and parameter

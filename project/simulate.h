@@ -1,4 +1,4 @@
-// The timeline of one training step on a system (Echo's event-driven composer, research.md section 3): each
+// The timeline of one training step on a system (Echo's event-driven composer, docs/strategies.md#projection-echo): each
 // traced rank's operation graph, its compute and communication streams, collectives that wait for their
 // group, point-to-point transfers, and compute slowed where communication runs beside it.
 //
@@ -8,7 +8,7 @@
 // - Compute ops (timed, gemm, attention, elementwise) start when reached. A GEMM of dtype d takes its measured
 //   time where the system has points for it, else 2mnk / (peak_d * efficiency_d(2mnk)) or its memory traffic's
 //   time, whichever is longer (Device::gemm_seconds, system.h); attention counts flash-attention FLOPs
-//   (metrics.md) the same way (Device::attention_seconds); an elementwise kernel takes bytes / (memory bandwidth
+//   (docs/metrics.md) the same way (Device::attention_seconds); an elementwise kernel takes bytes / (memory bandwidth
 //   * memory efficiency).
 // - A collective is matched across its group by (group id, sequence number of the collective on that group in
 //   each member's list). It starts when the last traced member reaches it and ends at the same time on every
@@ -66,7 +66,7 @@ struct Op {
   // batched GEMMs and elementwise passes over the scores (unfused_attention_seconds).
   bool unfused = false;
   std::string dtype;
-  double bytes = 0;  // elementwise: bytes read and written; collective: S of metrics.md; send/recv: payload
+  double bytes = 0;  // elementwise: bytes read and written; collective: S of docs/metrics.md; send/recv: payload
   CollectiveOp collective = CollectiveOp::allreduce;
   std::string algorithm = "ring";  // as strata-collective names it; the system's model of it, else its tier's ring
   int group = -1;  // collective
@@ -82,7 +82,7 @@ Op collective_op(std::string name, CollectiveOp op, int group, double bytes);  /
 Op send_op(std::string name, int peer, double bytes, int stream = kComputeStream);
 Op recv_op(std::string name, int peer, double bytes, int stream = kComputeStream);
 
-// Forward 4 b h s_q s_kv d, half of it when causal, backward 2.5 x forward (metrics.md).
+// Forward 4 b h s_q s_kv d, half of it when causal, backward 2.5 x forward (docs/metrics.md).
 double attention_flops(const Op& op);
 
 // The alone-time of a compute op on the system's device.

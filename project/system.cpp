@@ -10,7 +10,8 @@
 
 namespace strata::project {
 
-double EfficiencyCurve::at(double flops) const {
+double EfficiencyCurve::at(double x) const {
+  const double flops = x;  // or the sequence length of a curve over seq_kv: the same interpolation
   if (points.empty()) throw std::invalid_argument("an efficiency curve without points");
   if (flops <= points.front().flops) return points.front().efficiency;
   if (flops >= points.back().flops) return points.back().efficiency;
@@ -91,6 +92,11 @@ double Device::gemm_seconds(const std::string& dtype, double flops) const {
 double Device::gemm_seconds(const std::string& dtype, std::int64_t m, std::int64_t n, std::int64_t k) const {
   const ComputePeak& c = peak_of(*this, dtype);
   if (m <= 0 || n <= 0 || k <= 0) return 0;
+  return launch_gap() + gemm_kernel_seconds(c, dtype, m, n, k);
+}
+
+double Device::gemm_kernel_seconds(const ComputePeak& c, const std::string& dtype, std::int64_t m, std::int64_t n,
+                                   std::int64_t k) const {
   const GemmPoint call{m, n, k, {}};
   const double flops = call.flops();
   for (const GemmPoint& p : c.gemm_points)
@@ -118,6 +124,11 @@ double Device::attention_seconds(const std::string& dtype, const AttentionShape&
   const ComputePeak& c = peak_of(*this, dtype);
   const double flops = shape.flops();
   if (flops <= 0) return 0;
+  return launch_gap() + attention_kernel_seconds(c, shape);
+}
+
+double Device::attention_kernel_seconds(const ComputePeak& c, const AttentionShape& shape) const {
+  const double flops = shape.flops();
   auto kv = [](const AttentionShape& s) { return s.kv_heads > 0 ? s.kv_heads : s.heads; };
   for (const AttentionPoint& p : c.attention_points) {
     const AttentionShape& s = p.shape;
@@ -133,7 +144,8 @@ double Device::attention_seconds(const std::string& dtype, const AttentionShape&
   if (auto efficiency = interpolate(similar, std::log10(flops))) return flops / (c.peak_flops.value * *efficiency);
   const auto curve = c.attention_efficiency.find(shape.backward ? "bwd" : "fwd");
   const EfficiencyCurve& efficiency = curve != c.attention_efficiency.end() ? curve->second : c.efficiency;
-  return flops / (c.peak_flops.value * efficiency.at(flops));
+  const double x = efficiency.over == "seq_kv" ? static_cast<double>(shape.seq_kv) : flops;
+  return flops / (c.peak_flops.value * efficiency.at(x));
 }
 
 double Device::elementwise_seconds(double bytes) const {
@@ -141,10 +153,11 @@ double Device::elementwise_seconds(double bytes) const {
 }
 
 double Device::elementwise_seconds(const std::string& op_name, double bytes) const {
+  if (bytes <= 0) return 0;
   if (const auto kernel = elementwise_kernels.find(elementwise_kernel_of(op_name)); kernel != elementwise_kernels.end())
-    return bytes / kernel->second.value;
-  if (elementwise_bandwidth) return bytes / elementwise_bandwidth->value;
-  return elementwise_seconds(bytes);
+    return launch_gap() + bytes / kernel->second.value;
+  if (elementwise_bandwidth) return launch_gap() + bytes / elementwise_bandwidth->value;
+  return launch_gap() + elementwise_seconds(bytes);
 }
 
 std::string elementwise_kernel_of(const std::string& op_name) {
@@ -310,7 +323,9 @@ std::optional<std::string> check_fraction(const std::string& field, double x) {
   return std::nullopt;
 }
 
-std::optional<std::string> check_curve(const std::string& field, const EfficiencyCurve& curve) {
+std::optional<std::string> check_curve(const std::string& field, const EfficiencyCurve& curve, bool attention = false) {
+  if (curve.over != "flops" && !(attention && curve.over == "seq_kv"))
+    return field + ".over must be " + (attention ? "flops or seq_kv" : "flops") + " (got " + curve.over + ")";
   const std::vector<EfficiencyPoint>& points = curve.points;
   if (points.empty()) return field + ".points must hold at least one [flops, efficiency] point";
   for (size_t i = 0; i < points.size(); ++i) {
@@ -350,7 +365,7 @@ std::optional<std::string> check_points(const std::string& field, const ComputeP
   }
   for (const auto& [pass, curve] : peak.attention_efficiency) {
     if (pass != "fwd" && pass != "bwd") return field + ".attention_efficiency." + pass + " must be fwd or bwd";
-    if (auto e = check_curve(field + ".attention_efficiency." + pass, curve)) return e;
+    if (auto e = check_curve(field + ".attention_efficiency." + pass, curve, true)) return e;
   }
   return std::nullopt;
 }
@@ -442,6 +457,8 @@ std::optional<std::string> find_problem(const System& system) {
     if (auto p = check_positive("device.elementwise.kernels." + kernel, rate)) return p;
   if (d.elementwise_bandwidth)
     if (auto p = check_positive("device.elementwise.bandwidth", *d.elementwise_bandwidth)) return p;
+  if (d.kernel_overhead)
+    if (auto p = check_non_negative("device.kernel_overhead", *d.kernel_overhead)) return p;
   if (auto p = check_tier("network.intra_node", system.intra_node)) return p;
   if (auto p = check_tier("network.inter_node", system.inter_node)) return p;
   std::set<std::tuple<CollectiveOp, std::string, GroupKind, int>> seen;

@@ -1,7 +1,7 @@
 // The system description a prediction runs on: what one device computes, how fast its memory is, how fast each
 // network tier moves bytes, and how much compute slows down while communication runs beside it. It is written
 // by hand from spec sheets (project/systems/) or fitted from Strata's own result files (project/calibrate.h,
-// `strata-project calibrate`); its file form is bench/system_json.h, every field documented in project/SYSTEM.md.
+// `strata-project calibrate`); its file form is bench/project/system_json.h, every field documented in project/SYSTEM.md.
 // Units are SI throughout: FLOP/s, B/s, s.
 #pragma once
 
@@ -37,8 +37,12 @@ struct EfficiencyCurve {
   std::vector<EfficiencyPoint> points;  // FLOPs strictly increasing
   double relative_spread = 0;
   std::string source;
+  // What the points' first coordinate counts: "flops" of the call, or (attention curves only) "seq_kv", the keys'
+  // sequence length, on which flash attention's efficiency depends at a given head dimension rather than on the
+  // call's FLOPs (published flash-attention sweeps hold the tokens fixed and vary the sequence).
+  std::string over = "flops";
 
-  double at(double flops) const;
+  double at(double x) const;
 };
 
 // One measured GEMM, C (m, n) = A (m, k) W (n, k)^T: the median time of one call and its relative spread.
@@ -48,7 +52,7 @@ struct GemmPoint {
   double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
 };
 
-// One attention call's shape, flash-attention FLOP convention (metrics.md).
+// One attention call's shape, flash-attention FLOP convention (docs/metrics.md).
 struct AttentionShape {
   std::int64_t batch = 0, heads = 0, kv_heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
   bool causal = false;
@@ -94,17 +98,27 @@ struct Device {
   // kernel together (their bytes over their seconds); optional, measured by strata-elementwise at the step's shapes.
   std::map<std::string, Quantity> elementwise_kernels;
   std::optional<Quantity> elementwise_bandwidth;
+  // Seconds between two kernels queued back to back (the launch gap), added to each GEMM, attention and traced
+  // elementwise kernel; absent: none.
+  std::optional<Quantity> kernel_overhead;
 
   // From the efficiency curve alone; throws std::invalid_argument: no such dtype.
   double gemm_seconds(const std::string& dtype, double flops) const;
-  // The measured points first (see ComputePeak), then the roofline.
+  // The measured points first (see ComputePeak), then the roofline; with the kernel overhead.
   double gemm_seconds(const std::string& dtype, std::int64_t m, std::int64_t n, std::int64_t k) const;
+  // With the kernel overhead.
   double attention_seconds(const std::string& dtype, const AttentionShape& shape) const;
   // Bytes at memory_bandwidth x memory_efficiency.
   double elementwise_seconds(double bytes) const;
   // A traced elementwise op: its kernel's measured rate; a kernel not measured, the measured kernels' rate
-  // together; a description without them, elementwise_seconds(bytes).
+  // together; a description without them, elementwise_seconds(bytes); with the kernel overhead.
   double elementwise_seconds(const std::string& op_name, double bytes) const;
+  // The kernel overhead's seconds (0 when the description has none).
+  double launch_gap() const { return kernel_overhead ? kernel_overhead->value : 0; }
+  // One kernel's own time, without the launch gap.
+  double gemm_kernel_seconds(const ComputePeak& peak, const std::string& dtype, std::int64_t m, std::int64_t n,
+                             std::int64_t k) const;
+  double attention_kernel_seconds(const ComputePeak& peak, const AttentionShape& shape) const;
 };
 
 // The kernel of kernels/layers.h a traced elementwise op of the training step runs ("ln1", "ln2" and "lnf":
@@ -114,14 +128,14 @@ struct Device {
 // ops (embedding, positions, cross-entropy, zeroing, the gradient norm).
 std::string elementwise_kernel_of(const std::string& op_name);
 
-// The collectives the cost model knows, with the nccl-tests bus factors of metrics.md.
+// The collectives the cost model knows, with the nccl-tests bus factors of docs/metrics.md.
 enum class CollectiveOp { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce };
 
 const char* collective_name(CollectiveOp op);
 std::optional<CollectiveOp> collective_from_name(const std::string& name);
 std::vector<CollectiveOp> all_collectives();
 
-// Bytes through each rank's link per byte of S (metrics.md: S is one rank's buffer for allreduce, the whole
+// Bytes through each rank's link per byte of S (docs/metrics.md: S is one rank's buffer for allreduce, the whole
 // gathered buffer for allgather and reduce_scatter): 2(n-1)/n for allreduce, (n-1)/n for allgather,
 // reduce_scatter and alltoall, 1 for broadcast and reduce.
 double bus_factor(CollectiveOp op, int ranks);
@@ -164,7 +178,7 @@ struct SizeRange {
   int sizes = 0;        // measured sizes the range was fitted on (0: written by hand)
 };
 
-// Echo's chunked form on one tier (research.md section 3): the bus bytes x = S * bus_factor(n) move in
+// Echo's chunked form on one tier (docs/strategies.md#projection-echo): the bus bytes x = S * bus_factor(n) move in
 // ceil(x / chunk_bytes) chunks; t = latency + chunks * per_chunk + x / bandwidth.
 struct ChunkedModel {
   Quantity latency;        // s

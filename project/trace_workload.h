@@ -33,7 +33,7 @@ bool is_compute(train::TraceOpKind kind);
 // traced.
 int element_bytes_of(const train::TraceOp& op, int element_bytes);
 
-// S of metrics.md for a traced collective: one rank's buffer for allreduce and broadcast, the whole gathered
+// S of docs/metrics.md for a traced collective: one rank's buffer for allreduce and broadcast, the whole gathered
 // buffer for allgather, the whole input for reduce_scatter.
 double collective_bytes(const train::TraceOp& op, int group_size, int element_bytes);
 

@@ -19,8 +19,10 @@ packages=(
 # Headers checked through the compiler after the packages, so a library installed by hand (a cluster's module,
 # spack) counts and a package that did not install its header does not.
 headers=(glpk.h eigen3/Eigen/Dense)
-python_modules=(h5py numpy pandas matplotlib scipy pytest)
-python_debs=(python3-h5py python3-numpy python3-pandas python3-matplotlib python3-scipy python3-pytest)
+# pip, setuptools and wheel: `make test` installs the Python package (python/) into a fresh virtual environment.
+python_modules=(h5py numpy pandas matplotlib scipy pytest pip setuptools wheel)
+python_debs=(python3-h5py python3-numpy python3-pandas python3-matplotlib python3-scipy python3-pytest python3-pip
+             python3-setuptools python3-wheel python3-venv)
 
 say() { printf '[install-deps] %s\n' "$*"; }
 
@@ -57,7 +59,7 @@ How to get them:
                   pthread or OpenMP OpenBLAS, never a serial one), then build GoogleTest, Google Benchmark,
                   nlohmann-json, CLI11 and (optional) oneDNN from your site's software stack or spack
                   (spack install googletest benchmark nlohmann-json cli11 onednn)
-  Python:         python3 -m pip install --user h5py numpy pandas matplotlib scipy pytest
+  Python:         python3 -m pip install --user h5py numpy pandas matplotlib scipy pytest setuptools
 TEXT
   exit 1
 }

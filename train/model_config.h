@@ -1,7 +1,7 @@
 // A GPT-style decoder's shape, the presets users know it by, and what follows from the shape: parameter
 // count, the GEMMs of one layer, and the model FLOPs a step is held to (MFU).
 //
-// Symbols as in metrics.md: L layers, h hidden (C), a heads, V vocabulary, s sequence; MLP hidden 4h unless
+// Symbols as in docs/metrics.md: L layers, h hidden (C), a heads, V vocabulary, s sequence; MLP hidden 4h unless
 // set. Grouped-query attention: kv_heads divides heads, and the QKV projection is (heads + 2 kv_heads) * d.
 #pragma once
 

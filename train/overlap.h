@@ -1,6 +1,6 @@
-// Recomputation overlapped with communication (`--recompute overlap`, Lynx, research.md section 2) on this CPU
+// Recomputation overlapped with communication (`--recompute overlap`, Lynx, docs/strategies.md#overlapped-recomputation-lynx) on this CPU
 // step: one pipeline rank's placement problem (recompute_placement.h) built from a measured step, and the
-// trainer's configuration from a placement. The construction is our derivation; the README says so.
+// trainer's configuration from a placement. The construction is our derivation; docs/design/training.md says so.
 //
 // Windows. On this executor a rank waits, with nothing else to run, for the gradient of a stage's output before
 // that micro-batch's backward (1F1B's warm-up, steady and cool-down phases; GPipe's backward phase): each such

@@ -1,5 +1,5 @@
 // Where each recomputable operation's recomputation goes when recomputation is overlapped with communication
-// (`--recompute overlap`, Lynx, research.md section 2). The construction is our derivation: the paper's exact
+// (`--recompute overlap`, Lynx, docs/strategies.md#overlapped-recomputation-lynx). The construction is our derivation: the paper's exact
 // constraints are not public.
 //
 // A rank's step offers windows, in time order: the waits on tensor-parallel collectives in backward, on the

@@ -14,7 +14,7 @@
 //                likewise with the chunks in reverse; (p - r - 1) 2 + (v - 1) p warm-up forwards, or all of them
 //                when m = p. Needs m a multiple of p.
 // With uniform stages and free transfers, the idle fraction of the ideal time is (p - 1) / m for gpipe and 1f1b
-// and (p - 1) / (v m) interleaved (metrics.md).
+// and (p - 1) / (v m) interleaved (docs/metrics.md).
 #pragma once
 
 #include <optional>

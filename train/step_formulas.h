@@ -1,5 +1,5 @@
 // What a training step should cost, from the model's shape, the grid, the schedule and the strategy alone
-// (research.md's table of collectives; metrics.md's memory rules): the bytes each rank sends per tier and to other
+// (docs/strategies.md's table of collectives; docs/metrics.md's memory rules): the bytes each rank sends per tier and to other
 // pipeline stages, and the bytes it holds per category. The step's measured figures are stored beside these, and
 // the tests hold the two equal.
 #pragma once
@@ -71,7 +71,7 @@ LayerActivationFloats layer_activation_floats(const ModelConfig& model, int micr
 //   sets x (each layer's input and kept ops + the head or the stage's output)
 //   + the recomputed ops' space: one layer's (the largest) for full and selective, every layer's own for overlap
 // with sets the micro-batches in flight (StagePlan::activation_sets). For the whole model on one set, with
-// one layer's floats A and the head's H (metrics.md's per-layer formula is Korthikanti's 16-bit count with
+// one layer's floats A and the head's H (docs/metrics.md's per-layer formula is Korthikanti's 16-bit count with
 // dropout masks and materialised scores; this model is fp32 with flash attention and no dropout):
 //   none       4 (L A + H)
 //   full       4 (L R C + (A - R C) + H)

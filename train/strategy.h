@@ -1,4 +1,4 @@
-// A data-parallel partitioning strategy as a value (PaRO, research.md): for each of parameters (P), gradients
+// A data-parallel partitioning strategy as a value (PaRO, docs/strategies.md): for each of parameters (P), gradients
 // (G) and optimizer states (OS), kept whole (N), sharded inside a group of m ranks (I: a node, or an emulated
 // one) or sharded across all n data-parallel ranks (G). The step asks this value which group holds a state
 // sharded; it never branches on a strategy's name. ZeRO-0/1/2/3 are NNN, NNG, NGG, GGG; hybrid sharding
@@ -24,7 +24,7 @@ struct Strategy {
 Strategy parse_strategy(const std::string& text);
 Strategy zero_stage(int stage);  // 0..3; std::invalid_argument otherwise
 
-// "" when the strategy runs, else why not. The rule (research.md, derived): optimizer states at least as
+// "" when the strategy runs, else why not. The rule (docs/strategies.md, derived): optimizer states at least as
 // finely sharded as both parameters and gradients, because the optimizer updates what it holds from gradients
 // and into parameters that must cover it; a coarser optimizer would gather states for nothing. 14 of the 27
 // combinations run: NNN, NNI, NII, INI, III, NNG, NIG, NGG, ING, IIG, IGG, GNG, GIG, GGG.
@@ -42,7 +42,7 @@ struct StateBytes {
 inline constexpr StateBytes kFp32States{4, 4, 8};
 inline constexpr StateBytes kMixedPrecisionStates{2, 2, 12};
 
-// Model-state memory per rank (research.md): bytes_P Ψ / d_P + bytes_G Ψ' / d_G + bytes_OS Ψ' / d_OS, where Ψ'
+// Model-state memory per rank (docs/strategies.md): bytes_P Ψ / d_P + bytes_G Ψ' / d_G + bytes_OS Ψ' / d_OS, where Ψ'
 // counts the trainable parameters (frozen ones have no gradients and no optimizer states).
 struct ModelStateMemory {
   double params = 0, grads = 0, optimizer = 0;

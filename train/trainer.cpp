@@ -122,7 +122,7 @@ const char* name(CommTier tier) {
 
 namespace {
 
-// Seconds on the host steady clock (the clock of the timeline, and of bench/timer.h's host_now()).
+// Seconds on the host steady clock (the clock of the timeline, and of bench/harness/timer.h's host_now()).
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // Transient buffers of the step (gathered units, per-micro-batch gradients, reduction targets) come from here:

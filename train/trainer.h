@@ -1,7 +1,7 @@
 // One training step of the GPT model on the CPU, on the process groups' grid: tensor parallelism inside the model
 // (gpt.h), pipeline parallelism over stages run by a schedule (schedule.h), and in the data-parallel dimension a
 // partitioning strategy (strategy.h): micro-batches of forward and backward, the strategy's collectives
-// (research.md's table: which state is gathered or reduced, over which group, when), the global gradient norm
+// (docs/strategies.md's table: which state is gathered or reduced, over which group, when), the global gradient norm
 // and clipping, AdamW on the optimizer's shard, and the parameter synchronisation after it.
 //
 // Pipeline. Each pipeline rank runs its stages (one, or v model chunks interleaved) in the schedule's order: a

@@ -262,7 +262,7 @@ struct GpuDataParallelTrainer::Impl {
     }
     reductions.clear();
   }
-  // At the last micro-batch: the kept gradient reduced into the optimizer's shard (research.md's table).
+  // At the last micro-batch: the kept gradient reduced into the optimizer's shard (docs/strategies.md's table).
   void reduce_for_optimizer(std::size_t u) {
     const Unit& unit = units[u];
     if (!unit.trains) return;

@@ -1,12 +1,12 @@
 // The data-parallel training step on GPUs, one rank per GPU: the GPU model (gpt_cuda.h) under a data-parallel
 // strategy, cut as the CPU trainer cuts it (shard_plan.h), its collectives on the NCCL process groups
-// (collectives/nccl_groups.h), in the order research.md's table gives (as trainer.h's CPU step runs them).
+// (collectives/nccl_groups.h), in the order docs/strategies.md's table gives (as trainer.h's CPU step runs them).
 //
 // Mixed precision. Parameters are held as the bf16 compute copy, sharded as P says; the optimizer's states as fp32
 // master weights and Adam's two moments, sharded as O says; gradients in fp32, sharded as G says, accumulated in
 // fp32 across micro-batches. AdamW runs on the optimizer's shard and writes the bf16 copy of it in the same pass;
 // where P is coarser than O the parameter holders then gather the new bf16 values. So a rank holds 2 bytes per
-// parameter (over d_P), 4 per gradient (over d_G) and 12 per optimizer element (over d_O): research.md's
+// parameter (over d_P), 4 per gradient (over d_G) and 12 per optimizer element (over d_O): docs/strategies.md's
 // mixed-precision formula with fp32 gradients.
 //
 // Order of work. Everything of the model is enqueued on one compute stream. A sharded unit's parameters are

@@ -11,7 +11,7 @@ TEST_NAME=single-node
 source "$(dirname "$0")/lib.sh"
 
 CHECKS=(single-node-slurm single-node-suite single-node-suite-array single-node-sweep single-node-sweep-array
-        single-node-multi-gpu single-node-multi-gpu-launch)
+        single-node-multi-gpu single-node-multi-gpu-launch single-node-installed)
 reason=$(missing_prerequisites)
 [ -z "$reason" ] || skip_all "$reason" "${CHECKS[@]}" single-node-cleanup
 install_traps
@@ -184,4 +184,25 @@ if id=$(STRATA_GPUS="$cpus" STRATA_BENCHMARKS=strata-gemm STRATA_GEMM_ARGS="--ba
   fi
 else
   report FAIL single-node-multi-gpu-launch "sbatch --parsable refused multi-gpu.sbatch"
+fi
+
+# ---- (e) an installed Strata: cmake --install into a prefix, then moved, and the template it installed submitted
+#      with STRATA_PREFIX alone (no checkout, no build folder); results beside the submission.
+prefix=$WORK/moved-prefix
+if ! out=$(cmake --install "$BUILD" --prefix "$WORK/prefix" 2>&1 >/dev/null) || ! mv "$WORK/prefix" "$prefix"; then
+  report FAIL single-node-installed "cmake --install $BUILD failed: $out"
+elif id=$(unset STRATA_ROOT STRATA_BUILD_DIR; STRATA_PREFIX="$prefix" STRATA_RESULTS_DIR=installed \
+            STRATA_BENCHMARKS=strata-gemm submit --time=5 "$prefix/share/strata/scripts/slurm/suite.sbatch"); then
+  if ! wait_job "$id" "$JOB_LIMIT"; then
+    report FAIL single-node-installed "job $id did not finish in the time allowed; cancelled"
+  elif ! states=$(expect_job "$id" "COMPLETED 0:0"); then
+    report FAIL single-node-installed "job $id ended as: $states (log: strata-suite-$id.out)"
+  elif out=$($CHECK runs "installed/suite-$id.h5" --runs 1 --benchmarks strata-gemm --job-id "$id" --launcher srun \
+              --n-nodes 1 --n-ranks "$cpus" --nodelist "$node" --hosts "$host" 2>&1); then
+    report PASS single-node-installed "job $id from $prefix: $out"
+  else
+    report FAIL single-node-installed "job $id: $out"
+  fi
+else
+  report FAIL single-node-installed "sbatch --parsable refused the installed suite.sbatch"
 fi

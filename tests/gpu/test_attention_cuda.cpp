@@ -1,7 +1,7 @@
 // Flash and unfused GPU attention (kernels/attention_cuda.h), forward and backward, against the float64
 // reference through attention::gpu::check, on shapes whose sequence lengths are not multiples of the tiles,
 // with grouped-query heads and the causal mask on and off, in fp16 and bf16: through the benchmark's object
-// (bench/attention_cases.h), and through the Plan on caller tensors, workspace and stream.
+// (bench/cases/attention_cases.h), and through the Plan on caller tensors, workspace and stream.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench/attention_cases.h"
+#include "bench/cases/attention_cases.h"
 #include "kernels/attention.h"
 #include "kernels/attention_cuda.h"
 #include "kernels/gemm_check.h"

@@ -1,6 +1,6 @@
 // The cuBLASLt GEMM (kernels/gemm_cuda.h) in every dtype against its sampled float64 check, on shapes that are
 // not multiples of any tile, so edge tiles and the TN layout mapping are exercised: through the benchmark's
-// CudaGemm (bench/gemm_cases.h), and through the plan on caller buffers and a caller stream.
+// CudaGemm (bench/cases/gemm_cases.h), and through the plan on caller buffers and a caller stream.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/gemm_cases.h"
+#include "bench/cases/gemm_cases.h"
 #include "kernels/cuda_info.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_check.h"

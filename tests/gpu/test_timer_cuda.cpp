@@ -1,4 +1,4 @@
-// The CUDA event timer (bench/timer_cuda.h): it must time the work enqueued on its stream between start() and
+// The CUDA event timer (bench/harness/timer_cuda.h): it must time the work enqueued on its stream between start() and
 // stop(), which a host callback that sleeps a known time makes visible without any kernel.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <memory>
 #include <thread>
 
-#include "bench/timer_cuda.h"
+#include "bench/harness/timer_cuda.h"
 #include "tests/gpu/gpu_test.h"
 
 namespace strata {

@@ -20,7 +20,7 @@ CLUSTER = os.path.join(ROOT, "tests", "cluster")
 CHECKS = {
     "single-node": ["single-node-slurm", "single-node-suite", "single-node-suite-array", "single-node-sweep",
                     "single-node-sweep-array", "single-node-multi-gpu", "single-node-multi-gpu-launch",
-                    "single-node-cleanup"],
+                    "single-node-installed", "single-node-cleanup"],
     "two-node": ["two-node-slurm", "two-node-srun", "two-node-sweep", "two-node-sweep-traffic", "two-node-step",
                  "two-node-step-traffic", "two-node-horing-traffic", "two-node-horing-overlap", "two-node-cleanup"],
     "two-host-mpirun": ["two-host-mpirun", "two-host-mpirun-traffic", "two-host-mpirun-cleanup"],

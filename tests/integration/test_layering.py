@@ -1,6 +1,7 @@
 """Dependencies point down: bench -> train -> kernels, collectives; bench -> project (which may use train);
-results stands alone. Every #include of every source under the lower layers is checked against what its layer
-may use, and so are the libraries each layer's CMake targets link."""
+results stands alone; inside bench/, harness <- cases <- project <- programs, targets. Every #include of every
+source under the lower layers is checked against what its layer may use, and so are the libraries each layer's CMake
+targets link."""
 from __future__ import annotations
 
 import os
@@ -25,6 +26,13 @@ FORBIDDEN = {
     # The projection computes from what it is given: no files (bench, HDF5), no MPI, no device libraries.
     "project": {"bench/": None, "results/": None, "kernels/": None, "collectives/": None, "MPI": MPI, "NCCL": NCCL,
                 "HDF5": HDF5, "GLPK": GLPK},
+    # Inside bench/: the harness under everything, the benchmark problems on it, the projection's front ends on both;
+    # programs and targets on top, neither including the other.
+    "bench/harness": {"bench/cases/": None, "bench/project/": None, "bench/programs/": None, "bench/targets/": None},
+    "bench/cases": {"bench/project/": None, "bench/programs/": None, "bench/targets/": None},
+    "bench/project": {"bench/programs/": None, "bench/targets/": None},
+    "bench/programs": {"bench/targets/": None},
+    "bench/targets": {"bench/programs/": None},
 }
 
 
@@ -40,6 +48,7 @@ def violations(layer: str, path: str, text: str) -> list[str]:
 
 def layer_sources(layer: str):
     folder = os.path.join(ROOT, layer)
+    assert os.path.isdir(folder), f"{layer}/ is not a folder of the repository: the rule checks nothing"
     for directory, _, files in os.walk(folder):
         for name in sorted(files):
             if name.endswith(SOURCES):
@@ -57,16 +66,16 @@ def test_every_layer_includes_only_what_it_may():
 
 
 def test_the_check_itself_catches_each_kind_of_violation():
-    assert violations("kernels", "k.cpp", '#include "bench/check.h"\n')
+    assert violations("kernels", "k.cpp", '#include "bench/harness/check.h"\n')
     assert violations("kernels", "k.cpp", "#include <mpi.h>\n")
     assert violations("kernels", "k.cu", "#  include <nccl.h>\n")
     assert violations("collectives", "c.cpp", "#include <H5Fpublic.h>\n")
     assert violations("results", "r.cpp", '#include "collectives/types.h"\n')
-    assert violations("train", "t.cpp", '#include "bench/harness.h"\n')
+    assert violations("train", "t.cpp", '#include "bench/harness/harness.h"\n')
     assert violations("collectives", "c.cpp", "#include <glpk.h>\n")
     assert not violations("train", "t.cpp", '#include "kernels/linear.h"\n#include "collectives/work.h"\n')
     assert not violations("train", "t.cpp", "#include <glpk.h>\n")
-    assert violations("project", "p.cpp", '#include "bench/system_json.h"\n')
+    assert violations("project", "p.cpp", '#include "bench/project/system_json.h"\n')
     assert violations("project", "p.cpp", "#include <mpi.h>\n")
     assert violations("project", "p.cpp", "#include <hdf5.h>\n")
     assert not violations("project", "p.cpp", '#include "project/system.h"\n#include "train/model_config.h"\n')

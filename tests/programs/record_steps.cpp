@@ -1,4 +1,4 @@
-// strata-test-record-steps: a stand-in for a training step, so the step records (bench/records.h) can be
+// strata-test-record-steps: a stand-in for a training step, so the step records (bench/harness/records.h) can be
 // proven end to end under mpirun before a real step exists. Every value it records that a test can predict
 // follows a rule stated here:
 //   per timed iteration i on rank r: phases forward (a timed 1 ms sleep), backward (a timed 2 ms sleep,
@@ -12,8 +12,8 @@
 #include <chrono>
 #include <thread>
 
-#include "bench/harness.h"
-#include "bench/records.h"
+#include "bench/harness/harness.h"
+#include "bench/harness/records.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Parameter axes: the product in odometer order, one typed column per axis, labels.
 #include <gtest/gtest.h>
 
-#include "bench/axes.h"
+#include "bench/harness/axes.h"
 
 namespace strata {
 namespace {

@@ -1,5 +1,5 @@
-// Calibration (project/calibrate.h, bench/calibration_input.h) and the system description's version 2
-// (project/system.h, bench/system_json.h): fits that recover known parameters from synthetic times, whole result
+// Calibration (project/calibrate.h, bench/project/calibration_input.h) and the system description's version 2
+// (project/system.h, bench/project/system_json.h): fits that recover known parameters from synthetic times, whole result
 // files written with the real results writer whose times follow known GEMM efficiencies, latencies, bandwidths
 // and slowdowns, the lookups the measured points and fitted models answer, the JSON round trip, and every
 // validation error naming its field.
@@ -13,9 +13,9 @@
 #include <stdexcept>
 #include <unistd.h>
 
-#include "bench/calibration_input.h"
-#include "bench/machine.h"
-#include "bench/system_json.h"
+#include "bench/project/calibration_input.h"
+#include "bench/harness/machine.h"
+#include "bench/project/system_json.h"
 #include "project/calibrate.h"
 #include "project/system.h"
 #include "results/h5.h"

@@ -1,13 +1,13 @@
-// Unit tests of flag parsing, shape parsing and FLOP counts (bench/cli.h, kernels/gemm.h).
+// Unit tests of flag parsing, shape parsing and FLOP counts (bench/harness/cli.h, kernels/gemm.h).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "bench/check.h"
-#include "bench/cli.h"
-#include "bench/harness.h"
-#include "bench/shapes.h"
-#include "bench/watchdog.h"
+#include "bench/harness/check.h"
+#include "bench/harness/cli.h"
+#include "bench/harness/harness.h"
+#include "bench/harness/shapes.h"
+#include "bench/harness/watchdog.h"
 
 using namespace strata;
 

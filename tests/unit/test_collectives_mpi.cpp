@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "collectives/mpi_error.h"
-#include "bench/check.h"
+#include "bench/harness/check.h"
 #include "collectives/algorithms.h"
 #include "collectives/layout.h"
 #include "collectives/types.h"

@@ -1,5 +1,5 @@
 // The training step's elementwise kernels as strata-elementwise measures them and a system description times them
-// (bench/elementwise_cases.h, project/system.h): every kernel checks against float64 and its check catches a wrong
+// (bench/cases/elementwise_cases.h, project/system.h): every kernel checks against float64 and its check catches a wrong
 // element; the bytes a case counts are the elements the step's trace counts for the same op, so a fitted rate times a
 // traced op; the description's per-kernel rate, the kernels' rate together, and the memory figures, in that order;
 // the calibration's rates and the JSON round trip.
@@ -9,8 +9,8 @@
 #include <map>
 #include <set>
 
-#include "bench/elementwise_cases.h"
-#include "bench/system_json.h"
+#include "bench/cases/elementwise_cases.h"
+#include "bench/project/system_json.h"
 #include "project/calibrate.h"
 #include "project/system.h"
 #include "train/trainer.h"

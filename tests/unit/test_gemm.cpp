@@ -5,10 +5,10 @@
 #include <cmath>
 #include <vector>
 
-#include "bench/check.h"
+#include "bench/harness/check.h"
 #include "kernels/blas.h"
 #include "kernels/gemm_check.h"
-#include "bench/gemm_cases.h"
+#include "bench/cases/gemm_cases.h"
 #include "kernels/gemm_layout.h"
 
 using namespace strata;

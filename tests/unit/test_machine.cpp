@@ -7,7 +7,7 @@
 #include <cmath>
 #include <random>
 
-#include "bench/machine.h"
+#include "bench/harness/machine.h"
 #include "kernels/blas.h"
 #include "kernels/cpu_gemm.h"
 #include "kernels/cpu_peak.h"

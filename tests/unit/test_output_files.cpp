@@ -1,4 +1,4 @@
-// Unit tests of the output checks every program runs before it writes (bench/output_files.h): an output is never
+// Unit tests of the output checks every program runs before it writes (bench/harness/output_files.h): an output is never
 // an input or another output, under any name of the file, and a file written whole never replaces an HDF5 file.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -7,8 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "bench/check.h"
-#include "bench/output_files.h"
+#include "bench/harness/check.h"
+#include "bench/harness/output_files.h"
 #include "results/h5.h"
 #include "results/schema.h"
 #include "results/writer.h"

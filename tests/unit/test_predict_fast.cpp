@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "bench/system_json.h"
+#include "bench/project/system_json.h"
 #include "project/predict.h"
 #include "project/simulate.h"
 #include "project/trace_workload.h"

@@ -1,6 +1,6 @@
 // The placement of overlapped recomputation (train/recompute_placement.h): GLPK's optimum against exhaustive
 // enumeration, the heuristic against the optimum, each constraint binding in a case built by hand, the
-// validator, and the policy file (bench/recompute_policy.h).
+// validator, and the policy file (bench/cases/recompute_policy.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,8 +11,8 @@
 #include <functional>
 #include <random>
 
-#include "bench/check.h"
-#include "bench/recompute_policy.h"
+#include "bench/harness/check.h"
+#include "bench/cases/recompute_policy.h"
 #include "train/recompute_placement.h"
 
 namespace strata::train {

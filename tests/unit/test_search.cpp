@@ -1,7 +1,7 @@
 // The search over training configurations (project/search.h) and PaRO's rule beside it (project/paro_rule.h): the
 // enumeration refuses what does not divide and what does not fit, ranks by the simulated step and prunes nothing that
 // belongs in the top k; its compacted workloads and equivalent strategies predict the same step; its lower bounds stay
-// at or below the step; the rule's terms are the ring volumes of research.md's table and pick the obvious winner in
+// at or below the step; the rule's terms are the ring volumes of docs/strategies.md's table and pick the obvious winner in
 // extreme scenarios.
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-#include "bench/system_json.h"
+#include "bench/project/system_json.h"
 #include "project/paro_rule.h"
 #include "project/search.h"
 

@@ -1,9 +1,9 @@
-// Unit tests of the sample statistics and rank views (bench/stats.h).
+// Unit tests of the sample statistics and rank views (bench/harness/stats.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "bench/stats.h"
+#include "bench/harness/stats.h"
 
 using namespace strata;
 

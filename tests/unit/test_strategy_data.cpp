@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <fstream>
 
-#include "bench/check.h"
-#include "bench/token_file.h"
+#include "bench/harness/check.h"
+#include "bench/harness/token_file.h"
 #include "train/data.h"
 #include "train/strategy.h"
 

@@ -1,4 +1,4 @@
-// Tests of the harness's timed loop (measure() in bench/harness.h), run alone and under mpirun with 2 ranks:
+// Tests of the harness's timed loop (measure() in bench/harness/harness.h), run alone and under mpirun with 2 ranks:
 // --warmup and --iters are honoured (calls counted), a sample holds the body and nothing else (a sleep in the
 // body shows, one in the warm-up or between iterations does not), samples are per operation, and a time
 // budget (--max-time) stops every rank after the same iteration.
@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/harness.h"
+#include "bench/harness/harness.h"
 
 namespace {
 

@@ -83,7 +83,7 @@ TEST(Trace, EveryScheduleGridAndStrategySimulatesWithoutDeadlock) {
 
 // Sequence parallelism reduce-scatters each row-parallel output: every rank contributes the whole (b s, h)
 // activation and keeps its b s / tp rows. The traced count is one rank's share; the projection's size is S of
-// metrics.md, the whole input b s h elements, in the predicted step's element size.
+// docs/metrics.md, the whole input b s h elements, in the predicted step's element size.
 TEST(Trace, ASequenceParallelReduceScatterIsTheWholeActivation) {
   TrainConfig c = small_config();
   c.sequence_parallel = true;

@@ -1,0 +1,793 @@
+// strata-collective: collective operations over MPI (the library's algorithms and Strata's own: ring,
+// recursive doubling, hierarchical) or NCCL, with nccl-tests' flags, sizes and bandwidth conventions, in
+// any layout: the world, each node, one rank per node, or the TP/PP/DP groups of a process grid, all groups
+// at once. Every size, dtype, operation and algorithm is checked on an untimed iteration with inputs whose
+// exact result is known; every rank's every timed iteration is kept.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <chrono>
+
+#include "bench/harness/axes.h"
+#include "bench/harness/harness.h"
+#include "collectives/process_group.h"
+#include "collectives/algorithms.h"
+#include "collectives/check.h"
+#include "collectives/layout.h"
+#include "collectives/types.h"
+#ifdef STRATA_HAVE_CUDA
+#include "bench/harness/timer_cuda.h"
+#include "collectives/nccl_backend.h"
+#include "kernels/cuda_info.h"
+#endif
+
+namespace {
+
+using namespace strata;
+using coll::Algo;
+using coll::DataType;
+using coll::Operation;
+using coll::RedOp;
+using coll::Counts;
+using coll::bus_factor;
+using coll::counts_for;
+using coll::is_reduction;
+
+struct Options {
+  std::string collectives = "allreduce";
+  std::string minbytes = "8", maxbytes = "64M", stepbytes = "0";
+  int stepfactor = 2;
+  std::string datatypes = "float";
+  std::string redops;  // empty: sum (an explicit value on a non-reduction is a usage error)
+  int check = 1;
+  int root = 0;
+  std::string backend = "mpi";
+  std::string algos = "library";
+  std::string mode = "pipelined";
+  int ops_per_sample = 8;
+  std::string placement = "both";
+  int ranks_per_node = 0;
+  std::string group = "world";
+  std::string grid;
+  std::string grid_dim;
+  bool mixed = false;
+  bool device_buffers = false;
+  std::string segment_bytes = "1M";      // ring reduction segments (Strata's algorithms)
+  std::string max_message_bytes = "1G";  // larger point-to-point messages are split (Strata's algorithms)
+};
+
+// One rank's group: the communicator it runs the collective on, and that group's node map.
+struct Group {
+  std::string kind;
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int index = 0;   // which group of this kind
+  int count = 1;   // how many groups of this kind
+  std::vector<int> node_of_rank;
+  Comm intra, inter;  // the group's ranks on my node; the group's ranks with my local index
+};
+
+Group make_group(const std::string& kind, const coll::Layout& layout, const coll::Grid* grid) {
+  Group g;
+  g.kind = kind;
+  if (kind == "intra") {
+    g.comm = layout.intra(), g.index = layout.node(), g.count = layout.node_count();
+  } else if (kind == "inter") {
+    g.comm = layout.inter(), g.index = layout.local_rank(), g.count = layout.world_size() / layout.node_count();
+  } else if (kind == "tp") {
+    g.comm = grid->tp(), g.index = grid->tp_group(), g.count = grid->shape().pp * grid->shape().dp;
+  } else if (kind == "pp") {
+    g.comm = grid->pp(), g.index = grid->pp_group(), g.count = grid->shape().tp * grid->shape().dp;
+  } else if (kind == "dp") {
+    g.comm = grid->dp(), g.index = grid->dp_group(), g.count = grid->shape().tp * grid->shape().pp;
+  }
+  g.node_of_rank = layout.node_of_ranks_in(g.comm);
+  int rank = 0;
+  STRATA_MPI_CHECK(MPI_Comm_rank(g.comm, &rank));
+  g.intra = split(g.comm, g.node_of_rank[static_cast<size_t>(rank)], rank);
+  g.inter = split(g.comm, g.intra.rank(), g.node_of_rank[static_cast<size_t>(rank)]);
+  return g;
+}
+
+template <typename T>
+std::vector<T> parse_list(const std::string& text, const char* flag, const char* what, auto parse, auto all) {
+  if (text == "all") return std::vector<T>(all.begin(), all.end());
+  std::vector<T> out;
+  for (const auto& item : split_list(text, flag)) {
+    auto value = parse(item);
+    if (!value) throw UsageError(std::string(flag) + ": unknown " + what + " '" + item + "'");
+    out.push_back(*value);
+  }
+  return out;
+}
+
+// --inject-wrong-element: flips a high exponent (or value) bit of output element 0 on the host image, so the
+// element differs from the exact result in every dtype, whatever the backend that produced it.
+void corrupt_first_element(std::vector<unsigned char>& out, DataType dtype) {
+  const size_t elem = coll::size_of(dtype);
+  if (out.size() >= elem) out[elem - 1] ^= 0x40;  // little-endian: the top byte of element 0
+}
+
+struct Case {
+  Operation op;
+  Algo algo;
+  DataType dtype;
+  RedOp redop;
+  bool has_redop;
+  size_t bytes;
+  bool in_place;
+  AxisPoint point;  // the parameter values it was made of, for its `cases` row
+};
+
+// The columns a case's parameters fill: operation, dtype and reduction step together (a reduction only for
+// the operations that have one), then the requested size S, the algorithm and the placement, so the algorithms
+// and placements compared at one size run next to each other in time. The group kind and the concurrent
+// operation are single values here; --mixed varies them.
+Axes collective_axes(const std::vector<Operation>& ops, const std::vector<DataType>& dtypes,
+                     const std::vector<RedOp>& redops, const std::vector<size_t>& sizes,
+                     const std::vector<Algo>& algos, const std::vector<int64_t>& placements) {
+  std::vector<std::vector<AxisValue>> op_dtype_redop;
+  for (Operation op : ops)
+    for (DataType d : dtypes)
+      for (RedOp r : is_reduction(op) ? redops : std::vector<RedOp>{RedOp::sum})
+        op_dtype_redop.push_back({std::string(coll::name(op)), std::string(coll::name(d)),
+                                  is_reduction(op) ? std::string(coll::name(r)) : std::string("none")});
+  std::vector<std::string> algo_names;
+  for (Algo a : algos) algo_names.emplace_back(coll::name(a));
+  Axes axes;
+  axes.add_zipped({{"operation", ""}, {"dtype", ""}, {"redop", ""}}, std::move(op_dtype_redop))
+      .add("requested_bytes", std::vector<int64_t>(sizes.begin(), sizes.end()), "B")
+      .add("algo", std::move(algo_names))
+      .add("in_place", placements, "1");
+  return axes;
+}
+
+// Where one case's buffers live and how an operation runs on them: host memory for MPI, device memory
+// (staged through the host for inputs and checks) for NCCL. In place, the input sits inside the output as
+// the operations table says (NCCL's layout).
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  void prepare(const Case& c, const Counts& counts, int group_rank) {
+    const size_t elem = coll::size_of(c.dtype);
+    send_bytes_ = counts.send_elems * elem;
+    recv_bytes_ = counts.recv_elems * elem;
+    if (!c.in_place) {
+      send_ = allocate(send_bytes_, 0);
+      recv_ = allocate(recv_bytes_, 1);
+      return;
+    }
+    char* buffer = static_cast<char*>(allocate(std::max(send_bytes_, recv_bytes_), 0));
+    const coll::InPlaceOffsets at = coll::in_place_offsets(c.op, counts, elem, group_rank);
+    send_ = buffer + at.send, recv_ = buffer + at.recv;
+  }
+  virtual void load_inputs(const std::vector<unsigned char>& host) = 0;  // send_bytes_ of them
+  virtual void read_outputs(std::vector<unsigned char>& host) = 0;       // recv_bytes_ of them
+  virtual coll::Traffic run(const Case& c, size_t count, int root) = 0;
+  virtual void finish_timed() {}
+  virtual Timer& timer() = 0;
+  // Before the first case: both buffers at the largest size any case needs, so no case allocates (a plain C
+  // benchmark's buffers, allocated once; page-aligned, as MPI's internal copies are slow on unaligned ones).
+  void reserve(size_t bytes) {
+    allocate(bytes, 0);
+    allocate(bytes, 1);
+  }
+
+ protected:
+  virtual void* allocate(size_t bytes, int slot) = 0;  // slot 0 or 1; reused across cases
+  void* send_ = nullptr;
+  void* recv_ = nullptr;
+  size_t send_bytes_ = 0, recv_bytes_ = 0;
+};
+
+// MPI on host buffers, or on device buffers (--device-buffers) where the MPI library is CUDA-aware. An
+// operation the process groups have runs through them (started, then waited for at once), the code the
+// training step runs; the rest, and device buffers, take the blocking algorithms of algorithms.h.
+// shm_buffers: the host buffers are registered with the group's shared-memory node (collectives/shm.h), so
+// the shm algorithm runs its direct path on them, as NCCL runs on registered user buffers.
+class MpiExecutor final : public Executor {
+ public:
+  // group: the process group over the case's communicator, or null for the blocking path throughout.
+  MpiExecutor(coll::Context ctx, std::unique_ptr<coll::Group> group, bool device_buffers, bool shm_buffers)
+      : ctx_(std::move(ctx)), group_(std::move(group)), device_(device_buffers), shm_buffers_(shm_buffers && group_) {}
+  void load_inputs(const std::vector<unsigned char>& host) override {
+#ifdef STRATA_HAVE_CUDA
+    if (device_) return cuda::copy_to_device(send_, host.data(), send_bytes_);
+#endif
+    if (send_bytes_) std::memcpy(send_, host.data(), send_bytes_);
+  }
+  void read_outputs(std::vector<unsigned char>& host) override {
+    host.resize(recv_bytes_);
+#ifdef STRATA_HAVE_CUDA
+    if (device_) return cuda::copy_to_host(host.data(), recv_, recv_bytes_);
+#endif
+    if (recv_bytes_) std::memcpy(host.data(), recv_, recv_bytes_);
+  }
+  coll::Traffic run(const Case& c, size_t count, int root) override {
+    const coll::OperationInfo& op = coll::info(c.op);
+    const coll::OpArgs args{send_, recv_, count, c.dtype, c.redop, root};
+    if (group_ && op.group_algos.has(c.algo)) {
+      coll::Work work = op.start(*group_, c.algo, args, coll::Waiting::at_once);
+      work.wait();
+      return work.traffic();
+    }
+    return op.run(c.algo, args, ctx_);
+  }
+  Timer& timer() override { return timer_; }
+
+ private:
+  void* allocate(size_t bytes, int slot) override {
+#ifdef STRATA_HAVE_CUDA
+    if (device_) {
+      if (!device_buffers_[slot] || device_buffers_[slot]->size() < bytes)
+        device_buffers_[slot] = std::make_unique<cuda::DeviceMemory>(bytes);
+      return device_buffers_[slot]->get();
+    }
+#endif
+    if (shm_buffers_) {  // collective over the group: every rank reserves the same largest size first
+      if (!registered_[slot].data() || bytes > registered_[slot].size()) registered_[slot] = group_->allocate_shm(bytes);
+      return registered_[slot].data();
+    }
+    PageBuffer& buffer = buffers_[slot];
+    if (bytes > buffer.size) {
+      void* memory = std::aligned_alloc(kPage, (std::max<size_t>(bytes, 1) + kPage - 1) / kPage * kPage);
+      if (!memory) throw std::bad_alloc();
+      buffer.data.reset(static_cast<unsigned char*>(memory));
+      buffer.size = bytes;
+    }
+    return buffer.data.get();
+  }
+  static constexpr size_t kPage = 4096;
+  struct FreeMemory {
+    void operator()(unsigned char* memory) const { std::free(memory); }
+  };
+  struct PageBuffer {
+    std::unique_ptr<unsigned char, FreeMemory> data;
+    size_t size = 0;
+  };
+  coll::Context ctx_;
+  std::unique_ptr<coll::Group> group_;
+  bool device_;
+  bool shm_buffers_;
+  coll::ShmBuffer registered_[2];  // destroyed before group_, whose node they belong to
+  PageBuffer buffers_[2];
+#ifdef STRATA_HAVE_CUDA
+  std::unique_ptr<cuda::DeviceMemory> device_buffers_[2];
+#endif
+  HostTimer timer_;
+};
+
+#ifdef STRATA_HAVE_CUDA
+class NcclExecutor final : public Executor {
+ public:
+  NcclExecutor(MPI_Comm group, int group_index, int device)
+      : nccl_(group, group_index, device), timer_(make_cuda_event_timer(nccl_.stream())) {}
+  void load_inputs(const std::vector<unsigned char>& host) override {
+    nccl_.copy_to_device(send_, host.data(), send_bytes_);
+  }
+  void read_outputs(std::vector<unsigned char>& host) override {
+    nccl_.synchronize();
+    host.resize(recv_bytes_);
+    nccl_.copy_to_host(host.data(), recv_, recv_bytes_);
+  }
+  coll::Traffic run(const Case& c, size_t count, int root) override {
+    nccl_.run(c.op, send_, recv_, count, c.dtype, c.redop, root);
+    return {};
+  }
+  Timer& timer() override { return *timer_; }
+
+ private:
+  void* allocate(size_t bytes, int slot) override {
+    if (bytes > capacity_[slot]) {
+      buffers_[slot] = nccl_.device_alloc(bytes);
+      capacity_[slot] = bytes;
+    }
+    return buffers_[slot];
+  }
+  coll::NcclBackend nccl_;
+  std::unique_ptr<Timer> timer_;
+  void* buffers_[2] = {nullptr, nullptr};
+  size_t capacity_[2] = {0, 0};
+};
+#endif
+
+// The columns besides the parameter axes': constant within a run, or derived from a case.
+void describe_columns(Run& run) {
+  run.cases()
+      .add_column("backend", ColumnKind::string, "")
+      .add_column("mode", ColumnKind::string, "", "pipelined: back-to-back operations per sample; blocking: one per sample")
+      .add_column("ops_per_sample", ColumnKind::int64, "1")
+      .add_column("root", ColumnKind::int64, "1", "-1 for unrooted operations")
+      .add_column("count", ColumnKind::int64, "1", "the operation's count argument")
+      .add_column("size_bytes", ColumnKind::float64, "B", "nccl-tests' S: allreduce, broadcast, reduce, sendrecv: the "
+                  "buffer; allgather: the gathered buffer; reduce_scatter: the whole input; alltoall: one rank's send buffer")
+      .add_column("bytes_per_rank", ColumnKind::float64, "B", "OSU's size: one rank's share")
+      .add_column("n_groups", ColumnKind::int64, "1")
+      .add_column("group_size", ColumnKind::int64, "1").add_column("n_nodes", ColumnKind::int64, "1")
+      .add_column("ranks_per_node", ColumnKind::int64, "1").add_column("emulated_nodes", ColumnKind::int64, "1")
+      .add_column("grid", ColumnKind::string, "");
+  run.summary()
+      .add_column("algbw", ColumnKind::float64, "B/s", "size_bytes / median over iterations of the per-iteration max over ranks")
+      .add_column("busbw", ColumnKind::float64, "B/s", "algbw x bus_factor (nccl-tests)")
+      .add_column("bus_factor", ColumnKind::float64, "1", "allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall (n-1)/n; else 1")
+      .add_column("busbw_rankmean", ColumnKind::float64, "B/s", "as busbw, from the per-iteration mean over ranks")
+      .add_column("intra_bytes_per_rank", ColumnKind::float64, "B", "bytes a rank sent inside its node per operation, mean over ranks; NaN for library algorithms")
+      .add_column("inter_bytes_per_rank", ColumnKind::float64, "B", "bytes a rank sent to other nodes per operation, mean over ranks; NaN for library algorithms")
+      .add_column("slowdown_vs_alone", ColumnKind::float64, "1", "median time with the concurrent operation / median time alone");
+}
+
+// Per-group results of one case: each group's per-iteration max over its ranks.
+void append_group_rows(Run& run, const CaseResult& r, const std::vector<int>& group_of_rank, int n_groups,
+                       const Counts& n, double factor) {
+  Table groups("groups");
+  groups.add_column("case", ColumnKind::int64, "1").add_column("group", ColumnKind::int64, "1")
+      .add_column("group_size", ColumnKind::int64, "1").add_column("world_ranks", ColumnKind::string, "")
+      .add_column("time_median", ColumnKind::float64, "s", "median over iterations of the per-iteration max over the group's ranks")
+      .add_column("algbw", ColumnKind::float64, "B/s").add_column("busbw", ColumnKind::float64, "B/s");
+  const int ranks = static_cast<int>(group_of_rank.size());
+  for (int g = 0; g < n_groups; ++g) {
+    std::vector<double> per_iteration(static_cast<size_t>(r.iterations), 0.0);
+    std::string members;
+    int size = 0;
+    for (int rank = 0; rank < ranks; ++rank) {
+      if (group_of_rank[static_cast<size_t>(rank)] != g) continue;
+      members += (members.empty() ? "" : ",") + std::to_string(rank);
+      ++size;
+      for (int i = 0; i < r.iterations; ++i)
+        per_iteration[static_cast<size_t>(i)] = std::max(per_iteration[static_cast<size_t>(i)],
+                                                         r.samples[static_cast<size_t>(rank) * r.iterations + i]);
+    }
+    double median = summarize(per_iteration).median;
+    groups.set("case", r.index).set("group", g).set("group_size", size).set("world_ranks", members);
+    groups.set("time_median", median).set("algbw", n.size_bytes / median).set("busbw", n.size_bytes / median * factor);
+    groups.end_row();
+  }
+  run.append_table(groups);
+}
+
+
+// --mixed: an allreduce in every TP group and a reduce-scatter in every DP group at the same time (the
+// overlap of tensor-parallel and data-parallel traffic in a training step), each also alone, through the
+// process groups' non-blocking operations (collectives/process_group.h), the code the training step runs.
+// Each operation's time runs from the common start to the moment this rank sees it complete; both are tested
+// in turn, as the step progresses its operations.
+int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, const Cli& cli,
+              const coll::Layout& layout, const coll::Grid& grid, Algo algo, const std::vector<size_t>& sizes) {
+  const DataType dtype = coll::parse_datatype(split_list(o.datatypes, "--datatype").front()).value_or(DataType::float32);
+  const size_t elem = coll::size_of(dtype);
+  const int tp = grid.shape().tp, dp = grid.shape().dp;
+  // Per size, four rows: each operation alone, then each beside the other.
+  Axes axes;
+  axes.add("requested_bytes", std::vector<int64_t>(sizes.begin(), sizes.end()), "B")
+      .add("algo", std::vector<std::string>{std::string(coll::name(algo))})
+      .add("in_place", std::vector<int64_t>{0}, "1")
+      .add_zipped({{"operation", ""}, {"dtype", ""}, {"redop", ""}, {"group_kind", ""}, {"concurrent_with", ""}},
+                  {{"allreduce", std::string(coll::name(dtype)), "sum", "tp", ""},
+                   {"reduce_scatter", std::string(coll::name(dtype)), "sum", "dp", ""},
+                   {"allreduce", std::string(coll::name(dtype)), "sum", "tp", "reduce_scatter/dp"},
+                   {"reduce_scatter", std::string(coll::name(dtype)), "sum", "dp", "allreduce/tp"}});
+  const std::vector<AxisPoint> points = axes.product();
+  // Each size holds an allreduce's and a reduce-scatter's inputs, outputs and expected values: about six buffers
+  // of the size at most.
+  const size_t largest = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  check_fits_in_memory("strata-collective --mixed at " + format_gib(double(largest)), 6.0 * double(largest),
+                       host_memory_per_rank(), "the node's available memory over its ranks");
+  Run run("strata-collective", argc, argv, h, cli.resolved_json(), "cpu");
+  run.set_case_count(static_cast<int>(points.size()));
+  describe_columns(run);
+  axes.declare_columns(run.cases());
+  ConsoleTable table({{"size(B)", 11}, {"op", 14}, {"group", 5}, {"with", 16}, {"time(us)", 10}, {"busbw", 8},
+                      {"slowdown", 8}, {"#wrong", 6}});
+  if (run.is_root()) {
+    std::printf("# strata-collective --mixed: grid %s; allreduce in TP groups, reduce_scatter in DP groups; %s\n",
+                coll::format_grid(grid.shape()).c_str(), std::string(coll::name(dtype)).c_str());
+    std::printf("# time: median over iterations of the per-iteration max over ranks; slowdown = concurrent / alone\n");
+    table.print_header();
+  }
+  int tp_rank = grid.tp_index(), dp_rank = grid.dp_index();
+  coll::ProcessGroups groups(grid.shape(), layout.emulated() ? layout.world_size() / layout.node_count() : 0);
+  for (size_t size_index = 0; size_index < sizes.size(); ++size_index) {
+    const size_t bytes = sizes[size_index];
+    Counts ar = counts_for(Operation::allreduce, bytes, elem, tp), rs = counts_for(Operation::reduce_scatter, bytes, elem, dp);
+    const coll::CheckSpec ar_spec{Operation::allreduce, dtype, RedOp::sum};
+    const coll::CheckSpec rs_spec{Operation::reduce_scatter, dtype, RedOp::sum};
+    std::vector<unsigned char> ar_in = coll::check_inputs(ar_spec, ar, tp_rank);
+    std::vector<unsigned char> rs_in = coll::check_inputs(rs_spec, rs, dp_rank);
+    std::vector<unsigned char> ar_out(ar.recv_elems * elem + 1), rs_out(rs.recv_elems * elem + 1);
+    // Times both (or one) from a common start: element 0 the allreduce, 1 the reduce-scatter.
+    auto timed = [&](bool with_ar, bool with_rs) {
+      double done[2] = {0, 0};
+      STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+      auto begin = std::chrono::steady_clock::now();
+      coll::Work work[2];
+      if (with_ar) work[0] = groups.tp().allreduce(algo, ar_in.data(), ar_out.data(), ar.count, dtype, RedOp::sum);
+      if (with_rs) work[1] = groups.dp().reduce_scatter(algo, rs_in.data(), rs_out.data(), rs.count, dtype, RedOp::sum);
+      bool pending[2] = {with_ar, with_rs};
+      while (pending[0] || pending[1])
+        for (int k = 0; k < 2; ++k)
+          if (pending[k] && work[k].test()) {
+            done[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+            pending[k] = false;
+          }
+      return std::pair{done[0], done[1]};
+    };
+    const std::string what = "mixed allreduce/reduce_scatter " + std::to_string(bytes) + " B";
+    run.begin_case(what, 4);
+    std::vector<double> alone_ar, alone_rs, both_ar, both_rs;
+    run.progress("the warm-up of " + what);
+    for (int i = 0; i < h.warmup; ++i) run.tick(), timed(true, false), timed(false, true), timed(true, true);
+    run.progress("the timed iterations of " + what);
+    for (int i = 0; i < h.iters; ++i) {
+      run.tick();
+      alone_ar.push_back(timed(true, false).first);
+      alone_rs.push_back(timed(false, true).second);
+      auto [a, r] = timed(true, true);
+      both_ar.push_back(a), both_rs.push_back(r);
+    }
+    if (injects_wrong_element(h, run.context().self.rank)) corrupt_first_element(ar_out, dtype);
+    int64_t wrong_ar = coll::count_wrong(ar_spec, ar, ar_out, tp_rank, tp, 0);
+    int64_t wrong_rs = coll::count_wrong(rs_spec, rs, rs_out, dp_rank, dp, 0);
+
+    double alone_median[2] = {0, 0};
+    // In the order of the zipped axis: each operation alone, then each beside the other.
+    struct Row { const Counts* n; std::vector<double>* samples; int64_t wrong; int slot; int size; };
+    Row rows[4] = {{&ar, &alone_ar, wrong_ar, 0, tp}, {&rs, &alone_rs, wrong_rs, 1, dp},
+                   {&ar, &both_ar, wrong_ar, 0, tp}, {&rs, &both_rs, wrong_rs, 1, dp}};
+    for (size_t k = 0; k < 4; ++k) {
+      const Row& row = rows[k];
+      const AxisPoint& point = points[size_index * 4 + k];
+      const std::string& op_name = point.text("operation");
+      const std::string& with = point.text("concurrent_with");
+      const bool concurrent = !with.empty();
+      const double factor = bus_factor(row.slot == 0 ? Operation::allreduce : Operation::reduce_scatter, row.size);
+      CaseResult r = run.record(*row.samples, row.wrong, op_name + " " + point.text("group_kind") + (concurrent ? " concurrent" : " alone") + " " + std::to_string(row.n->size_bytes) + " B",
+          [&](Table& t) {
+            axes.fill(t, point);
+            t.set("backend", "mpi").set("mode", "blocking").set("ops_per_sample", 1).set("root", -1)
+                .set("count", row.n->count).set("size_bytes", double(row.n->size_bytes))
+                .set("bytes_per_rank", double(row.n->bytes_per_rank))
+                .set("n_groups", layout.world_size() / row.size).set("group_size", row.size)
+                .set("n_nodes", layout.node_count()).set("ranks_per_node", layout.world_size() / layout.node_count())
+                .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", coll::format_grid(grid.shape()));
+          },
+          [&](Table& t, const CaseResult& res) {
+            double algbw = row.n->size_bytes / res.rankmax.median;
+            if (!concurrent) alone_median[row.slot] = res.rankmax.median;
+            t.set("algbw", algbw).set("busbw", algbw * factor).set("bus_factor", factor)
+                .set("busbw_rankmean", row.n->size_bytes / res.rankmean.median * factor)
+                .set("intra_bytes_per_rank", std::nan("")).set("inter_bytes_per_rank", std::nan(""))
+                .set("slowdown_vs_alone", concurrent ? res.rankmax.median / alone_median[row.slot] : 1.0);
+          });
+      if (run.is_root())
+        table.print_row({std::to_string(row.n->size_bytes), op_name, point.text("group_kind"), concurrent ? with : "(alone)",
+                         format_fixed(r.rankmax.median * 1e6, 2),
+                         format_fixed(row.n->size_bytes / r.rankmax.median / 1e9 * factor, 3),
+                         format_fixed(concurrent ? r.rankmax.median / alone_median[row.slot] : 1.0, 3),
+                         std::to_string(r.wrong_elements)});
+    }
+  }
+  return run.finish();
+}
+
+int run_collective(int argc, char** argv) {
+  HarnessOptions h;
+  h.warmup = 5, h.iters = 20;
+  h.timeout = "0";  // a collective's iterations take microseconds to seconds: a limit is the user's to choose
+  Options o;
+  Cli cli("strata-collective",
+          "Collective operations over MPI or NCCL (nccl-tests flags and bandwidth conventions), in any layout.");
+  cli.option("collective", 0, "operations: allreduce,allgather,reduce_scatter,alltoall,broadcast,reduce,sendrecv or all",
+             o.collectives);
+  cli.option("minbytes", 'b', "smallest size S (K/M/G suffixes; nccl-tests' S per operation)", o.minbytes);
+  cli.option("maxbytes", 'e', "largest size S", o.maxbytes);
+  cli.option("stepfactor", 'f', "multiply the size by this between steps", o.stepfactor, 2);
+  cli.option("stepbytes", 'i', "add this many bytes between steps instead (0: use --stepfactor)", o.stepbytes);
+  cli.option("datatype", 'd', "int8,int32,float,double,half,bfloat16 or all", o.datatypes);
+  cli.option("redop", 'o', "reductions: sum,prod,min,max,avg or all (reduction operations only) [sum]", o.redops);
+  cli.option("check", 'c', "check every case's result on an untimed iteration (0/1)", o.check, 0);
+  cli.option("root", 0, "root rank (in its group) of broadcast and reduce", o.root, 0);
+  cli.choice("backend", 0, "communication library", o.backend, {"mpi", "nccl"});
+  cli.option("algo", 'a', "algorithms: library,ring,recursive_doubling,hierarchical,horing or all", o.algos);
+  cli.choice("mode", 'm', "pipelined: back-to-back operations timed as a loop (nccl-tests); blocking: one "
+             "operation per timed interval, barrier between (OSU)", o.mode, {"pipelined", "blocking"});
+  cli.option("ops-per-sample", 0, "operations per timed sample in pipelined mode", o.ops_per_sample, 1);
+  cli.choice("placement", 0, "out-of-place, in-place, or both", o.placement, {"both", "out", "in"});
+  cli.option("ranks-per-node", 0, "regroup consecutive ranks into emulated nodes of N (0: real nodes)", o.ranks_per_node, 0);
+  cli.choice("group", 'g', "run in the world, in each node (intra), or among ranks with the same local index (inter)",
+             o.group, {"world", "intra", "inter"});
+  cli.option("grid", 0, "process grid tp=T,pp=P,dp=D (tp fastest-varying)", o.grid);
+  cli.choice("grid-dim", 0, "run in every group of this grid dimension at once", o.grid_dim, {"", "tp", "pp", "dp"});
+  cli.flag("mixed", 0, "with --grid: allreduce in the TP groups and reduce-scatter in the DP groups at the same "
+           "time, each also alone; reports the slowdown", o.mixed);
+  cli.flag("device-buffers", 0, "MPI backend: GPU buffers (needs a CUDA-aware MPI library; library algorithms, "
+           "int8/int32/float/double, no avg)", o.device_buffers);
+  cli.option("segment-bytes", 0, "Strata's ring: bytes per reduction segment (K/M/G suffixes), on the process "
+             "groups and the blocking algorithms alike", o.segment_bytes);
+  cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this, on the "
+             "process groups and the blocking algorithms alike", o.max_message_bytes);
+  add_harness_options(cli, h);
+  cli.alias("warmup_iters", "warmup");
+  if (!cli.parse(argc, argv)) return 0;
+
+  // ---- what to run --------------------------------------------------------------------------------
+  auto ops = parse_list<Operation>(o.collectives, "--collective", "operation", coll::parse_operation, coll::kAllOperations);
+  auto dtypes = parse_list<DataType>(o.datatypes, "--datatype", "datatype", coll::parse_datatype, coll::kAllDataTypes);
+  auto algos = parse_list<Algo>(o.algos, "--algo", "algorithm", coll::parse_algo, coll::kAllAlgos);
+  bool any_reduction = std::any_of(ops.begin(), ops.end(), is_reduction);
+  if (!o.redops.empty() && !any_reduction)
+    throw UsageError("--redop applies to reductions (allreduce, reduce_scatter, reduce), not to " + o.collectives);
+  auto redops = parse_list<RedOp>(o.redops.empty() ? "sum" : o.redops, "--redop", "reduction", coll::parse_redop, coll::kAllRedOps);
+  const int64_t min_bytes = parse_bytes(o.minbytes, "--minbytes"), max_bytes = parse_bytes(o.maxbytes, "--maxbytes");
+  const int64_t step_bytes = parse_bytes(o.stepbytes, "--stepbytes");
+  if (min_bytes > max_bytes) throw UsageError("--minbytes " + o.minbytes + " is larger than --maxbytes " + o.maxbytes);
+  for (DataType d : dtypes) {
+    int64_t elem = static_cast<int64_t>(coll::size_of(d));
+    for (auto [flag, value] : {std::pair{"--minbytes", min_bytes}, std::pair{"--maxbytes", max_bytes}})
+      if (value % elem)
+        throw UsageError(std::string(flag) + " " + std::to_string(value) + " is not a multiple of " +
+                         std::string(coll::name(d)) + "'s " + std::to_string(elem) + " bytes");
+  }
+  std::vector<size_t> sizes;
+  for (int64_t b = min_bytes; b <= max_bytes;) {
+    sizes.push_back(static_cast<size_t>(b));
+    int64_t next = step_bytes > 0 ? b + step_bytes : b * o.stepfactor;
+    if (next == b) next = b + 1;  // -b 0: continue from one element
+    if (b == 0 && step_bytes == 0) next = std::max<int64_t>(1, min_bytes);
+    b = next == 0 ? 1 : next;
+    if (b > max_bytes) break;
+  }
+  if (o.backend == "nccl" && (o.algos != "library"))
+    throw UsageError("--backend nccl runs NCCL's own algorithms only (--algo library); set NCCL_ALGO to steer them");
+  const int64_t segment_bytes = parse_bytes(o.segment_bytes, "--segment-bytes");
+  const int64_t max_message_bytes = parse_bytes(o.max_message_bytes, "--max-message-bytes");
+  if (segment_bytes <= 0) throw UsageError("--segment-bytes must be positive, got " + o.segment_bytes);
+  if (max_message_bytes <= 0 || max_message_bytes > INT_MAX)
+    throw UsageError("--max-message-bytes must be in 1.." + std::to_string(INT_MAX) + ", got " + o.max_message_bytes);
+  if (o.mixed && o.grid.empty()) throw UsageError("--mixed needs --grid");
+  if (o.mixed && o.backend != "mpi")
+    throw UsageError("--mixed runs on the MPI process groups; with --backend " + o.backend + " it is not available");
+  auto mixes = [](Algo a) {
+    return coll::Group::supports(Operation::allreduce, a) && coll::Group::supports(Operation::reduce_scatter, a);
+  };
+  if (o.mixed && (algos.size() != 1 || !mixes(algos.front()))) {
+    std::string mixable;
+    for (Algo a : coll::kAllAlgos)
+      if (mixes(a)) mixable += (mixable.empty() ? "" : ", ") + std::string(coll::name(a));
+    throw UsageError("--mixed takes one algorithm of the process groups: " + mixable);
+  }
+  if (!o.grid_dim.empty() && o.grid.empty()) throw UsageError("--grid-dim needs --grid");
+  if (!o.grid.empty() && o.group != "world") throw UsageError("--group and --grid exclude each other; use --grid-dim");
+
+  // ---- layout and groups ---------------------------------------------------------------------------
+  coll::Layout layout(o.ranks_per_node);
+  std::unique_ptr<coll::Grid> grid;
+  if (!o.grid.empty()) grid = std::make_unique<coll::Grid>(coll::parse_grid(o.grid), layout);
+  const std::string group_kind = o.grid_dim.empty() ? o.group : o.grid_dim;
+  Group group = make_group(group_kind, layout, grid.get());
+  int group_rank = 0, group_size = 0;
+  STRATA_MPI_CHECK(MPI_Comm_rank(group.comm, &group_rank));
+  STRATA_MPI_CHECK(MPI_Comm_size(group.comm, &group_size));
+  if (o.root >= group_size) throw UsageError("--root " + std::to_string(o.root) + " is not a rank of a group of " +
+                                             std::to_string(group_size));
+  // HO-Ring and shm exist on the process groups only, which have no device-buffer path.
+  const bool on_groups = o.backend == "mpi" && !o.device_buffers;
+  auto available = [&](Operation op, Algo a) {
+    return coll::is_supported(op, a) || (on_groups && coll::info(op).group_algos.has(a));
+  };
+  for (Operation op : ops)
+    for (Algo a : algos)
+      if (!available(op, a) && o.algos != "all")
+        throw UsageError("algorithm " + std::string(coll::name(a)) + " is not available for " + std::string(coll::name(op)) +
+                         (coll::info(op).group_algos.has(a) ? " with --device-buffers" : ""));
+
+  coll::MpiTypes types;
+  std::unique_ptr<Executor> executor;
+  std::string device = "cpu";
+  if (o.backend == "nccl") {
+#ifdef STRATA_HAVE_CUDA
+    int gpus = cuda::device_count(), fewest = 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (fewest == 0) throw UsageError("--backend nccl: no CUDA device is visible to every rank");
+    Comm node = split_shared_memory(MPI_COMM_WORLD);
+    // NCCL refuses two ranks of one communicator on one device, and shared GPUs would not measure the network.
+    int crowded = node.size() > gpus ? 1 : 0, any_crowded = 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(&crowded, &any_crowded, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (any_crowded)
+      throw UsageError("--backend nccl: one GPU per rank, but a node runs more ranks than it has visible GPUs (" +
+                       std::to_string(node.size()) + " ranks, " + std::to_string(gpus) + " GPUs here)");
+    int gpu = node.rank();
+    executor = std::make_unique<NcclExecutor>(group.comm, group.index, gpu);
+    device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu);
+#else
+    throw UsageError("--backend nccl: this strata-collective was built without CUDA and NCCL");
+#endif
+  } else {
+    if (o.device_buffers) {
+#ifdef STRATA_HAVE_CUDA
+      if (mpi_cuda_awareness() != "yes")
+        throw UsageError("--device-buffers: this MPI library is not CUDA-aware (mpi_cuda_aware: " + mpi_cuda_awareness() + ")");
+      if (o.algos != "library")
+        throw UsageError("--device-buffers: Strata's own algorithms reduce on the host; use --algo library");
+      for (DataType d : dtypes)
+        if (d == DataType::float16 || d == DataType::bfloat16)
+          throw UsageError("--device-buffers: MPI has no 16-bit float reductions on device memory");
+      for (RedOp r : redops)
+        if (r == RedOp::avg) throw UsageError("--device-buffers: MPI has no average; avg is finished on the host");
+      int gpus = cuda::device_count(), fewest = 0;
+      STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+      if (fewest == 0) throw UsageError("--device-buffers: no CUDA device is visible to every rank");
+      Comm node = split_shared_memory(MPI_COMM_WORLD);
+      int gpu = node.rank() % gpus;
+      cuda::set_device(gpu);
+      device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu) + " (MPI device buffers)";
+#else
+      throw UsageError("--device-buffers: this strata-collective was built without CUDA");
+#endif
+    }
+    coll::Context ctx;
+    ctx.comm = group.comm;
+    ctx.types = &types;
+    ctx.node_of_rank = group.node_of_rank;
+    ctx.intra = group.intra.get();
+    ctx.inter = group.inter.get();
+    ctx.rank = group_rank;
+    ctx.size = group_size;
+    ctx.ring_segment_bytes = static_cast<size_t>(segment_bytes);
+    ctx.max_message_bytes = static_cast<size_t>(max_message_bytes);
+#ifdef STRATA_HAVE_CUDA
+    if (o.device_buffers) ctx.device_copy = &cuda::copy_on_device;  // the library path's copies between buffers
+#endif
+    // The process groups have no device-buffer path: --device-buffers keeps every case on the blocking path.
+    std::unique_ptr<coll::Group> process_group;
+    if (!o.device_buffers) {
+      MPI_Comm dup = MPI_COMM_NULL;
+      STRATA_MPI_CHECK(MPI_Comm_dup(group.comm, &dup));
+      process_group = std::make_unique<coll::Group>(group_kind, Comm(dup), group.node_of_rank, types);
+      process_group->ring_segment_bytes = static_cast<size_t>(segment_bytes);
+      process_group->max_message_bytes = static_cast<size_t>(max_message_bytes);
+    }
+    // With shm among the algorithms, on ranks that all share memory, the buffers come from the group's
+    // shared-memory node: every algorithm runs on them, shm on its direct path.
+    bool shm_buffers = false;
+    if (process_group && std::find(algos.begin(), algos.end(), Algo::shm) != algos.end()) {
+      MPI_Comm shared = MPI_COMM_NULL;
+      STRATA_MPI_CHECK(MPI_Comm_split_type(group.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared));
+      const Comm shared_comm(shared);
+      int all_share = shared_comm.size() == group_size ? 1 : 0;
+      STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_share, 1, MPI_INT, MPI_MIN, group.comm));
+      shm_buffers = all_share != 0;
+    }
+    executor = std::make_unique<MpiExecutor>(ctx, std::move(process_group), o.device_buffers, shm_buffers);
+  }
+
+  std::vector<int64_t> placements;
+  if (o.placement != "in") placements.push_back(0);
+  if (o.placement != "out") placements.push_back(1);
+  if (o.mixed) return run_mixed(argc, argv, h, o, cli, layout, *grid, algos.front(), sizes);
+  Axes axes = collective_axes(ops, dtypes, redops, sizes, algos, placements);
+  axes.add("group_kind", std::vector<std::string>{group_kind})
+      .add("concurrent_with", std::vector<std::string>{""});
+  std::vector<Case> cases;
+  for (AxisPoint& point : axes.product()) {
+    const Operation op = *coll::parse_operation(point.text("operation"));
+    const Algo a = *coll::parse_algo(point.text("algo"));
+    if (!available(op, a)) continue;
+    cases.push_back({op, a, *coll::parse_datatype(point.text("dtype")),
+                     coll::parse_redop(point.text("redop")).value_or(RedOp::sum), is_reduction(op),
+                     static_cast<size_t>(point.integer("requested_bytes")), point.integer("in_place") != 0,
+                     std::move(point)});
+  }
+
+  // Both buffer slots at the largest size any case needs, allocated once; the host also holds a case's inputs,
+  // its read-back outputs and their expected values, each at most that size. Refused before anything is written.
+  size_t largest = 0;
+  for (const Case& c : cases) {
+    const size_t elem = coll::size_of(c.dtype);
+    const Counts n = counts_for(c.op, c.bytes, elem, group_size);
+    largest = std::max(largest, std::max(n.send_elems, n.recv_elems) * elem);
+  }
+  const bool device_buffers = o.backend == "nccl" || o.device_buffers;
+  check_fits_in_memory("strata-collective's largest size (" + format_gib(double(largest)) + " per buffer)",
+                       double(largest) * (device_buffers ? 3 : 5), host_memory_per_rank(),
+                       "the node's available memory over its ranks");
+
+  Run run("strata-collective", argc, argv, h, cli.resolved_json(), device);
+  run.set_case_count(static_cast<int>(cases.size()));
+  describe_columns(run);
+  axes.declare_columns(run.cases());
+
+  // Each rank's group, once, for the per-group table.
+  std::vector<int> group_of_rank(static_cast<size_t>(run.context().n_ranks));
+  STRATA_MPI_CHECK(MPI_Allgather(&group.index, 1, MPI_INT, group_of_rank.data(), 1, MPI_INT, MPI_COMM_WORLD));
+
+  ConsoleTable table({{"size(B)", 11}, {"count", 10}, {"type", 8}, {"redop", 6}, {"root", 4}, {"op", 14},
+                      {"algo", 18}, {"place", 5}, {"time(us)", 10}, {"algbw", 8}, {"busbw", 8}, {"#wrong", 6}});
+  if (run.is_root()) {
+    std::printf("# strata-collective: %d rank(s), %d node(s)%s, group %s: %d group(s) of %d, backend %s, mode %s\n",
+                run.context().n_ranks, layout.node_count(), layout.emulated() ? " (emulated)" : "",
+                group_kind.c_str(), group.count, group_size, o.backend.c_str(), o.mode.c_str());
+    std::printf("# time: median over iterations of the per-iteration max over all ranks%s\n",
+                o.mode == "pipelined" ? (", each sample the mean of " + std::to_string(o.ops_per_sample) +
+                                         " back-to-back operations").c_str() : ", one operation per sample");
+    std::printf("# algbw = S / time, busbw = algbw x nccl-tests factor, GB/s = 1e9 B/s; S as nccl-tests\n");
+    table.print_header();
+  }
+
+  const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
+  executor->reserve(largest);
+  for (size_t index = 0; index < cases.size(); ++index) {
+    const Case& c = cases[index];
+    const size_t elem = coll::size_of(c.dtype);
+    Counts n = counts_for(c.op, c.bytes, elem, group_size);
+    std::string what = std::string(coll::name(c.op)) + " " + std::string(coll::name(c.algo)) + " " +
+                       std::string(coll::name(c.dtype)) + (c.has_redop ? " " + std::string(coll::name(c.redop)) : "") +
+                       " " + std::to_string(n.size_bytes) + " B" + (c.in_place ? " in place" : "") + ", " +
+                       group_kind + " group " + std::to_string(group.index);
+    run.begin_case(what);
+    executor->prepare(c, n, group_rank);
+    // Untimed correctness iteration on inputs with a known exact result.
+    executor->load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, group_rank));
+    coll::Traffic traffic = executor->run(c, n.count, o.root);
+    int64_t wrong = 0;
+    if (o.check) {
+      std::vector<unsigned char> out;
+      executor->read_outputs(out);
+      if (injects_wrong_element(h, run.context().self.rank) && n.recv_elems > 0) corrupt_first_element(out, c.dtype);
+      wrong = coll::count_wrong({c.op, c.dtype, c.redop}, n, out, group_rank, group_size, o.root);
+    }
+    // Timed iterations start from the same nonzero inputs.
+    executor->load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, group_rank));
+    std::vector<double> samples = run.measure(executor->timer(), [&] {
+      for (int k = 0; k < ops_per_sample; ++k) executor->run(c, n.count, o.root);
+    }, ops_per_sample);
+
+    double traffic_mine[2] = {double(traffic.intra_bytes), double(traffic.inter_bytes)}, traffic_sum[2] = {0, 0};
+    STRATA_MPI_CHECK(MPI_Reduce(traffic_mine, traffic_sum, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));
+    const double factor = bus_factor(c.op, group_size);
+    const bool own = c.algo != Algo::library;
+    const int ranks = run.context().n_ranks;
+    std::string label = what.substr(0, what.find(','));
+    CaseResult r = run.record(samples, wrong, label,
+        [&](Table& t) {
+          axes.fill(t, c.point);
+          t.set("backend", o.backend).set("mode", o.mode).set("ops_per_sample", ops_per_sample)
+              .set("root", coll::info(c.op).rooted ? o.root : -1)
+              .set("count", n.count).set("size_bytes", double(n.size_bytes))
+              .set("bytes_per_rank", double(n.bytes_per_rank))
+              .set("n_groups", group.count).set("group_size", group_size).set("n_nodes", layout.node_count())
+              .set("ranks_per_node", layout.world_size() / layout.node_count())
+              .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", grid ? coll::format_grid(grid->shape()) : "");
+        },
+        [&](Table& t, const CaseResult& res) {
+          double algbw = n.size_bytes / res.rankmax.median;
+          t.set("algbw", algbw).set("busbw", algbw * factor).set("bus_factor", factor)
+              .set("busbw_rankmean", n.size_bytes / res.rankmean.median * factor)
+              .set("intra_bytes_per_rank", own ? traffic_sum[0] / ranks : std::nan(""))
+              .set("inter_bytes_per_rank", own ? traffic_sum[1] / ranks : std::nan(""))
+              .set("slowdown_vs_alone", std::nan(""));
+        },
+        [&](const CaseResult& res) {
+          if (run.is_root()) append_group_rows(run, res, group_of_rank, group.count, n, factor);
+        });
+    if (run.is_root()) {
+      double t = r.rankmax.median;
+      table.print_row({std::to_string(n.size_bytes), std::to_string(n.count), std::string(coll::name(c.dtype)),
+                       c.has_redop ? std::string(coll::name(c.redop)) : "none",
+                       coll::info(c.op).rooted ? std::to_string(o.root) : "-1",
+                       std::string(coll::name(c.op)), std::string(coll::name(c.algo)), c.in_place ? "in" : "out",
+                       format_fixed(t * 1e6, 2), format_fixed(n.size_bytes / t / 1e9, 3),
+                       format_fixed(n.size_bytes / t / 1e9 * factor, 3), o.check ? std::to_string(r.wrong_elements) : "N/A"});
+    }
+  }
+  if (run.is_root()) std::printf("# results: %s\n", run.output_path().c_str());
+  return run.finish();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return strata::program_main(argc, argv, "strata-collective", [&] { return run_collective(argc, argv); });
+}

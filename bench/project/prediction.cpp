@@ -1,0 +1,397 @@
+#include "bench/project/prediction.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+#include "build_info.h"
+#include "bench/harness/check.h"
+#include "bench/harness/context.h"
+#include "bench/cases/recompute_policy.h"
+#include "git_commit.h"
+#include "results/schema.h"
+#include "results/writer.h"
+#include "train/overlap.h"
+#include "train/gpu_memory.h"
+#include "train/step_formulas.h"
+#include "train/tracer.h"
+
+namespace strata {
+
+using namespace strata::train;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The world ranks of (tp 0, pp j, dp 0) for every stage j: the ranks trace_step traces.
+std::vector<int> first_ranks_of_stages(const coll::GridShape& grid, int ranks_per_node, const std::string& order) {
+  TraceGroups groups;
+  Tracer probe(groups);
+  const coll::ProcessGroups places(grid, ranks_per_node, order, 0, probe);
+  std::vector<int> ranks;
+  for (int stage = 0; stage < grid.pp; ++stage) ranks.push_back(places.world_rank_of(0, stage, 0));
+  return ranks;
+}
+
+// The configuration pipeline rank `stage` runs.
+const TrainConfig& config_of(const StepCase& step, int stage) {
+  return step.trace.pipeline_rank_configs.empty() ? step.config
+                                                  : step.trace.pipeline_rank_configs.at(static_cast<std::size_t>(stage));
+}
+
+// What each rank holds, per category, the largest over the pipeline ranks: the CPU step's formulas for 4-byte
+// elements, a GPU step's in mixed precision for 2-byte ones.
+MemoryUse memory_per_rank(const StepCase& step) {
+  MemoryUse most;
+  const int per_node = static_cast<int>(std::min<long long>(step.trace.ranks_per_node, step.grid.size()));
+  const std::vector<int> ranks = first_ranks_of_stages(step.grid, per_node, step.trace.grid_order);
+  for (int stage = 0; stage < step.grid.pp; ++stage) {
+    TraceGroups groups;
+    Tracer tracer(groups);
+    coll::ProcessGroups traced(step.grid, per_node, step.trace.grid_order, ranks[static_cast<std::size_t>(stage)], tracer);
+    const MemoryUse m = step.workload.element_bytes == 4 ? memory_estimate(config_of(step, stage), data_parallel_shape(traced))
+                                                         : gpu_memory_estimate(config_of(step, stage), data_parallel_shape(traced),
+                                                                               gpu_layout(step.workload));
+    most.params = std::max(most.params, m.params), most.grads = std::max(most.grads, m.grads);
+    most.optimizer = std::max(most.optimizer, m.optimizer), most.activations = std::max(most.activations, m.activations);
+    most.workspace = std::max(most.workspace, m.workspace), most.comm_buffers = std::max(most.comm_buffers, m.comm_buffers);
+  }
+  return most;
+}
+
+std::string join_ints(const std::vector<int>& values) {
+  std::string text;
+  for (int v : values) text += (text.empty() ? "" : ",") + std::to_string(v);
+  return text;
+}
+
+}  // namespace
+
+GpuLayout gpu_layout(const project::WorkloadOptions& workload) {
+  GpuLayout layout;
+  layout.element_bytes = workload.element_bytes;
+  layout.flash_attention = workload.attention != "unfused";
+  return layout;
+}
+
+double memory_total(const MemoryUse& m) { return m.params + m.grads + m.optimizer + m.activations + m.workspace + m.comm_buffers; }
+
+PredictedStep predict_step(const StepCase& step, const project::System& system) {
+  const TrainConfig& c = step.config;
+  PredictedStep out;
+  auto start = std::chrono::steady_clock::now();
+  const StepTrace trace = trace_step(c, step.grid, step.trace);
+  out.trace_s = seconds_since(start);
+  start = std::chrono::steady_clock::now();
+  out.prediction = project::predict(system, trace, step.workload, step.predict);
+  out.simulate_s = seconds_since(start);
+
+  const double world = static_cast<double>(step.grid.size());
+  out.tokens_per_step = static_cast<double>(step.grid.dp) * c.accumulation * c.micro_batch * c.seq;
+  out.flop_per_rank = model_flops_per_token(c.model, c.seq) * out.tokens_per_step / world;
+  // Overlap keeps different ops on each pipeline rank: the recomputed FLOPs per token summed over the ranks' stages.
+  double recompute_per_token = 0;
+  if (c.recompute != Recompute::overlap) {
+    recompute_per_token = recompute_flops_per_token(c.model, c.seq, c.recompute);
+  } else {
+    for (int stage = 0; stage < step.grid.pp; ++stage) {
+      std::vector<std::vector<KeptOps>> kept;
+      for (const StagePlan& plan : rank_stages(config_of(step, stage), step.grid.pp, stage)) kept.push_back(plan.kept);
+      recompute_per_token += recompute_flops_per_token(c.model, c.seq, c.recompute, kept);
+    }
+  }
+  out.recompute_flop_per_rank = recompute_per_token * out.tokens_per_step / world;
+  const auto compute = system.device.compute.find(step.workload.dtype);
+  out.peak_per_rank = compute == system.device.compute.end() ? 0 : compute->second.peak_flops.value;
+  const double step_s = out.prediction.step_s;
+  out.tokens_per_s = step_s > 0 ? out.tokens_per_step / step_s : 0;
+  out.mfu = step_s > 0 && out.peak_per_rank > 0 ? out.flop_per_rank / (step_s * out.peak_per_rank) : 0;
+  out.hfu = step_s > 0 && out.peak_per_rank > 0
+                ? (out.flop_per_rank + out.recompute_flop_per_rank) / (step_s * out.peak_per_rank) : 0;
+  out.memory = memory_per_rank(step);
+  if (system.device.memory_capacity) {
+    out.memory_capacity = system.device.memory_capacity->value;
+    out.fits = memory_total(out.memory) <= out.memory_capacity ? 1 : 0;
+  }
+  out.stage_layers = join_ints(stage_partition(c.model, step.grid.pp * c.virtual_stages, c.stage_layers));
+  // project/trace_workload.h: a group's collectives and sends on one stream each, its receives on another.
+  const int groups = static_cast<int>(trace.groups.size());
+  out.streams[project::kComputeStream] = "compute";
+  for (int g = 0; g < groups; ++g) {
+    const TraceGroup& group = trace.groups[static_cast<std::size_t>(g)];
+    const std::string what = group.role + " (" + std::to_string(group.ranks.size()) + " ranks)";
+    out.streams[project::communication_stream(g)] = what;
+    out.streams[project::communication_stream(groups + g)] = "receives " + what;
+  }
+  // The simulator lists the intervals rank by rank, op by op.
+  for (const TraceRank& rank : trace.ranks)
+    for (const TraceOp& op : rank.ops) out.phases.push_back(op.phase);
+  return out;
+}
+
+std::vector<TrainConfig> overlap_configs(const TrainConfig& config, const coll::GridShape& grid, const nlohmann::json& policy,
+                                         const std::string& source) {
+  if (!policy.is_object() || !policy.contains("placement") || !policy["placement"].is_array())
+    throw UsageError("recompute policy " + source + ": \"placement\" must be an array");
+  const bool sp = config.sequence_parallel && grid.tp > 1;
+  std::vector<TrainConfig> configs;
+  std::size_t claimed = 0;
+  for (int rank = 0; rank < grid.pp; ++rank) {
+    TrainConfig c = config;
+    recompute_everything(c, grid.pp);
+    // The ops and windows are the schedule's and the stages' (their times only matter to a solver).
+    StepProfile profile;
+    profile.receive_waits.assign(pipeline_actions(c.schedule, {grid.pp, c.accumulation, c.virtual_stages}, rank).size(), 0.0);
+    for (const StagePlan& plan : rank_stages(c, grid.pp, rank))
+      profile.forward_op_seconds.emplace_back(static_cast<std::size_t>(plan.layers), std::array<double, kLayerOps>{});
+    const OverlapProblem problem = overlap_problem(c, grid.pp, rank, grid.tp, sp, profile);
+    std::set<std::string> mine;
+    for (const RecomputableOp& op : problem.problem.ops) mine.insert(op.name);
+    nlohmann::json own = policy;
+    own["placement"] = nlohmann::json::array();
+    for (const nlohmann::json& entry : policy["placement"])
+      if (!entry.is_object() || !entry.contains("op") || !entry["op"].is_string() || mine.count(entry["op"].get<std::string>()))
+        own["placement"].push_back(entry);
+    claimed += own["placement"].size();
+    apply_placement(problem, placement_from_json(problem.problem, own, source), grid.pp, rank, c);
+    configs.push_back(std::move(c));
+  }
+  if (claimed != policy["placement"].size())
+    throw UsageError("recompute policy " + source + ": " + std::to_string(policy["placement"].size() - claimed) +
+                     " entries name no op of this configuration");
+  return configs;
+}
+
+std::string fitted_from_steps(const project::System& s) {
+  std::vector<std::pair<std::string, std::string>> texts = {{"comment", s.comment}, {"device.source", s.device.source},
+                                                            {"device.memory_bandwidth", s.device.memory_bandwidth.source},
+                                                            {"device.memory_efficiency", s.device.memory_efficiency.source},
+                                                            {"network.intra_node", s.intra_node.source},
+                                                            {"network.intra_node.bandwidth", s.intra_node.bandwidth.source},
+                                                            {"network.intra_node.latency", s.intra_node.latency.source},
+                                                            {"network.inter_node", s.inter_node.source},
+                                                            {"network.inter_node.bandwidth", s.inter_node.bandwidth.source},
+                                                            {"network.inter_node.latency", s.inter_node.latency.source},
+                                                            {"overlap_slowdown", s.overlap_slowdown.source}};
+  if (s.communication_slowdown) texts.emplace_back("communication_slowdown", s.communication_slowdown->source);
+  if (s.collective_contention) texts.emplace_back("collective_contention", s.collective_contention->source);
+  for (const auto& [dtype, c] : s.device.compute) {
+    const std::string at = "device.compute." + dtype;
+    texts.emplace_back(at + ".peak_flops", c.peak_flops.source);
+    texts.emplace_back(at + ".efficiency", c.efficiency.source);
+    for (const auto& [pass, curve] : c.attention_efficiency) texts.emplace_back(at + ".attention_efficiency." + pass, curve.source);
+  }
+  for (std::size_t i = 0; i < s.collectives.size(); ++i)
+    texts.emplace_back("collectives[" + std::to_string(i) + "]", s.collectives[i].source);
+  for (const auto& [kernel, rate] : s.device.elementwise_kernels)
+    texts.emplace_back("device.elementwise.kernels." + kernel, rate.source);
+  if (s.device.elementwise_bandwidth) texts.emplace_back("device.elementwise.bandwidth", s.device.elementwise_bandwidth->source);
+  for (const auto& [field, text] : texts)
+    if (text.find("strata-step") != std::string::npos) return field;
+  return "";
+}
+
+const std::vector<std::string>& step_components() {
+  static const std::vector<std::string> names = {"forward",   "backward", "optimizer",     "comm_exposed",    "idle",
+                                                 "recompute", "comm_tp",  "pipeline_wait", "recompute_window"};
+  return names;
+}
+
+double component(const project::StepComponents& c, const std::string& name) {
+  if (name == "forward") return c.forward_s;
+  if (name == "backward") return c.backward_s;
+  if (name == "optimizer") return c.optimizer_s;
+  if (name == "comm_exposed") return c.comm_exposed_s;
+  if (name == "idle") return c.idle_s;
+  if (name == "recompute") return c.recompute_s;
+  if (name == "comm_tp") return c.comm_tp_s;
+  if (name == "pipeline_wait") return c.pipeline_wait_s;
+  if (name == "recompute_window") return c.recompute_window_s;
+  throw std::invalid_argument("no step component " + name);
+}
+
+namespace {
+
+const char* const kRoles[] = {"tp", "pp", "dp", "dp_intra", "dp_inter"};
+const char* const kMemory[] = {"parameters", "gradients", "optimizer", "activations", "workspace", "comm_buffers"};
+
+double memory_of(const MemoryUse& m, const std::string& category) {
+  if (category == "parameters") return m.params;
+  if (category == "gradients") return m.grads;
+  if (category == "optimizer") return m.optimizer;
+  if (category == "activations") return m.activations;
+  if (category == "workspace") return m.workspace;
+  return m.comm_buffers;
+}
+
+}  // namespace
+
+Table prediction_table() {
+  Table t("prediction");
+  using K = ColumnKind;
+  t.add_column("case", K::int64, "1", "prediction index within the run, from 0")
+      .add_column("label", K::string, "")
+      .add_column("model", K::string, "")
+      .add_column("layers", K::int64, "1").add_column("hidden", K::int64, "1").add_column("heads", K::int64, "1")
+      .add_column("kv_heads", K::int64, "1").add_column("vocab", K::int64, "1").add_column("mlp_hidden", K::int64, "1")
+      .add_column("parameters", K::float64, "1", "N, the model's")
+      .add_column("seq", K::int64, "1").add_column("micro_batch", K::int64, "1", "rows per rank")
+      .add_column("accumulation", K::int64, "1", "micro-batches per step")
+      .add_column("global_batch", K::int64, "1", "rows per step")
+      .add_column("strategy", K::string, "", "P.G.OS")
+      .add_column("recompute", K::string, "")
+      .add_column("tp", K::int64, "1").add_column("pp", K::int64, "1").add_column("dp", K::int64, "1")
+      .add_column("ranks", K::int64, "1").add_column("ranks_per_node", K::int64, "1", "the traced job's nodes")
+      .add_column("grid_order", K::string, "")
+      .add_column("schedule", K::string, "").add_column("virtual_stages", K::int64, "1")
+      .add_column("stage_layers", K::string, "1", "layers of each pipeline stage, in stage order")
+      .add_column("sp", K::int64, "1", "sequence parallelism (1: on)")
+      .add_column("comm_algo", K::string, "")
+      .add_column("overlap", K::int64, "1", "gradient reductions during backward (1: on)")
+      .add_column("overlap_param_gather", K::int64, "1", "the optimizer's parameter gathers beside the next forward (1: on)")
+      .add_column("tp_comm_overlap", K::int64, "1", "tensor-parallel communication beside the GEMMs (1: on)")
+      .add_column("system", K::string, "", "the system description's name")
+      .add_column("dtype", K::string, "", "of GEMMs and attention")
+      .add_column("element_bytes", K::int64, "B", "of activations, gradients and the step's collectives")
+      .add_column("step_time", K::float64, "s", "simulated: the last op's end over all ranks")
+      .add_column("step_time_low", K::float64, "s",
+                  "simulated on the description with every figure at the faster end of its relative spread")
+      .add_column("step_time_high", K::float64, "s",
+                  "simulated on the description with every figure at the slower end of its relative spread");
+  for (const std::string& name : step_components())
+    t.add_column("phase_" + name, K::float64, "s", "simulated, mean over ranks, strata-step's phase convention");
+  for (const char* role : kRoles)
+    t.add_column(std::string("comm_exposed_") + role, K::float64, "s",
+                 "simulated waits for the group role's operations, mean over ranks");
+  t.add_column("tokens_per_s", K::float64, "1/s", "tokens of the global batch over the predicted step")
+      .add_column("flop", K::float64, "FLOP", "model FLOPs per rank per step: (6N + 6Lhs) x tokens / ranks")
+      .add_column("flop_recompute", K::float64, "FLOP", "recomputed FLOPs per rank per step")
+      .add_column("peak_per_rank", K::float64, "FLOP/s", "the description's dense peak of the dtype")
+      .add_column("mfu", K::float64, "1", "model FLOPs / (predicted step x peak x ranks)")
+      .add_column("hfu", K::float64, "1", "(model + recomputed FLOPs) / (predicted step x peak x ranks)");
+  for (const char* category : kMemory)
+    t.add_column(std::string("memory_") + category, K::float64, "B",
+                 "formula (train/step_formulas.h; element_bytes 2: a GPU step's, train/gpu_memory.h), max over ranks");
+  t.add_column("memory_capacity", K::float64, "B", "the description's device.memory_capacity; 0: not given")
+      .add_column("fits", K::int64, "1", "1: the memory per rank (all categories) is within the capacity; 0: above it; "
+                  "-1: no capacity given");
+  t.add_column("trace_seconds", K::float64, "s", "wall time of tracing the step")
+      .add_column("simulate_seconds", K::float64, "s", "wall time of the three simulations");
+  return t;
+}
+
+void add_prediction_row(Table& t, int64_t index, const StepCase& step, const PredictedStep& p, const std::string& system_name) {
+  const TrainConfig& c = step.config;
+  const project::StepComponents& mean = p.prediction.mean;
+  t.set("case", index).set("label", step.label).set("model", c.model.name)
+      .set("layers", c.model.layers).set("hidden", c.model.hidden).set("heads", c.model.heads)
+      .set("kv_heads", c.model.kv_heads).set("vocab", c.model.vocab).set("mlp_hidden", c.model.mlp())
+      .set("parameters", static_cast<double>(c.model.parameters()))
+      .set("seq", c.seq).set("micro_batch", c.micro_batch).set("accumulation", c.accumulation)
+      .set("global_batch", static_cast<int64_t>(step.grid.dp) * c.accumulation * c.micro_batch)
+      .set("strategy", c.strategy.name()).set("recompute", name(c.recompute))
+      .set("tp", step.grid.tp).set("pp", step.grid.pp).set("dp", step.grid.dp)
+      .set("ranks", static_cast<int64_t>(step.grid.size()))
+      .set("ranks_per_node", static_cast<int64_t>(std::min<long long>(step.trace.ranks_per_node, step.grid.size())))
+      .set("grid_order", step.trace.grid_order).set("schedule", name(c.schedule)).set("virtual_stages", c.virtual_stages)
+      .set("stage_layers", p.stage_layers).set("sp", c.sequence_parallel ? 1 : 0)
+      .set("comm_algo", std::string(coll::name(c.comm_algo))).set("overlap", c.overlap ? 1 : 0)
+      .set("overlap_param_gather", step.trace.overlap_param_gather ? 1 : 0)
+      .set("tp_comm_overlap", step.trace.tp_comm_overlap ? 1 : 0)
+      .set("system", system_name).set("dtype", step.workload.dtype).set("element_bytes", step.workload.element_bytes)
+      .set("step_time", p.prediction.step_s).set("step_time_low", p.prediction.step_low_s)
+      .set("step_time_high", p.prediction.step_high_s);
+  for (const std::string& n : step_components()) t.set("phase_" + n, component(mean, n));
+  for (const char* role : kRoles) {
+    const auto it = mean.exposed_by_role.find(role);
+    t.set(std::string("comm_exposed_") + role, it == mean.exposed_by_role.end() ? 0.0 : it->second);
+  }
+  t.set("tokens_per_s", p.tokens_per_s).set("flop", p.flop_per_rank).set("flop_recompute", p.recompute_flop_per_rank)
+      .set("peak_per_rank", p.peak_per_rank).set("mfu", p.mfu).set("hfu", p.hfu);
+  for (const char* category : kMemory) t.set(std::string("memory_") + category, memory_of(p.memory, category));
+  t.set("memory_capacity", p.memory_capacity).set("fits", static_cast<int64_t>(p.fits));
+  t.set("trace_seconds", p.trace_s).set("simulate_seconds", p.simulate_s);
+  t.end_row();
+}
+
+void check_results_output(const std::string& path) {
+  if (!path.empty()) validate_output_path(path);
+}
+
+ProjectRun::ProjectRun(const std::string& path, const std::string& command, int argc, const char* const* argv,
+                       const std::string& config_json, const std::map<std::string, std::string>& attributes) {
+  run_id_ = new_run_id();
+  path_ = path;
+  if (path_.empty()) {
+    std::filesystem::create_directories("results/runs");
+    path_ = "results/runs/strata-project-" + run_id_ + ".h5";
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  const std::string hosts = nlohmann::json(std::vector<std::string>{host}).dump();
+  std::map<std::string, std::string> attrs = attributes;
+  attrs.emplace("benchmark", "strata-project");
+  attrs["command"] = command;
+  attrs["command_line"] = command_line(argc, argv);
+  attrs["config_json"] = config_json;
+  attrs["start_utc"] = utc_now_iso();
+  attrs["launcher"] = "singleton";
+  attrs["slurm_job_id"] = attrs["slurm_nodelist"] = attrs["slurm_tasks_per_node"] = "";
+  attrs["n_nodes"] = attrs["n_ranks"] = attrs["ranks_per_node"] = "1";
+  attrs["hosts"] = hosts;
+  writer_ = std::make_unique<ResultsWriter>(path_, run_id_, attrs, [this](double seconds) {
+    std::fprintf(stderr, "strata-project: %s; waiting up to %.0f s for it to finish\n", in_use_message(path_).c_str(),
+                 seconds);
+  });
+  writer_->write_env({{"hosts", hosts}, {"command_line", attrs["command_line"]}, {"compiler", STRATA_BUILD_COMPILER},
+                      {"cxx_flags", STRATA_BUILD_CXX_FLAGS}, {"build_type", STRATA_BUILD_TYPE},
+                      {"sanitizers", STRATA_BUILD_SANITIZE}, {"git_commit", STRATA_GIT_COMMIT}});
+}
+
+ProjectRun::~ProjectRun() {
+  if (writer_ && !finished_) {
+    try {
+      writer_->finish(schema::kStatusFailed);
+    } catch (...) {
+      // A destructor must not throw; the run keeps the "interrupted" status written at its start.
+    }
+  }
+}
+
+void ProjectRun::append(const Table& table) {
+  writer_->append(table);
+  writer_->flush();
+}
+
+void ProjectRun::set_run_attr(const std::string& name, const std::string& value) { writer_->set_run_attr(name, value); }
+
+void ProjectRun::finish() {
+  writer_->finish(schema::kStatusOk);
+  finished_ = true;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp-" + std::to_string(getpid());
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out) throw UsageError("cannot write " + path);
+    out << text;
+    out.close();
+    if (!out) {
+      std::filesystem::remove(temporary);
+      throw UsageError("cannot write " + path);
+    }
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+}  // namespace strata
