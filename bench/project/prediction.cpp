@@ -85,6 +85,17 @@ GpuLayout gpu_layout(const project::WorkloadOptions& workload) {
 
 double memory_total(const MemoryUse& m) { return m.params + m.grads + m.optimizer + m.activations + m.workspace + m.comm_buffers; }
 
+StepCase first_step_case(const StepPlan& plan, const StepFlags& flags, const std::string& label, int ranks_per_node) {
+  StepCase step;
+  step.label = label;
+  step.config = plan.config;
+  step.config.strategy = plan.strategies.front(), step.config.recompute = plan.modes.front();
+  step.grid = plan.grid;
+  step.trace.ranks_per_node = ranks_per_node;
+  step.trace.grid_order = flags.grid_order;
+  return step;
+}
+
 PredictedStep predict_step(const StepCase& step, const project::System& system) {
   const TrainConfig& c = step.config;
   PredictedStep out;

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cases/step_config.h"
 #include "project/predict.h"
 #include "project/system.h"
 #include "results/table.h"
@@ -42,6 +43,10 @@ struct StepCase {
   project::WorkloadOptions workload;
   project::PredictOptions predict{false, false};  // the fast path; intervals only for a Chrome trace
 };
+
+// The step a plan predicts on a system of `ranks_per_node` devices per node: its first strategy and recomputation mode
+// (a published row, a timed configuration: one of each).
+StepCase first_step_case(const StepPlan& plan, const StepFlags& flags, const std::string& label, int ranks_per_node);
 
 struct PredictedStep {
   project::Prediction prediction;

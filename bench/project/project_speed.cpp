@@ -83,13 +83,7 @@ std::vector<SpeedCase> smoke_cases() {
 
 StepCase step_case(SpeedCase k, const project::System& system, bool exact) {
   StepPlan plan = plan_step(k.flags, k.gpus);
-  StepCase step;
-  step.label = k.label;
-  step.config = plan.config;
-  step.config.strategy = plan.strategies.front(), step.config.recompute = plan.modes.front();
-  step.grid = plan.grid;
-  step.trace.ranks_per_node = system.device.devices_per_node;
-  step.trace.grid_order = k.flags.grid_order;
+  StepCase step = first_step_case(plan, k.flags, k.label, system.device.devices_per_node);
   step.workload = {k.dtype, 2, k.attention};
   step.predict = {exact, false};
   return step;
@@ -115,7 +109,7 @@ Timed timed_prediction(const StepCase& step, const project::System& system) {
 }  // namespace
 
 int project_speed(int argc, char** argv) {
-  std::string a100_path = "project/systems/a100-80gb-sxm-hdr200.json", h100_path = "project/systems/h100-sxm-ndr400.json";
+  std::string a100_path = "a100-80gb-sxm-hdr200", h100_path = "h100-sxm-ndr400";  // shipped descriptions, by name
   double target = kPredictionSecondsTarget;
   bool smoke = false, exact = false;
   Cli cli("strata-project speed",

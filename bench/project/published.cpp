@@ -290,13 +290,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     } catch (const std::invalid_argument& e) {
       throw UsageError("published set " + o.file + ": row " + row.id + ": its configuration is refused: " + e.what());
     }
-    StepCase step;
-    step.label = row.id;
-    step.config = plan.config;
-    step.config.strategy = plan.strategies.front(), step.config.recompute = plan.modes.front();
-    step.grid = plan.grid;
-    step.trace.ranks_per_node = system.device.devices_per_node;
-    step.trace.grid_order = flags.grid_order;
+    StepCase step = first_step_case(plan, flags, row.id, system.device.devices_per_node);
     step.trace.tp_comm_overlap = row.tp_comm_overlap;
     step.trace.overlap_param_gather = row.overlap_param_gather;
     step.workload = {row.dtype, 2, row.attention};
