@@ -354,7 +354,7 @@ class CompactRuns {
       op.group = t.group;
       op.bytes = collective_bytes(t, size, options.element_bytes);
       op.stream = communication_stream(t.group);
-      op.algorithm = t.algorithm;
+      op.algorithm = costed_algorithm(trace, t, options);
     } else {
       op.peer = t.peer;
       op.bytes = t.count * element_bytes_of(t, options.element_bytes);

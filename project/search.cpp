@@ -233,7 +233,7 @@ Workload compact_workload(const System& system, const train::StepTrace& trace, c
           op.group = t.group;
           op.bytes = collective_bytes(t, size, options.element_bytes);
           op.stream = communication_stream(t.group);
-          op.algorithm = t.algorithm;
+          op.algorithm = costed_algorithm(trace, t, options);
           break;
         }
         case train::TraceOpKind::send:
@@ -290,14 +290,16 @@ train::StepTrace probe_trace(const System& system, const SearchSpace& space, con
 }
 
 // The duration of a traced collective as the simulator gives it.
-double collective_duration(const System& system, const train::StepTrace& trace, const train::TraceOp& t, int element_bytes) {
+double collective_duration(const System& system, const train::StepTrace& trace, const train::TraceOp& t,
+                           const WorkloadOptions& options) {
   const std::vector<int>& members = trace.groups.at(static_cast<std::size_t>(t.group)).ranks;
   std::vector<int> nodes;
   nodes.reserve(members.size());
   for (int member : members) nodes.push_back(member / system.device.devices_per_node);
   const int size = static_cast<int>(members.size());
-  return system.collective_seconds(collective_of(t.collective), t.algorithm, group_kind_of(nodes),
-                                   collective_bytes(t, size, element_bytes), size, members_per_node(nodes));
+  return system.collective_seconds(collective_of(t.collective), costed_algorithm(trace, t, options),
+                                   group_kind_of(nodes), collective_bytes(t, size, options.element_bytes), size,
+                                   members_per_node(nodes));
 }
 
 // Per traced rank: the alone-time of its compute operations (all, or only GEMMs and attention) plus its blocking
@@ -323,7 +325,7 @@ std::vector<double> rank_work(const System& system, const train::StepTrace& trac
           return std::find(op.depends_on.begin(), op.depends_on.end(), on) != op.depends_on.end();
         };
         if (next < ops.size() && depends(t, previous) && depends(ops[next], static_cast<int>(i)))
-          total += collective_duration(system, trace, t, options.element_bytes);
+          total += collective_duration(system, trace, t, options);
       }
       if (is_compute(t.kind)) previous = static_cast<int>(i);
     }
@@ -339,7 +341,7 @@ std::vector<double> stream_sums(const System& system, const train::StepTrace& tr
     std::vector<double> by_group(trace.groups.size(), 0.0);
     for (const train::TraceOp& t : rank.ops)
       if (t.kind == train::TraceOpKind::collective)
-        by_group.at(static_cast<std::size_t>(t.group)) += collective_duration(system, trace, t, options.element_bytes);
+        by_group.at(static_cast<std::size_t>(t.group)) += collective_duration(system, trace, t, options);
     sums.insert(sums.end(), by_group.begin(), by_group.end());
   }
   return sums;

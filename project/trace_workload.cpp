@@ -15,6 +15,15 @@ CollectiveOp collective_of(train::TraceCollective c) {
   return CollectiveOp::allreduce;
 }
 
+const std::string& costed_algorithm(const train::StepTrace& trace, const train::TraceOp& op,
+                                    const WorkloadOptions& options) {
+  if (options.sharding_algorithm.empty() || op.kind != train::TraceOpKind::collective) return op.algorithm;
+  if (op.collective != train::TraceCollective::allgather && op.collective != train::TraceCollective::reduce_scatter)
+    return op.algorithm;
+  const std::string& role = trace.groups.at(static_cast<std::size_t>(op.group)).role;
+  return role.rfind("dp", 0) == 0 ? options.sharding_algorithm : op.algorithm;  // dp, dp_intra, dp_inter, dp_by_piece
+}
+
 bool is_compute(train::TraceOpKind kind) {
   return kind == train::TraceOpKind::gemm || kind == train::TraceOpKind::attention ||
          kind == train::TraceOpKind::elementwise;
@@ -43,7 +52,7 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
     case train::TraceOpKind::collective: {
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
       op = collective_op(t.name, collective_of(t.collective), t.group, collective_bytes(t, size, options.element_bytes));
-      op.algorithm = t.algorithm;
+      op.algorithm = costed_algorithm(trace, t, options);
       break;
     }
     case train::TraceOpKind::send:

@@ -19,12 +19,20 @@ struct WorkloadOptions {
   // How attention runs: "flash" (a fused kernel, Device::attention_seconds) or "unfused" (the scores materialised,
   // unfused_attention_seconds), as frameworks ran it before flash attention.
   std::string attention = "flash";
+  // The algorithm name the data-parallel groups' allgathers and reduce-scatters (ZeRO/FSDP sharding's parameter
+  // gathers and gradient reductions) are costed under, so a framework that issues them its own way is described by
+  // the system's collectives of that name (the shipped A100 description's "deepspeed-2021"); empty: as traced.
+  std::string sharding_algorithm{};
 };
 
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});
 // One traced op as workload_of makes it (its dependencies as traced).
 Op workload_op(const train::StepTrace& trace, const train::TraceOp& op, const WorkloadOptions& options);
 
+// The algorithm a traced collective is costed under: options.sharding_algorithm for a data-parallel group's allgather
+// or reduce-scatter where it is set, else the traced one.
+const std::string& costed_algorithm(const train::StepTrace& trace, const train::TraceOp& op,
+                                    const WorkloadOptions& options);
 // The simulator's collective for a traced one.
 CollectiveOp collective_of(train::TraceCollective c);
 // GEMM, attention and elementwise ops run on the compute stream; the rest communicate.

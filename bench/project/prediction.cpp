@@ -76,6 +76,19 @@ std::string join_ints(const std::vector<int>& values) {
 
 }  // namespace
 
+void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag) {
+  if (algorithm.empty()) return;
+  std::set<std::string> have;
+  for (const project::CollectiveModel& m : system.collectives) {
+    if (m.algorithm == algorithm) return;
+    have.insert(m.algorithm);
+  }
+  std::string names;
+  for (const std::string& name : have) names += (names.empty() ? "" : ", ") + name;
+  throw UsageError(flag + " " + algorithm + ": the system description '" + system.name + "' has no collectives of that " +
+                   "algorithm (it has " + (names.empty() ? std::string("none") : names) + ")");
+}
+
 GpuLayout gpu_layout(const project::WorkloadOptions& workload) {
   GpuLayout layout;
   layout.element_bytes = workload.element_bytes;
@@ -270,6 +283,9 @@ Table prediction_table() {
       .add_column("overlap", K::int64, "1", "gradient reductions during backward (1: on)")
       .add_column("overlap_param_gather", K::int64, "1", "the optimizer's parameter gathers beside the next forward (1: on)")
       .add_column("tp_comm_overlap", K::int64, "1", "tensor-parallel communication beside the GEMMs (1: on)")
+      .add_column("sharding_collectives", K::string, "",
+                  "the description's algorithm the data-parallel allgathers and reduce-scatters were costed under "
+                  "(empty: as traced)")
       .add_column("system", K::string, "", "the system description's name")
       .add_column("dtype", K::string, "", "of GEMMs and attention")
       .add_column("element_bytes", K::int64, "B", "of activations, gradients and the step's collectives")
@@ -318,6 +334,7 @@ void add_prediction_row(Table& t, int64_t index, const StepCase& step, const Pre
       .set("comm_algo", std::string(coll::name(c.comm_algo))).set("overlap", c.overlap ? 1 : 0)
       .set("overlap_param_gather", step.trace.overlap_param_gather ? 1 : 0)
       .set("tp_comm_overlap", step.trace.tp_comm_overlap ? 1 : 0)
+      .set("sharding_collectives", step.workload.sharding_algorithm)
       .set("system", system_name).set("dtype", step.workload.dtype).set("element_bytes", step.workload.element_bytes)
       .set("step_time", p.prediction.step_s).set("step_time_low", p.prediction.step_low_s)
       .set("step_time_high", p.prediction.step_high_s);

@@ -64,6 +64,9 @@ struct PredictedStep {
 };
 
 // The GPU memory layout of a workload: its element size, and flash attention unless it runs attention unfused.
+// A usage error naming `flag` unless the description has collectives of `algorithm` (the --sharding-collectives
+// of predict, a published row's sharding_collectives); nothing for an empty name.
+void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag);
 train::GpuLayout gpu_layout(const project::WorkloadOptions& workload);
 double memory_total(const train::MemoryUse& memory);  // all categories
 

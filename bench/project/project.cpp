@@ -163,7 +163,7 @@ std::string case_label(const train::Strategy& strategy, train::Recompute mode) {
 int predict(int argc, char** argv) {
   StepFlags f;
   std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash", simulator = "fast";
-  std::string tp_comm_overlap = "off", overlap_param_gather = "off";
+  std::string tp_comm_overlap = "off", overlap_param_gather = "off", sharding_collectives;
   int nodes = 0, gpus = 0, element_bytes = 0;
   bool quiet = false;
   Cli cli("strata-project predict",
@@ -192,6 +192,9 @@ int predict(int argc, char** argv) {
   cli.choice("overlap-param-gather", 0, "the optimizer's parameter all-gathers (sharded optimizer states, whole "
              "parameters: ZeRO-1/2, Megatron's distributed optimizer) beside the next forward (Megatron-Core's "
              "--overlap-param-gather, off by default there too)", overlap_param_gather, {"on", "off"});
+  cli.option("sharding-collectives", 0, "cost the data-parallel all-gathers and reduce-scatters (ZeRO/FSDP sharding) "
+             "under the description's collectives of this algorithm, as a framework issued them (e.g. deepspeed-2021 "
+             "in the shipped A100 description); default: as traced", sharding_collectives);
   cli.option("timeline", 0, "write the predicted timeline as a Chrome trace (JSON; with several predictions, one file "
              "each, the index before the extension)", timeline);
   cli.choice("simulator", 0, "fast (runs of compute simulated as one op, an event queue) or exact (every traced op, "
@@ -207,6 +210,7 @@ int predict(int argc, char** argv) {
   check_outputs(inputs, {{"-O/--output", output, ""}}, {{"--timeline", timeline, "a Chrome trace (JSON)"}});
   check_results_output(output);
   const project::System system = read_system(system_path);
+  check_sharding_algorithm(system, sharding_collectives, "--sharding-collectives");
   const int per_node = system.device.devices_per_node;
   if (dtype == "auto") dtype = system.device.compute.count("bf16") ? "bf16" : "fp32";
   if (!system.device.compute.count(dtype)) {
@@ -246,7 +250,7 @@ int predict(int argc, char** argv) {
       step.trace.grid_order = f.grid_order;
       step.trace.tp_comm_overlap = tp_comm_overlap == "on";
       step.trace.overlap_param_gather = overlap_param_gather == "on";
-      step.workload = {dtype, element_bytes, attention};
+      step.workload = {dtype, element_bytes, attention, sharding_collectives};
       step.predict = {simulator == "exact", !timeline.empty()};
       if (mode == train::Recompute::overlap) {
         if (!policy)
@@ -273,12 +277,13 @@ int predict(int argc, char** argv) {
     std::printf("# strata-project predict: %s (%s parameters) on %d rank(s) of %s (%d per node): tp %d x pp %d x dp %d, "
                 "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention, %d-byte "
                 "elements; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
-                "communication %s\n",
+                "communication %s%s\n",
                 model.name.c_str(), format_si(static_cast<double>(model.parameters())).c_str(), world, system.name.c_str(),
                 steps.front().trace.ranks_per_node, plan.grid.tp, plan.grid.pp, plan.grid.dp, plan.config.micro_batch,
                 plan.config.seq, plan.config.accumulation, static_cast<long long>(plan.global_rows), dtype.c_str(),
                 element_bytes, f.comm_algo.c_str(), f.overlap.c_str(), overlap_param_gather.c_str(),
-                tp_comm_overlap.c_str());
+                tp_comm_overlap.c_str(),
+                sharding_collectives.empty() ? "" : ("; sharding collectives as " + sharding_collectives).c_str());
     std::printf("# step: the simulated step (last op's end over ranks) [interval: the description's figures at the ends of "
                 "their spreads]; MFU: 6N + 6Lhs model FLOPs per token over the description's %s peak (%s FLOP/s per rank)\n",
                 dtype.c_str(), format_si(system.device.compute.at(dtype).peak_flops.value).c_str());

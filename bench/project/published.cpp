@@ -39,6 +39,7 @@ struct Row {
   std::string dtype;
   std::string attention = "flash";  // flash, or unfused (the scores materialised)
   bool tp_comm_overlap = false, overlap_param_gather = false;  // predict's defaults where the row says nothing
+  std::string sharding_collectives;  // the description's algorithm of the framework's sharding collectives
   double measured_s = 0;
   bool derived = false;  // the step time is derived from a published throughput
   std::string skipped;   // why the row is not predicted; empty when it is
@@ -165,6 +166,7 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   f.overlap = r.flag("overlap_grad_reduce", true) ? "on" : "off";
   row.overlap_param_gather = r.flag("overlap_param_gather");
   row.tp_comm_overlap = r.flag("tp_comm_overlap");
+  row.sharding_collectives = r.optional_text("sharding_collectives").value_or("");
   if (row.tp_comm_overlap && tp > 1 && !f.sp)
     r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "
                               "reduce-scatters)");
@@ -283,6 +285,8 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     const project::System& system = systems.at(file->second);
     if (!system.device.compute.count(row.dtype))
       throw UsageError("system description " + file->second + " has no " + row.dtype + " compute, which row " + row.id + " needs");
+    check_sharding_algorithm(system, row.sharding_collectives, "published set " + o.file + ": row " + row.id +
+                                                                  ": sharding_collectives");
     StepFlags flags = row.flags;
     StepPlan plan;
     try {
@@ -293,7 +297,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     StepCase step = first_step_case(plan, flags, row.id, system.device.devices_per_node);
     step.trace.tp_comm_overlap = row.tp_comm_overlap;
     step.trace.overlap_param_gather = row.overlap_param_gather;
-    step.workload = {row.dtype, 2, row.attention};
+    step.workload = {row.dtype, 2, row.attention, row.sharding_collectives};
     step.predict.exact = o.exact;
     Result result;
     result.row = &row;

@@ -207,6 +207,8 @@ def test_bad_systems_exit_2(tmp_path):
     (["--model", "tiny", "--seq", "32", "--gpus", "8", "--nodes", "2"], "--gpus 8 and --nodes 2 disagree"),
     (["--model", "tiny", "--seq", "32", "--pp", "2", "--recompute", "overlap"], "--recompute overlap needs a placement"),
     (["--model", "tiny", "--seq", "32", "--dtype", "fp8x"], "--dtype fp8x: the system's device has no such compute"),
+    (["--model", "tiny", "--seq", "32", "--sharding-collectives", "zero3-2021"],
+     "--sharding-collectives zero3-2021: the system description"),
 ])
 def test_a_configuration_that_does_not_divide_exits_2(tmp_path, args, message):
     out, before = untouched(tmp_path)

@@ -102,6 +102,21 @@ def test_unfused_attention_and_recomputation_cost_what_they_should(tmp_path):
     assert unfused > flash > none
 
 
+def test_a_rows_sharding_collectives_cost_its_zero3_traffic_at_the_frameworks_bandwidth(tmp_path):
+    # ZeRO-3 over two nodes: the shipped A100 description's zero3-2021 collectives (a 2021 framework's gathers, far
+    # below NCCL's multi-rail bus bandwidth) make the same row slower; the prediction table records the name.
+    zero3 = dict(tp=1, pp=1, dp=16, gpus=16, zero=3, global_batch=16)
+    nccl = predicted_step(tmp_path, **zero3)
+    framework = predicted_step(tmp_path, sharding_collectives="zero3-2021", **zero3)
+    assert framework > 1.5 * nccl
+    path = write_set(tmp_path / "named.json", [row("z", "held-out", sharding_collectives="zero3-2021", **zero3)])
+    out = tmp_path / "named.h5"
+    assert validate(tmp_path, "--published", path, "-O", str(out), "-q").returncode == 0
+    with h5py.File(out, "r") as f:
+        (run,) = f["runs"].values()
+        assert run["prediction"]["sharding_collectives"][0].decode() == "zero3-2021"
+
+
 @pytest.mark.parametrize("change, message", [
     ({"split": "train"}, "row bad: field split: calibration or held-out, got 'train'"),
     ({"attention": "sparse"}, "row bad: field attention: flash or unfused, got 'sparse'"),
@@ -110,6 +125,7 @@ def test_unfused_attention_and_recomputation_cost_what_they_should(tmp_path):
     ({"step_time_s": None}, "row bad: field step_time_s: neither a published nor a derived step time"),
     ({"gpu": "V100"}, "row bad: no description for GPU 'V100'"),
     ({"hidden": 1000}, "row bad: its configuration is refused"),
+    ({"sharding_collectives": "nosuch"}, "row bad: sharding_collectives nosuch: the system description"),
 ])
 def test_a_bad_row_is_refused_naming_it(tmp_path, change, message):
     path = write_set(tmp_path / "bad.json", [row("good", "held-out"), row("bad", "held-out", **change)])

@@ -249,5 +249,49 @@ TEST(Predict, TracedStepsCarryPhasesAndTheirComponentsAddUp) {
   EXPECT_GE(p.step_high_s, p.step_s);
 }
 
+// A framework's sharding collectives (WorkloadOptions::sharding_algorithm): exactly the data-parallel all-gathers and
+// reduce-scatters are costed under its name; a description without collectives of that name gives the step of the
+// traced algorithms, one with slower ones a slower step, the same on both simulators.
+TEST(Predict, ShardingCollectivesAreCostedUnderTheFrameworksAlgorithm) {
+  train::TrainConfig c;
+  c.model.name = "sharded";
+  c.model.layers = 2, c.model.hidden = 64, c.model.heads = 4, c.model.kv_heads = 4, c.model.vocab = 128, c.model.max_seq = 32;
+  c.micro_batch = 2, c.seq = 32, c.accumulation = 2;
+  c.strategy = train::parse_strategy("GGG");
+  const train::StepTrace trace = train::trace_step(c, {1, 1, 4}, {2, "tp,pp,dp", {}});  // dp over two nodes
+  const WorkloadOptions plain{"fp32", 4};
+  WorkloadOptions framework = plain;
+  framework.sharding_algorithm = "framework";
+  const Workload traced = workload_of(trace, plain), costed = workload_of(trace, framework);
+  int renamed = 0, kept = 0;
+  for (std::size_t r = 0; r < trace.ranks.size(); ++r)
+    for (std::size_t i = 0; i < trace.ranks[r].ops.size(); ++i) {
+      const train::TraceOp& t = trace.ranks[r].ops[i];
+      if (t.kind != train::TraceOpKind::collective) continue;
+      const bool sharding = (t.collective == train::TraceCollective::allgather ||
+                             t.collective == train::TraceCollective::reduce_scatter) &&
+                            trace.groups.at(static_cast<std::size_t>(t.group)).role.rfind("dp", 0) == 0;
+      EXPECT_EQ(costed.ranks[r].ops[i].algorithm, sharding ? "framework" : traced.ranks[r].ops[i].algorithm) << t.name;
+      (sharding ? renamed : kept) += 1;
+    }
+  EXPECT_GT(renamed, 0);
+  EXPECT_GT(kept, 0);  // the gradient norm's and the loss's allreduces
+
+  System s = test_system();
+  EXPECT_CLOSE(predict(s, trace, framework).step_s, predict(s, trace, plain).step_s);
+  for (CollectiveOp op : {CollectiveOp::allgather, CollectiveOp::reduce_scatter}) {
+    CollectiveModel slow;
+    slow.op = op, slow.algorithm = "framework", slow.group = GroupKind::hierarchical, slow.ranks = 4;
+    SizeRange range;
+    range.model = {{1e-5, 0, ""}, {1e7, 0, ""}};  // a hundredth of the inter-node tier's bandwidth
+    slow.ranges = {range};
+    s.collectives.push_back(slow);
+  }
+  const double as_traced = predict(s, trace, plain).step_s, as_framework = predict(s, trace, framework).step_s;
+  EXPECT_CLOSE(as_traced, predict(test_system(), trace, plain).step_s);
+  EXPECT_GT(as_framework, 2 * as_traced);
+  EXPECT_NEAR(predict(s, trace, framework, {true, false}).step_s, as_framework, 1e-9 * as_framework);
+}
+
 }  // namespace
 }  // namespace strata::project
