@@ -289,17 +289,32 @@ train::StepTrace probe_trace(const System& system, const SearchSpace& space, con
   return train::trace_step(train_config(space, probe), {k.tp, k.pp, dp}, {system.device.devices_per_node, "tp,pp,dp", {}});
 }
 
+// Where each traced group sits on the nodes, worked out once per trace: the simulator's group kind, size and
+// fewest members on a node.
+struct GroupPlacement {
+  GroupKind kind = GroupKind::intra_node;
+  int size = 0;
+  int per_node = 1;
+};
+
+std::vector<GroupPlacement> group_placements(const System& system, const train::StepTrace& trace) {
+  std::vector<GroupPlacement> placements;
+  placements.reserve(trace.groups.size());
+  std::vector<int> nodes;
+  for (const train::TraceGroup& group : trace.groups) {
+    nodes.clear();
+    for (int member : group.ranks) nodes.push_back(member / system.device.devices_per_node);
+    placements.push_back({group_kind_of(nodes), static_cast<int>(group.ranks.size()), members_per_node(nodes)});
+  }
+  return placements;
+}
+
 // The duration of a traced collective as the simulator gives it.
 double collective_duration(const System& system, const train::StepTrace& trace, const train::TraceOp& t,
-                           const WorkloadOptions& options) {
-  const std::vector<int>& members = trace.groups.at(static_cast<std::size_t>(t.group)).ranks;
-  std::vector<int> nodes;
-  nodes.reserve(members.size());
-  for (int member : members) nodes.push_back(member / system.device.devices_per_node);
-  const int size = static_cast<int>(members.size());
-  return system.collective_seconds(collective_of(t.collective), costed_algorithm(trace, t, options),
-                                   group_kind_of(nodes), collective_bytes(t, size, options.element_bytes), size,
-                                   members_per_node(nodes));
+                           const WorkloadOptions& options, const std::vector<GroupPlacement>& placements) {
+  const GroupPlacement& g = placements.at(static_cast<std::size_t>(t.group));
+  return system.collective_seconds(collective_of(t.collective), costed_algorithm(trace, t, options), g.kind,
+                                   collective_bytes(t, g.size, options.element_bytes), g.size, g.per_node);
 }
 
 // Per traced rank: the alone-time of its compute operations (all, or only GEMMs and attention) plus its blocking
@@ -307,6 +322,7 @@ double collective_duration(const System& system, const train::StepTrace& trace, 
 // operation depends on, so nothing computes on the rank while they run.
 std::vector<double> rank_work(const System& system, const train::StepTrace& trace, const WorkloadOptions& options,
                               ComputeTimes& times, bool every_compute) {
+  const std::vector<GroupPlacement> placements = group_placements(system, trace);
   std::vector<double> per_rank;
   for (const train::TraceRank& rank : trace.ranks) {
     const std::vector<train::TraceOp>& ops = rank.ops;
@@ -325,7 +341,7 @@ std::vector<double> rank_work(const System& system, const train::StepTrace& trac
           return std::find(op.depends_on.begin(), op.depends_on.end(), on) != op.depends_on.end();
         };
         if (next < ops.size() && depends(t, previous) && depends(ops[next], static_cast<int>(i)))
-          total += collective_duration(system, trace, t, options);
+          total += collective_duration(system, trace, t, options, placements);
       }
       if (is_compute(t.kind)) previous = static_cast<int>(i);
     }
@@ -336,12 +352,13 @@ std::vector<double> rank_work(const System& system, const train::StepTrace& trac
 
 // Per traced rank and group, the summed durations of its collectives (each group's run on a stream of their own).
 std::vector<double> stream_sums(const System& system, const train::StepTrace& trace, const WorkloadOptions& options) {
+  const std::vector<GroupPlacement> placements = group_placements(system, trace);
   std::vector<double> sums;
   for (const train::TraceRank& rank : trace.ranks) {
     std::vector<double> by_group(trace.groups.size(), 0.0);
     for (const train::TraceOp& t : rank.ops)
       if (t.kind == train::TraceOpKind::collective)
-        by_group.at(static_cast<std::size_t>(t.group)) += collective_duration(system, trace, t, options);
+        by_group.at(static_cast<std::size_t>(t.group)) += collective_duration(system, trace, t, options, placements);
     sums.insert(sums.end(), by_group.begin(), by_group.end());
   }
   return sums;
