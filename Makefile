@@ -51,6 +51,7 @@ test-sanitize:
 # Benchmarks print their figures against their targets; each exits 3 when one misses. All run, then the
 # target fails if any missed.
 bench: build
+	@scripts/install-deps.sh --pytorch
 	@missed=0; \
 	$(BUILD)/strata-bench-cpu-gemm || missed=1; \
 	$(BUILD)/strata-bench-gemm-overhead || missed=1; \
@@ -68,6 +69,7 @@ bench: build
 	$(BUILD)/strata-bench-step || missed=1; \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
 	  $(BUILD)/strata-bench-step || missed=1; \
+	python3 scripts/bench/step_vs_pytorch.py --build $(BUILD) || missed=1; \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 2 \
 	  $(BUILD)/strata-bench-pipeline || missed=1; \
 	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe --bind-to none -np 4 \

@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
 # Installs what Strata needs to build and test, and only what is missing. Safe to run again and again.
+# --pytorch also puts PyTorch (CPU and CUDA wheels, about 4 GB) into .venv-pytorch in the checkout, for make
+# bench's comparison of the CPU step with PyTorch eager (scripts/bench/step_vs_pytorch.py).
 # On Debian/Ubuntu as root (or with password-less sudo) it uses apt; elsewhere it prints exactly what is
 # missing and how to get it (e.g. `module load` on a cluster), and exits 1.
 #
 # Never the single-threaded OpenBLAS (libopenblas0-serial): it has no locking and gives wrong results when
 # two threads call it at once. Strata asks for the pthread build.
 set -euo pipefail
+
+with_pytorch=0
+for arg in "$@"; do
+  case "$arg" in
+    --pytorch) with_pytorch=1 ;;
+    *) printf 'install-deps.sh: unknown option %s (known: --pytorch)\n' "$arg" >&2; exit 2 ;;
+  esac
+done
+# The PyTorch release make bench's CPU comparison was measured against.
+pytorch_version=2.15.0
 
 packages=(
   g++ make cmake pkg-config git
@@ -134,6 +146,19 @@ if [ "${STRATA_CLUSTER_DEPS:-1}" != 0 ] && command -v dpkg-query >/dev/null; the
       say "optional, for the cluster tests (skipped without them; installed automatically only as root):" \
           "${need_cluster[*]}"
     fi
+  fi
+fi
+
+# ---- optional: PyTorch for make bench (--pytorch) ------------------------------------------------------
+if [ "$with_pytorch" = 1 ]; then
+  venv="$(cd "$(dirname "$0")/.." && pwd)/.venv-pytorch"
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$pytorch_version')" 2>/dev/null; then
+    :
+  else
+    say "installing PyTorch $pytorch_version into $venv (about 4 GB with its CUDA wheels)"
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$pytorch_version" numpy ||
+      { say "could not install PyTorch; make bench reports the comparison as not measured"; exit 0; }
   fi
 fi
 

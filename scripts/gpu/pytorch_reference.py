@@ -4,6 +4,7 @@
     pytorch_reference.py gemm --dtypes fp32,tf32,fp16,bf16,fp8 --shapes 8192x8192x8192,... --json OUT
     pytorch_reference.py attention --batch 4 --heads 32 --seq 4096 --dim 128 --dtype bf16 --json OUT
     pytorch_reference.py step --model gpt2-124m --seq 1024 --micro-batch 8 --json OUT [--compile]
+    pytorch_reference.py step --device cpu --threads 1 --dtype fp32 --model gpt2-124m --seq 64 --micro-batch 4 --json OUT
 
 Each appends one JSON object per case to OUT (one line each). GEMM: C (M, N) = A (M, K) W (N, K)^T as
 strata-gemm computes it, median time of the timed iterations after warm-up, CUDA events around each.
@@ -12,7 +13,9 @@ forward and backward (the backward of one forward, as strata-attention times its
 strata-step builds it (token and position embeddings, pre-LN blocks of causal attention and a tanh-GELU MLP,
 final LN, tied LM head), AdamW (betas 0.9/0.95, eps 1e-8, weight decay 0.1, fused), global-norm clipping at 1,
 bf16 autocast over fp32 master weights (Strata: fp32 masters, bf16 compute copy and activations), eager or
-torch.compile. Without PyTorch or a CUDA device each command says so ("no device") and exits 0.
+torch.compile. `step --device cpu` is the CPU step's counterpart (strata-step --backend cpu): fp32, or bf16 autocast
+with --dtype bf16, on --threads intra-op threads, subnormals flushed to zero as strata-step flushes them, wall time
+of each step. Without PyTorch or a CUDA device each command says so ("no device") and exits 0.
 """
 from __future__ import annotations
 
@@ -31,16 +34,17 @@ except ImportError:  # the dry run on a machine without PyTorch
     torch = None
 
 
-def no_device_reason() -> str | None:
+def no_device_reason(device: str = "cuda") -> str | None:
     if torch is None:
         return "no device: PyTorch is not installed here"
-    if not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available():
         return "no device: PyTorch sees no CUDA device"
     return None
 
 
-def emit(path: str, record: dict) -> None:
-    record = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), **record}
+def emit(path: str, record: dict, device: str = "cuda") -> None:
+    name = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu, {torch.get_num_threads()} thread(s)"
+    record = {"torch": torch.__version__, "device": name, **record}
     print(json.dumps(record), flush=True)
     with open(path, "a") as handle:
         handle.write(json.dumps(record) + "\n")
@@ -116,10 +120,12 @@ def attention(args) -> None:
 
 
 # ---- the training step -----------------------------------------------------------------------------------
-PRESETS = {  # layers, hidden, heads; vocabulary 50257 and 1024 positions as GPT-2
+PRESETS = {  # layers, hidden, heads; vocabulary and positions: VOCAB and POSITIONS, else GPT-2's 50257 and 1024
     "tiny": (2, 64, 4), "gpt2-124m": (12, 768, 12), "gpt2-350m": (24, 1024, 16), "gpt2-774m": (36, 1280, 20),
     "gpt2-1.5b": (48, 1600, 25),
 }
+VOCAB = {"tiny": 256}  # strata-step's presets; the GPT-2 shapes have GPT-2's 50257 tokens
+POSITIONS = {"tiny": 64}
 
 
 def gpt_class():
@@ -167,18 +173,24 @@ def gpt_class():
 
 def step(args) -> None:
     layers, c, heads = PRESETS[args.model]
+    device = args.device
+    if device == "cpu":
+        torch.set_num_threads(args.threads)
+        torch.set_flush_denormal(True)
     torch.manual_seed(1)
-    model = gpt_class()(layers, c, heads, 50257, max(1024, args.seq)).cuda()
+    vocab = VOCAB.get(args.model, 50257)
+    model = gpt_class()(layers, c, heads, vocab, max(POSITIONS.get(args.model, 1024), args.seq)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                                   fused=True)
     forward = torch.compile(model) if args.compile else model
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    tokens = torch.randint(0, 50257, (args.micro_batch, args.seq + 1), device="cuda", generator=generator)
+    generator = torch.Generator(device=device).manual_seed(1)
+    tokens = torch.randint(0, vocab, (args.micro_batch, args.seq + 1), device=device, generator=generator)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    autocast = args.dtype == "bf16" or device == "cuda"
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
             loss = forward(inputs, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -187,14 +199,25 @@ def step(args) -> None:
 
     started = time.perf_counter()
     train_step()  # compiles, when compiling
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     first = time.perf_counter() - started
-    seconds = timed_median(train_step, args.warmup, args.iters)
+    if device == "cuda":
+        seconds = timed_median(train_step, args.warmup, args.iters)
+    else:
+        for _ in range(args.warmup):
+            train_step()
+        times = []
+        for _ in range(args.iters):
+            begin = time.perf_counter()
+            train_step()
+            times.append(time.perf_counter() - begin)
+        seconds = statistics.median(times)
     tokens_per_step = args.micro_batch * args.seq
     emit(args.json, {"kind": "step", "model": args.model, "mode": "compile" if args.compile else "eager",
-                     "seq": args.seq, "micro_batch": args.micro_batch, "seconds": seconds,
-                     "tokens_per_s": tokens_per_step / seconds, "first_step_s": first,
-                     "parameters": sum(p.numel() for p in model.parameters())})
+                     "dtype": "bf16" if autocast else "fp32", "seq": args.seq, "micro_batch": args.micro_batch,
+                     "seconds": seconds, "tokens_per_s": tokens_per_step / seconds, "first_step_s": first,
+                     "parameters": sum(p.numel() for p in model.parameters())}, device)
 
 
 def main() -> int:
@@ -214,12 +237,16 @@ def main() -> int:
     s.add_argument("--seq", type=int, default=1024)
     s.add_argument("--micro-batch", type=int, default=8)
     s.add_argument("--compile", action="store_true")
+    s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    s.add_argument("--threads", type=int, default=1, help="intra-op threads on the CPU")
+    s.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16",
+                   help="on the CPU: fp32, or bf16 autocast (the GPU step always autocasts to bf16)")
     for p in (g, a, s):
         p.add_argument("--json", required=True, help="file the records are appended to (one JSON object per line)")
         p.add_argument("--warmup", type=int, default=3)
         p.add_argument("--iters", type=int, default=10)
     args = parser.parse_args()
-    reason = no_device_reason()
+    reason = no_device_reason(getattr(args, "device", "cuda"))
     if reason:
         print(f"pytorch_reference.py {args.command}: {reason}")
         return 0
