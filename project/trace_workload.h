@@ -21,7 +21,7 @@ struct WorkloadOptions {
   std::string attention = "flash";
   // The algorithm name the data-parallel groups' allgathers and reduce-scatters (ZeRO/FSDP sharding's parameter
   // gathers and gradient reductions) are costed under, so a framework that issues them its own way is described by
-  // the system's collectives of that name (the shipped A100 description's "deepspeed-2021"); empty: as traced.
+  // the system's collectives of that name (the shipped A100 description's "zero3-2021"); empty: as traced.
   std::string sharding_algorithm{};
 };
 

@@ -193,7 +193,7 @@ int predict(int argc, char** argv) {
              "parameters: ZeRO-1/2, Megatron's distributed optimizer) beside the next forward (Megatron-Core's "
              "--overlap-param-gather, off by default there too)", overlap_param_gather, {"on", "off"});
   cli.option("sharding-collectives", 0, "cost the data-parallel all-gathers and reduce-scatters (ZeRO/FSDP sharding) "
-             "under the description's collectives of this algorithm, as a framework issued them (e.g. deepspeed-2021 "
+             "under the description's collectives of this algorithm, as a framework issued them (e.g. zero3-2021 "
              "in the shipped A100 description); default: as traced", sharding_collectives);
   cli.option("timeline", 0, "write the predicted timeline as a Chrome trace (JSON; with several predictions, one file "
              "each, the index before the extension)", timeline);
