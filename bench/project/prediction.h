@@ -63,10 +63,10 @@ struct PredictedStep {
   std::vector<std::string> phases;     // per interval of the timeline: its op's phase
 };
 
-// The GPU memory layout of a workload: its element size, and flash attention unless it runs attention unfused.
 // A usage error naming `flag` unless the description has collectives of `algorithm` (the --sharding-collectives
 // of predict, a published row's sharding_collectives); nothing for an empty name.
 void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag);
+// The GPU memory layout of a workload: its element size, and flash attention unless it runs attention unfused.
 train::GpuLayout gpu_layout(const project::WorkloadOptions& workload);
 double memory_total(const train::MemoryUse& memory);  // all categories
 

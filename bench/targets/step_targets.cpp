@@ -61,8 +61,6 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float scale =
   return v;
 }
 
-// The kernels of one training step of `model` on `rows` = B T tokens, each a call on buffers of its shapes,
-// in the order and count the model makes them.
 enum class Phase { forward, backward, optimizer };
 constexpr std::array<const char*, 3> kPhaseNames = {"forward", "backward", "optimizer"};
 
@@ -74,6 +72,8 @@ Phase phase_of(const std::string& name) {
   return Phase::backward;
 }
 
+// The kernels of one training step of `model` on `rows` = B T tokens, each a call on buffers of its shapes,
+// in the order and count the model makes them.
 struct StepKernels {
   std::vector<std::pair<std::string, std::function<void()>>> calls;
   std::vector<std::vector<float>> buffers;
