@@ -98,6 +98,7 @@ def test_cmake_targets_follow_the_layers():
                            "strata_train"],
         "strata_collectives": ["HDF5", "GLPK", "strata_results", "strata_harness", "strata_train"],
         "strata_results": ["strata_kernels", "strata_collectives", "strata_harness", "strata_train", "MPI::", "GLPK"],
+        "strata_model": ["MPI::", "HDF5", "NCCL", "GLPK", "strata_kernels", "strata_collectives", "strata_results"],
         "strata_train": ["HDF5", "strata_results", "strata_harness"],
         "strata_kernels_cuda": ["MPI::", "HDF5", "NCCL", "strata_collectives", "strata_harness"],
         "strata_train_cuda": ["HDF5", "strata_results", "strata_harness"],
@@ -105,6 +106,9 @@ def test_cmake_targets_follow_the_layers():
                            "strata_collectives", "nlohmann_json"],
         # The search traces steps with the training layer's executor (in trace mode: no MPI is called).
         "strata_project_search": ["MPI::", "HDF5", "NCCL", "GLPK", "strata_results", "strata_harness", "nlohmann_json"],
+        # The kernel and collective programs link the harness alone: no training layer, solver or projection.
+        "strata_harness": ["strata_train", "strata_project", "GLPK", "Eigen3", "strata_step_cases"],
+        "strata_step_cases": ["strata_project"],
     }
     problems = []
     for target, bad in forbidden.items():
