@@ -13,6 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "project/step_prediction.h"
 #include "train/gpt.h"
 #include "train/schedule.h"
 
@@ -270,10 +271,8 @@ Evaluation evaluate(const System& system, const SearchSpace& space, const Candid
   e.idle_s = timeline.mean.idle_s;
   for (const auto& [group, seconds] : timeline.mean.exposed_communication_s) e.exposed_s[role_of(trace, group)] += seconds;
   e.memory = memory_per_rank(space, k, system.device.devices_per_node);
-  const double tokens = static_cast<double>(space.global_batch) * space.seq;
-  e.tokens_per_s = e.step_s > 0 ? tokens / e.step_s : 0;
-  const double peak = system.device.compute.at(space.dtype).peak_flops.value;
-  e.mfu = e.step_s > 0 ? train::model_flops_per_token(space.model, space.seq) * tokens / (e.step_s * space.devices * peak) : 0;
+  const Throughput rates = throughput(config, {k.tp, k.pp, k.dp}, e.step_s, system.device.compute.at(space.dtype).peak_flops.value);
+  e.tokens_per_s = rates.tokens_per_s, e.mfu = rates.mfu;
   return e;
 }
 

@@ -131,10 +131,9 @@ struct Evaluation {
   double compute_s = 0, idle_s = 0;
   std::map<std::string, double> exposed_s;
   RankMemory memory;
-  double tokens_per_s = 0;
-  // Model FLOPs (docs/metrics.md: 6 N + 6 L h s per token, train::model_flops_per_token, whatever trains) over the step
-  // time and the peak of every device in the search's dtype.
-  double mfu = 0;
+  // As a predicted step's (step_prediction.h, throughput): model FLOPs (docs/metrics.md: 6 N + 6 L h s per token,
+  // whatever trains) over the step time and the peak of every device in the search's dtype.
+  double tokens_per_s = 0, mfu = 0;
   double lower_bound_s = 0;
   std::size_t operations = 0, simulated_operations = 0;  // traced, and after compact_workload
 };

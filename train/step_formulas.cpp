@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "train/gpt.h"
+#include "train/tracer.h"
 
 namespace strata::train {
 
@@ -19,6 +20,15 @@ DataParallelShape data_parallel_shape(coll::ProcessGroups& groups) {
   if (!nodes.empty() && s.n > 1)
     s.dp_hop_crosses_nodes = nodes[static_cast<std::size_t>(dp.rank())] != nodes[static_cast<std::size_t>((dp.rank() + 1) % s.n)];
   return s;
+}
+
+DataParallelShape stage_data_parallel_shape(const coll::GridShape& grid, int ranks_per_node, const std::string& order,
+                                            int stage) {
+  TraceGroups probe_groups, groups;
+  Tracer probe(probe_groups), tracer(groups);
+  const coll::ProcessGroups places(grid, ranks_per_node, order, 0, probe);
+  coll::ProcessGroups traced(grid, ranks_per_node, order, places.world_rank_of(0, stage, 0), tracer);
+  return data_parallel_shape(traced);
 }
 
 namespace {

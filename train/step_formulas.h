@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "collectives/process_group.h"
@@ -25,6 +26,10 @@ struct DataParallelShape {
   bool dp_hop_crosses_nodes = false;
 };
 DataParallelShape data_parallel_shape(coll::ProcessGroups& groups);
+// The layout of pipeline rank `stage`'s first rank (tp 0, dp 0) in a job of `grid` on nodes of `ranks_per_node`, the
+// grid laid out in `order` (coll::ProcessGroups); the groups are placed as trace mode places them: no MPI is called.
+DataParallelShape stage_data_parallel_shape(const coll::GridShape& grid, int ranks_per_node, const std::string& order,
+                                            int stage);
 
 // Bytes this rank sends per tier in one step when every collective is a ring (Strata's `ring` algorithm):
 // a ring allgather or reduce-scatter of a buffer of B bytes over k ranks sends (k-1)/k B, an allreduce twice

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,63 +17,13 @@
 #include "results/schema.h"
 #include "results/writer.h"
 #include "train/overlap.h"
-#include "train/gpu_memory.h"
-#include "train/step_formulas.h"
-#include "train/tracer.h"
 
 namespace strata {
 
 using namespace strata::train;
 
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// The world ranks of (tp 0, pp j, dp 0) for every stage j: the ranks trace_step traces.
-std::vector<int> first_ranks_of_stages(const coll::GridShape& grid, int ranks_per_node, const std::string& order) {
-  TraceGroups groups;
-  Tracer probe(groups);
-  const coll::ProcessGroups places(grid, ranks_per_node, order, 0, probe);
-  std::vector<int> ranks;
-  for (int stage = 0; stage < grid.pp; ++stage) ranks.push_back(places.world_rank_of(0, stage, 0));
-  return ranks;
-}
-
-// The configuration pipeline rank `stage` runs.
-const TrainConfig& config_of(const StepCase& step, int stage) {
-  return step.trace.pipeline_rank_configs.empty() ? step.config
-                                                  : step.trace.pipeline_rank_configs.at(static_cast<std::size_t>(stage));
-}
-
-// What each rank holds, per category, the largest over the pipeline ranks: the CPU step's formulas for 4-byte
-// elements, a GPU step's in mixed precision for 2-byte ones.
-MemoryUse memory_per_rank(const StepCase& step) {
-  MemoryUse most;
-  const int per_node = static_cast<int>(std::min<long long>(step.trace.ranks_per_node, step.grid.size()));
-  const std::vector<int> ranks = first_ranks_of_stages(step.grid, per_node, step.trace.grid_order);
-  for (int stage = 0; stage < step.grid.pp; ++stage) {
-    TraceGroups groups;
-    Tracer tracer(groups);
-    coll::ProcessGroups traced(step.grid, per_node, step.trace.grid_order, ranks[static_cast<std::size_t>(stage)], tracer);
-    const MemoryUse m = step.workload.element_bytes == 4 ? memory_estimate(config_of(step, stage), data_parallel_shape(traced))
-                                                         : gpu_memory_estimate(config_of(step, stage), data_parallel_shape(traced),
-                                                                               gpu_layout(step.workload));
-    most.params = std::max(most.params, m.params), most.grads = std::max(most.grads, m.grads);
-    most.optimizer = std::max(most.optimizer, m.optimizer), most.activations = std::max(most.activations, m.activations);
-    most.workspace = std::max(most.workspace, m.workspace), most.comm_buffers = std::max(most.comm_buffers, m.comm_buffers);
-  }
-  return most;
-}
-
-std::string join_ints(const std::vector<int>& values) {
-  std::string text;
-  for (int v : values) text += (text.empty() ? "" : ",") + std::to_string(v);
-  return text;
-}
-
-}  // namespace
+using project::PredictedStep;
+using project::StepCase;
 
 void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag) {
   if (algorithm.empty()) return;
@@ -89,15 +38,6 @@ void check_sharding_algorithm(const project::System& system, const std::string& 
                    "algorithm (it has " + (names.empty() ? std::string("none") : names) + ")");
 }
 
-GpuLayout gpu_layout(const project::WorkloadOptions& workload) {
-  GpuLayout layout;
-  layout.element_bytes = workload.element_bytes;
-  layout.flash_attention = workload.attention != "unfused";
-  return layout;
-}
-
-double memory_total(const MemoryUse& m) { return m.params + m.grads + m.optimizer + m.activations + m.workspace + m.comm_buffers; }
-
 StepCase first_step_case(const StepPlan& plan, const StepFlags& flags, const std::string& label, int ranks_per_node) {
   StepCase step;
   step.label = label;
@@ -107,59 +47,6 @@ StepCase first_step_case(const StepPlan& plan, const StepFlags& flags, const std
   step.trace.ranks_per_node = ranks_per_node;
   step.trace.grid_order = flags.grid_order;
   return step;
-}
-
-PredictedStep predict_step(const StepCase& step, const project::System& system) {
-  const TrainConfig& c = step.config;
-  PredictedStep out;
-  auto start = std::chrono::steady_clock::now();
-  const StepTrace trace = trace_step(c, step.grid, step.trace);
-  out.trace_s = seconds_since(start);
-  start = std::chrono::steady_clock::now();
-  out.prediction = project::predict(system, trace, step.workload, step.predict);
-  out.simulate_s = seconds_since(start);
-
-  const double world = static_cast<double>(step.grid.size());
-  out.tokens_per_step = static_cast<double>(step.grid.dp) * c.accumulation * c.micro_batch * c.seq;
-  out.flop_per_rank = model_flops_per_token(c.model, c.seq) * out.tokens_per_step / world;
-  // Overlap keeps different ops on each pipeline rank: the recomputed FLOPs per token summed over the ranks' stages.
-  double recompute_per_token = 0;
-  if (c.recompute != Recompute::overlap) {
-    recompute_per_token = recompute_flops_per_token(c.model, c.seq, c.recompute);
-  } else {
-    for (int stage = 0; stage < step.grid.pp; ++stage) {
-      std::vector<std::vector<KeptOps>> kept;
-      for (const StagePlan& plan : rank_stages(config_of(step, stage), step.grid.pp, stage)) kept.push_back(plan.kept);
-      recompute_per_token += recompute_flops_per_token(c.model, c.seq, c.recompute, kept);
-    }
-  }
-  out.recompute_flop_per_rank = recompute_per_token * out.tokens_per_step / world;
-  const auto compute = system.device.compute.find(step.workload.dtype);
-  out.peak_per_rank = compute == system.device.compute.end() ? 0 : compute->second.peak_flops.value;
-  const double step_s = out.prediction.step_s;
-  out.tokens_per_s = step_s > 0 ? out.tokens_per_step / step_s : 0;
-  out.mfu = step_s > 0 && out.peak_per_rank > 0 ? out.flop_per_rank / (step_s * out.peak_per_rank) : 0;
-  out.hfu = step_s > 0 && out.peak_per_rank > 0
-                ? (out.flop_per_rank + out.recompute_flop_per_rank) / (step_s * out.peak_per_rank) : 0;
-  out.memory = memory_per_rank(step);
-  if (system.device.memory_capacity) {
-    out.memory_capacity = system.device.memory_capacity->value;
-    out.fits = memory_total(out.memory) <= out.memory_capacity ? 1 : 0;
-  }
-  out.stage_layers = join_ints(stage_partition(c.model, step.grid.pp * c.virtual_stages, c.stage_layers));
-  // project/trace_workload.h: a group's collectives and sends on one stream each, its receives on another.
-  const int groups = static_cast<int>(trace.groups.size());
-  out.streams[project::kComputeStream] = "compute";
-  for (int g = 0; g < groups; ++g) {
-    const TraceGroup& group = trace.groups[static_cast<std::size_t>(g)];
-    const std::string what = group.role + " (" + std::to_string(group.ranks.size()) + " ranks)";
-    out.streams[project::communication_stream(g)] = what;
-    out.streams[project::communication_stream(groups + g)] = "receives " + what;
-  }
-  // The simulator lists the intervals rank by rank, op by op.
-  for (const TraceRank& rank : trace.ranks)
-    for (const TraceOp& op : rank.ops) out.phases.push_back(op.phase);
-  return out;
 }
 
 std::vector<TrainConfig> overlap_configs(const TrainConfig& config, const coll::GridShape& grid, const nlohmann::json& policy,
@@ -224,25 +111,6 @@ std::string fitted_from_steps(const project::System& s) {
   return "";
 }
 
-const std::vector<std::string>& step_components() {
-  static const std::vector<std::string> names = {"forward",   "backward", "optimizer",     "comm_exposed",    "idle",
-                                                 "recompute", "comm_tp",  "pipeline_wait", "recompute_window"};
-  return names;
-}
-
-double component(const project::StepComponents& c, const std::string& name) {
-  if (name == "forward") return c.forward_s;
-  if (name == "backward") return c.backward_s;
-  if (name == "optimizer") return c.optimizer_s;
-  if (name == "comm_exposed") return c.comm_exposed_s;
-  if (name == "idle") return c.idle_s;
-  if (name == "recompute") return c.recompute_s;
-  if (name == "comm_tp") return c.comm_tp_s;
-  if (name == "pipeline_wait") return c.pipeline_wait_s;
-  if (name == "recompute_window") return c.recompute_window_s;
-  throw std::invalid_argument("no step component " + name);
-}
-
 namespace {
 
 const char* const kRoles[] = {"tp", "pp", "dp", "dp_intra", "dp_inter"};
@@ -294,7 +162,7 @@ Table prediction_table() {
                   "simulated on the description with every figure at the faster end of its relative spread")
       .add_column("step_time_high", K::float64, "s",
                   "simulated on the description with every figure at the slower end of its relative spread");
-  for (const std::string& name : step_components())
+  for (const std::string& name : project::step_components())
     t.add_column("phase_" + name, K::float64, "s", "simulated, mean over ranks, strata-step's phase convention");
   for (const char* role : kRoles)
     t.add_column(std::string("comm_exposed_") + role, K::float64, "s",
@@ -338,7 +206,7 @@ void add_prediction_row(Table& t, int64_t index, const StepCase& step, const Pre
       .set("system", system_name).set("dtype", step.workload.dtype).set("element_bytes", step.workload.element_bytes)
       .set("step_time", p.prediction.step_s).set("step_time_low", p.prediction.step_low_s)
       .set("step_time_high", p.prediction.step_high_s);
-  for (const std::string& n : step_components()) t.set("phase_" + n, component(mean, n));
+  for (const std::string& n : project::step_components()) t.set("phase_" + n, project::component(mean, n));
   for (const char* role : kRoles) {
     const auto it = mean.exposed_by_role.find(role);
     t.set(std::string("comm_exposed_") + role, it == mean.exposed_by_role.end() ? 0.0 : it->second);

@@ -108,7 +108,7 @@ std::string duration(double seconds) {
   return format_fixed(seconds * 1e6, 1) + " us";
 }
 
-void print_prediction(const StepCase& step, const PredictedStep& p) {
+void print_prediction(const project::StepCase& step, const project::PredictedStep& p) {
   const project::Prediction& r = p.prediction;
   const project::StepComponents& m = r.mean;
   std::printf("# %s: step %s [%s, %s] | %.0f tok/s | MFU %.2f%% | HFU %.2f%% | traced in %.3f s, simulated in %.3f s\n",
@@ -127,7 +127,7 @@ void print_prediction(const StepCase& step, const PredictedStep& p) {
   std::printf("#   memory/rank (formula, max over ranks): parameters %s, gradients %s, optimizer %s, activations %s, "
               "workspace %s, communication buffers %s; total %s\n",
               format_gib(mem.params).c_str(), format_gib(mem.grads).c_str(), format_gib(mem.optimizer).c_str(), format_gib(mem.activations).c_str(),
-              format_gib(mem.workspace).c_str(), format_gib(mem.comm_buffers).c_str(), format_gib(memory_total(mem)).c_str());
+              format_gib(mem.workspace).c_str(), format_gib(mem.comm_buffers).c_str(), format_gib(project::memory_total(mem)).c_str());
   if (p.fits >= 0)
     std::printf("#   device memory %s: %s\n", format_gib(p.memory_capacity).c_str(),
                 p.fits ? "fits" : "does NOT fit (warning on stderr)");
@@ -136,13 +136,13 @@ void print_prediction(const StepCase& step, const PredictedStep& p) {
 
 // A prediction whose memory per rank exceeds the device's: the step as configured would not run there. On stderr
 // even with --quiet: the step time of a configuration that cannot run is no answer.
-void warn_does_not_fit(const StepCase& step, const PredictedStep& p, const std::string& system_path) {
+void warn_does_not_fit(const project::StepCase& step, const project::PredictedStep& p, const std::string& system_path) {
   const train::MemoryUse& m = p.memory;
   std::fprintf(stderr,
                "strata-project predict: warning: %s does not fit: %s per rank predicted (parameters %s, gradients %s, "
                "optimizer %s, activations %s, workspace %s, communication buffers %s), above the device's memory "
                "capacity of %s (%s device.memory_capacity)\n",
-               step.label.c_str(), format_gib(memory_total(m)).c_str(), format_gib(m.params).c_str(),
+               step.label.c_str(), format_gib(project::memory_total(m)).c_str(), format_gib(m.params).c_str(),
                format_gib(m.grads).c_str(), format_gib(m.optimizer).c_str(), format_gib(m.activations).c_str(),
                format_gib(m.workspace).c_str(), format_gib(m.comm_buffers).c_str(), format_gib(p.memory_capacity).c_str(),
                system_path.c_str());
@@ -238,10 +238,10 @@ int predict(int argc, char** argv) {
   std::optional<nlohmann::json> policy;
   if (!policy_path.empty()) policy = read_json_file(policy_path, "recompute policy");
   if (f.recompute == "all" && !policy) std::erase(plan.modes, train::Recompute::overlap);  // placed only from a policy
-  std::vector<StepCase> steps;
+  std::vector<project::StepCase> steps;
   for (const train::Strategy& strategy : plan.strategies)
     for (train::Recompute mode : plan.modes) {
-      StepCase step;
+      project::StepCase step;
       step.label = case_label(strategy, mode);
       step.config = plan.config;
       step.config.strategy = strategy, step.config.recompute = mode;
@@ -289,10 +289,10 @@ int predict(int argc, char** argv) {
                 dtype.c_str(), format_si(system.device.compute.at(dtype).peak_flops.value).c_str());
     std::fflush(stdout);
   }
-  std::vector<PredictedStep> predicted;
-  for (const StepCase& step : steps) {
+  std::vector<project::PredictedStep> predicted;
+  for (const project::StepCase& step : steps) {
     const auto start = std::chrono::steady_clock::now();
-    predicted.push_back(predict_step(step, system));
+    predicted.push_back(project::predict_step(step, system));
     if (predicted.back().fits == 0) warn_does_not_fit(step, predicted.back(), system_path);
     if (!quiet) {
       print_prediction(step, predicted.back());
@@ -431,7 +431,7 @@ int validate(int argc, char** argv) {
   if (!system.device.compute.count("fp32"))
     throw UsageError("system description " + system_path + " has no fp32 compute: the CPU step runs in fp32");
 
-  std::vector<StepCase> steps;
+  std::vector<project::StepCase> steps;
   std::vector<MeasuredCase> measured;
   std::vector<std::string> notes;
   for (const std::string& path : files) {
@@ -466,7 +466,7 @@ int validate(int argc, char** argv) {
         const auto row = summary_row.find(index);
         if (row == summary_row.end()) continue;  // a case cut short: no summary
         const std::string case_where = where + " case " + std::to_string(index);
-        StepCase step;
+        project::StepCase step;
         step.config = plan.config;
         step.grid = plan.grid;
         try {
@@ -497,7 +497,7 @@ int validate(int argc, char** argv) {
           step.trace.pipeline_rank_configs = overlap_configs(step.config, plan.grid, policy, case_where);
         }
         MeasuredCase m{path, id, index, column_of(summary, "time_rankmax_median", at_summary).reals.at(row->second), {}};
-        for (const std::string& name : step_components())
+        for (const std::string& name : project::step_components())
           m.phases[name] = column_of(summary, "phase_" + name, at_summary).reals.at(row->second);
         steps.push_back(std::move(step));
         measured.push_back(std::move(m));
@@ -509,10 +509,10 @@ int validate(int argc, char** argv) {
                        "strata-step runs; calibrate reads the benchmarks)");
   }
 
-  std::vector<PredictedStep> predicted;
+  std::vector<project::PredictedStep> predicted;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     try {
-      predicted.push_back(predict_step(steps[i], system));
+      predicted.push_back(project::predict_step(steps[i], system));
     } catch (const UsageError&) {
       throw;
     } catch (const std::invalid_argument& e) {
@@ -536,7 +536,7 @@ int validate(int argc, char** argv) {
       .add_column("step_time_high", K::float64, "s", "at the slower end of the description's spreads")
       .add_column("step_time_error", K::float64, "1", "predicted / measured - 1")
       .add_column("within_interval", K::int64, "1", "1: the measured step lies in [low, high]");
-  for (const std::string& name : step_components())
+  for (const std::string& name : project::step_components())
     validation.add_column("phase_" + name + "_measured", K::float64, "s", "median over timed steps, mean over ranks")
         .add_column("phase_" + name + "_predicted", K::float64, "s", "simulated, mean over ranks")
         .add_column("phase_" + name + "_error", K::float64, "1", "(predicted - measured) / the measured step");
@@ -544,8 +544,8 @@ int validate(int argc, char** argv) {
   double sum_abs = 0, worst = 0;
   std::size_t worst_at = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    const StepCase& s = steps[i];
-    const PredictedStep& p = predicted[i];
+    const project::StepCase& s = steps[i];
+    const project::PredictedStep& p = predicted[i];
     const MeasuredCase& m = measured[i];
     add_prediction_row(prediction, static_cast<int64_t>(i), s, p, system.name);
     const double error = p.prediction.step_s / m.step_s - 1;
@@ -559,8 +559,8 @@ int validate(int argc, char** argv) {
         .set("step_time_low", p.prediction.step_low_s).set("step_time_high", p.prediction.step_high_s)
         .set("step_time_error", error)
         .set("within_interval", p.prediction.step_low_s <= m.step_s && m.step_s <= p.prediction.step_high_s ? 1 : 0);
-    for (const std::string& name : step_components()) {
-      const double predicted_phase = component(p.prediction.mean, name), measured_phase = m.phases.at(name);
+    for (const std::string& name : project::step_components()) {
+      const double predicted_phase = project::component(p.prediction.mean, name), measured_phase = m.phases.at(name);
       validation.set("phase_" + name + "_measured", measured_phase).set("phase_" + name + "_predicted", predicted_phase)
           .set("phase_" + name + "_error", (predicted_phase - measured_phase) / m.step_s);
     }
@@ -582,11 +582,11 @@ int validate(int argc, char** argv) {
                 "ranks. error: predicted / measured - 1; phase errors: (predicted - measured) / measured step, in %%\n");
     std::string header = "| case | ranks | tp x pp x dp | strategy | measured | predicted [interval] | error |";
     std::string rule = "|---|---|---|---|---|---|---|";
-    for (const std::string& name : step_components()) header += " " + name + " |", rule += "---|";
+    for (const std::string& name : project::step_components()) header += " " + name + " |", rule += "---|";
     std::printf("%s\n%s\n", header.c_str(), rule.c_str());
     for (std::size_t i = 0; i < steps.size(); ++i) {
-      const StepCase& s = steps[i];
-      const PredictedStep& p = predicted[i];
+      const project::StepCase& s = steps[i];
+      const project::PredictedStep& p = predicted[i];
       const MeasuredCase& m = measured[i];
       std::string row = "| " + std::to_string(i) + " | " + std::to_string(s.grid.size()) + " | " + std::to_string(s.grid.tp) +
                         " x " + std::to_string(s.grid.pp) + " x " + std::to_string(s.grid.dp) + " | " + s.label +
@@ -594,8 +594,8 @@ int validate(int argc, char** argv) {
                         duration(m.step_s) + " | " + duration(p.prediction.step_s) + " [" + duration(p.prediction.step_low_s) +
                         ", " + duration(p.prediction.step_high_s) + "] | " +
                         format_fixed(100 * (p.prediction.step_s / m.step_s - 1), 1) + "% |";
-      for (const std::string& name : step_components())
-        row += " " + format_fixed(100 * (component(p.prediction.mean, name) - m.phases.at(name)) / m.step_s, 1) + " |";
+      for (const std::string& name : project::step_components())
+        row += " " + format_fixed(100 * (project::component(p.prediction.mean, name) - m.phases.at(name)) / m.step_s, 1) + " |";
       std::printf("%s\n", row.c_str());
     }
   }

@@ -81,9 +81,9 @@ std::vector<SpeedCase> smoke_cases() {
   return cases;
 }
 
-StepCase step_case(SpeedCase k, const project::System& system, bool exact) {
+project::StepCase step_case(SpeedCase k, const project::System& system, bool exact) {
   StepPlan plan = plan_step(k.flags, k.gpus);
-  StepCase step = first_step_case(plan, k.flags, k.label, system.device.devices_per_node);
+  project::StepCase step = first_step_case(plan, k.flags, k.label, system.device.devices_per_node);
   step.workload = {k.dtype, 2, k.attention};
   step.predict = {exact, false};
   return step;
@@ -92,15 +92,15 @@ StepCase step_case(SpeedCase k, const project::System& system, bool exact) {
 double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 struct Timed {
-  PredictedStep predicted;
+  project::PredictedStep predicted;
   double wall_s = 0, cpu_s = 0;
 };
 
-Timed timed_prediction(const StepCase& step, const project::System& system) {
+Timed timed_prediction(const project::StepCase& step, const project::System& system) {
   Timed t;
   const auto wall = std::chrono::steady_clock::now();
   const double cpu = cpu_seconds();
-  t.predicted = predict_step(step, system);
+  t.predicted = project::predict_step(step, system);
   t.cpu_s = cpu_seconds() - cpu;
   t.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count();
   return t;

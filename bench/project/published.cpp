@@ -196,7 +196,7 @@ std::map<std::string, std::string> system_files(const json& set, const std::stri
 
 struct Result {
   const Row* row = nullptr;
-  PredictedStep predicted;
+  project::PredictedStep predicted;
   double error = 0;  // predicted / measured - 1
 };
 
@@ -270,7 +270,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
   std::map<std::string, project::System> systems;
   std::vector<Result> results;
   std::vector<std::pair<const Row*, std::string>> skipped;
-  std::vector<StepCase> cases;
+  std::vector<project::StepCase> cases;
   for (const Row& row : rows) {
     if (o.part != "all" && row.part != o.part) continue;
     if (!only.empty() && !only.count(row.id)) continue;
@@ -294,7 +294,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     } catch (const std::invalid_argument& e) {
       throw UsageError("published set " + o.file + ": row " + row.id + ": its configuration is refused: " + e.what());
     }
-    StepCase step = first_step_case(plan, flags, row.id, system.device.devices_per_node);
+    project::StepCase step = first_step_case(plan, flags, row.id, system.device.devices_per_node);
     step.trace.tp_comm_overlap = row.tp_comm_overlap;
     step.trace.overlap_param_gather = row.overlap_param_gather;
     step.workload = {row.dtype, 2, row.attention, row.sharding_collectives};
@@ -302,7 +302,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     Result result;
     result.row = &row;
     try {
-      result.predicted = predict_step(step, system);
+      result.predicted = project::predict_step(step, system);
     } catch (const std::invalid_argument& e) {
       throw UsageError("published set " + o.file + ": row " + row.id + ": " + e.what());
     }
@@ -345,7 +345,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
   for (const Result& r : results)
     if (r.predicted.fits == 0)
       std::printf("# memory: %s (%s) is predicted to need %s per GPU, above the %s of its description\n", r.row->id.c_str(),
-                  r.row->gpu.c_str(), format_gib(memory_total(r.predicted.memory)).c_str(),
+                  r.row->gpu.c_str(), format_gib(project::memory_total(r.predicted.memory)).c_str(),
                   format_gib(r.predicted.memory_capacity).c_str());
   std::printf("| part | GPU | rows | mean |error| | mean error | worst |error| |\n|---|---|---|---|---|---|\n");
   bool missed = false;

@@ -105,7 +105,7 @@ def test_cmake_targets_follow_the_layers():
         "strata_project": ["MPI::", "HDF5", "NCCL", "GLPK", "strata_results", "strata_harness", "strata_kernels",
                            "strata_collectives", "nlohmann_json"],
         # The search traces steps with the training layer's executor (in trace mode: no MPI is called).
-        "strata_project_search": ["MPI::", "HDF5", "NCCL", "GLPK", "strata_results", "strata_harness", "nlohmann_json"],
+        "strata_project_steps": ["MPI::", "HDF5", "NCCL", "GLPK", "strata_results", "strata_harness", "nlohmann_json"],
         # The kernel and collective programs link the harness alone: no training layer, solver or projection.
         "strata_harness": ["strata_train", "strata_project", "GLPK", "Eigen3", "strata_step_cases"],
         "strata_step_cases": ["strata_project"],
