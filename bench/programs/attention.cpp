@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "bench/harness/axes.h"
+#include "bench/harness/gpu_device.h"
 #include "bench/harness/harness.h"
 #include "kernels/attention.h"
 #include "kernels/gemm_check.h"
@@ -316,13 +317,8 @@ int run_attention(int argc, char** argv) {
   int gpu = -1;
   if (o.backend == "cuda") {
 #ifdef STRATA_HAVE_CUDA
-    int gpus = cuda::device_count(), fewest = 0;
-    STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    if (fewest == 0) throw UsageError("--backend cuda: no CUDA device is visible to every rank");
-    Comm node = split_shared_memory(MPI_COMM_WORLD);
-    gpu = node.rank() % gpus;  // one GPU per local rank
-    cuda::set_device(gpu);
-    device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu);
+    const RankGpu rank_gpu = select_rank_gpu("--backend cuda");
+    gpu = rank_gpu.device, device = rank_gpu.text;
 #else
     throw UsageError("--backend cuda: this strata-attention was built without CUDA");
 #endif

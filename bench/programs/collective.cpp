@@ -13,6 +13,7 @@
 #include <chrono>
 
 #include "bench/harness/axes.h"
+#include "bench/harness/gpu_device.h"
 #include "bench/harness/harness.h"
 #include "collectives/process_group.h"
 #include "collectives/algorithms.h"
@@ -588,19 +589,9 @@ int run_collective(int argc, char** argv) {
   std::string device = "cpu";
   if (o.backend == "nccl") {
 #ifdef STRATA_HAVE_CUDA
-    int gpus = cuda::device_count(), fewest = 0;
-    STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    if (fewest == 0) throw UsageError("--backend nccl: no CUDA device is visible to every rank");
-    Comm node = split_shared_memory(MPI_COMM_WORLD);
-    // NCCL refuses two ranks of one communicator on one device, and shared GPUs would not measure the network.
-    int crowded = node.size() > gpus ? 1 : 0, any_crowded = 0;
-    STRATA_MPI_CHECK(MPI_Allreduce(&crowded, &any_crowded, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-    if (any_crowded)
-      throw UsageError("--backend nccl: one GPU per rank, but a node runs more ranks than it has visible GPUs (" +
-                       std::to_string(node.size()) + " ranks, " + std::to_string(gpus) + " GPUs here)");
-    int gpu = node.rank();
-    executor = std::make_unique<NcclExecutor>(group.comm, group.index, gpu);
-    device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu);
+    const RankGpu gpu = select_rank_gpu("--backend nccl", /*exclusive=*/true);
+    executor = std::make_unique<NcclExecutor>(group.comm, group.index, gpu.device);
+    device = gpu.text;
 #else
     throw UsageError("--backend nccl: this strata-collective was built without CUDA and NCCL");
 #endif
@@ -616,13 +607,7 @@ int run_collective(int argc, char** argv) {
           throw UsageError("--device-buffers: MPI has no 16-bit float reductions on device memory");
       for (RedOp r : redops)
         if (r == RedOp::avg) throw UsageError("--device-buffers: MPI has no average; avg is finished on the host");
-      int gpus = cuda::device_count(), fewest = 0;
-      STRATA_MPI_CHECK(MPI_Allreduce(&gpus, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-      if (fewest == 0) throw UsageError("--device-buffers: no CUDA device is visible to every rank");
-      Comm node = split_shared_memory(MPI_COMM_WORLD);
-      int gpu = node.rank() % gpus;
-      cuda::set_device(gpu);
-      device = "cuda:" + std::to_string(gpu) + " " + cuda::device_name(gpu) + " (MPI device buffers)";
+      device = select_rank_gpu("--device-buffers").text + " (MPI device buffers)";
 #else
       throw UsageError("--device-buffers: this strata-collective was built without CUDA");
 #endif

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "bench/harness/axes.h"
+#include "bench/harness/gpu_device.h"
 #include "bench/cases/gemm_cases.h"
 #include "bench/harness/harness.h"
 #include "bench/harness/shapes.h"
@@ -212,13 +213,8 @@ int run_gemm(int argc, char** argv) {
   std::string device_text = "cpu";
   if (o.backend == "cuda") {
 #ifdef STRATA_HAVE_CUDA
-    int count = cuda::device_count(), fewest = 0;
-    STRATA_MPI_CHECK(MPI_Allreduce(&count, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-    if (fewest == 0) throw UsageError("--backend cuda: no CUDA device is visible to every rank");
-    Comm node = split_shared_memory(MPI_COMM_WORLD);
-    device = node.rank() % count;  // one GPU per local rank
-    cuda::set_device(device);
-    device_text = "cuda:" + std::to_string(device) + " " + cuda::device_name(device);
+    const RankGpu gpu = select_rank_gpu("--backend cuda");
+    device = gpu.device, device_text = gpu.text;
     double device_limit = 0.9 * double(cuda::device_memory_bytes(device));  // the smallest GPU decides, on every rank
     STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &device_limit, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
     check_fits_in_memory("strata-gemm case " + largest + " on the GPU", device_bytes, device_limit,
