@@ -59,7 +59,7 @@ Traffic ring_traffic(Operation operation, std::size_t count, DataType dtype, int
   const int n = static_cast<int>(node_of_rank.size());
   if (rank < 0 || rank >= n) throw std::invalid_argument("ring_traffic: rank out of range");
   const OperationInfo& op = info(operation);
-  if (!op.ring_elements) throw std::invalid_argument("ring_traffic: no ring model for " + std::string(op.name));
+  if (!op.ring_elements) throw std::invalid_argument("ring_traffic: no ring model for " + std::string(name(operation)));
   if (op.rooted) check_root(root, n, "ring_traffic");
   return to_right(op.ring_elements(count, rank, n, root) * size_of(dtype), rank, node_of_rank);
 }

@@ -17,11 +17,9 @@ using Elements = OperationInfo::Elements;
 
 constexpr auto kOperations = std::to_array<OperationInfo>({
     {.operation = Operation::allreduce,
-     .name = "allreduce",
      .reduction = true,
      .rooted = false,
      .elements = [](std::size_t e, int) { return Elements{e, e, e, e}; },
-     .bus_factor = [](int n) { return 2.0 * (n - 1) / n; },
      .in_place = InPlace::same_buffer,
      // Even blocks; the reduce-scatter pass sends every block but mine, the allgather pass every block but my
      // right neighbour's.
@@ -42,11 +40,9 @@ constexpr auto kOperations = std::to_array<OperationInfo>({
        return g.allreduce(algo, a.sendbuf, a.recvbuf, a.count, a.dtype, a.redop, w);
      }},
     {.operation = Operation::allgather,
-     .name = "allgather",
      .reduction = false,
      .rooted = false,
      .elements = [](std::size_t e, int n) { return Elements{e / n, e / n, e / n * n, e / n}; },
-     .bus_factor = [](int n) { return double(n - 1) / n; },
      .in_place = InPlace::send_in_rank_block,
      .ring_elements = [](std::size_t count, int, int n, int) { return static_cast<std::size_t>(n - 1) * count; },
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
@@ -61,11 +57,9 @@ constexpr auto kOperations = std::to_array<OperationInfo>({
        return g.allgather(algo, a.sendbuf, a.recvbuf, a.count, a.dtype, w);
      }},
     {.operation = Operation::reduce_scatter,
-     .name = "reduce_scatter",
      .reduction = true,
      .rooted = false,
      .elements = [](std::size_t e, int n) { return Elements{e / n, e / n * n, e / n, e / n}; },
-     .bus_factor = [](int n) { return double(n - 1) / n; },
      .in_place = InPlace::recv_in_rank_block,
      .ring_elements = [](std::size_t count, int, int n, int) { return static_cast<std::size_t>(n - 1) * count; },
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical},
@@ -81,12 +75,10 @@ constexpr auto kOperations = std::to_array<OperationInfo>({
        return g.reduce_scatter(algo, a.sendbuf, a.recvbuf, a.count, a.dtype, a.redop, w);
      }},
     {.operation = Operation::alltoall,
-     .name = "alltoall",
      .reduction = false,
      .rooted = false,
      // OSU's share of an alltoall is its whole send buffer, as nccl-tests' S.
      .elements = [](std::size_t e, int n) { return Elements{e / n, e / n * n, e / n * n, e / n * n}; },
-     .bus_factor = [](int n) { return double(n - 1) / n; },
      .in_place = InPlace::same_buffer,
      .ring_elements = nullptr,
      .algos = {Algo::library, Algo::ring},
@@ -102,11 +94,9 @@ constexpr auto kOperations = std::to_array<OperationInfo>({
      },
      .start = nullptr},
     {.operation = Operation::broadcast,
-     .name = "broadcast",
      .reduction = false,
      .rooted = true,
      .elements = [](std::size_t e, int) { return Elements{e, e, e, e}; },
-     .bus_factor = [](int) { return 1.0; },
      .in_place = InPlace::same_buffer,
      // A chain from the root: every rank but the last forwards the whole buffer.
      .ring_elements = [](std::size_t count, int rank, int n, int root) -> std::size_t {
@@ -128,11 +118,9 @@ constexpr auto kOperations = std::to_array<OperationInfo>({
        return g.broadcast(algo, a.recvbuf, a.count, a.dtype, a.root, w);
      }},
     {.operation = Operation::reduce,
-     .name = "reduce",
      .reduction = true,
      .rooted = true,
      .elements = [](std::size_t e, int) { return Elements{e, e, e, e}; },
-     .bus_factor = [](int) { return 1.0; },
      .in_place = InPlace::same_buffer,
      .ring_elements = nullptr,
      .algos = {Algo::library, Algo::ring, Algo::recursive_doubling},
@@ -147,11 +135,9 @@ constexpr auto kOperations = std::to_array<OperationInfo>({
      },
      .start = nullptr},
     {.operation = Operation::sendrecv,
-     .name = "sendrecv",
      .reduction = false,
      .rooted = false,
      .elements = [](std::size_t e, int) { return Elements{e, e, e, e}; },
-     .bus_factor = [](int) { return 1.0; },
      .in_place = InPlace::same_buffer,
      .ring_elements = nullptr,
      .algos = {Algo::library, Algo::ring},
@@ -177,19 +163,9 @@ static_assert(in_enum_order(), "one table entry per Operation, in the order of t
 
 const OperationInfo& info(Operation operation) { return kOperations.at(static_cast<std::size_t>(operation)); }
 
-std::string_view name(Operation operation) { return info(operation).name; }
-
-std::optional<Operation> parse_operation(std::string_view text) {
-  for (const OperationInfo& op : kOperations)
-    if (op.name == text) return op.operation;
-  return std::nullopt;
-}
-
 bool is_supported(Operation operation, Algo algo) { return info(operation).algos.has(algo); }
 
 bool is_reduction(Operation operation) { return info(operation).reduction; }
-
-double bus_factor(Operation operation, int n) { return info(operation).bus_factor(n); }
 
 Counts counts_for(Operation operation, std::size_t bytes, std::size_t elem, int n) {
   const Elements e = info(operation).elements(bytes / elem, n);

@@ -7,8 +7,8 @@
 // which the NCCL backend and the NCCL process groups both call, and a static_assert there refuses a table it
 // does not cover.
 //
-// Adding an operation: a value of Operation and kAllOperations, its entry in operations.cpp, its blocking call
-// in algorithms.{h,cpp}, and its NCCL call in nccl_calls.cpp.
+// The operations' names and bus factors are operation.h's vocabulary. Adding an operation: its value there, its
+// entry in operations.cpp, its blocking call in algorithms.{h,cpp}, and its NCCL call in nccl_calls.cpp.
 #pragma once
 
 #include <array>
@@ -16,6 +16,7 @@
 #include <optional>
 #include <string_view>
 
+#include "collectives/operation.h"  // Operation, name, bus_factor
 #include "collectives/types.h"
 #include "collectives/work.h"  // Traffic, Work
 
@@ -30,14 +31,9 @@ enum class Waiting;      // process_group.h
 // hierarchical algorithm on chunks of the buffer, pipelined so the tiers carry data at once). shm: through a
 // segment the ranks of one node share (shm.h), the process groups' only.
 enum class Algo { library, ring, recursive_doubling, hierarchical, horing, shm };
-enum class Operation { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, sendrecv };
 
 inline constexpr auto kAllAlgos = std::to_array<Algo>(
     {Algo::library, Algo::ring, Algo::recursive_doubling, Algo::hierarchical, Algo::horing, Algo::shm});
-// In the order of the enum, as the tables indexed by it (operations.cpp, nccl_calls.cpp) are.
-inline constexpr auto kAllOperations = std::to_array<Operation>(
-    {Operation::allreduce, Operation::allgather, Operation::reduce_scatter, Operation::alltoall, Operation::broadcast,
-     Operation::reduce, Operation::sendrecv});
 
 // A set of algorithms, one bit per Algo.
 class Algos {
@@ -87,7 +83,6 @@ struct CheckSpec {
 
 struct OperationInfo {
   Operation operation;
-  std::string_view name;
   bool reduction;  // takes a RedOp
   bool rooted;     // takes a root
   // The count argument, and the send and receive buffers and OSU's share in elements, for the `elems`
@@ -96,7 +91,6 @@ struct OperationInfo {
     std::size_t count, send, recv, per_rank;
   };
   Elements (*elements)(std::size_t elems, int n);
-  double (*bus_factor)(int n);  // nccl-tests' busbw / algbw
   InPlace in_place;
   // Elements `rank` of n sends to its right neighbour when the operation runs as a ring over the ranks in rank
   // order, for the count argument `count` (process_group.cpp's Algo::ring, which is also nccl_plan.h's model of
@@ -115,11 +109,8 @@ struct OperationInfo {
 
 const OperationInfo& info(Operation operation);
 
-std::string_view name(Operation operation);  // "allreduce", "allgather", "reduce_scatter", ...
-std::optional<Operation> parse_operation(std::string_view text);
 bool is_supported(Operation operation, Algo algo);  // on the blocking path
 bool is_reduction(Operation operation);
-double bus_factor(Operation operation, int n);
 Counts counts_for(Operation operation, std::size_t bytes, std::size_t elem, int n);
 // Offsets of the send and receive buffers, in bytes, inside one allocation of max(send, recv) bytes for
 // an in-place call of `rank` (NCCL's layout).

@@ -289,7 +289,7 @@ ChunkedFit fit_chunked(const SizeSeries& series) {
   return *best;
 }
 
-CollectiveModel fit_collective(CollectiveOp op, const std::string& algorithm, GroupKind group, int ranks,
+CollectiveModel fit_collective(coll::Operation op, const std::string& algorithm, GroupKind group, int ranks,
                                const SizeSeries& series, const std::string& source) {
   CollectiveModel m;
   m.op = op;
@@ -589,7 +589,7 @@ Calibration calibrate(const CalibrationInput& input, const System* base, const s
   if (base && base->device.memory_capacity) s.device.memory_capacity = based_quantity(*base->device.memory_capacity);
 
   // ---- collectives ----
-  using Key = std::tuple<CollectiveOp, std::string, GroupKind, int>;
+  using Key = std::tuple<coll::Operation, std::string, GroupKind, int>;
   std::map<Key, std::vector<std::pair<double, double>>> by_key;
   std::map<Key, bool> emulated;
   for (const CollectiveMeasurement& m : input.collectives) {
@@ -599,9 +599,9 @@ Calibration calibrate(const CalibrationInput& input, const System* base, const s
   }
   for (const auto& [key, points] : by_key) {
     const auto& [op, algorithm, group, ranks] = key;
-    const std::string name = std::string(collective_name(op)) + " " + algorithm + " " + group_kind_name(group) +
+    const std::string name = std::string(coll::name(op)) + " " + algorithm + " " + group_kind_name(group) +
                              " n=" + std::to_string(ranks);
-    const SizeSeries series = series_of(points, bus_factor(op, ranks));
+    const SizeSeries series = series_of(points, coll::bus_factor(op, ranks));
     if (series.bytes.size() < 3) {
       report.push_back(name + ": " + std::to_string(series.bytes.size()) + " size(s), fewer than 3: not fitted");
       continue;
@@ -644,14 +644,14 @@ Calibration calibrate(const CalibrationInput& input, const System* base, const s
     const CollectiveModel* best = nullptr;
     for (const char* algorithm : {"ring", "library"})
       for (const CollectiveModel& m : s.collectives)
-        if (!best && m.group == kind && m.op == CollectiveOp::allreduce && m.algorithm == algorithm) best = &m;
+        if (!best && m.group == kind && m.op == coll::Operation::allreduce && m.algorithm == algorithm) best = &m;
     for (const CollectiveModel& m : s.collectives)
       if (!best && m.group == kind) best = &m;
     if (best) {
       const bool chunked = best->form == CollectiveForm::chunked;
       tier.latency = chunked ? best->chunked.latency : best->ranges.front().model.latency;
       tier.bandwidth = chunked ? best->chunked.bandwidth : best->ranges.back().model.bandwidth;
-      const std::string source = std::string("from the fitted ") + collective_name(best->op) + " " + best->algorithm +
+      const std::string source = std::string("from the fitted ") + std::string(coll::name(best->op)) + " " + best->algorithm +
                                  " (busbw is a ring's link bandwidth)" + (emulated.count({best->op, best->algorithm, kind, best->ranks}) &&
                                  emulated.at({best->op, best->algorithm, kind, best->ranks}) ? "; emulated nodes" : "");
       tier.latency.source = source;

@@ -6,13 +6,13 @@
 // - GEMM and attention: every measured case becomes a point of the description (median seconds, relative spread
 //   (p95 - p05) / (2 median) of its iterations); the efficiency curve behind the roofline is the median efficiency
 //   per quarter decade of FLOPs, its spread the RMS relative deviation of the points from it.
-// - Collectives, per operation, algorithm, group kind and group size: t(S) = alpha + S bus_factor(n) / beta on up
+// - Collectives, per operation, algorithm, group kind and group size: t(S) = alpha + S coll::bus_factor(n) / beta on up
 //   to three size ranges, by weighted least squares on relative residuals (times span decades). The breaks and the
 //   number of ranges come from the Bayesian information criterion (BIC) over every split into ranges of at least
 //   three sizes; a range more is kept only when it lowers the BIC by more than 10 (very strong evidence: the best of
 //   many splits otherwise fits noise). alpha >= 0 on the first range; a later range's line may cross zero below it
 //   (a steeper piece, where buffers leave a cache) if it is positive where the range starts. Beside it Echo's
-//   chunked form t = a + ceil(x / C) c + x / beta, x = S bus_factor(n), for chunk sizes C of 4 KiB to 4 MiB, kept
+//   chunked form t = a + ceil(x / C) c + x / beta, x = S coll::bus_factor(n), for chunk sizes C of 4 KiB to 4 MiB, kept
 //   when its BIC is lower by more than 10 too; both residuals are recorded. alpha and beta carry the relative
 //   standard errors of the fit, each range its RMS relative residual.
 // - The contention of concurrent groups and the overlap slowdowns: the median over cases of (slowdown - 1), its
@@ -65,7 +65,7 @@ struct ChunkedFit {
 ChunkedFit fit_chunked(const SizeSeries& series);
 
 // Both forms on one series; the one kept by BIC, both residuals in `compared`.
-CollectiveModel fit_collective(CollectiveOp op, const std::string& algorithm, GroupKind group, int ranks,
+CollectiveModel fit_collective(coll::Operation op, const std::string& algorithm, GroupKind group, int ranks,
                                const SizeSeries& series, const std::string& source);
 
 // (flops, achieved fraction of peak) per measured call -> the curve; its spread is at least `measurement_spread`
@@ -107,7 +107,7 @@ struct AttentionMeasurement {
 };
 
 struct CollectiveMeasurement {
-  CollectiveOp op = CollectiveOp::allreduce;
+  coll::Operation op = coll::Operation::allreduce;
   std::string algorithm;
   GroupKind group = GroupKind::intra_node;
   int ranks = 0;

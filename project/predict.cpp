@@ -350,7 +350,7 @@ class CompactRuns {
                                                        : OpKind::recv;
     if (t.kind == train::TraceOpKind::collective) {
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
-      op.collective = collective_of(t.collective);
+      op.collective = t.collective;
       op.group = t.group;
       op.bytes = collective_bytes(t, size, options.element_bytes);
       op.stream = communication_stream(t.group);

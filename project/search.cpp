@@ -230,7 +230,7 @@ Workload compact_workload(const System& system, const train::StepTrace& trace, c
         case train::TraceOpKind::collective: {
           const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
           op.kind = OpKind::collective;
-          op.collective = collective_of(t.collective);
+          op.collective = t.collective;
           op.group = t.group;
           op.bytes = collective_bytes(t, size, options.element_bytes);
           op.stream = communication_stream(t.group);
@@ -312,7 +312,7 @@ std::vector<GroupPlacement> group_placements(const System& system, const train::
 double collective_duration(const System& system, const train::StepTrace& trace, const train::TraceOp& t,
                            const WorkloadOptions& options, const std::vector<GroupPlacement>& placements) {
   const GroupPlacement& g = placements.at(static_cast<std::size_t>(t.group));
-  return system.collective_seconds(collective_of(t.collective), costed_algorithm(trace, t, options), g.kind,
+  return system.collective_seconds(t.collective, costed_algorithm(trace, t, options), g.kind,
                                    collective_bytes(t, g.size, options.element_bytes), g.size, g.per_node);
 }
 

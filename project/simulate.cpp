@@ -74,7 +74,7 @@ Op elementwise_op(std::string name, double bytes) {
   return op;
 }
 
-Op collective_op(std::string name, CollectiveOp collective, int group, double bytes) {
+Op collective_op(std::string name, coll::Operation collective, int group, double bytes) {
   Op op;
   op.name = std::move(name);
   op.kind = OpKind::collective;
@@ -431,8 +431,8 @@ class Simulator {
           const Op& y = b.ops[static_cast<size_t>(ops[q])];
           if (x.collective != y.collective || x.bytes != y.bytes || x.algorithm != y.algorithm)
             refuse("group " + std::to_string(group) + " collective #" + std::to_string(q) + ": " +
-                   where(a, first_ops[q]) + " is a " + collective_name(x.collective) + " of " +
-                   std::to_string(x.bytes) + " B, " + where(b, ops[q]) + " a " + collective_name(y.collective) +
+                   where(a, first_ops[q]) + " is a " + std::string(coll::name(x.collective)) + " of " +
+                   std::to_string(x.bytes) + " B, " + where(b, ops[q]) + " a " + std::string(coll::name(y.collective)) +
                    " of " + std::to_string(y.bytes) + " B");
         }
       }

@@ -14,7 +14,7 @@
 //   each member's list). It starts when the last traced member reaches it and ends at the same time on every
 //   member: the system's model of that operation and algorithm for the group's kind (all n members on one node
 //   (rank / devices_per_node): intra_node; one per node: inter_node; else hierarchical), else alpha + S *
-//   bus_factor(n) / beta on the intra-node tier when all share a node, else on the inter-node tier
+//   coll::bus_factor(n) / beta on the intra-node tier when all share a node, else on the inter-node tier
 //   (System::collective_seconds). Members that are not traced are stood for by a traced rank
 //   with the same graph (symmetry), so they reach it no later than the traced ones.
 // - The k-th send from rank a to rank b matches the k-th recv on b from a. A send takes latency + bytes /
@@ -67,7 +67,7 @@ struct Op {
   bool unfused = false;
   std::string dtype;
   double bytes = 0;  // elementwise: bytes read and written; collective: S of docs/metrics.md; send/recv: payload
-  CollectiveOp collective = CollectiveOp::allreduce;
+  coll::Operation collective = coll::Operation::allreduce;
   std::string algorithm = "ring";  // as strata-collective names it; the system's model of it, else its tier's ring
   int group = -1;  // collective
   int peer = -1;   // send: destination rank; recv: source rank
@@ -78,7 +78,7 @@ Op gemm_op(std::string name, std::int64_t m, std::int64_t n, std::int64_t k, std
 Op attention_op(std::string name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
                 std::int64_t head_dim, bool causal, bool backward, std::string dtype);
 Op elementwise_op(std::string name, double bytes);
-Op collective_op(std::string name, CollectiveOp op, int group, double bytes);  // on communication_stream(group)
+Op collective_op(std::string name, coll::Operation op, int group, double bytes);  // on communication_stream(group)
 Op send_op(std::string name, int peer, double bytes, int stream = kComputeStream);
 Op recv_op(std::string name, int peer, double bytes, int stream = kComputeStream);
 

@@ -174,51 +174,27 @@ std::string elementwise_kernel_of(const std::string& op_name) {
   return kernel == kernels.end() ? "" : kernel->second;
 }
 
-const char* collective_name(CollectiveOp op) {
-  switch (op) {
-    case CollectiveOp::allreduce: return "allreduce";
-    case CollectiveOp::allgather: return "allgather";
-    case CollectiveOp::reduce_scatter: return "reduce_scatter";
-    case CollectiveOp::alltoall: return "alltoall";
-    case CollectiveOp::broadcast: return "broadcast";
-    case CollectiveOp::reduce: return "reduce";
-  }
-  return "?";
+std::vector<coll::Operation> all_collectives() {
+  std::vector<coll::Operation> modelled;
+  for (coll::Operation op : coll::kAllOperations)
+    if (op != coll::Operation::sendrecv) modelled.push_back(op);
+  return modelled;
 }
 
-std::vector<CollectiveOp> all_collectives() {
-  return {CollectiveOp::allreduce, CollectiveOp::allgather, CollectiveOp::reduce_scatter,
-          CollectiveOp::alltoall,  CollectiveOp::broadcast, CollectiveOp::reduce};
+std::optional<coll::Operation> collective_from_name(const std::string& name) {
+  const std::optional<coll::Operation> op = coll::parse_operation(name);
+  return op && *op != coll::Operation::sendrecv ? op : std::nullopt;
 }
 
-std::optional<CollectiveOp> collective_from_name(const std::string& name) {
-  for (CollectiveOp op : all_collectives())
-    if (name == collective_name(op)) return op;
-  return std::nullopt;
-}
-
-double bus_factor(CollectiveOp op, int ranks) {
-  const double n = ranks;
-  switch (op) {
-    case CollectiveOp::allreduce: return 2 * (n - 1) / n;
-    case CollectiveOp::allgather:
-    case CollectiveOp::reduce_scatter:
-    case CollectiveOp::alltoall: return (n - 1) / n;
-    case CollectiveOp::broadcast:
-    case CollectiveOp::reduce: return 1;
-  }
-  return 1;
-}
-
-LatencyBandwidth NetworkTier::model(CollectiveOp op) const {
+LatencyBandwidth NetworkTier::model(coll::Operation op) const {
   const auto it = collectives.find(op);
   return it != collectives.end() ? it->second : LatencyBandwidth{latency, bandwidth};
 }
 
-double NetworkTier::collective_seconds(CollectiveOp op, double bytes, int ranks) const {
+double NetworkTier::collective_seconds(coll::Operation op, double bytes, int ranks) const {
   if (ranks <= 1) return 0;  // a group of one moves nothing
   const LatencyBandwidth m = model(op);
-  return m.latency.value + bytes * bus_factor(op, ranks) / m.bandwidth.value;
+  return m.latency.value + bytes * coll::bus_factor(op, ranks) / m.bandwidth.value;
 }
 
 double NetworkTier::transfer_seconds(double bytes) const { return latency.value + bytes / bandwidth.value; }
@@ -258,7 +234,7 @@ const char* collective_form_name(CollectiveForm form) {
 
 double CollectiveModel::seconds(double bytes, int group_ranks) const {
   if (group_ranks <= 1) return 0;  // a group of one moves nothing
-  const double x = bytes * bus_factor(op, group_ranks);
+  const double x = bytes * coll::bus_factor(op, group_ranks);
   if (form == CollectiveForm::chunked)
     return chunked.latency.value + std::ceil(x / chunked.chunk_bytes) * chunked.per_chunk.value +
            x / chunked.bandwidth.value;
@@ -268,7 +244,7 @@ double CollectiveModel::seconds(double bytes, int group_ranks) const {
   return ranges.back().model.latency.value + x / ranges.back().model.bandwidth.value;
 }
 
-const CollectiveModel* System::find_collective(CollectiveOp op, const std::string& algorithm, GroupKind kind,
+const CollectiveModel* System::find_collective(coll::Operation op, const std::string& algorithm, GroupKind kind,
                                                int ranks) const {
   const CollectiveModel* best = nullptr;
   double best_distance = 0;
@@ -282,7 +258,7 @@ const CollectiveModel* System::find_collective(CollectiveOp op, const std::strin
   return best;
 }
 
-double System::collective_seconds(CollectiveOp op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
+double System::collective_seconds(coll::Operation op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
                                   int per_node) const {
   if (ranks <= 1) return 0;
   if (const CollectiveModel* m = find_collective(op, algorithm, kind, ranks)) return m->seconds(bytes, ranks);
@@ -290,7 +266,7 @@ double System::collective_seconds(CollectiveOp op, const std::string& algorithm,
   if (kind == GroupKind::inter_node || per_node <= 1) return inter_node.collective_seconds(op, bytes, ranks);
   const LatencyBandwidth across = inter_node.model(op), inside = intra_node.model(op);
   const double bandwidth = std::min(inside.bandwidth.value, per_node * across.bandwidth.value);
-  return across.latency.value + bytes * bus_factor(op, ranks) / bandwidth;
+  return across.latency.value + bytes * coll::bus_factor(op, ranks) / bandwidth;
 }
 
 namespace {
@@ -407,7 +383,7 @@ std::optional<std::string> check_collective(const std::string& field, const Coll
         if (!std::isfinite(r.model.latency.value))
           return f + ".latency must be a number (got " + number(r.model.latency.value) + ")";
         if (auto p = check_spread(f + ".latency", r.model.latency.relative_spread)) return p;
-        const double start = m.ranges[i - 1].up_to_bytes * bus_factor(m.op, std::max(m.ranks, 2));
+        const double start = m.ranges[i - 1].up_to_bytes * coll::bus_factor(m.op, std::max(m.ranks, 2));
         if (r.model.latency.value + start / r.model.bandwidth.value <= 0)
           return f + ".latency makes the time at the range's start (" + number(m.ranges[i - 1].up_to_bytes) +
                  " B) negative (got " + number(r.model.latency.value) + " s)";
@@ -425,7 +401,7 @@ std::optional<std::string> check_tier(const std::string& field, const NetworkTie
   if (auto p = check_positive(field + ".bandwidth", tier.bandwidth)) return p;
   if (auto p = check_non_negative(field + ".latency", tier.latency)) return p;
   for (const auto& [op, m] : tier.collectives) {
-    const std::string f = field + ".collectives." + collective_name(op);
+    const std::string f = field + ".collectives." + std::string(coll::name(op));
     if (auto p = check_non_negative(f + ".latency", m.latency)) return p;
     if (auto p = check_positive(f + ".bandwidth", m.bandwidth)) return p;
   }
@@ -461,13 +437,13 @@ std::optional<std::string> find_problem(const System& system) {
     if (auto p = check_non_negative("device.kernel_overhead", *d.kernel_overhead)) return p;
   if (auto p = check_tier("network.intra_node", system.intra_node)) return p;
   if (auto p = check_tier("network.inter_node", system.inter_node)) return p;
-  std::set<std::tuple<CollectiveOp, std::string, GroupKind, int>> seen;
+  std::set<std::tuple<coll::Operation, std::string, GroupKind, int>> seen;
   for (size_t i = 0; i < system.collectives.size(); ++i) {
     const CollectiveModel& m = system.collectives[i];
     const std::string f = "collectives[" + std::to_string(i) + "]";
     if (auto p = check_collective(f, m)) return p;
     if (!seen.emplace(m.op, m.algorithm, m.group, m.ranks).second)
-      return f + " repeats an earlier entry's operation, algorithm, group and ranks (" + collective_name(m.op) + ", " +
+      return f + " repeats an earlier entry's operation, algorithm, group and ranks (" + std::string(coll::name(m.op)) + ", " +
              m.algorithm + ", " + group_kind_name(m.group) + ", " + std::to_string(m.ranks) + ")";
   }
   if (system.collective_contention)

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "collectives/operation.h"
+
 namespace strata::project {
 
 // Version 2 adds measured GEMM and attention points, attention efficiency curves, fitted collective models per
@@ -128,19 +130,14 @@ struct Device {
 // ops (embedding, positions, cross-entropy, zeroing, the gradient norm).
 std::string elementwise_kernel_of(const std::string& op_name);
 
-// The collectives the cost model knows, with the nccl-tests bus factors of docs/metrics.md.
-enum class CollectiveOp { allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce };
+// The collectives a description models: the operations of collectives/operation.h's vocabulary but sendrecv (a
+// description's point-to-point is its tiers' latency and bandwidth), by their names there. Their bytes through each
+// rank's link per byte of S are coll::bus_factor's, nccl-tests' (docs/metrics.md: S is one rank's buffer for
+// allreduce, the whole gathered buffer for allgather and reduce_scatter).
+std::vector<coll::Operation> all_collectives();
+std::optional<coll::Operation> collective_from_name(const std::string& name);
 
-const char* collective_name(CollectiveOp op);
-std::optional<CollectiveOp> collective_from_name(const std::string& name);
-std::vector<CollectiveOp> all_collectives();
-
-// Bytes through each rank's link per byte of S (docs/metrics.md: S is one rank's buffer for allreduce, the whole
-// gathered buffer for allgather and reduce_scatter): 2(n-1)/n for allreduce, (n-1)/n for allgather,
-// reduce_scatter and alltoall, 1 for broadcast and reduce.
-double bus_factor(CollectiveOp op, int ranks);
-
-// alpha + S * bus_factor(n) / beta: a ring's latency-bandwidth model.
+// alpha + S * coll::bus_factor(n) / beta: a ring's latency-bandwidth model.
 struct LatencyBandwidth {
   Quantity latency;    // alpha, s
   Quantity bandwidth;  // beta, B/s per rank's link
@@ -151,11 +148,11 @@ struct LatencyBandwidth {
 struct NetworkTier {
   Quantity bandwidth;  // B/s per device, one direction
   Quantity latency;    // s
-  std::map<CollectiveOp, LatencyBandwidth> collectives;
+  std::map<coll::Operation, LatencyBandwidth> collectives;
   std::string source;  // how the tier was described: spec sheet, measured, emulated on one machine, not measured
 
-  LatencyBandwidth model(CollectiveOp op) const;
-  double collective_seconds(CollectiveOp op, double bytes, int ranks) const;
+  LatencyBandwidth model(coll::Operation op) const;
+  double collective_seconds(coll::Operation op, double bytes, int ranks) const;
   double transfer_seconds(double bytes) const;
 };
 
@@ -170,7 +167,7 @@ GroupKind group_kind_of(const std::vector<int>& node_of_member);
 // The fewest members the group has on any of its nodes (1 for a group of one member per node).
 int members_per_node(const std::vector<int>& node_of_member);
 
-// alpha + S * bus_factor(n) / beta for the sizes S up to `up_to_bytes` (above the previous range's).
+// alpha + S * coll::bus_factor(n) / beta for the sizes S up to `up_to_bytes` (above the previous range's).
 struct SizeRange {
   double up_to_bytes = std::numeric_limits<double>::infinity();  // S, B; infinite for the last range
   LatencyBandwidth model;
@@ -178,7 +175,7 @@ struct SizeRange {
   int sizes = 0;        // measured sizes the range was fitted on (0: written by hand)
 };
 
-// Echo's chunked form on one tier (docs/strategies.md#projection-echo): the bus bytes x = S * bus_factor(n) move in
+// Echo's chunked form on one tier (docs/strategies.md#projection-echo): the bus bytes x = S * coll::bus_factor(n) move in
 // ceil(x / chunk_bytes) chunks; t = latency + chunks * per_chunk + x / bandwidth.
 struct ChunkedModel {
   Quantity latency;        // s
@@ -194,7 +191,7 @@ const char* collective_form_name(CollectiveForm form);
 
 // One collective's time on one algorithm and group kind, fitted from measured sizes (or written by hand).
 struct CollectiveModel {
-  CollectiveOp op = CollectiveOp::allreduce;
+  coll::Operation op = coll::Operation::allreduce;
   std::string algorithm;  // as strata-collective names it: library, ring, hierarchical, horing, shm, ...
   GroupKind group = GroupKind::intra_node;
   int ranks = 0;          // the group size it was measured at; other sizes scale through the bus factor
@@ -231,9 +228,9 @@ struct System {
   // with `per_node` members on each node crosses nodes on all their NICs at once, as NCCL's rings and trees do on
   // rail-optimised nodes: latency of the inter-node tier + S x bus_factor / min(intra-node bandwidth, per_node x
   // inter-node bandwidth) (with one member per node, the inter-node tier's own model).
-  double collective_seconds(CollectiveOp op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
+  double collective_seconds(coll::Operation op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
                             int per_node = 1) const;
-  const CollectiveModel* find_collective(CollectiveOp op, const std::string& algorithm, GroupKind kind,
+  const CollectiveModel* find_collective(coll::Operation op, const std::string& algorithm, GroupKind kind,
                                          int ranks) const;
 };
 

@@ -5,20 +5,10 @@
 
 namespace strata::project {
 
-CollectiveOp collective_of(train::TraceCollective c) {
-  switch (c) {
-    case train::TraceCollective::allreduce: return CollectiveOp::allreduce;
-    case train::TraceCollective::allgather: return CollectiveOp::allgather;
-    case train::TraceCollective::reduce_scatter: return CollectiveOp::reduce_scatter;
-    case train::TraceCollective::broadcast: return CollectiveOp::broadcast;
-  }
-  return CollectiveOp::allreduce;
-}
-
 const std::string& costed_algorithm(const train::StepTrace& trace, const train::TraceOp& op,
                                     const WorkloadOptions& options) {
   if (options.sharding_algorithm.empty() || op.kind != train::TraceOpKind::collective) return op.algorithm;
-  if (op.collective != train::TraceCollective::allgather && op.collective != train::TraceCollective::reduce_scatter)
+  if (op.collective != coll::Operation::allgather && op.collective != coll::Operation::reduce_scatter)
     return op.algorithm;
   const std::string& role = trace.groups.at(static_cast<std::size_t>(op.group)).role;
   return role.rfind("dp", 0) == 0 ? options.sharding_algorithm : op.algorithm;  // dp, dp_intra, dp_inter, dp_by_piece
@@ -35,7 +25,7 @@ int element_bytes_of(const train::TraceOp& op, int element_bytes) {
 
 double collective_bytes(const train::TraceOp& op, int group_size, int element_bytes) {
   const double block = op.count * element_bytes_of(op, element_bytes);
-  const bool whole = op.collective == train::TraceCollective::allgather || op.collective == train::TraceCollective::reduce_scatter;
+  const bool whole = op.collective == coll::Operation::allgather || op.collective == coll::Operation::reduce_scatter;
   return whole ? block * group_size : block;
 }
 
@@ -51,7 +41,7 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
     case train::TraceOpKind::elementwise: op = elementwise_op(t.name, t.elements * options.element_bytes); break;
     case train::TraceOpKind::collective: {
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
-      op = collective_op(t.name, collective_of(t.collective), t.group, collective_bytes(t, size, options.element_bytes));
+      op = collective_op(t.name, t.collective, t.group, collective_bytes(t, size, options.element_bytes));
       op.algorithm = costed_algorithm(trace, t, options);
       break;
     }

@@ -33,8 +33,6 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& op, const Wo
 // or reduce-scatter where it is set, else the traced one.
 const std::string& costed_algorithm(const train::StepTrace& trace, const train::TraceOp& op,
                                     const WorkloadOptions& options);
-// The simulator's collective for a traced one.
-CollectiveOp collective_of(train::TraceCollective c);
 // GEMM, attention and elementwise ops run on the compute stream; the rest communicate.
 bool is_compute(train::TraceOpKind kind);
 // A traced element's bytes in the predicted step: the step's floats at `element_bytes`, others (fp64 scalars) as

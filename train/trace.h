@@ -4,17 +4,18 @@
 // The executor itself emits it in trace mode (Trainer's traced constructor): the same code decides what a measured
 // step runs and what a traced one contains. The projection (project/) turns it into the simulator's workload.
 //
-// Plain data, no MPI: the projection reads it.
+// Plain data, no MPI: the projection reads it (the operations by their one vocabulary, collectives/operation.h).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "collectives/operation.h"
+
 namespace strata::train {
 
 enum class TraceOpKind { gemm, attention, elementwise, collective, send, recv };
-enum class TraceCollective { allreduce, allgather, reduce_scatter, broadcast };
 
 struct TraceOp {
   TraceOpKind kind = TraceOpKind::elementwise;
@@ -38,7 +39,7 @@ struct TraceOp {
   // each rank's block; reduce_scatter: each rank's result) and element size, the algorithm's name; for send and
   // recv the peer's world rank.
   int group = -1;
-  TraceCollective collective = TraceCollective::allreduce;
+  coll::Operation collective = coll::Operation::allreduce;  // allreduce, allgather, reduce_scatter or broadcast
   double count = 0;
   int element_bytes = 4;
   std::string algorithm;

@@ -77,13 +77,13 @@ coll::Work Tracer::collective(const coll::Group& group, coll::Operation operatio
   op.kind = TraceOpKind::collective, op.group = groups_.id(group), op.count = static_cast<double>(count);
   op.element_bytes = static_cast<int>(coll::size_of(dtype)), op.algorithm = coll::name(algo);
   switch (operation) {
-    case coll::Operation::allreduce: op.collective = TraceCollective::allreduce; break;
-    case coll::Operation::allgather: op.collective = TraceCollective::allgather; break;
-    case coll::Operation::reduce_scatter: op.collective = TraceCollective::reduce_scatter; break;
-    case coll::Operation::broadcast: op.collective = TraceCollective::broadcast; break;
-    default: throw std::invalid_argument("a traced step runs no " + std::string(coll::info(operation).name));
+    case coll::Operation::allreduce:
+    case coll::Operation::allgather:
+    case coll::Operation::reduce_scatter:
+    case coll::Operation::broadcast: op.collective = operation; break;
+    default: throw std::invalid_argument("a traced step runs no " + std::string(coll::name(operation)));
   }
-  op.name = next_name_.empty() ? group.name() + " " + std::string(coll::info(operation).name) : std::exchange(next_name_, {});
+  op.name = next_name_.empty() ? group.name() + " " + std::string(coll::name(operation)) : std::exchange(next_name_, {});
   const int index = add(std::move(op));
   return pending(&done_[static_cast<std::size_t>(index)]);
 }
@@ -135,7 +135,7 @@ int overlap_tensor_parallel_communication(StepTrace& trace) {
       TraceOp& op = ops[static_cast<std::size_t>(i)];
       if (op.kind != TraceOpKind::collective || op.group < 0 || trace.groups.at(static_cast<std::size_t>(op.group)).role != "tp")
         continue;
-      if (op.collective == TraceCollective::allgather) {
+      if (op.collective == coll::Operation::allgather) {
         // The first compute op that waits for the gather: a GEMM runs beside it, the op after the GEMM waits.
         int reader = next_compute[static_cast<std::size_t>(i)];
         while (reader >= 0 && std::find(ops[static_cast<std::size_t>(reader)].depends_on.begin(),
@@ -149,7 +149,7 @@ int overlap_tensor_parallel_communication(StepTrace& trace) {
         waits.erase(std::remove(waits.begin(), waits.end(), i), waits.end());
         add_dependency(ops[static_cast<std::size_t>(after)], i);
         ++moved;
-      } else if (op.collective == TraceCollective::reduce_scatter) {
+      } else if (op.collective == coll::Operation::reduce_scatter) {
         // The GEMM whose output it reduces: the collective starts when the GEMM could.
         const int producer = previous_compute[static_cast<std::size_t>(i)];
         if (producer < 0 || ops[static_cast<std::size_t>(producer)].kind != TraceOpKind::gemm ||
@@ -178,7 +178,7 @@ int overlap_parameter_gathers(StepTrace& trace) {
     std::vector<std::size_t> order;  // the gathers first, then every other op, each in its order
     for (std::size_t i = 0; i < n; ++i) {
       const TraceOp& op = ops[i];
-      gather[i] = op.kind == TraceOpKind::collective && op.collective == TraceCollective::allgather &&
+      gather[i] = op.kind == TraceOpKind::collective && op.collective == coll::Operation::allgather &&
                   op.phase == "optimizer" && op.unit >= 0;
       if (gather[i]) order.push_back(i);
     }

@@ -354,7 +354,7 @@ class Collector {
       });
       for (const auto& m : chosen->second) out_.input.collectives.push_back(m);
       if (by_mode.size() > 1)
-        out_.notes.push_back(std::string(project::collective_name(std::get<0>(key))) + " " + std::get<1>(key) +
+        out_.notes.push_back(std::string(coll::name(std::get<0>(key))) + " " + std::get<1>(key) +
                              ": timed in more than one mode; the " + chosen->first + " cases are fitted");
     }
     std::map<GroupKind, std::map<std::string, std::vector<project::TransferMeasurement>>> transfers_by_kind;
@@ -431,7 +431,7 @@ class Collector {
   std::map<std::string, std::string> peak_sources_;
   std::map<std::string, project::Quantity> gpu_peaks_;
   std::vector<std::pair<double, double>> memory_;  // per device: bandwidth, triad's fraction of it
-  std::map<std::tuple<project::CollectiveOp, std::string, GroupKind, int>,
+  std::map<std::tuple<coll::Operation, std::string, GroupKind, int>,
            std::map<std::string, std::vector<project::CollectiveMeasurement>>> collectives_;
   std::map<std::pair<GroupKind, std::string>, std::vector<project::TransferMeasurement>> transfers_;
   std::map<std::string, int> used_;

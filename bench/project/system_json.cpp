@@ -41,7 +41,7 @@ ordered_json tier_to_json(const project::NetworkTier& tier) {
   if (!tier.collectives.empty()) {
     ordered_json collectives = ordered_json::object();
     for (const auto& [op, model] : tier.collectives)
-      collectives[project::collective_name(op)] = {{"latency", quantity_to_json(model.latency)},
+      collectives[std::string(coll::name(op))] = {{"latency", quantity_to_json(model.latency)},
                                                    {"bandwidth", quantity_to_json(model.bandwidth)}};
     out["collectives"] = collectives;
   }
@@ -76,7 +76,7 @@ ordered_json compute_to_json(const project::ComputePeak& peak) {
 }
 
 ordered_json collective_to_json(const project::CollectiveModel& m) {
-  ordered_json out = {{"operation", project::collective_name(m.op)}, {"algorithm", m.algorithm},
+  ordered_json out = {{"operation", std::string(coll::name(m.op))}, {"algorithm", m.algorithm},
                       {"group", project::group_kind_name(m.group)}, {"ranks", m.ranks},
                       {"form", project::collective_form_name(m.form)}};
   if (m.form == project::CollectiveForm::chunked) {

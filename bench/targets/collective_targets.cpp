@@ -233,9 +233,9 @@ int run_targets(int argc, char** argv) {
       const double ratio = median_of(ratios);
       if (ratio > worst_latency_ratio) {
         worst_latency_ratio = ratio;
-        worst_latency_case = std::string(op.name) + " " + human_bytes(bytes);
+        worst_latency_case = std::string(coll::name(operation)) + " " + human_bytes(bytes);
       }
-      say("%-15s %10zu %7d %7zu %12.3f %12.3f %10.3f  %s\n", std::string(op.name).c_str(), bytes, latency_iters,
+      say("%-15s %10zu %7d %7zu %12.3f %12.3f %10.3f  %s\n", std::string(coll::name(operation)).c_str(), bytes, latency_iters,
           ratios.size(), median_of(bare) * 1e6, median_of(strata) * 1e6, ratio,
           judge_latency ? (ratio <= 1.1 ? "PASS" : "MISS") : "");
     }

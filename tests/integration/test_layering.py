@@ -16,16 +16,18 @@ SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh")
 MPI = re.compile(r"^mpi\.h$")
 NCCL = re.compile(r"^nccl\.h$")
 HDF5 = re.compile(r"^(hdf5\.h|H5[A-Za-z_]*\.h)$")
-GLPK = re.compile(r"^glpk\.h$")  # the placement solver of train/recompute_placement: train's alone
+GLPK = re.compile(r"^glpk\.h$")
+COLLECTIVES_BUT_VOCABULARY = re.compile(r"^collectives/(?!operation\.h$)")  # the placement solver of train/recompute_placement: train's alone
 FORBIDDEN = {
     "kernels": {"bench/": None, "collectives/": None, "results/": None, "train/": None, "MPI": MPI, "NCCL": NCCL,
                 "HDF5": HDF5, "GLPK": GLPK},
     "collectives": {"bench/": None, "results/": None, "train/": None, "HDF5": HDF5, "GLPK": GLPK},
     "results": {"bench/": None, "kernels/": None, "collectives/": None, "train/": None, "GLPK": GLPK},
     "train": {"bench/": None, "results/": None, "HDF5": HDF5},
-    # The projection computes from what it is given: no files (bench, HDF5), no MPI, no device libraries.
-    "project": {"bench/": None, "results/": None, "kernels/": None, "collectives/": None, "MPI": MPI, "NCCL": NCCL,
-                "HDF5": HDF5, "GLPK": GLPK},
+    # The projection computes from what it is given: no files (bench, HDF5), no MPI, no device libraries; of the
+    # collectives it knows their vocabulary alone (collectives/operation.h: names and bus factors, no code).
+    "project": {"bench/": None, "results/": None, "kernels/": None, "collectives/": COLLECTIVES_BUT_VOCABULARY,
+                "MPI": MPI, "NCCL": NCCL, "HDF5": HDF5, "GLPK": GLPK},
     # Inside bench/: the harness under everything, the benchmark problems on it, the projection's front ends on both;
     # programs and targets on top, neither including the other.
     "bench/harness": {"bench/cases/": None, "bench/project/": None, "bench/programs/": None, "bench/targets/": None},
@@ -79,6 +81,8 @@ def test_the_check_itself_catches_each_kind_of_violation():
     assert violations("project", "p.cpp", "#include <mpi.h>\n")
     assert violations("project", "p.cpp", "#include <hdf5.h>\n")
     assert not violations("project", "p.cpp", '#include "project/system.h"\n#include "train/model_config.h"\n')
+    assert violations("project", "p.cpp", '#include "collectives/operations.h"\n')
+    assert not violations("project", "p.cpp", '#include "collectives/operation.h"\n')
     assert not violations("kernels", "k.cpp", "#include <cblas.h>\n// #include is fine in prose: mpi.h\n")
 
 
@@ -119,3 +123,10 @@ def test_cmake_targets_follow_the_layers():
     assert not problems, "\n".join(problems)
     # The solver the placement needs is the training layer's own dependency.
     assert "GLPK_LIBRARY" in links["strata_train"], "strata_train does not link GLPK"
+
+
+def test_the_collectives_vocabulary_depends_on_nothing():
+    # The projection may include it only because it brings nothing of the collectives layer with it.
+    with open(os.path.join(ROOT, "collectives", "operation.h"), encoding="utf-8") as f:
+        headers = INCLUDE.findall(f.read())
+    assert headers and all("/" not in h and not h.endswith(".h") for h in headers), headers

@@ -122,7 +122,7 @@ TEST(CalibrateFits, EchosChunkedFormIsKeptWhereTheTimesStepPerChunk) {
     series.bytes.push_back(s);
     series.seconds.push_back(2e-6 + std::ceil(x / 262144) * 40e-6 + x / 50e9);
   }
-  const CollectiveModel m = fit_collective(CollectiveOp::allreduce, "ring", GroupKind::inter_node, 4, series, "test");
+  const CollectiveModel m = fit_collective(coll::Operation::allreduce, "ring", GroupKind::inter_node, 4, series, "test");
   ASSERT_EQ(m.form, CollectiveForm::chunked) << m.source;
   EXPECT_EQ(m.chunked.chunk_bytes, 262144);
   EXPECT_LT(relative_error(m.chunked.per_chunk.value, 40e-6), 1e-3);
@@ -225,31 +225,31 @@ TEST(CalibratedLookups, AttentionTakesItsPointThenItsPassCurve) {
 TEST(CalibratedLookups, CollectivesTakeTheirRangeAndNearestGroupSizeElseTheTier) {
   System s = small_system();
   CollectiveModel m;
-  m.op = CollectiveOp::allreduce;
+  m.op = coll::Operation::allreduce;
   m.algorithm = "ring";
   m.group = GroupKind::intra_node;
   m.ranks = 2;
   m.ranges = {{4096, {{1e-6, 0, ""}, {1e9, 0, ""}}, 0, 3}, {INFINITY, {{5e-6, 0, ""}, {4e9, 0, ""}}, 0, 3}};
   s.collectives.push_back(m);
   // n = 2: bus factor 1.
-  EXPECT_DOUBLE_EQ(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::intra_node, 4096, 2), 1e-6 + 4096 / 1e9);
-  EXPECT_DOUBLE_EQ(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::intra_node, 8192, 2), 5e-6 + 8192 / 4e9);
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 4096, 2), 1e-6 + 4096 / 1e9);
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 8192, 2), 5e-6 + 8192 / 4e9);
   // n = 4 scales through the bus factor 1.5.
-  EXPECT_DOUBLE_EQ(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::intra_node, 8192, 4),
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 8192, 4),
                    5e-6 + 8192 * 1.5 / 4e9);
   // A measured n = 8 is nearer to 6 than n = 2.
   CollectiveModel eight = m;
   eight.ranks = 8;
   eight.ranges = {{INFINITY, {{9e-6, 0, ""}, {2e9, 0, ""}}, 0, 3}};
   s.collectives.push_back(eight);
-  EXPECT_EQ(s.find_collective(CollectiveOp::allreduce, "ring", GroupKind::intra_node, 6)->ranks, 8);
-  EXPECT_EQ(s.find_collective(CollectiveOp::allreduce, "ring", GroupKind::intra_node, 3)->ranks, 2);
+  EXPECT_EQ(s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 6)->ranks, 8);
+  EXPECT_EQ(s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 3)->ranks, 2);
   // Another algorithm, or kind: the tier. A hierarchical group takes the inter-node tier.
-  EXPECT_DOUBLE_EQ(s.collective_seconds(CollectiveOp::allreduce, "library", GroupKind::intra_node, 1e6, 2),
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "library", GroupKind::intra_node, 1e6, 2),
                    1e-6 + 1e6 / 100e9);
-  EXPECT_DOUBLE_EQ(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 1e6, 2),
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::hierarchical, 1e6, 2),
                    10e-6 + 1e6 / 10e9);
-  EXPECT_EQ(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::intra_node, 1e6, 1), 0);
+  EXPECT_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 1e6, 1), 0);
   EXPECT_EQ(group_kind_of({0, 0, 0}), GroupKind::intra_node);
   EXPECT_EQ(group_kind_of({0, 1, 2}), GroupKind::inter_node);
   EXPECT_EQ(group_kind_of({0, 0, 1, 1}), GroupKind::hierarchical);
@@ -265,7 +265,7 @@ System full_system() {
   c.attention_efficiency["fwd"] = {{{1e6, 0.3}, {1e9, 0.6}}, 0.05, "fitted"};
   s.intra_node.source = "measured";
   CollectiveModel ranges;
-  ranges.op = CollectiveOp::reduce_scatter;
+  ranges.op = coll::Operation::reduce_scatter;
   ranges.algorithm = "library";
   ranges.group = GroupKind::hierarchical;
   ranges.ranks = 8;
@@ -273,7 +273,7 @@ System full_system() {
   ranges.compared = {{"latency_bandwidth", 0.03}, {"chunked", 0.05}};
   ranges.source = "fitted";
   CollectiveModel chunked;
-  chunked.op = CollectiveOp::allgather;
+  chunked.op = coll::Operation::allgather;
   chunked.algorithm = "ring";
   chunked.group = GroupKind::inter_node;
   chunked.ranks = 2;
@@ -605,7 +605,7 @@ TEST(CalibrateFiles, RecoversTheKnownParametersOfSyntheticRuns) {
   EXPECT_NEAR(fp32.gemm_points[0].seconds.relative_spread, 0.02, 1e-9);
 
   // Collectives: the intra allreduce's two regimes, the inter one's single range, both recovered to 0.1%.
-  const CollectiveModel* intra = s.find_collective(CollectiveOp::allreduce, "ring", GroupKind::intra_node, 2);
+  const CollectiveModel* intra = s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2);
   ASSERT_NE(intra, nullptr);
   ASSERT_EQ(intra->form, CollectiveForm::latency_bandwidth);
   ASSERT_EQ(intra->ranges.size(), 2u);
@@ -614,7 +614,7 @@ TEST(CalibrateFiles, RecoversTheKnownParametersOfSyntheticRuns) {
   EXPECT_LT(relative_error(intra->ranges[0].model.bandwidth.value, 2e9), 1e-3);
   EXPECT_LT(relative_error(intra->ranges[1].model.latency.value, 20e-6), 1e-3);
   EXPECT_LT(relative_error(intra->ranges[1].model.bandwidth.value, 10e9), 1e-3);
-  const CollectiveModel* inter = s.find_collective(CollectiveOp::allreduce, "ring", GroupKind::inter_node, 2);
+  const CollectiveModel* inter = s.find_collective(coll::Operation::allreduce, "ring", GroupKind::inter_node, 2);
   ASSERT_NE(inter, nullptr);
   ASSERT_EQ(inter->ranges.size(), 1u);
   EXPECT_LT(relative_error(inter->ranges[0].model.latency.value, 5e-6), 1e-3);

@@ -120,7 +120,7 @@ TEST(NcclPlan, RingTrafficMatchesTheMpiRing) {
   for (Operation operation : kAllOperations) {
     const OperationInfo& op = info(operation);
     if (op.group_algos.has(Algo::ring)) {
-      EXPECT_NE(op.ring_elements, nullptr) << op.name << " has a ring but no model";
+      EXPECT_NE(op.ring_elements, nullptr) << name(operation) << " has a ring but no model";
     }
   }
   for (int rpn : layouts()) {
@@ -140,7 +140,7 @@ TEST(NcclPlan, RingTrafficMatchesTheMpiRing) {
             Work work = op.start(*g, Algo::ring, args, Waiting::later);
             work.wait();
             expect_same(ring_traffic(operation, count, DataType::float32, g->rank(), g->node_of_rank(), root),
-                        work.traffic(), std::string(op.name) + " root " + std::to_string(root) + " " + where +
+                        work.traffic(), std::string(name(operation)) + " root " + std::to_string(root) + " " + where +
                                             " count " + std::to_string(count));
           }
         }

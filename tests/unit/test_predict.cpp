@@ -48,7 +48,7 @@ train::TraceOp compute(const char* phase, double elements, std::vector<int> depe
 train::TraceOp allreduce(int group, double count, std::vector<int> depends_on, int element_bytes = 4, const char* phase = "") {
   train::TraceOp op;
   op.kind = train::TraceOpKind::collective, op.name = "allreduce", op.phase = phase, op.group = group;
-  op.collective = train::TraceCollective::allreduce, op.count = count, op.element_bytes = element_bytes;
+  op.collective = coll::Operation::allreduce, op.count = count, op.element_bytes = element_bytes;
   op.algorithm = "ring", op.depends_on = std::move(depends_on);
   return op;
 }
@@ -192,7 +192,7 @@ TEST(Predict, TheIntervalTakesEachFigureToTheEndOfItsSpread) {
   EXPECT_CLOSE(spread_end(s, +1).device.compute.at("fp32").efficiency.points[0].efficiency, 0.5 / 1.8);
   // A fitted collective's range moves by its RMS residual.
   CollectiveModel model;
-  model.op = CollectiveOp::allreduce, model.algorithm = "ring", model.group = GroupKind::intra_node, model.ranks = 2;
+  model.op = coll::Operation::allreduce, model.algorithm = "ring", model.group = GroupKind::intra_node, model.ranks = 2;
   SizeRange range;
   range.model = {{1e-6, 0, ""}, {1e10, 0, ""}};
   range.residual = 0.25;
@@ -268,8 +268,8 @@ TEST(Predict, ShardingCollectivesAreCostedUnderTheFrameworksAlgorithm) {
     for (std::size_t i = 0; i < trace.ranks[r].ops.size(); ++i) {
       const train::TraceOp& t = trace.ranks[r].ops[i];
       if (t.kind != train::TraceOpKind::collective) continue;
-      const bool sharding = (t.collective == train::TraceCollective::allgather ||
-                             t.collective == train::TraceCollective::reduce_scatter) &&
+      const bool sharding = (t.collective == coll::Operation::allgather ||
+                             t.collective == coll::Operation::reduce_scatter) &&
                             trace.groups.at(static_cast<std::size_t>(t.group)).role.rfind("dp", 0) == 0;
       EXPECT_EQ(costed.ranks[r].ops[i].algorithm, sharding ? "framework" : traced.ranks[r].ops[i].algorithm) << t.name;
       (sharding ? renamed : kept) += 1;
@@ -279,7 +279,7 @@ TEST(Predict, ShardingCollectivesAreCostedUnderTheFrameworksAlgorithm) {
 
   System s = test_system();
   EXPECT_CLOSE(predict(s, trace, framework).step_s, predict(s, trace, plain).step_s);
-  for (CollectiveOp op : {CollectiveOp::allgather, CollectiveOp::reduce_scatter}) {
+  for (coll::Operation op : {coll::Operation::allgather, coll::Operation::reduce_scatter}) {
     CollectiveModel slow;
     slow.op = op, slow.algorithm = "framework", slow.group = GroupKind::hierarchical, slow.ranks = 4;
     SizeRange range;

@@ -98,7 +98,7 @@ TEST(SystemDescription, ValidationNamesTheFirstProblem) {
   s.overlap_slowdown.relative_spread = -0.1;
   expect_problem(s, "overlap_slowdown.spread");
   s = test_system();
-  s.inter_node.collectives[CollectiveOp::allgather] = {{1e-6, 0, ""}, {-5, 0, ""}};
+  s.inter_node.collectives[coll::Operation::allgather] = {{1e-6, 0, ""}, {-5, 0, ""}};
   expect_problem(s, "network.inter_node.collectives.allgather.bandwidth");
   s = test_system();
   s.version = 1;
@@ -106,30 +106,30 @@ TEST(SystemDescription, ValidationNamesTheFirstProblem) {
 }
 
 TEST(SystemDescription, BusFactorsAreThoseOfNcclTests) {
-  EXPECT_DOUBLE_EQ(bus_factor(CollectiveOp::allreduce, 4), 1.5);
-  EXPECT_DOUBLE_EQ(bus_factor(CollectiveOp::allgather, 4), 0.75);
-  EXPECT_DOUBLE_EQ(bus_factor(CollectiveOp::reduce_scatter, 8), 0.875);
-  EXPECT_DOUBLE_EQ(bus_factor(CollectiveOp::alltoall, 2), 0.5);
-  EXPECT_DOUBLE_EQ(bus_factor(CollectiveOp::broadcast, 8), 1);
+  EXPECT_DOUBLE_EQ(coll::bus_factor(coll::Operation::allreduce, 4), 1.5);
+  EXPECT_DOUBLE_EQ(coll::bus_factor(coll::Operation::allgather, 4), 0.75);
+  EXPECT_DOUBLE_EQ(coll::bus_factor(coll::Operation::reduce_scatter, 8), 0.875);
+  EXPECT_DOUBLE_EQ(coll::bus_factor(coll::Operation::alltoall, 2), 0.5);
+  EXPECT_DOUBLE_EQ(coll::bus_factor(coll::Operation::broadcast, 8), 1);
   // A collective's own model replaces the tier's.
   System s = test_system();
-  s.inter_node.collectives[CollectiveOp::allgather] = {{1e-3, 0, ""}, {1e9, 0, ""}};
-  EXPECT_CLOSE(s.inter_node.collective_seconds(CollectiveOp::allgather, 4e9, 4), 1e-3 + 3.0);
-  EXPECT_CLOSE(s.inter_node.collective_seconds(CollectiveOp::allreduce, 4e9, 4), 10e-6 + 6e9 / 10e9);
-  EXPECT_EQ(s.inter_node.collective_seconds(CollectiveOp::allreduce, 4e9, 1), 0);
+  s.inter_node.collectives[coll::Operation::allgather] = {{1e-3, 0, ""}, {1e9, 0, ""}};
+  EXPECT_CLOSE(s.inter_node.collective_seconds(coll::Operation::allgather, 4e9, 4), 1e-3 + 3.0);
+  EXPECT_CLOSE(s.inter_node.collective_seconds(coll::Operation::allreduce, 4e9, 4), 10e-6 + 6e9 / 10e9);
+  EXPECT_EQ(s.inter_node.collective_seconds(coll::Operation::allreduce, 4e9, 1), 0);
 }
 
 TEST(SystemDescription, AGroupOnSeveralNodesCrossesThemOnEveryMembersLink) {
   const System s = test_system();
   // One member per node: the inter-node tier. Four per node: four NICs at once, 40 GB/s; eight, 80; twelve: capped
   // by the intra-node link's 100 GB/s. A ring allreduce of 8 ranks has bus factor 1.75.
-  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::inter_node, 8e9, 8), 10e-6 + 14e9 / 10e9);
-  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 8e9, 8, 1), 10e-6 + 14e9 / 10e9);
-  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 8e9, 8, 4), 10e-6 + 14e9 / 40e9);
-  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 8e9, 16, 8),
-               10e-6 + 8e9 * bus_factor(CollectiveOp::allreduce, 16) / 80e9);
-  EXPECT_CLOSE(s.collective_seconds(CollectiveOp::allreduce, "ring", GroupKind::hierarchical, 8e9, 24, 12),
-               10e-6 + 8e9 * bus_factor(CollectiveOp::allreduce, 24) / 100e9);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::inter_node, 8e9, 8), 10e-6 + 14e9 / 10e9);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::hierarchical, 8e9, 8, 1), 10e-6 + 14e9 / 10e9);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::hierarchical, 8e9, 8, 4), 10e-6 + 14e9 / 40e9);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::hierarchical, 8e9, 16, 8),
+               10e-6 + 8e9 * coll::bus_factor(coll::Operation::allreduce, 16) / 80e9);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::hierarchical, 8e9, 24, 12),
+               10e-6 + 8e9 * coll::bus_factor(coll::Operation::allreduce, 24) / 100e9);
   EXPECT_EQ(members_per_node({0, 0, 1, 1, 1, 2, 2}), 2);
   EXPECT_EQ(members_per_node({0, 1, 2}), 1);
 }
@@ -161,13 +161,13 @@ TEST(SystemJson, RoundTripKeepsEveryFigureAndSource) {
   System s = test_system();
   s.comment = "made for a test";
   s.device.source = "a datasheet";
-  s.intra_node.collectives[CollectiveOp::reduce_scatter] = {{3e-6, 0.2, "assumed"}, {80e9, 0.1, "assumed"}};
+  s.intra_node.collectives[coll::Operation::reduce_scatter] = {{3e-6, 0.2, "assumed"}, {80e9, 0.1, "assumed"}};
   s.device.compute.at("bf16").peak_flops.value = 1.0 / 3.0 * 1e15;  // no short decimal form
   const auto text = system_to_json(s).dump(2);
   const System back = system_from_json(nlohmann::json::parse(text), "<test>");
   EXPECT_EQ(system_to_json(back).dump(2), text);
   EXPECT_EQ(back.device.compute.at("bf16").peak_flops.value, s.device.compute.at("bf16").peak_flops.value);
-  EXPECT_EQ(back.intra_node.collectives.at(CollectiveOp::reduce_scatter).latency.source, "assumed");
+  EXPECT_EQ(back.intra_node.collectives.at(coll::Operation::reduce_scatter).latency.source, "assumed");
   EXPECT_EQ(back.device.compute.at("bf16").efficiency.points.size(), 2u);
 
   const auto path = std::filesystem::temp_directory_path() / ("strata-system-" + std::to_string(::getpid()) + ".json");
@@ -304,7 +304,7 @@ TEST(SystemJson, EveryShippedFigureHasASourceAndEveryEfficiencyIsAFraction) {
       sourced("tier bandwidth", tier->bandwidth.source);
       sourced("tier latency", tier->latency.source);
     }
-    for (const CollectiveModel& m : s.collectives) sourced(std::string("collective ") + collective_name(m.op), m.source);
+    for (const CollectiveModel& m : s.collectives) sourced(std::string("collective ") + std::string(coll::name(m.op)), m.source);
     ASSERT_TRUE(s.collective_contention && s.communication_slowdown);
     sourced("collective_contention", s.collective_contention->source);
     sourced("overlap_slowdown", s.overlap_slowdown.source);
@@ -314,7 +314,7 @@ TEST(SystemJson, EveryShippedFigureHasASourceAndEveryEfficiencyIsAFraction) {
       double before = 0;
       for (double bytes = 1024; bytes <= 32e9; bytes *= 1.25) {
         const double t = m.seconds(bytes, m.ranks);
-        EXPECT_GE(t, before * (1 - 1e-9)) << collective_name(m.op) << " at " << bytes << " B";
+        EXPECT_GE(t, before * (1 - 1e-9)) << coll::name(m.op) << " at " << bytes << " B";
         before = t;
       }
     }
@@ -393,7 +393,7 @@ Workload allreduce_workload(int n, double bytes, double last_rank_compute = 0) {
   for (int r = 0; r < n; ++r) {
     g.ranks.push_back(r);
     std::vector<Op> ops;
-    Op allreduce = collective_op("ar", CollectiveOp::allreduce, 0, bytes);
+    Op allreduce = collective_op("ar", coll::Operation::allreduce, 0, bytes);
     if (r == n - 1 && last_rank_compute > 0) {
       ops.push_back(timed_op("late", last_rank_compute));
       allreduce.depends_on = {0};  // its input: on another stream, only a dependency orders them
@@ -513,7 +513,7 @@ Timeline overlap(double t_alone, double allreduce_s, double s_slowdown) {
   s.overlap_slowdown.value = s_slowdown;
   s.intra_node.latency.value = 0;
   const double bytes = allreduce_s * s.intra_node.bandwidth.value;  // bus factor 1 with n = 2
-  Workload w{{{0, {0, 1}}}, {{0, 2, {timed_op("mm", t_alone), collective_op("ar", CollectiveOp::allreduce, 0, bytes)}}}};
+  Workload w{{{0, {0, 1}}}, {{0, 2, {timed_op("mm", t_alone), collective_op("ar", coll::Operation::allreduce, 0, bytes)}}}};
   return simulate(s, w);
 }
 
@@ -545,7 +545,7 @@ TEST(Simulate, OverlapStartingMidwayCountsOnlyTheOverlappedWork) {
   const double slow = 0.25;
   s.overlap_slowdown.value = slow;
   const double bytes = 0.3e-3 * s.intra_node.bandwidth.value;
-  Op ar = collective_op("ar", CollectiveOp::allreduce, 0, bytes);
+  Op ar = collective_op("ar", coll::Operation::allreduce, 0, bytes);
   ar.depends_on = {1};
   Workload w{{{0, {0, 1}}}, {{0, 2, {timed_op("mm", 1e-3), timed_op("pre", 0.4e-3, 5), ar}}}};
   const Timeline t = simulate(s, w);
@@ -594,7 +594,7 @@ TEST(Simulate, TheTimelineBecomesAChromeTrace) {
 TEST(Simulate, SymmetryWeightsDoNotChangeTheTime) {
   const System s = test_system();
   auto graph = [](int rank) {
-    Op allreduce = collective_op("ar", CollectiveOp::allreduce, 0, 1e8);
+    Op allreduce = collective_op("ar", coll::Operation::allreduce, 0, 1e8);
     allreduce.depends_on = {0};
     Op optimizer = timed_op("opt", 1e-3);
     optimizer.depends_on = {1};
@@ -636,11 +636,11 @@ TEST(Simulate, BadWorkloadsAreRefused) {
           "deadlocks");
   // Collectives that differ across the group.
   refused({{{0, {0, 1}}},
-           {{0, 1, {collective_op("ar", CollectiveOp::allreduce, 0, 8)}},
-            {1, 1, {collective_op("ag", CollectiveOp::allgather, 0, 8)}}}},
+           {{0, 1, {collective_op("ar", coll::Operation::allreduce, 0, 8)}},
+            {1, 1, {collective_op("ag", coll::Operation::allgather, 0, 8)}}}},
           "collective #0");
-  refused({{}, {{0, 1, {collective_op("ar", CollectiveOp::allreduce, 4, 8)}}}}, "group 4, unknown");
-  refused({{{0, {1, 2}}}, {{0, 1, {collective_op("ar", CollectiveOp::allreduce, 0, 8)}}}}, "not a member");
+  refused({{}, {{0, 1, {collective_op("ar", coll::Operation::allreduce, 4, 8)}}}}, "group 4, unknown");
+  refused({{{0, {1, 2}}}, {{0, 1, {collective_op("ar", coll::Operation::allreduce, 0, 8)}}}}, "not a member");
   refused({{}, {{0, 1, {send_op("s", 1, 8)}}, {1, 1, {}}}}, "sends 1 times to rank 1");
   refused({{}, {{0, 1, {send_op("s", 5, 8)}}}}, "not another traced rank");
   refused({{}, {{0, 1, {timed_op("neg", -1)}}}}, "negative");

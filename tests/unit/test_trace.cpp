@@ -99,11 +99,11 @@ TEST(Trace, ASequenceParallelReduceScatterIsTheWholeActivation) {
     std::map<std::string, int> seen;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       const TraceOp& op = ops[i];
-      if (op.kind != TraceOpKind::collective || op.collective != TraceCollective::reduce_scatter) continue;
+      if (op.kind != TraceOpKind::collective || op.collective != coll::Operation::reduce_scatter) continue;
       ASSERT_EQ(trace.groups.at(static_cast<std::size_t>(op.group)).ranks.size(), static_cast<std::size_t>(tp)) << op.name;
       EXPECT_EQ(op.count, activation / tp) << op.name;
       const project::Op& predicted = workload.ranks[0].ops[i];
-      EXPECT_EQ(predicted.collective, project::CollectiveOp::reduce_scatter) << op.name;
+      EXPECT_EQ(predicted.collective, coll::Operation::reduce_scatter) << op.name;
       EXPECT_EQ(predicted.bytes, activation * element_bytes) << op.name << ", " << element_bytes << " B elements";
       ++seen[op.name];
     }
