@@ -312,12 +312,29 @@ Axes step_axes(const std::vector<Strategy>& plan, const std::vector<Recompute>& 
   return axes;
 }
 
-int run_step(int argc, char** argv) {
-  HarnessOptions h;
-  h.warmup = 1, h.iters = 5;
-  Options o;
-  Cli cli("strata-step", "A GPT model trained for real under data-parallel strategies (DP, ZeRO, PaRO), one case per "
-                         "strategy. MFU: 6N + 6Lhs model FLOPs per token over the measured FP32 peak.");
+// One case: a strategy and a recomputation mode, typed, beside its point of the axes.
+struct StepCase {
+  AxisPoint point;
+  Strategy strategy;
+  Recompute mode = Recompute::none;
+  std::string label;  // "NNG", "NNG recompute full"
+};
+
+std::vector<StepCase> step_cases(const Axes& axes, const std::vector<Strategy>& plan, const std::vector<Recompute>& modes) {
+  const std::vector<AxisPoint> points = axes.product();
+  std::vector<StepCase> cases;
+  // The axes' product runs the strategies slowest and the modes fastest, as these loops do.
+  for (const Strategy& strategy : plan)
+    for (Recompute mode : modes) {
+      const AxisPoint& point = points.at(cases.size());
+      if (point.text("strategy") != strategy.name() || point.text("recompute") != name(mode))
+        throw std::logic_error("strata-step: the cases and the axes' points are out of step");
+      cases.push_back({point, strategy, mode, strategy.name() + (mode == Recompute::none ? "" : std::string(" recompute ") + name(mode))});
+    }
+  return cases;
+}
+
+void add_step_options(Cli& cli, Options& o, HarnessOptions& h) {
   add_model_flags(cli, o);
   add_batch_flags(cli, o);
   cli.option("data", 0, "synthetic (uniform tokens), repeat (a learnable task), or an llm.c token file", o.data);
@@ -349,14 +366,15 @@ int run_step(int argc, char** argv) {
   add_harness_options(cli, h);
   cli.alias("steps", "iters");
   cli.alias("microbatches", "accumulation");
-  if (!cli.parse(argc, argv)) return 0;
-  o.micro_batch_given = cli.given("micro-batch"), o.accumulation_given = cli.given("accumulation");
+}
+
+// The options' own checks, before any rank talks to another.
+void check_options(const Options& o, HarnessOptions& h) {
   if (o.data != "synthetic" && o.data != "repeat") h.inputs.push_back({"--data", o.data, ""});
   h.inputs.push_back({"--recompute-policy", o.recompute_policy, ""});
   check_output_is_no_input(h);
-  const bool on_gpu = o.backend == "cuda";
 #ifndef STRATA_HAVE_CUDA
-  if (on_gpu)
+  if (o.backend == "cuda")
     throw UsageError("--backend cuda: this build has no GPU step (built without CUDA: STRATA_CUDA=OFF, or no nvcc, "
                      "cuBLASLt or NCCL found)");
 #endif
@@ -370,125 +388,119 @@ int run_step(int argc, char** argv) {
   if (o.timeline_steps > h.iters)
     throw UsageError("--timeline-steps " + std::to_string(o.timeline_steps) + " exceeds the " + std::to_string(h.iters) +
                      " timed steps (--iters)");
-  h.kernel_threads = o.threads;
+}
 
-  const int world = world_size();
-  StepPlan step_plan = plan_step(o, world);
-  const ModelConfig& model = step_plan.model;
-  const std::vector<Strategy>& plan = step_plan.strategies;
-  const std::vector<Recompute>& modes = step_plan.modes;
-  const Trainable& trainable = step_plan.trainable;
-  const coll::GridShape grid = step_plan.grid;
-  const int dp_ranks = grid.dp;
-  TrainConfig config = step_plan.config;
+// The plan's configuration with strata-step's optimizer, schedule of the learning rate, seed and threads.
+TrainConfig step_config(const StepPlan& plan, const Options& o, const HarnessOptions& h) {
+  TrainConfig config = plan.config;
   config.adamw.weight_decay = static_cast<float>(o.weight_decay);
   config.lr = {static_cast<float>(o.lr), static_cast<float>(o.min_lr), o.lr_warmup,
                o.lr_steps > 0 ? o.lr_steps : static_cast<int64_t>(h.warmup + h.iters)};
   config.max_grad_norm = static_cast<float>(o.max_grad_norm);
   config.seed = static_cast<uint64_t>(o.seed);
   config.runtime.threads = o.threads;
+  config.runtime.library = o.library == "onednn" ? cpu_gemm::Backend::onednn : cpu_gemm::Backend::openblas;
+  return config;
+}
 
-  const int64_t global_rows = static_cast<int64_t>(dp_ranks) * o.accumulation * config.micro_batch;
-  std::unique_ptr<TokenSource> data;
+std::unique_ptr<TokenSource> token_source(const Options& o, const ModelConfig& model, uint64_t seed, int64_t global_rows) {
   try {
-    if (o.data == "synthetic") data = synthetic_tokens(model.vocab, config.seed);
-    else if (o.data == "repeat") data = repeated_sequences(model.vocab, 16, o.seq, config.seed);
-    else data = token_stream(read_token_file(o.data), model.vocab, global_rows, o.seq);
+    if (o.data == "synthetic") return synthetic_tokens(model.vocab, seed);
+    if (o.data == "repeat") return repeated_sequences(model.vocab, 16, o.seq, seed);
+    return token_stream(read_token_file(o.data), model.vocab, global_rows, o.seq);
   } catch (const std::invalid_argument& e) {
     throw UsageError("--data " + o.data + ": " + e.what());
   }
+}
 
-  coll::ProcessGroups groups(grid, o.group_size, o.grid_order);
+double trainable_parameters(const ModelConfig& model, const Trainable& trainable) {
+  double psi = 0;
+  const std::vector<Slice> units = ParameterLayout(model).units();
+  const std::vector<bool> trains = trainable_units(model, trainable);
+  for (std::size_t u = 0; u < units.size(); ++u)
+    if (trains[u]) psi += static_cast<double>(units[u].size);
+  return psi;
+}
+
+// What every case of the run shares.
+struct StepJob {
+  const Options& o;
+  const HarnessOptions& h;
+  const ModelConfig& model;
+  const TrainConfig& config;
+  coll::GridShape grid;
+  coll::ProcessGroups& groups;
+  const DataParallelShape& shape;
+  const TokenSource& data;
+  double rank_limit = 0;  // bytes a rank may hold (memory_limit)
+  bool on_gpu = false;
 #ifdef STRATA_HAVE_CUDA
-  // Before anything is written: a node short of GPUs is refused here.
-  std::unique_ptr<coll::NcclProcessGroups> nccl;
-  if (on_gpu) nccl = std::make_unique<coll::NcclProcessGroups>(groups);
+  coll::NcclProcessGroups* nccl = nullptr;
 #endif
-  const DataParallelShape shape = data_parallel_shape(groups);
-  const double psi = static_cast<double>(model.parameters());
-  double psi_trainable = 0;
-  {
-    const std::vector<Slice> units = ParameterLayout(model).units();
-    const std::vector<bool> trains = trainable_units(model, trainable);
-    for (std::size_t u = 0; u < units.size(); ++u)
-      if (trains[u]) psi_trainable += static_cast<double>(units[u].size);
-  }
-  const Axes axes = step_axes(plan, modes, {o, model, config, shape, global_rows, psi, psi_trainable});
-  const std::vector<AxisPoint> points = axes.product();
-  auto strategy_of = [](const AxisPoint& point) { return parse_strategy(point.text("strategy")); };
-  auto mode_of = [](const AxisPoint& point) { return *parse_recompute(point.text("recompute")); };
-#ifdef STRATA_HAVE_CUDA
-  if (on_gpu)
-    for (const AxisPoint& point : points) {
-      TrainConfig c = config;
-      c.strategy = strategy_of(point), c.recompute = mode_of(point);
-      if (const std::string why = gpu_step_refusal(c, grid); !why.empty()) throw UsageError("--backend cuda: " + why);
-    }
-#endif
-  // Before anything large is allocated: every strategy must fit (host memory; on GPUs the device refuses).
-  const double rank_limit = memory_limit(o);
-  if (!on_gpu) {
-    const double limit = rank_limit;
-    double worst = 0;
-    std::string worst_name, parts;
-    for (const AxisPoint& point : points) {
-      TrainConfig c = config;
-      c.strategy = strategy_of(point), c.recompute = mode_of(point);
-      if (o.partition == "balanced") c.stage_layers = even_partition(model.layers, grid.pp * o.virtual_stages);
-      if (c.recompute == Recompute::overlap) recompute_everything(c, grid.pp);
-      const MemoryUse e = memory_estimate(c, shape);
-      const double total = e.params + e.grads + e.optimizer + e.activations + e.workspace + e.comm_buffers;
-      if (total > worst) {
-        worst = total, worst_name = c.strategy.name() + (c.recompute == Recompute::none
-                                                             ? "" : std::string(" with ") + name(c.recompute) + " recomputation");
-        parts = "parameters " + format_gib(e.params) + ", gradients " + format_gib(e.grads) + ", optimizer " + format_gib(e.optimizer) +
-                ", activations " + format_gib(e.activations + e.workspace) + ", communication buffers " + format_gib(e.comm_buffers);
-      }
-    }
-    const double over = allreduce_max(MPI_COMM_WORLD, worst > limit ? 1.0 : 0.0);
-    if (over > 0)
-      throw UsageError("strategy " + worst_name + " needs about " + format_gib(worst) + " per rank (" + parts + "), above the limit of " +
-                       (std::isfinite(limit) ? format_gib(limit) : std::string("?")) +
-                       (o.memory_limit_gib > 0 ? " (--memory-limit)" : " (available memory over the node's ranks)") +
-                       ": use a smaller model, micro-batch or sequence, or a sharded strategy");
-  }
-  config.runtime.library = o.library == "onednn" ? cpu_gemm::Backend::onednn : cpu_gemm::Backend::openblas;
-  // A policy file is refused before the results file is touched: against every overlapped case's ops and windows,
-  // or, where the stages come from a measured step (--partition balanced), its form alone.
-  if (!o.recompute_policy.empty()) {
-    if (std::find(modes.begin(), modes.end(), Recompute::overlap) == modes.end())
-      throw UsageError("--recompute-policy places overlapped recomputation: give --recompute overlap");
-    if (o.partition == "balanced") on_every_rank([&] { check_policy_form(o.recompute_policy); });
-    for (const AxisPoint& point : points) {
-      if (o.partition == "balanced" || mode_of(point) != Recompute::overlap) continue;
-      TrainConfig c = config;
-      c.strategy = strategy_of(point);
-      recompute_everything(c, grid.pp);
-      const MemoryUse e = memory_estimate(c, shape);
-      const double allowance = o.memory_limit_gib > 0 ? rank_limit - (e.params + e.grads + e.optimizer + e.workspace + e.comm_buffers) : 0;
-      const OverlapProblem problem = overlap_problem(c, shape.pp, shape.pp_rank, shape.tp, c.sequence_parallel && shape.tp > 1,
-                                                     unmeasured_profile(c, shape.pp, shape.pp_rank), allowance);
-      (void)read_policy(o.recompute_policy, problem.problem);
+};
+
+// A case's configuration: its strategy and mode on the run's.
+TrainConfig case_config(const StepJob& job, const StepCase& k) {
+  TrainConfig c = job.config;
+  c.strategy = k.strategy, c.recompute = k.mode;
+  return c;
+}
+
+// Bytes a rank may give overlap's kept activations beyond the model states: under --memory-limit, what is left of it
+// with every op recomputed; 0 (no bound) without it.
+double activation_allowance(const StepJob& job, const TrainConfig& c) {
+  if (job.o.memory_limit_gib <= 0) return 0;
+  const MemoryUse e = memory_estimate(c, job.shape);
+  return job.rank_limit - (e.params + e.grads + e.optimizer + e.workspace + e.comm_buffers);
+}
+
+// Before anything large is allocated: every case must fit in host memory (on GPUs the device refuses).
+void check_memory(const StepJob& job, const std::vector<StepCase>& cases) {
+  const Options& o = job.o;
+  const double limit = job.rank_limit;
+  double worst = 0;
+  std::string worst_name, parts;
+  for (const StepCase& k : cases) {
+    TrainConfig c = case_config(job, k);
+    if (o.partition == "balanced") c.stage_layers = even_partition(job.model.layers, job.grid.pp * o.virtual_stages);
+    if (c.recompute == Recompute::overlap) recompute_everything(c, job.grid.pp);
+    const MemoryUse e = memory_estimate(c, job.shape);
+    const double total = e.params + e.grads + e.optimizer + e.activations + e.workspace + e.comm_buffers;
+    if (total > worst) {
+      worst = total, worst_name = c.strategy.name() + (c.recompute == Recompute::none
+                                                           ? "" : std::string(" with ") + name(c.recompute) + " recomputation");
+      parts = "parameters " + format_gib(e.params) + ", gradients " + format_gib(e.grads) + ", optimizer " + format_gib(e.optimizer) +
+              ", activations " + format_gib(e.activations + e.workspace) + ", communication buffers " + format_gib(e.comm_buffers);
     }
   }
+  const double over = allreduce_max(MPI_COMM_WORLD, worst > limit ? 1.0 : 0.0);
+  if (over > 0)
+    throw UsageError("strategy " + worst_name + " needs about " + format_gib(worst) + " per rank (" + parts + "), above the limit of " +
+                     (std::isfinite(limit) ? format_gib(limit) : std::string("?")) +
+                     (o.memory_limit_gib > 0 ? " (--memory-limit)" : " (available memory over the node's ranks)") +
+                     ": use a smaller model, micro-batch or sequence, or a sharded strategy");
+}
 
-  Run run("strata-step", argc, argv, h, cli.resolved_json(), on_gpu ? "cuda" : "cpu");
-  if (o.library == "auto") config.runtime.library = run.context().machine.description.default_gemm;
-  StepRecorder recorder(run);
-  run.set_case_count(static_cast<int>(points.size()));
-  const double tokens_per_step = static_cast<double>(global_rows) * o.seq;
-  const double flop_per_rank = model_flops_per_token(model, o.seq) * tokens_per_step / world;
-  const PeakFigure& fp32 = run.context().machine.description.fp32;
-  double peak = fp32.per_rank(o.threads);
-  std::string peak_text = peak_source(fp32, o.threads);
-#ifdef STRATA_HAVE_CUDA
-  if (on_gpu) {  // bf16 compute: the tensor cores' dense bf16 peak, as strata-gemm holds its figures to
-    const gemm::GpuPeak gpu = gemm::gpu_peak(nccl->device(), gemm::DType::bf16);
-    peak = gpu.flops, peak_text = "bf16 " + gpu.source;
+// A policy file is refused before the results file is touched: against every overlapped case's ops and windows, or,
+// where the stages come from a measured step (--partition balanced), its form alone.
+void check_policy(const StepJob& job, const std::vector<StepCase>& cases, const std::vector<Recompute>& modes) {
+  const Options& o = job.o;
+  if (o.recompute_policy.empty()) return;
+  if (std::find(modes.begin(), modes.end(), Recompute::overlap) == modes.end())
+    throw UsageError("--recompute-policy places overlapped recomputation: give --recompute overlap");
+  if (o.partition == "balanced") on_every_rank([&] { check_policy_form(o.recompute_policy); });
+  for (const StepCase& k : cases) {
+    if (o.partition == "balanced" || k.mode != Recompute::overlap) continue;
+    TrainConfig c = case_config(job, k);
+    recompute_everything(c, job.grid.pp);
+    const DataParallelShape& shape = job.shape;
+    const OverlapProblem problem = overlap_problem(c, shape.pp, shape.pp_rank, shape.tp, c.sequence_parallel && shape.tp > 1,
+                                                   unmeasured_profile(c, shape.pp, shape.pp_rank), activation_allowance(job, c));
+    (void)read_policy(o.recompute_policy, problem.problem);
   }
-#endif
-  const bool counts_bytes = config.comm_algo != coll::Algo::library;
+}
 
+void declare_step_columns(Run& run, const Axes& axes) {
   axes.declare_columns(run.cases());
   run.cases()
       .add_column("flop", ColumnKind::float64, "FLOP", "model FLOPs per rank per step: (6N + 6Lhs) x tokens / ranks")
@@ -534,267 +546,387 @@ int run_step(int argc, char** argv) {
       .add_column("sent_inter", ColumnKind::float64, "B", "per step, mean over ranks; NaN: the library algorithm counts none")
       .add_column("sent_intra_formula", ColumnKind::float64, "B", "ring volumes per step, mean over ranks")
       .add_column("sent_inter_formula", ColumnKind::float64, "B", "ring volumes per step, mean over ranks");
+}
 
+// The run's rates: tokens and model FLOPs per step, and the peak MFU is taken against (the measured FP32 peak of the
+// rank's threads; on GPUs the tensor cores' dense bf16 peak, as strata-gemm holds its figures to).
+struct Rates {
+  double tokens_per_step = 0, flop_per_rank = 0, peak = 0;
+  std::string peak_text;
+  double mfu(double step_s) const { return peak > 0 ? flop_per_rank / (step_s * peak) : 0.0; }
+};
+
+// A case made ready to run: its stages (balanced from a measured step, with --partition balanced) and overlap's
+// placement (measured, solved or read), and the recomputed FLOPs that follow.
+struct PreparedCase {
+  TrainConfig config;
+  Placed placed;
+  std::string stage_layers;  // layers of each stage, comma-separated
+  double recompute_flop_per_rank = 0;
+};
+
+PreparedCase prepare_case(const StepJob& job, const StepCase& k, const Rates& rates, Run& run) {
+  const Options& o = job.o;
+  const int world = static_cast<int>(job.grid.size());
+  PreparedCase p;
+  TrainConfig& c = p.config;
+  c = case_config(job, k);
+  if (o.partition == "balanced") run.progress("the stage balancing of strategy " + k.label);
+  if (o.partition == "balanced") c.stage_layers = balanced_stages(c, job.groups, job.data, job.shape, job.rank_limit);
+  if (k.mode == Recompute::overlap) {
+    recompute_everything(c, job.grid.pp);
+    const double allowance = activation_allowance(job, c);
+    run.progress("the recomputation placement of strategy " + k.label);
+    p.placed = place_recomputation(c, job.groups, job.data, o, job.shape, allowance);
+  }
+  for (int layers : stage_partition(job.model, job.grid.pp * o.virtual_stages, c.stage_layers))
+    p.stage_layers += (p.stage_layers.empty() ? "" : ",") + std::to_string(layers);
+  // Overlap's kept ops differ per stage; each rank knows its own: the recomputed FLOPs are summed over the stages.
+  if (k.mode != Recompute::overlap) {
+    p.recompute_flop_per_rank = recompute_flops_per_token(job.model, o.seq, k.mode) * rates.tokens_per_step / world;
+  } else {
+    std::vector<std::vector<KeptOps>> mine;
+    for (const StagePlan& plan : rank_stages(c, job.grid.pp, job.shape.pp_rank)) mine.push_back(plan.kept);
+    const bool speaks = job.groups.tp_index() == 0 && job.groups.dp_index() == 0;
+    p.recompute_flop_per_rank =
+        allreduce_sum(speaks ? recompute_flops_per_token(job.model, o.seq, k.mode, mine) : 0.0) * rates.tokens_per_step / world;
+  }
+  if (run.is_root() && k.mode == Recompute::overlap) {
+    const PlacementResult& r = p.placed.chosen;
+    const Placed& placed = p.placed;
+    std::printf("# %s placement (pipeline rank 0; %s): %.2f ms of recomputation in windows, %.2f ms on demand, "
+                "search %.3f s%s\n", k.label.c_str(),
+                !o.recompute_policy.empty() ? ("policy " + o.recompute_policy).c_str() : o.recompute_solver.c_str(),
+                r.hidden_s * 1e3, r.exposed_s * 1e3, r.search_s,
+                std::isnan(placed.heuristic_exposed_s)
+                    ? ""
+                    : (" | heuristic " + format_fixed(placed.heuristic_exposed_s * 1e3, 2) + " ms on demand in " +
+                       format_fixed(placed.heuristic_search_s, 3) + " s, gap to the optimum " +
+                       format_fixed(100 * (r.exposed_s > 0 ? placed.heuristic_exposed_s / r.exposed_s - 1 : 0), 1) + "%" +
+                       (r.proven_optimal ? "" : " (optimum not proven)")).c_str());
+    std::fflush(stdout);
+  }
+  return p;
+}
+
+// The steps of one case as they ran: wall times of the timed steps, their statistics, the losses of the first and last
+// step, the memory high-water marks.
+struct TrainedCase {
+  std::vector<double> samples;
+  std::vector<StepStats> timed;
+  double first_loss = NAN, last_loss = NAN;
+  MemoryFigures peak_memory;
+};
+
+void record_step(StepRecorder& recorder, const StepStats& stats, int iteration, int pp_rank) {
+  recorder.begin_iteration(iteration);
+  recorder.add_phase("forward", stats.forward_seconds);
+  recorder.add_phase("backward", stats.backward_seconds);
+  recorder.add_phase("optimizer", stats.optimizer_seconds);
+  recorder.add_phase("comm_exposed", stats.exposed_comm_seconds);
+  recorder.add_phase("idle", stats.idle_seconds);
+  recorder.add_phase("recompute", stats.recompute_seconds);
+  recorder.add_phase("comm_tp", stats.tp_comm_seconds);
+  recorder.add_phase("pipeline_wait", stats.pipeline.wait_seconds);
+  recorder.add_phase("pipeline_hidden", stats.pipeline.hidden_seconds());
+  recorder.add_phase("recompute_window", stats.recompute_window_seconds);
+  recorder.add_phase("recompute_hidden", stats.recompute_hidden_seconds);
+  recorder.add_metric("pipeline_rank", pp_rank);
+  recorder.add_metric("sent_pipeline", stats.pipeline.sent_bytes, "B");
+  recorder.add_metric("sent_tp_buffers", stats.tp_comm_bytes, "B");
+  for (int t = 0; t < kCommTiers; ++t) {
+    const std::string tier = name(static_cast<CommTier>(t));
+    recorder.add_phase("comm_" + tier + "_exposed", stats.comm[static_cast<std::size_t>(t)].exposed_seconds);
+    recorder.add_phase("comm_" + tier + "_hidden", stats.comm[static_cast<std::size_t>(t)].hidden_seconds());
+  }
+  recorder.add_metric("loss", stats.loss);
+  recorder.add_metric("grad_norm", stats.grad_norm);
+  recorder.add_metric("lr", stats.lr);
+  recorder.add_metric("sent_intra", stats.traffic.intra_bytes, "B");
+  recorder.add_metric("sent_inter", stats.traffic.inter_bytes, "B");
+  for (const TimelineEvent& e : stats.timeline) recorder.add_event(e.operation, e.stream, e.start, e.end, static_cast<int64_t>(e.bytes), e.group);
+}
+
+// The warm-up and timed steps of one case, each printed on rank 0 and recorded.
+TrainedCase train_case(const StepJob& job, const StepCase& k, const TrainConfig& c, const Rates& rates, Run& run,
+                       StepRecorder& recorder) {
+  const HarnessOptions& h = job.h;
+  TrainedCase out;
+  job.on_gpu ? reset_device_memory_peaks() : reset_memory_peaks();
+  // The CPU trainer, or on GPUs the data-parallel GPU trainer (which records no timeline).
+  std::unique_ptr<Trainer> cpu_trainer;
+  std::function<StepStats(int64_t, bool)> train_step;
+#ifdef STRATA_HAVE_CUDA
+  std::unique_ptr<GpuDataParallelTrainer> gpu_trainer;
+  if (job.on_gpu) {
+    gpu_trainer = std::make_unique<GpuDataParallelTrainer>(c, job.groups, *job.nccl, job.data);
+    train_step = [&](int64_t step, bool) { return gpu_trainer->step(step); };
+  }
+#endif
+  if (!job.on_gpu) {
+    cpu_trainer = std::make_unique<Trainer>(c, job.groups, job.data);
+    train_step = [&](int64_t step, bool timeline) { return cpu_trainer->step(step, timeline); };
+  }
+  HostTimer timer;
+  double spent = 0;
+  for (int i = 0; i < h.warmup + h.iters; ++i) {
+    const bool timing = i >= h.warmup;
+    const int iteration = i - h.warmup;
+    run.progress("step " + std::to_string(i + 1) + "/" + std::to_string(h.warmup + h.iters) + " of strategy " + k.label);
+    STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    timer.start();
+    StepStats stats = train_step(i + 1, timing && iteration < job.o.timeline_steps);
+    const double elapsed = timer.stop();
+    const double slowest = allreduce_max(MPI_COMM_WORLD, elapsed);
+    if (i == 0) out.first_loss = stats.loss;
+    out.last_loss = stats.loss;
+    if (run.is_root()) {
+      std::printf("%s step %4d/%d | loss %.4f | norm %.4f | lr %.2e | %9.2f ms | %9.0f tok/s | MFU %s%s\n",
+                  k.label.c_str(), i + 1, h.warmup + h.iters, stats.loss, stats.grad_norm, stats.lr, slowest * 1e3,
+                  rates.tokens_per_step / slowest, format_peak_percent(rates.mfu(slowest), 2, true).c_str(),
+                  timing ? "" : " (warm-up)");
+      std::fflush(stdout);
+    }
+    if (!timing) continue;
+    out.samples.push_back(elapsed);
+    record_step(recorder, stats, iteration, job.shape.pp_rank);
+    out.timed.push_back(std::move(stats));
+    spent += elapsed;
+    if (h.max_time > 0 && iteration + 1 < h.iters && allreduce_max(MPI_COMM_WORLD, spent) >= h.max_time) break;
+  }
+  out.peak_memory = job.on_gpu ? device_memory_peak() : memory_peak();
+  return out;
+}
+
+// A case's figures over ranks beside their formulas: phases (median step, mean over ranks), the bubble, bytes sent
+// per tier and to other stages, memory per category (max over ranks). Collective.
+struct CaseFigures {
+  std::vector<double> phases;  // per kPhases
+  double bubble = 0, bubble_formula = 0, sent_pipeline = 0, sent_pipeline_formula = 0;
+  std::vector<double> busy, exposed;  // per tier
+  double sent_intra = 0, sent_inter = 0, formula_intra = 0, formula_inter = 0;
+  MemoryUse formula_memory;
+  std::vector<double> measured_memory, formula_memory_max, memory_ratio;  // per kCategories
+};
+
+CaseFigures case_figures(const StepJob& job, const TrainConfig& c, const TrainedCase& trained) {
+  const int world = static_cast<int>(job.grid.size());
+  const DataParallelShape& shape = job.shape;
+  CaseFigures f;
+  auto per_step = [&](auto field) {
+    std::vector<double> v;
+    for (const StepStats& s : trained.timed) v.push_back(field(s));
+    return allreduce_sum(median(v)) / world;
+  };
+  f.phases = {per_step([](const StepStats& s) { return s.forward_seconds; }), per_step([](const StepStats& s) { return s.backward_seconds; }),
+              per_step([](const StepStats& s) { return s.optimizer_seconds; }),
+              per_step([](const StepStats& s) { return s.exposed_comm_seconds; }), per_step([](const StepStats& s) { return s.idle_seconds; }),
+              per_step([](const StepStats& s) { return s.recompute_seconds; }),
+              per_step([](const StepStats& s) { return s.tp_comm_seconds; }),
+              per_step([](const StepStats& s) { return s.pipeline.wait_seconds; }),
+              per_step([](const StepStats& s) { return s.recompute_window_seconds; }),
+              per_step([](const StepStats& s) { return s.recompute_hidden_seconds; }),
+              per_step([](const StepStats& s) { return s.pipeline.hidden_seconds(); })};
+  // Each rank's pipeline idle time against its compute in the pipelined passes (the ideal time of docs/metrics.md's
+  // bubble), mean over ranks.
+  f.bubble = per_step([](const StepStats& s) {
+    const double compute = s.forward_seconds + s.backward_seconds + s.recompute_window_seconds;
+    return compute > 0 ? s.pipeline.wait_seconds / compute : 0.0;
+  });
+  f.bubble_formula = job.grid.pp > 1 ? (job.grid.pp - 1.0) / (job.o.virtual_stages * job.o.accumulation) : 0.0;
+  f.sent_pipeline = per_step([](const StepStats& s) { return s.pipeline.sent_bytes; });
+  f.sent_pipeline_formula = allreduce_sum(pipeline_sent_bytes(c, shape)) / world;
+  for (std::size_t t = 0; t < kCommTiers; ++t) {
+    f.busy.push_back(per_step([t](const StepStats& s) { return s.comm[t].busy_seconds; }));
+    f.exposed.push_back(per_step([t](const StepStats& s) { return s.comm[t].exposed_seconds; }));
+  }
+  f.sent_intra = per_step([](const StepStats& s) { return s.traffic.intra_bytes; });
+  f.sent_inter = per_step([](const StepStats& s) { return s.traffic.inter_bytes; });
+  const coll::Traffic formula_traffic = expected_traffic(c, shape);
+  f.formula_intra = allreduce_sum(formula_traffic.intra_bytes) / world;
+  f.formula_inter = allreduce_sum(formula_traffic.inter_bytes) / world;
+  // On GPUs the model states are mixed precision (bf16 parameters, fp32 gradients, fp32 master and moments: 2, 4
+  // and 12 bytes); the GPU model's activations and workspace have no formula here.
+  if (!job.on_gpu) {
+    f.formula_memory = memory_estimate(c, shape);
+  } else {
+    const double psi = static_cast<double>(job.model.parameters());
+    const ModelStateMemory states = model_state_memory(c.strategy, psi, psi, shape.m, shape.n, StateBytes{2, 4, 12});
+    f.formula_memory.params = states.params, f.formula_memory.grads = states.grads, f.formula_memory.optimizer = states.optimizer;
+  }
+  for (MemoryCategory cat : kCategories) {
+    f.measured_memory.push_back(allreduce_max(MPI_COMM_WORLD, trained.peak_memory[cat]));
+    f.formula_memory_max.push_back(allreduce_max(MPI_COMM_WORLD, formula_of(f.formula_memory, cat)));
+    f.memory_ratio.push_back(f.formula_memory_max.back() > 0 ? f.measured_memory.back() / f.formula_memory_max.back() : NAN);
+  }
+  return f;
+}
+
+// Rank 0's lines of a recorded case: step, rates, exposed communication, model states and bytes against their
+// formulas, the check's verdict, memory per category against its formula.
+void print_case(const StepCase& k, const CaseResult& r, const Rates& rates, const CaseFigures& f, bool counts_bytes,
+                bool wrong, bool trajectory_differs) {
+  const double step = r.rankmax.median;
+  const double states = f.measured_memory[0] + f.measured_memory[1] + f.measured_memory[2];
+  const double states_formula = f.formula_memory.params + f.formula_memory.grads + f.formula_memory.optimizer;
+  std::printf("# %s: step %.2f ms (median of %d, max over ranks) | %.0f tok/s | MFU %s | exposed comm %.1f%% | "
+              "model states %sB/rank (formula %sB) | sent/rank intra %s, inter %s (ring formula %s, %s)%s%s\n",
+              k.label.c_str(), step * 1e3, r.iterations, rates.tokens_per_step / step,
+              format_peak_percent(rates.mfu(step), 2, true).c_str(), 100 * f.phases[3] / step,
+              format_si(states).c_str(),
+              format_si(states_formula).c_str(), counts_bytes ? (format_si(f.sent_intra) + "B").c_str() : "n/a",
+              counts_bytes ? (format_si(f.sent_inter) + "B").c_str() : "n/a", (format_si(f.formula_intra) + "B").c_str(),
+              (format_si(f.formula_inter) + "B").c_str(),
+              (k.mode == Recompute::none ? std::string()
+                                         : " | recompute " + format_fixed(f.phases[5] * 1e3, 2) + " ms, activations " +
+                                               format_si(f.measured_memory[3]) + "B/rank").c_str(),
+              trajectory_differs ? " | CHECK FAILED: the losses differ from keeping every activation"
+              : wrong            ? " | CHECK FAILED: step-1 loss differs"
+                                 : "");
+  std::string ratios;
+  for (std::size_t i = 0; i < std::size(kCategories); ++i)
+    ratios += std::string(i ? ", " : "") + std::string(name(kCategories[i])) + " " +
+              (std::isnan(f.memory_ratio[i]) ? std::string("n/a") : format_fixed(f.memory_ratio[i], 3));
+  std::printf("# %s memory/rank, measured / formula (comm_buffers: / bound; max over ranks): %s\n", k.label.c_str(), ratios.c_str());
+  std::fflush(stdout);
+}
+
+int run_step(int argc, char** argv) {
+  HarnessOptions h;
+  h.warmup = 1, h.iters = 5;
+  Options o;
+  Cli cli("strata-step", "A GPT model trained for real under data-parallel strategies (DP, ZeRO, PaRO), one case per "
+                         "strategy. MFU: 6N + 6Lhs model FLOPs per token over the measured FP32 peak.");
+  add_step_options(cli, o, h);
+  if (!cli.parse(argc, argv)) return 0;
+  o.micro_batch_given = cli.given("micro-batch"), o.accumulation_given = cli.given("accumulation");
+  check_options(o, h);
+  h.kernel_threads = o.threads;
+  const bool on_gpu = o.backend == "cuda";
+
+  // Plan: the model, grid, strategies and modes; the data; the groups; the cases.
+  const int world = world_size();
+  const StepPlan step_plan = plan_step(o, world);
+  const ModelConfig& model = step_plan.model;
+  const coll::GridShape grid = step_plan.grid;
+  TrainConfig config = step_config(step_plan, o, h);
+  const int64_t global_rows = static_cast<int64_t>(grid.dp) * o.accumulation * config.micro_batch;
+  const std::unique_ptr<TokenSource> data = token_source(o, model, config.seed, global_rows);
+  coll::ProcessGroups groups(grid, o.group_size, o.grid_order);
+#ifdef STRATA_HAVE_CUDA
+  // Before anything is written: a node short of GPUs is refused here.
+  std::unique_ptr<coll::NcclProcessGroups> nccl;
+  if (on_gpu) nccl = std::make_unique<coll::NcclProcessGroups>(groups);
+#endif
+  const DataParallelShape shape = data_parallel_shape(groups);
+  const double psi = static_cast<double>(model.parameters());
+  const double psi_trainable = trainable_parameters(model, step_plan.trainable);
+  const Axes axes = step_axes(step_plan.strategies, step_plan.modes, {o, model, config, shape, global_rows, psi, psi_trainable});
+  const std::vector<StepCase> cases = step_cases(axes, step_plan.strategies, step_plan.modes);
+  StepJob job{o, h, model, config, grid, groups, shape, *data, memory_limit(o), on_gpu};
+#ifdef STRATA_HAVE_CUDA
+  job.nccl = nccl.get();
+  if (on_gpu)
+    for (const StepCase& k : cases)
+      if (const std::string why = gpu_step_refusal(case_config(job, k), grid); !why.empty())
+        throw UsageError("--backend cuda: " + why);
+#endif
+
+  // Check, before the results file is touched.
+  if (!on_gpu) check_memory(job, cases);
+  check_policy(job, cases, step_plan.modes);
+
+  Run run("strata-step", argc, argv, h, cli.resolved_json(), on_gpu ? "cuda" : "cpu");
+  if (o.library == "auto") config.runtime.library = run.context().machine.description.default_gemm;
+  StepRecorder recorder(run);
+  run.set_case_count(static_cast<int>(cases.size()));
+  Rates rates;
+  rates.tokens_per_step = static_cast<double>(global_rows) * o.seq;
+  rates.flop_per_rank = model_flops_per_token(model, o.seq) * rates.tokens_per_step / world;
+  const PeakFigure& fp32 = run.context().machine.description.fp32;
+  rates.peak = fp32.per_rank(o.threads), rates.peak_text = peak_source(fp32, o.threads);
+#ifdef STRATA_HAVE_CUDA
+  if (on_gpu) {
+    const gemm::GpuPeak gpu = gemm::gpu_peak(nccl->device(), gemm::DType::bf16);
+    rates.peak = gpu.flops, rates.peak_text = "bf16 " + gpu.source;
+  }
+#endif
+  const bool counts_bytes = config.comm_algo != coll::Algo::library;
+  declare_step_columns(run, axes);
   if (run.is_root()) {
     std::printf("# strata-step: %s (%s parameters, %s trainable), %d rank(s): tp %d x dp %d as %d group(s) of %d, micro-batch %d x seq %d, "
                 "%d micro-batch(es), global batch %lld rows (%s tokens); comm %s, overlap %s\n",
                 model.name.c_str(), format_si(psi).c_str(), format_si(psi_trainable).c_str(), world, shape.tp, shape.n, shape.g, shape.m,
                 config.micro_batch, o.seq, o.accumulation, static_cast<long long>(global_rows),
-                format_si(tokens_per_step).c_str(), o.comm_algo.c_str(), o.overlap.c_str());
-    std::printf("# MFU: 6N + 6Lhs model FLOPs per token over %s per rank (%s)\n", format_si(peak).c_str(),
-                peak_text.c_str());
+                format_si(rates.tokens_per_step).c_str(), o.comm_algo.c_str(), o.overlap.c_str());
+    std::printf("# MFU: 6N + 6Lhs model FLOPs per token over %s per rank (%s)\n", format_si(rates.peak).c_str(),
+                rates.peak_text.c_str());
     std::fflush(stdout);
   }
 
+  // Measure, check and record each case.
   double reference_loss = NAN;  // step 1 of the first strategy: every strategy starts from the same state
   std::map<std::string, double> kept_last_loss;  // per strategy, the last loss without recomputation
   const int rank = run.context().self.rank;
-  HostTimer timer;
-  for (const AxisPoint& point : points) {
-    const Strategy strategy = strategy_of(point);
-    const Recompute mode = mode_of(point);
-    TrainConfig c = config;
-    c.strategy = strategy, c.recompute = mode;
-    const std::string label = strategy.name() + (mode == Recompute::none ? "" : std::string(" recompute ") + name(mode));
-    run.begin_case("strategy " + label);
-    if (o.partition == "balanced") run.progress("the stage balancing of strategy " + label);
-    if (o.partition == "balanced") c.stage_layers = balanced_stages(c, groups, *data, shape, rank_limit);
-    Placed placed;
-    if (mode == Recompute::overlap) {
-      recompute_everything(c, grid.pp);
-      const MemoryUse e = memory_estimate(c, shape);
-      const double allowance = o.memory_limit_gib > 0 ? rank_limit - (e.params + e.grads + e.optimizer + e.workspace + e.comm_buffers) : 0;
-      run.progress("the recomputation placement of strategy " + label);
-      placed = place_recomputation(c, groups, *data, o, shape, allowance);
-    }
-    const std::string stage_layers = [&] {
-      std::string text;
-      for (int layers : stage_partition(model, grid.pp * o.virtual_stages, c.stage_layers))
-        text += (text.empty() ? "" : ",") + std::to_string(layers);
-      return text;
-    }();
-    // Overlap's kept ops differ per stage; each rank knows its own: the recomputed FLOPs are summed over the stages.
-    const double recompute_flop_per_rank = [&] {
-      if (mode != Recompute::overlap) return recompute_flops_per_token(model, o.seq, mode) * tokens_per_step / world;
-      std::vector<std::vector<KeptOps>> mine;
-      for (const StagePlan& plan : rank_stages(c, grid.pp, shape.pp_rank)) mine.push_back(plan.kept);
-      const bool speaks = groups.tp_index() == 0 && groups.dp_index() == 0;
-      return allreduce_sum(speaks ? recompute_flops_per_token(model, o.seq, mode, mine) : 0.0) * tokens_per_step / world;
-    }();
-    if (run.is_root() && mode == Recompute::overlap) {
-      const PlacementResult& r = placed.chosen;
-      std::printf("# %s placement (pipeline rank 0; %s): %.2f ms of recomputation in windows, %.2f ms on demand, "
-                  "search %.3f s%s\n", label.c_str(),
-                  !o.recompute_policy.empty() ? ("policy " + o.recompute_policy).c_str() : o.recompute_solver.c_str(),
-                  r.hidden_s * 1e3, r.exposed_s * 1e3, r.search_s,
-                  std::isnan(placed.heuristic_exposed_s)
-                      ? ""
-                      : (" | heuristic " + format_fixed(placed.heuristic_exposed_s * 1e3, 2) + " ms on demand in " +
-                         format_fixed(placed.heuristic_search_s, 3) + " s, gap to the optimum " +
-                         format_fixed(100 * (r.exposed_s > 0 ? placed.heuristic_exposed_s / r.exposed_s - 1 : 0), 1) + "%" +
-                         (r.proven_optimal ? "" : " (optimum not proven)")).c_str());
-      std::fflush(stdout);
-    }
-    MemoryFigures peak_memory;
-    std::vector<double> samples;
-    std::vector<StepStats> timed;
-    double first_loss = NAN, last_loss = NAN;
-    {
-      on_gpu ? reset_device_memory_peaks() : reset_memory_peaks();
-      // The CPU trainer, or on GPUs the data-parallel GPU trainer (which records no timeline).
-      std::unique_ptr<Trainer> cpu_trainer;
-      std::function<StepStats(int64_t, bool)> train_step;
-#ifdef STRATA_HAVE_CUDA
-      std::unique_ptr<GpuDataParallelTrainer> gpu_trainer;
-      if (on_gpu) {
-        gpu_trainer = std::make_unique<GpuDataParallelTrainer>(c, groups, *nccl, *data);
-        train_step = [&](int64_t step, bool) { return gpu_trainer->step(step); };
-      }
-#endif
-      if (!on_gpu) {
-        cpu_trainer = std::make_unique<Trainer>(c, groups, *data);
-        train_step = [&](int64_t step, bool timeline) { return cpu_trainer->step(step, timeline); };
-      }
-      double spent = 0;
-      for (int k = 0; k < h.warmup + h.iters; ++k) {
-        const bool timing = k >= h.warmup;
-        const int iteration = k - h.warmup;
-        run.progress("step " + std::to_string(k + 1) + "/" + std::to_string(h.warmup + h.iters) + " of strategy " + label);
-        STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-        timer.start();
-        StepStats stats = train_step(k + 1, timing && iteration < o.timeline_steps);
-        const double elapsed = timer.stop();
-        const double slowest = allreduce_max(MPI_COMM_WORLD, elapsed);
-        if (k == 0) first_loss = stats.loss;
-        last_loss = stats.loss;
-        if (run.is_root()) {
-          const double tok_s = tokens_per_step / slowest;
-          std::printf("%s step %4d/%d | loss %.4f | norm %.4f | lr %.2e | %9.2f ms | %9.0f tok/s | MFU %s%s\n",
-                      label.c_str(), k + 1, h.warmup + h.iters, stats.loss, stats.grad_norm, stats.lr, slowest * 1e3,
-                      tok_s, format_peak_percent(peak > 0 ? flop_per_rank / (slowest * peak) : 0, 2, true).c_str(),
-                      timing ? "" : " (warm-up)");
-          std::fflush(stdout);
-        }
-        if (!timing) continue;
-        samples.push_back(elapsed);
-        recorder.begin_iteration(iteration);
-        recorder.add_phase("forward", stats.forward_seconds);
-        recorder.add_phase("backward", stats.backward_seconds);
-        recorder.add_phase("optimizer", stats.optimizer_seconds);
-        recorder.add_phase("comm_exposed", stats.exposed_comm_seconds);
-        recorder.add_phase("idle", stats.idle_seconds);
-        recorder.add_phase("recompute", stats.recompute_seconds);
-        recorder.add_phase("comm_tp", stats.tp_comm_seconds);
-        recorder.add_phase("pipeline_wait", stats.pipeline.wait_seconds);
-        recorder.add_phase("pipeline_hidden", stats.pipeline.hidden_seconds());
-        recorder.add_phase("recompute_window", stats.recompute_window_seconds);
-        recorder.add_phase("recompute_hidden", stats.recompute_hidden_seconds);
-        recorder.add_metric("pipeline_rank", shape.pp_rank);
-        recorder.add_metric("sent_pipeline", stats.pipeline.sent_bytes, "B");
-        recorder.add_metric("sent_tp_buffers", stats.tp_comm_bytes, "B");
-        for (int t = 0; t < kCommTiers; ++t) {
-          const std::string tier = name(static_cast<CommTier>(t));
-          recorder.add_phase("comm_" + tier + "_exposed", stats.comm[static_cast<std::size_t>(t)].exposed_seconds);
-          recorder.add_phase("comm_" + tier + "_hidden", stats.comm[static_cast<std::size_t>(t)].hidden_seconds());
-        }
-        recorder.add_metric("loss", stats.loss);
-        recorder.add_metric("grad_norm", stats.grad_norm);
-        recorder.add_metric("lr", stats.lr);
-        recorder.add_metric("sent_intra", stats.traffic.intra_bytes, "B");
-        recorder.add_metric("sent_inter", stats.traffic.inter_bytes, "B");
-        for (const TimelineEvent& e : stats.timeline) recorder.add_event(e.operation, e.stream, e.start, e.end, static_cast<int64_t>(e.bytes), e.group);
-        timed.push_back(std::move(stats));
-        spent += elapsed;
-        if (h.max_time > 0 && iteration + 1 < h.iters && allreduce_max(MPI_COMM_WORLD, spent) >= h.max_time) break;
-      }
-      peak_memory = on_gpu ? device_memory_peak() : memory_peak();
-    }
-    for (MemoryCategory cat : kCategories) recorder.note_memory(std::string(name(cat)), static_cast<int64_t>(peak_memory[cat]));
+  for (const StepCase& k : cases) {
+    run.begin_case("strategy " + k.label);
+    const PreparedCase prepared = prepare_case(job, k, rates, run);
+    const TrainConfig& c = prepared.config;
+    const TrainedCase trained = train_case(job, k, c, rates, run, recorder);
+    for (MemoryCategory cat : kCategories) recorder.note_memory(std::string(name(cat)), static_cast<int64_t>(trained.peak_memory[cat]));
 
     // The check: step 1 runs on the same parameters and tokens under every strategy, so its loss differs only
     // by the order of fp32 sums (relative 1e-6; 1e-5 allowed); a wrong gather or a missing shard moves it more.
-    if (std::isnan(reference_loss)) reference_loss = first_loss;
-    bool wrong = !std::isfinite(first_loss) || std::abs(first_loss - reference_loss) > 1e-5 * std::abs(reference_loss);
+    if (std::isnan(reference_loss)) reference_loss = trained.first_loss;
+    bool wrong = !std::isfinite(trained.first_loss) || std::abs(trained.first_loss - reference_loss) > 1e-5 * std::abs(reference_loss);
     // Recomputation computes the same activations again (no dropout), so a strategy trains along the same
     // losses in every mode; only a recomputation that differs from the kept activations moves them.
     bool trajectory_differs = false;
-    if (mode == Recompute::none) kept_last_loss[strategy.name()] = last_loss;
-    else if (auto kept = kept_last_loss.find(strategy.name()); kept != kept_last_loss.end())
-      trajectory_differs = !(std::abs(last_loss - kept->second) <= 1e-6 * std::abs(kept->second));
+    if (k.mode == Recompute::none) kept_last_loss[k.strategy.name()] = trained.last_loss;
+    else if (auto kept = kept_last_loss.find(k.strategy.name()); kept != kept_last_loss.end())
+      trajectory_differs = !(std::abs(trained.last_loss - kept->second) <= 1e-6 * std::abs(kept->second));
     wrong = wrong || trajectory_differs;
-    auto per_step = [&](auto field) {
-      std::vector<double> v;
-      for (const StepStats& s : timed) v.push_back(field(s));
-      return allreduce_sum(median(v)) / world;
-    };
-    std::vector<double> phase_medians = {
-        per_step([](const StepStats& s) { return s.forward_seconds; }), per_step([](const StepStats& s) { return s.backward_seconds; }),
-        per_step([](const StepStats& s) { return s.optimizer_seconds; }),
-        per_step([](const StepStats& s) { return s.exposed_comm_seconds; }), per_step([](const StepStats& s) { return s.idle_seconds; }),
-        per_step([](const StepStats& s) { return s.recompute_seconds; }),
-        per_step([](const StepStats& s) { return s.tp_comm_seconds; }),
-        per_step([](const StepStats& s) { return s.pipeline.wait_seconds; }),
-        per_step([](const StepStats& s) { return s.recompute_window_seconds; }),
-        per_step([](const StepStats& s) { return s.recompute_hidden_seconds; }),
-        per_step([](const StepStats& s) { return s.pipeline.hidden_seconds(); })};
-    // Each rank's pipeline idle time against its compute in the pipelined passes (the ideal time of
-    // docs/metrics.md's bubble), mean over ranks.
-    const double bubble = per_step([](const StepStats& s) {
-      const double compute = s.forward_seconds + s.backward_seconds + s.recompute_window_seconds;
-      return compute > 0 ? s.pipeline.wait_seconds / compute : 0.0;
-    });
-    const double bubble_formula = grid.pp > 1 ? (grid.pp - 1.0) / (o.virtual_stages * o.accumulation) : 0.0;
-    const double sent_pipeline = per_step([](const StepStats& s) { return s.pipeline.sent_bytes; });
-    const double sent_pipeline_formula = allreduce_sum(pipeline_sent_bytes(c, shape)) / world;
-    std::vector<double> busy, exposed;
-    for (std::size_t t = 0; t < kCommTiers; ++t) {
-      busy.push_back(per_step([t](const StepStats& s) { return s.comm[t].busy_seconds; }));
-      exposed.push_back(per_step([t](const StepStats& s) { return s.comm[t].exposed_seconds; }));
-    }
-    const double sent_intra = per_step([](const StepStats& s) { return s.traffic.intra_bytes; });
-    const double sent_inter = per_step([](const StepStats& s) { return s.traffic.inter_bytes; });
-    const coll::Traffic formula_traffic = expected_traffic(c, shape);
-    const double formula_intra = allreduce_sum(formula_traffic.intra_bytes) / world;
-    const double formula_inter = allreduce_sum(formula_traffic.inter_bytes) / world;
-    // On GPUs the model states are mixed precision (bf16 parameters, fp32 gradients, fp32 master and moments: 2, 4
-    // and 12 bytes); the GPU model's activations and workspace have no formula here.
-    const MemoryUse formula_memory = [&] {
-      if (!on_gpu) return memory_estimate(c, shape);
-      const double psi = static_cast<double>(model.parameters());
-      const ModelStateMemory states = model_state_memory(c.strategy, psi, psi, shape.m, shape.n, StateBytes{2, 4, 12});
-      MemoryUse use;
-      use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
-      return use;
-    }();
-    std::vector<double> measured_memory, formula_memory_max, memory_ratio;
-    for (MemoryCategory cat : kCategories) {
-      measured_memory.push_back(allreduce_max(MPI_COMM_WORLD, peak_memory[cat]));
-      formula_memory_max.push_back(allreduce_max(MPI_COMM_WORLD, formula_of(formula_memory, cat)));
-      memory_ratio.push_back(formula_memory_max.back() > 0 ? measured_memory.back() / formula_memory_max.back() : NAN);
-    }
+    const CaseFigures f = case_figures(job, c, trained);
 
-    CaseResult r = run.record(samples, wrong && rank == 0 ? 1 : 0, "strategy " + label,
+    const Placed& placed = prepared.placed;
+    CaseResult r = run.record(trained.samples, wrong && rank == 0 ? 1 : 0, "strategy " + k.label,
         [&](Table& row) {
-          axes.fill(row, point);
-          row.set("flop", flop_per_rank).set("flop_recompute", recompute_flop_per_rank).set("stage_layers", stage_layers)
-              .set("recompute_policy", placed.policy);
+          axes.fill(row, k.point);
+          row.set("flop", rates.flop_per_rank).set("flop_recompute", prepared.recompute_flop_per_rank)
+              .set("stage_layers", prepared.stage_layers).set("recompute_policy", placed.policy);
         },
         [&](Table& row, const CaseResult& res) {
           const double step = res.rankmax.median;
-          const double mfu = peak > 0 ? flop_per_rank / (step * peak) : 0.0;
-          const double hfu = peak > 0 ? (flop_per_rank + recompute_flop_per_rank) / (step * peak) : 0.0;
-          set_flop_rates(row, flop_per_rank, res, world, peak, label, {{"MFU", mfu}, {"HFU", hfu}});
-          row.set("tokens_per_s", tokens_per_step / step)
+          const double mfu = rates.mfu(step);
+          const double hfu = rates.peak > 0 ? (rates.flop_per_rank + prepared.recompute_flop_per_rank) / (step * rates.peak) : 0.0;
+          set_flop_rates(row, rates.flop_per_rank, res, world, rates.peak, k.label, {{"MFU", mfu}, {"HFU", hfu}});
+          row.set("tokens_per_s", rates.tokens_per_step / step)
               .set("mfu", mfu)
               .set("hfu", hfu)
-              .set("loss_first", first_loss).set("loss_last", last_loss);
-          for (std::size_t i = 0; i < phase_medians.size(); ++i) row.set(std::string("phase_") + kPhases[i], phase_medians[i]);
+              .set("loss_first", trained.first_loss).set("loss_last", trained.last_loss);
+          for (std::size_t i = 0; i < f.phases.size(); ++i) row.set(std::string("phase_") + kPhases[i], f.phases[i]);
           for (std::size_t t = 0; t < kCommTiers; ++t) {
             const std::string tier = name(static_cast<CommTier>(t));
-            row.set("comm_" + tier + "_busy", busy[t]).set("comm_" + tier + "_exposed", exposed[t]);
+            row.set("comm_" + tier + "_busy", f.busy[t]).set("comm_" + tier + "_exposed", f.exposed[t]);
           }
           for (std::size_t i = 0; i < std::size(kCategories); ++i) {
             const std::string n(name(kCategories[i]));
-            row.set("memory_" + n, measured_memory[i]).set("memory_" + n + "_formula", formula_memory_max[i])
-                .set("memory_" + n + "_ratio", memory_ratio[i]);
+            row.set("memory_" + n, f.measured_memory[i]).set("memory_" + n + "_formula", f.formula_memory_max[i])
+                .set("memory_" + n + "_ratio", f.memory_ratio[i]);
           }
           const PlacementResult& plan = placed.chosen;
-          row.set("bubble_fraction", bubble).set("bubble_fraction_formula", bubble_formula)
-              .set("sent_pipeline", sent_pipeline).set("sent_pipeline_formula", sent_pipeline_formula)
-              .set("recompute_exposed", phase_medians[5] + phase_medians[8] - phase_medians[9])
-              .set("placement_exposed", mode == Recompute::overlap ? plan.exposed_s : NAN)
-              .set("placement_search", mode == Recompute::overlap ? plan.search_s : NAN)
+          row.set("bubble_fraction", f.bubble).set("bubble_fraction_formula", f.bubble_formula)
+              .set("sent_pipeline", f.sent_pipeline).set("sent_pipeline_formula", f.sent_pipeline_formula)
+              .set("recompute_exposed", f.phases[5] + f.phases[8] - f.phases[9])
+              .set("placement_exposed", k.mode == Recompute::overlap ? plan.exposed_s : NAN)
+              .set("placement_search", k.mode == Recompute::overlap ? plan.search_s : NAN)
               .set("heuristic_gap", std::isnan(placed.heuristic_exposed_s) ? NAN
                                     : plan.exposed_s > 0 ? placed.heuristic_exposed_s / plan.exposed_s - 1 : 0.0);
-          row.set("sent_intra", counts_bytes ? sent_intra : NAN).set("sent_inter", counts_bytes ? sent_inter : NAN)
-              .set("sent_intra_formula", formula_intra).set("sent_inter_formula", formula_inter);
+          row.set("sent_intra", counts_bytes ? f.sent_intra : NAN).set("sent_inter", counts_bytes ? f.sent_inter : NAN)
+              .set("sent_intra_formula", f.formula_intra).set("sent_inter_formula", f.formula_inter);
         },
         [&](const CaseResult& res) { recorder.write_case(res.index); });
-    if (run.is_root()) {
-      const double step = r.rankmax.median;
-      const double states = measured_memory[0] + measured_memory[1] + measured_memory[2];
-      const double states_formula = formula_memory.params + formula_memory.grads + formula_memory.optimizer;
-      std::printf("# %s: step %.2f ms (median of %d, max over ranks) | %.0f tok/s | MFU %s | exposed comm %.1f%% | "
-                  "model states %sB/rank (formula %sB) | sent/rank intra %s, inter %s (ring formula %s, %s)%s%s\n",
-                  label.c_str(), step * 1e3, r.iterations, tokens_per_step / step,
-                  format_peak_percent(peak > 0 ? flop_per_rank / (step * peak) : 0, 2, true).c_str(), 100 * phase_medians[3] / step,
-                  format_si(states).c_str(),
-                  format_si(states_formula).c_str(), counts_bytes ? (format_si(sent_intra) + "B").c_str() : "n/a",
-                  counts_bytes ? (format_si(sent_inter) + "B").c_str() : "n/a", (format_si(formula_intra) + "B").c_str(),
-                  (format_si(formula_inter) + "B").c_str(),
-                  (mode == Recompute::none ? std::string()
-                                           : " | recompute " + format_fixed(phase_medians[5] * 1e3, 2) + " ms, activations " +
-                                                 format_si(measured_memory[3]) + "B/rank").c_str(),
-                  trajectory_differs ? " | CHECK FAILED: the losses differ from keeping every activation"
-                  : wrong            ? " | CHECK FAILED: step-1 loss differs"
-                                     : "");
-      std::string ratios;
-      for (std::size_t i = 0; i < std::size(kCategories); ++i)
-        ratios += std::string(i ? ", " : "") + std::string(name(kCategories[i])) + " " +
-                  (std::isnan(memory_ratio[i]) ? std::string("n/a") : format_fixed(memory_ratio[i], 3));
-      std::printf("# %s memory/rank, measured / formula (comm_buffers: / bound; max over ranks): %s\n", label.c_str(), ratios.c_str());
-      std::fflush(stdout);
-    }
+    if (run.is_root()) print_case(k, r, rates, f, counts_bytes, wrong, trajectory_differs);
   }
   if (run.is_root()) std::printf("# results: %s\n", run.output_path().c_str());
   return run.finish();
