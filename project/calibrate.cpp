@@ -434,188 +434,223 @@ std::string dtype_list(const std::map<std::string, ComputePeak>& compute) {
   return out;
 }
 
-}  // namespace
+// One calibration: the runs read, the description whose figures stand in for what was not measured here (or none),
+// and what is built, a part of the description per method.
+class Calibrator {
+ public:
+  Calibrator(const CalibrationInput& input, const System* base, const std::string& base_name)
+      : input(input), base(base), from_base("not measured here: from " + base_name) {}
 
-Calibration calibrate(const CalibrationInput& input, const System* base, const std::string& base_name) {
-  Calibration out;
-  System& s = out.system;
-  std::vector<std::string>& report = out.report;
-  const std::string from_base = "not measured here: from " + base_name;
-  auto based = [&](std::string source) { return source.empty() ? from_base : from_base + " (" + source + ")"; };
-  auto based_quantity = [&](Quantity q) {
+  Calibration run() {
+    s.name = input.name;
+    s.comment = "Calibrated by strata-project calibrate from " + input.provenance +
+                ". Every fitted figure names its fit and residual in its source; figures not measured here say so.";
+    s.device.name = input.device_name;
+    s.device.source = input.device_source;
+    s.device.devices_per_node = input.devices_per_node;
+    fit_gemm();
+    fit_attention();
+    take_missing_compute();
+    fit_memory();
+    fit_elementwise();
+    // The device's memory capacity is not measured: the base's, when it says.
+    if (base && base->device.memory_capacity) s.device.memory_capacity = based_quantity(*base->device.memory_capacity);
+    fit_collectives();
+    fit_tier(GroupKind::intra_node, s.intra_node, base ? &base->intra_node : nullptr);
+    fit_tier(GroupKind::inter_node, s.inter_node, base ? &base->inter_node : nullptr);
+    keep_base_collectives();
+    fit_contention();
+    fit_overlap();
+    if (out.missing.empty())
+      if (auto problem = find_problem(s))
+        throw std::logic_error("calibration produced an unusable description: " + *problem);
+    return std::move(out);
+  }
+
+ private:
+  using Key = std::tuple<coll::Operation, std::string, GroupKind, int>;
+
+  std::string based(const std::string& source) const { return source.empty() ? from_base : from_base + " (" + source + ")"; }
+  Quantity based_quantity(Quantity q) const {
     q.source = based(q.source);
     return q;
-  };
-  s.name = input.name;
-  s.comment = "Calibrated by strata-project calibrate from " + input.provenance +
-              ". Every fitted figure names its fit and residual in its source; figures not measured here say so.";
+  }
 
-  // ---- the device ----
-  s.device.name = input.device_name;
-  s.device.source = input.device_source;
-  s.device.devices_per_node = input.devices_per_node;
-  std::map<std::string, std::vector<GemmMeasurement>> gemm_by_dtype;
-  for (const GemmMeasurement& g : input.gemm) gemm_by_dtype[g.dtype].push_back(g);
-  for (const auto& [dtype, measured] : gemm_by_dtype) {
-    const auto peak = input.peaks.find(dtype);
-    if (peak == input.peaks.end() || !(peak->second.value > 0)) {
-      report.push_back("gemm " + dtype + ": " + std::to_string(measured.size()) +
-                       " points but no measured peak for the dtype: left out");
-      continue;
+  // GEMM: the peak of each dtype, a point per shape (the median of its cases) and the efficiency curve through them.
+  void fit_gemm() {
+    std::map<std::string, std::vector<GemmMeasurement>> gemm_by_dtype;
+    for (const GemmMeasurement& g : input.gemm) gemm_by_dtype[g.dtype].push_back(g);
+    for (const auto& [dtype, measured] : gemm_by_dtype) {
+      const auto peak = input.peaks.find(dtype);
+      if (peak == input.peaks.end() || !(peak->second.value > 0)) {
+        report.push_back("gemm " + dtype + ": " + std::to_string(measured.size()) +
+                         " points but no measured peak for the dtype: left out");
+        continue;
+      }
+      ComputePeak c;
+      c.peak_flops = fitted(peak->second.value, peak->second.relative_spread, peak->second.source);
+      // One point per shape: the median of the cases measured at that shape (runs, libraries already chosen).
+      std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<const GemmMeasurement*>> by_shape;
+      for (const GemmMeasurement& g : measured) by_shape[{g.m, g.n, g.k}].push_back(&g);
+      std::vector<EfficiencyPoint> efficiencies;
+      std::vector<double> point_spreads;
+      double lowest = 1e300, highest = 0;
+      for (const auto& [shape, cases] : by_shape) {
+        std::vector<double> times, spreads;
+        for (const GemmMeasurement* g : cases) times.push_back(g->seconds), spreads.push_back(g->spread);
+        const double seconds = median_of(times);
+        const double between = cases.size() > 1 ? (*std::max_element(times.begin(), times.end()) -
+                                                   *std::min_element(times.begin(), times.end())) / (2 * seconds)
+                                                : 0;
+        GemmPoint p{std::get<0>(shape), std::get<1>(shape), std::get<2>(shape),
+                    fitted(seconds, std::max(median_of(spreads), between))};
+        point_spreads.push_back(p.seconds.relative_spread);
+        const double efficiency = p.flops() / (c.peak_flops.value * seconds);
+        lowest = std::min(lowest, efficiency), highest = std::max(highest, efficiency);
+        efficiencies.push_back({p.flops(), efficiency});
+        c.gemm_points.push_back(p);
+      }
+      c.efficiency = fit_efficiency(efficiencies,
+          "fitted: median efficiency per quarter decade of FLOPs of the " + std::to_string(c.gemm_points.size()) +
+          " gemm_points (strata-gemm, " + input.provenance + "); spread: RMS relative deviation of the points from "
+          "it, at least their own median spread", median_of(point_spreads));
+      s.device.compute[dtype] = c;
+      report.push_back("gemm " + dtype + ": peak " + si(c.peak_flops.value, "FLOP/s") + ", " +
+                       std::to_string(c.gemm_points.size()) + " shapes, efficiency " + format("%.3f", lowest) + " to " +
+                       format("%.3f", highest) + "; curve of " + std::to_string(c.efficiency.points.size()) +
+                       " points, residual " + percent(c.efficiency.relative_spread));
+      if (highest > 1)
+        report.push_back("gemm " + dtype + ": faster than the measured peak at some shapes (clipped to 1 in the curve): "
+                         "the machine description was likely measured on a busy machine; STRATA_MACHINE_CACHE=refresh "
+                         "measures it again");
     }
-    ComputePeak c;
-    c.peak_flops = fitted(peak->second.value, peak->second.relative_spread, peak->second.source);
-    // One point per shape: the median of the cases measured at that shape (runs, libraries already chosen).
-    std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, std::vector<const GemmMeasurement*>> by_shape;
-    for (const GemmMeasurement& g : measured) by_shape[{g.m, g.n, g.k}].push_back(&g);
-    std::vector<EfficiencyPoint> efficiencies;
-    std::vector<double> point_spreads;
-    double lowest = 1e300, highest = 0;
-    for (const auto& [shape, cases] : by_shape) {
-      std::vector<double> times, spreads;
-      for (const GemmMeasurement* g : cases) times.push_back(g->seconds), spreads.push_back(g->spread);
-      const double seconds = median_of(times);
-      const double between = cases.size() > 1 ? (*std::max_element(times.begin(), times.end()) -
-                                                 *std::min_element(times.begin(), times.end())) / (2 * seconds)
-                                              : 0;
-      GemmPoint p{std::get<0>(shape), std::get<1>(shape), std::get<2>(shape),
-                  fitted(seconds, std::max(median_of(spreads), between))};
-      point_spreads.push_back(p.seconds.relative_spread);
-      const double efficiency = p.flops() / (c.peak_flops.value * seconds);
-      lowest = std::min(lowest, efficiency), highest = std::max(highest, efficiency);
-      efficiencies.push_back({p.flops(), efficiency});
-      c.gemm_points.push_back(p);
-    }
-    c.efficiency = fit_efficiency(efficiencies,
-        "fitted: median efficiency per quarter decade of FLOPs of the " + std::to_string(c.gemm_points.size()) +
-        " gemm_points (strata-gemm, " + input.provenance + "); spread: RMS relative deviation of the points from "
-        "it, at least their own median spread", median_of(point_spreads));
-    s.device.compute[dtype] = c;
-    report.push_back("gemm " + dtype + ": peak " + si(c.peak_flops.value, "FLOP/s") + ", " +
-                     std::to_string(c.gemm_points.size()) + " shapes, efficiency " + format("%.3f", lowest) + " to " +
-                     format("%.3f", highest) + "; curve of " + std::to_string(c.efficiency.points.size()) +
-                     " points, residual " + percent(c.efficiency.relative_spread));
-    if (highest > 1)
-      report.push_back("gemm " + dtype + ": faster than the measured peak at some shapes (clipped to 1 in the curve): "
-                       "the machine description was likely measured on a busy machine; STRATA_MACHINE_CACHE=refresh "
-                       "measures it again");
   }
 
   // Attention: points beside the GEMM figures of the same dtype, a curve per pass.
-  std::map<std::pair<std::string, bool>, std::vector<const AttentionMeasurement*>> attention_by;
-  for (const AttentionMeasurement& a : input.attention) attention_by[{a.dtype, a.shape.backward}].push_back(&a);
-  for (const auto& [key, measured] : attention_by) {
-    const auto& [dtype, backward] = key;
-    const std::string pass = backward ? "bwd" : "fwd";
-    const auto compute = s.device.compute.find(dtype);
-    if (compute == s.device.compute.end()) {
-      report.push_back("attention " + dtype + " " + pass + ": no GEMM peak for the dtype: left out");
-      continue;
-    }
-    ComputePeak& c = compute->second;
-    std::vector<EfficiencyPoint> efficiencies;
-    std::vector<double> point_spreads;
-    for (const AttentionMeasurement* a : measured) {
-      c.attention_points.push_back({a->shape, fitted(a->seconds, a->spread)});
-      point_spreads.push_back(c.attention_points.back().seconds.relative_spread);
-      efficiencies.push_back({a->shape.flops(), a->shape.flops() / (c.peak_flops.value * a->seconds)});
-    }
-    const EfficiencyCurve curve = fit_efficiency(efficiencies,
-        "fitted: median efficiency per quarter decade of FLOPs of the " + std::to_string(measured.size()) + " " + pass +
-        " attention_points (strata-attention flash, flash-attention FLOPs, " + input.provenance + ")",
-        median_of(point_spreads));
-    c.attention_efficiency[pass] = curve;
-    report.push_back("attention " + dtype + " " + pass + ": " + std::to_string(measured.size()) + " points, curve of " +
-                     std::to_string(curve.points.size()) + " points from efficiency " +
-                     format("%.3f", curve.points.front().efficiency) + " to " +
-                     format("%.3f", curve.points.back().efficiency) + ", residual " + percent(curve.relative_spread));
-  }
-  if (input.attention.empty()) report.push_back("attention: not measured (no strata-attention flash run): the GEMM curves stand in");
-
-  if (s.device.compute.empty()) {
-    if (base) {
-      s.device.compute = base->device.compute;
-      for (auto& [dtype, c] : s.device.compute) {
-        c.peak_flops = based_quantity(c.peak_flops);
-        c.efficiency.source = based(c.efficiency.source);
+  void fit_attention() {
+    std::map<std::pair<std::string, bool>, std::vector<const AttentionMeasurement*>> attention_by;
+    for (const AttentionMeasurement& a : input.attention) attention_by[{a.dtype, a.shape.backward}].push_back(&a);
+    for (const auto& [key, measured] : attention_by) {
+      const auto& [dtype, backward] = key;
+      const std::string pass = backward ? "bwd" : "fwd";
+      const auto compute = s.device.compute.find(dtype);
+      if (compute == s.device.compute.end()) {
+        report.push_back("attention " + dtype + " " + pass + ": no GEMM peak for the dtype: left out");
+        continue;
       }
-      if (s.device.name.empty()) s.device.name = base->device.name;
-      report.push_back("compute: " + from_base + " (" + dtype_list(s.device.compute) + ")");
-    } else {
-      out.missing.push_back("no strata-gemm run: the device's compute (peak, efficiency curve, GEMM points) cannot be "
-                            "fitted");
+      ComputePeak& c = compute->second;
+      std::vector<EfficiencyPoint> efficiencies;
+      std::vector<double> point_spreads;
+      for (const AttentionMeasurement* a : measured) {
+        c.attention_points.push_back({a->shape, fitted(a->seconds, a->spread)});
+        point_spreads.push_back(c.attention_points.back().seconds.relative_spread);
+        efficiencies.push_back({a->shape.flops(), a->shape.flops() / (c.peak_flops.value * a->seconds)});
+      }
+      const EfficiencyCurve curve = fit_efficiency(efficiencies,
+          "fitted: median efficiency per quarter decade of FLOPs of the " + std::to_string(measured.size()) + " " + pass +
+          " attention_points (strata-attention flash, flash-attention FLOPs, " + input.provenance + ")",
+          median_of(point_spreads));
+      c.attention_efficiency[pass] = curve;
+      report.push_back("attention " + dtype + " " + pass + ": " + std::to_string(measured.size()) + " points, curve of " +
+                       std::to_string(curve.points.size()) + " points from efficiency " +
+                       format("%.3f", curve.points.front().efficiency) + " to " +
+                       format("%.3f", curve.points.back().efficiency) + ", residual " + percent(curve.relative_spread));
+    }
+    if (input.attention.empty()) report.push_back("attention: not measured (no strata-attention flash run): the GEMM curves stand in");
+  }
+
+  // Without a GEMM run: the base's compute; and the base's devices per node where no run says.
+  void take_missing_compute() {
+    if (s.device.compute.empty()) {
+      if (base) {
+        s.device.compute = base->device.compute;
+        for (auto& [dtype, c] : s.device.compute) {
+          c.peak_flops = based_quantity(c.peak_flops);
+          c.efficiency.source = based(c.efficiency.source);
+        }
+        if (s.device.name.empty()) s.device.name = base->device.name;
+        report.push_back("compute: " + from_base + " (" + dtype_list(s.device.compute) + ")");
+      } else {
+        out.missing.push_back("no strata-gemm run: the device's compute (peak, efficiency curve, GEMM points) cannot be "
+                              "fitted");
+      }
+    }
+    if (s.device.devices_per_node < 1) {
+      if (base) s.device.devices_per_node = base->device.devices_per_node;
+      else out.missing.push_back("no run says how many devices a node holds");
     }
   }
-  if (s.device.devices_per_node < 1) {
-    if (base) s.device.devices_per_node = base->device.devices_per_node;
-    else out.missing.push_back("no run says how many devices a node holds");
+
+  void fit_memory() {
+    if (input.memory_bandwidth && input.memory_efficiency) {
+      s.device.memory_bandwidth = fitted(input.memory_bandwidth->value, input.memory_bandwidth->relative_spread,
+                                         input.memory_bandwidth->source);
+      s.device.memory_efficiency = fitted(input.memory_efficiency->value, input.memory_efficiency->relative_spread,
+                                          input.memory_efficiency->source);
+      report.push_back("memory: " + si(s.device.memory_bandwidth.value, "B/s") + " per device at efficiency " +
+                       format("%.3f", s.device.memory_efficiency.value) + " (" + s.device.memory_bandwidth.source + ")");
+    } else if (base) {
+      s.device.memory_bandwidth = based_quantity(base->device.memory_bandwidth);
+      s.device.memory_efficiency = based_quantity(base->device.memory_efficiency);
+      report.push_back("memory: " + from_base);
+    } else {
+      out.missing.push_back("no measured memory bandwidth for this device (the runs' machine description measures the "
+                            "host's, not a GPU's): the elementwise kernels cannot be fitted");
+    }
   }
-  if (input.memory_bandwidth && input.memory_efficiency) {
-    s.device.memory_bandwidth = fitted(input.memory_bandwidth->value, input.memory_bandwidth->relative_spread,
-                                       input.memory_bandwidth->source);
-    s.device.memory_efficiency = fitted(input.memory_efficiency->value, input.memory_efficiency->relative_spread,
-                                        input.memory_efficiency->source);
-    report.push_back("memory: " + si(s.device.memory_bandwidth.value, "B/s") + " per device at efficiency " +
-                     format("%.3f", s.device.memory_efficiency.value) + " (" + s.device.memory_bandwidth.source + ")");
-  } else if (base) {
-    s.device.memory_bandwidth = based_quantity(base->device.memory_bandwidth);
-    s.device.memory_efficiency = based_quantity(base->device.memory_efficiency);
-    report.push_back("memory: " + from_base);
-  } else {
-    out.missing.push_back("no measured memory bandwidth for this device (the runs' machine description measures the "
-                          "host's, not a GPU's): the elementwise kernels cannot be fitted");
-  }
+
   // The step's elementwise kernels at its shapes: each kernel's bytes over its seconds (every shape measured), and all
   // of them together for the step's elementwise ops no kernel of them runs. Without them the memory figures above
   // time every elementwise op.
-  if (!input.elementwise.empty()) {
-    std::map<std::string, std::pair<double, double>> sums;  // kernel -> (bytes, seconds)
-    std::map<std::string, double> spreads;
-    double bytes = 0, seconds = 0, widest = 0;
-    for (const ElementwiseMeasurement& e : input.elementwise) {
-      sums[e.kernel].first += e.bytes, sums[e.kernel].second += e.seconds;
-      spreads[e.kernel] = std::max(spreads[e.kernel], e.spread);
-      bytes += e.bytes, seconds += e.seconds, widest = std::max(widest, e.spread);
+  void fit_elementwise() {
+    if (!input.elementwise.empty()) {
+      std::map<std::string, std::pair<double, double>> sums;  // kernel -> (bytes, seconds)
+      std::map<std::string, double> spreads;
+      double bytes = 0, seconds = 0, widest = 0;
+      for (const ElementwiseMeasurement& e : input.elementwise) {
+        sums[e.kernel].first += e.bytes, sums[e.kernel].second += e.seconds;
+        spreads[e.kernel] = std::max(spreads[e.kernel], e.spread);
+        bytes += e.bytes, seconds += e.seconds, widest = std::max(widest, e.spread);
+      }
+      std::string rates;
+      for (const auto& [kernel, sum] : sums) {
+        s.device.elementwise_kernels[kernel] = fitted(sum.first / sum.second, spreads[kernel], "measured: strata-elementwise");
+        rates += (rates.empty() ? "" : ", ") + kernel + " " + si(sum.first / sum.second, "B/s");
+      }
+      s.device.elementwise_bandwidth = fitted(bytes / seconds, widest, "measured: strata-elementwise, every kernel's bytes over their seconds");
+      report.push_back("elementwise kernels: " + rates + "; together " + si(bytes / seconds, "B/s"));
     }
-    std::string rates;
-    for (const auto& [kernel, sum] : sums) {
-      s.device.elementwise_kernels[kernel] = fitted(sum.first / sum.second, spreads[kernel], "measured: strata-elementwise");
-      rates += (rates.empty() ? "" : ", ") + kernel + " " + si(sum.first / sum.second, "B/s");
-    }
-    s.device.elementwise_bandwidth = fitted(bytes / seconds, widest, "measured: strata-elementwise, every kernel's bytes over their seconds");
-    report.push_back("elementwise kernels: " + rates + "; together " + si(bytes / seconds, "B/s"));
-  }
-  // The device's memory capacity is not measured: the base's, when it says.
-  if (base && base->device.memory_capacity) s.device.memory_capacity = based_quantity(*base->device.memory_capacity);
-
-  // ---- collectives ----
-  using Key = std::tuple<coll::Operation, std::string, GroupKind, int>;
-  std::map<Key, std::vector<std::pair<double, double>>> by_key;
-  std::map<Key, bool> emulated;
-  for (const CollectiveMeasurement& m : input.collectives) {
-    const Key key{m.op, m.algorithm, m.group, m.ranks};
-    by_key[key].emplace_back(m.bytes, m.seconds);
-    emulated[key] = emulated[key] || (m.emulated && m.group != GroupKind::intra_node);
-  }
-  for (const auto& [key, points] : by_key) {
-    const auto& [op, algorithm, group, ranks] = key;
-    const std::string name = std::string(coll::name(op)) + " " + algorithm + " " + group_kind_name(group) +
-                             " n=" + std::to_string(ranks);
-    const SizeSeries series = series_of(points, coll::bus_factor(op, ranks));
-    if (series.bytes.size() < 3) {
-      report.push_back(name + ": " + std::to_string(series.bytes.size()) + " size(s), fewer than 3: not fitted");
-      continue;
-    }
-    const std::string source =
-        "fitted: strata-collective, " + std::to_string(series.bytes.size()) + " sizes " + bytes_text(series.bytes.front()) +
-        " to " + bytes_text(series.bytes.back()) + ", medians of the per-iteration max over ranks (" + input.provenance +
-        ")" + (emulated.at(key) ? "; nodes emulated on one machine (--ranks-per-node): shared memory, not a network" : "");
-    s.collectives.push_back(fit_collective(op, algorithm, group, ranks, series, source));
-    report.push_back(name + ": " + model_text(s.collectives.back()));
   }
 
-  // ---- the tiers ----
-  auto fit_tier = [&](GroupKind kind, NetworkTier& tier, const NetworkTier* base_tier) {
+  // A model per operation, algorithm, group kind and size measured at three sizes or more.
+  void fit_collectives() {
+    std::map<Key, std::vector<std::pair<double, double>>> by_key;
+    for (const CollectiveMeasurement& m : input.collectives) {
+      const Key key{m.op, m.algorithm, m.group, m.ranks};
+      by_key[key].emplace_back(m.bytes, m.seconds);
+      emulated[key] = emulated[key] || (m.emulated && m.group != GroupKind::intra_node);
+    }
+    for (const auto& [key, points] : by_key) {
+      const auto& [op, algorithm, group, ranks] = key;
+      const std::string name = std::string(coll::name(op)) + " " + algorithm + " " + group_kind_name(group) +
+                               " n=" + std::to_string(ranks);
+      const SizeSeries series = series_of(points, coll::bus_factor(op, ranks));
+      if (series.bytes.size() < 3) {
+        report.push_back(name + ": " + std::to_string(series.bytes.size()) + " size(s), fewer than 3: not fitted");
+        continue;
+      }
+      const std::string source =
+          "fitted: strata-collective, " + std::to_string(series.bytes.size()) + " sizes " + bytes_text(series.bytes.front()) +
+          " to " + bytes_text(series.bytes.back()) + ", medians of the per-iteration max over ranks (" + input.provenance +
+          ")" + (emulated.at(key) ? "; nodes emulated on one machine (--ranks-per-node): shared memory, not a network" : "");
+      s.collectives.push_back(fit_collective(op, algorithm, group, ranks, series, source));
+      report.push_back(name + ": " + model_text(s.collectives.back()));
+    }
+  }
+
+  // A tier's latency and bandwidth: from its point-to-point sizes; else its best-covered fitted allreduce; else the
+  // base's.
+  void fit_tier(GroupKind kind, NetworkTier& tier, const NetworkTier* base_tier) {
     const std::string tier_name = group_kind_name(kind);
     std::vector<std::pair<double, double>> transfers;
     bool tier_emulated = false;
@@ -674,63 +709,79 @@ Calibration calibrate(const CalibrationInput& input, const System* base, const s
                                                          : "inter-node groups (one rank per node; e.g. --group inter, "
                                                            "or --ranks-per-node 1 to emulate nodes on one machine)") +
                           ": the " + tier_name + " tier cannot be fitted");
-  };
-  fit_tier(GroupKind::intra_node, s.intra_node, base ? &base->intra_node : nullptr);
-  fit_tier(GroupKind::inter_node, s.inter_node, base ? &base->inter_node : nullptr);
-  if (base)
-    for (const CollectiveModel& m : base->collectives) {
-      const bool measured = std::any_of(s.collectives.begin(), s.collectives.end(), [&m](const CollectiveModel& f) {
-        return f.op == m.op && f.algorithm == m.algorithm && f.group == m.group && f.ranks == m.ranks;
-      });
-      if (measured) continue;
-      CollectiveModel kept = m;
-      kept.source = based(kept.source);
-      s.collectives.push_back(kept);
+  }
+
+  // The base's models of what was not measured here.
+  void keep_base_collectives() {
+    if (base)
+      for (const CollectiveModel& m : base->collectives) {
+        const bool measured = std::any_of(s.collectives.begin(), s.collectives.end(), [&m](const CollectiveModel& f) {
+          return f.op == m.op && f.algorithm == m.algorithm && f.group == m.group && f.ranks == m.ranks;
+        });
+        if (measured) continue;
+        CollectiveModel kept = m;
+        kept.source = based(kept.source);
+        s.collectives.push_back(kept);
+      }
+    bool hierarchical = false;
+    for (const CollectiveModel& m : s.collectives) hierarchical = hierarchical || m.group == GroupKind::hierarchical;
+    if (!hierarchical)
+      report.push_back("hierarchical groups: not measured (needs two or more nodes of two or more ranks): the "
+                       "inter_node tier stands in");
+  }
+
+  void fit_contention() {
+    std::vector<double> contention;
+    for (const ContentionMeasurement& c : input.contention) contention.push_back(c.slowdown);
+    if (!contention.empty()) {
+      std::string line;
+      s.collective_contention = slowdown_quantity(contention, "operations and sizes of strata-collective --mixed", line);
+      report.push_back("collective contention c = " + line);
+    } else if (base && base->collective_contention) {
+      s.collective_contention = based_quantity(*base->collective_contention);
+      report.push_back("collective contention: " + from_base);
+    } else {
+      report.push_back("collective contention: not measured (no strata-collective --mixed run with TP and DP groups of "
+                       "two or more ranks each; needs 4 ranks)");
     }
-  bool hierarchical = false;
-  for (const CollectiveModel& m : s.collectives) hierarchical = hierarchical || m.group == GroupKind::hierarchical;
-  if (!hierarchical)
-    report.push_back("hierarchical groups: not measured (needs two or more nodes of two or more ranks): the "
-                     "inter_node tier stands in");
-
-  // ---- contention and overlap ----
-  std::vector<double> contention;
-  for (const ContentionMeasurement& c : input.contention) contention.push_back(c.slowdown);
-  if (!contention.empty()) {
-    std::string line;
-    s.collective_contention = slowdown_quantity(contention, "operations and sizes of strata-collective --mixed", line);
-    report.push_back("collective contention c = " + line);
-  } else if (base && base->collective_contention) {
-    s.collective_contention = based_quantity(*base->collective_contention);
-    report.push_back("collective contention: " + from_base);
-  } else {
-    report.push_back("collective contention: not measured (no strata-collective --mixed run with TP and DP groups of "
-                     "two or more ranks each; needs 4 ranks)");
-  }
-  std::vector<double> compute_slowdowns, communication_slowdowns;
-  for (const InterferenceMeasurement& i : input.interference) {
-    compute_slowdowns.push_back(i.compute_slowdown);
-    communication_slowdowns.push_back(i.communication_slowdown);
-  }
-  if (!compute_slowdowns.empty()) {
-    std::string line;
-    s.overlap_slowdown = slowdown_quantity(compute_slowdowns, "kernel, collective and size cases of strata-interference", line);
-    report.push_back("overlap slowdown s = " + line);
-    s.communication_slowdown =
-        slowdown_quantity(communication_slowdowns, "kernel, collective and size cases of strata-interference", line);
-    report.push_back("communication slowdown = " + line);
-  } else if (base) {
-    s.overlap_slowdown = based_quantity(base->overlap_slowdown);
-    if (base->communication_slowdown) s.communication_slowdown = based_quantity(*base->communication_slowdown);
-    report.push_back("overlap slowdown: " + from_base);
-  } else {
-    out.missing.push_back("no strata-interference run: the overlap slowdown s cannot be fitted");
   }
 
-  if (out.missing.empty())
-    if (auto problem = find_problem(s))
-      throw std::logic_error("calibration produced an unusable description: " + *problem);
-  return out;
+  // The overlap slowdown s and the communication slowdown, from strata-interference's cases.
+  void fit_overlap() {
+    std::vector<double> compute_slowdowns, communication_slowdowns;
+    for (const InterferenceMeasurement& i : input.interference) {
+      compute_slowdowns.push_back(i.compute_slowdown);
+      communication_slowdowns.push_back(i.communication_slowdown);
+    }
+    if (!compute_slowdowns.empty()) {
+      std::string line;
+      s.overlap_slowdown = slowdown_quantity(compute_slowdowns, "kernel, collective and size cases of strata-interference", line);
+      report.push_back("overlap slowdown s = " + line);
+      s.communication_slowdown =
+          slowdown_quantity(communication_slowdowns, "kernel, collective and size cases of strata-interference", line);
+      report.push_back("communication slowdown = " + line);
+    } else if (base) {
+      s.overlap_slowdown = based_quantity(base->overlap_slowdown);
+      if (base->communication_slowdown) s.communication_slowdown = based_quantity(*base->communication_slowdown);
+      report.push_back("overlap slowdown: " + from_base);
+    } else {
+      out.missing.push_back("no strata-interference run: the overlap slowdown s cannot be fitted");
+    }
+  }
+
+  const CalibrationInput& input;
+  const System* base;
+  const std::string from_base;
+  Calibration out;
+  System& s = out.system;
+  std::vector<std::string>& report = out.report;
+  std::map<Key, bool> emulated;  // per fitted collective: its inter-node groups were emulated nodes
+};
+
+}  // namespace
+
+Calibration calibrate(const CalibrationInput& input, const System* base, const std::string& base_name) {
+  return Calibrator(input, base, base_name).run();
 }
 
 }  // namespace strata::project

@@ -473,25 +473,26 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
   return run.finish();
 }
 
-int run_collective(int argc, char** argv) {
-  HarnessOptions h;
-  h.warmup = 5, h.iters = 20;
-  h.timeout = "0";  // a collective's iterations take microseconds to seconds: a limit is the user's to choose
-  Options o;
-  Cli cli("strata-collective",
-          "Collective operations over MPI or NCCL (nccl-tests flags and bandwidth conventions), in any layout.");
-  cli.option("collective", 0, "operations: allreduce,allgather,reduce_scatter,alltoall,broadcast,reduce,sendrecv or all",
-             o.collectives);
+// "a,b,c": the names of `values`, for the help text, so it lists what the parser takes.
+template <typename Values>
+std::string names_of(const Values& values) {
+  std::string text;
+  for (auto v : values) text += (text.empty() ? "" : ",") + std::string(coll::name(v));
+  return text;
+}
+
+void add_collective_options(Cli& cli, Options& o, HarnessOptions& h) {
+  cli.option("collective", 0, "operations: " + names_of(coll::kAllOperations) + " or all", o.collectives);
   cli.option("minbytes", 'b', "smallest size S (K/M/G suffixes; nccl-tests' S per operation)", o.minbytes);
   cli.option("maxbytes", 'e', "largest size S", o.maxbytes);
   cli.option("stepfactor", 'f', "multiply the size by this between steps", o.stepfactor, 2);
   cli.option("stepbytes", 'i', "add this many bytes between steps instead (0: use --stepfactor)", o.stepbytes);
-  cli.option("datatype", 'd', "int8,int32,float,double,half,bfloat16 or all", o.datatypes);
-  cli.option("redop", 'o', "reductions: sum,prod,min,max,avg or all (reduction operations only) [sum]", o.redops);
+  cli.option("datatype", 'd', names_of(coll::kAllDataTypes) + " or all", o.datatypes);
+  cli.option("redop", 'o', "reductions: " + names_of(coll::kAllRedOps) + " or all (reduction operations only) [sum]", o.redops);
   cli.option("check", 'c', "check every case's result on an untimed iteration (0/1)", o.check, 0);
   cli.option("root", 0, "root rank (in its group) of broadcast and reduce", o.root, 0);
   cli.choice("backend", 0, "communication library", o.backend, {"mpi", "nccl"});
-  cli.option("algo", 'a', "algorithms: library,ring,recursive_doubling,hierarchical,horing or all", o.algos);
+  cli.option("algo", 'a', "algorithms: " + names_of(coll::kAllAlgos) + " or all", o.algos);
   cli.choice("mode", 'm', "pipelined: back-to-back operations timed as a loop (nccl-tests); blocking: one "
              "operation per timed interval, barrier between (OSU)", o.mode, {"pipelined", "blocking"});
   cli.option("ops-per-sample", 0, "operations per timed sample in pipelined mode", o.ops_per_sample, 1);
@@ -511,41 +512,59 @@ int run_collective(int argc, char** argv) {
              "process groups and the blocking algorithms alike", o.max_message_bytes);
   add_harness_options(cli, h);
   cli.alias("warmup_iters", "warmup");
-  if (!cli.parse(argc, argv)) return 0;
+}
 
-  // ---- what to run --------------------------------------------------------------------------------
-  auto ops = parse_list<Operation>(o.collectives, "--collective", "operation", coll::parse_operation, coll::kAllOperations);
-  auto dtypes = parse_list<DataType>(o.datatypes, "--datatype", "datatype", coll::parse_datatype, coll::kAllDataTypes);
-  auto algos = parse_list<Algo>(o.algos, "--algo", "algorithm", coll::parse_algo, coll::kAllAlgos);
-  bool any_reduction = std::any_of(ops.begin(), ops.end(), is_reduction);
+// What to run, from the flags alone: the operations, dtypes, algorithms, reductions, sizes and placements.
+struct Plan {
+  std::vector<Operation> ops;
+  std::vector<DataType> dtypes;
+  std::vector<Algo> algos;
+  std::vector<RedOp> redops;
+  std::vector<size_t> sizes;
+  std::vector<int64_t> placements;  // 0 out of place, 1 in place
+  int64_t segment_bytes = 0, max_message_bytes = 0;
+};
+
+// nccl-tests' sizes: from -b to -e, multiplied by -f (or stepped by -i).
+std::vector<size_t> sweep_sizes(int64_t min_bytes, int64_t max_bytes, int64_t step_bytes, int step_factor) {
+  std::vector<size_t> sizes;
+  for (int64_t b = min_bytes; b <= max_bytes;) {
+    sizes.push_back(static_cast<size_t>(b));
+    int64_t next = step_bytes > 0 ? b + step_bytes : b * step_factor;
+    if (next == b) next = b + 1;  // -b 0: continue from one element
+    if (b == 0 && step_bytes == 0) next = std::max<int64_t>(1, min_bytes);
+    b = next == 0 ? 1 : next;
+    if (b > max_bytes) break;
+  }
+  return sizes;
+}
+
+Plan plan_collective(const Options& o) {
+  Plan plan;
+  plan.ops = parse_list<Operation>(o.collectives, "--collective", "operation", coll::parse_operation, coll::kAllOperations);
+  plan.dtypes = parse_list<DataType>(o.datatypes, "--datatype", "datatype", coll::parse_datatype, coll::kAllDataTypes);
+  plan.algos = parse_list<Algo>(o.algos, "--algo", "algorithm", coll::parse_algo, coll::kAllAlgos);
+  const bool any_reduction = std::any_of(plan.ops.begin(), plan.ops.end(), is_reduction);
   if (!o.redops.empty() && !any_reduction)
     throw UsageError("--redop applies to reductions (allreduce, reduce_scatter, reduce), not to " + o.collectives);
-  auto redops = parse_list<RedOp>(o.redops.empty() ? "sum" : o.redops, "--redop", "reduction", coll::parse_redop, coll::kAllRedOps);
+  plan.redops = parse_list<RedOp>(o.redops.empty() ? "sum" : o.redops, "--redop", "reduction", coll::parse_redop, coll::kAllRedOps);
   const int64_t min_bytes = parse_bytes(o.minbytes, "--minbytes"), max_bytes = parse_bytes(o.maxbytes, "--maxbytes");
   const int64_t step_bytes = parse_bytes(o.stepbytes, "--stepbytes");
   if (min_bytes > max_bytes) throw UsageError("--minbytes " + o.minbytes + " is larger than --maxbytes " + o.maxbytes);
-  for (DataType d : dtypes) {
+  for (DataType d : plan.dtypes) {
     int64_t elem = static_cast<int64_t>(coll::size_of(d));
     for (auto [flag, value] : {std::pair{"--minbytes", min_bytes}, std::pair{"--maxbytes", max_bytes}})
       if (value % elem)
         throw UsageError(std::string(flag) + " " + std::to_string(value) + " is not a multiple of " +
                          std::string(coll::name(d)) + "'s " + std::to_string(elem) + " bytes");
   }
-  std::vector<size_t> sizes;
-  for (int64_t b = min_bytes; b <= max_bytes;) {
-    sizes.push_back(static_cast<size_t>(b));
-    int64_t next = step_bytes > 0 ? b + step_bytes : b * o.stepfactor;
-    if (next == b) next = b + 1;  // -b 0: continue from one element
-    if (b == 0 && step_bytes == 0) next = std::max<int64_t>(1, min_bytes);
-    b = next == 0 ? 1 : next;
-    if (b > max_bytes) break;
-  }
+  plan.sizes = sweep_sizes(min_bytes, max_bytes, step_bytes, o.stepfactor);
   if (o.backend == "nccl" && (o.algos != "library"))
     throw UsageError("--backend nccl runs NCCL's own algorithms only (--algo library); set NCCL_ALGO to steer them");
-  const int64_t segment_bytes = parse_bytes(o.segment_bytes, "--segment-bytes");
-  const int64_t max_message_bytes = parse_bytes(o.max_message_bytes, "--max-message-bytes");
-  if (segment_bytes <= 0) throw UsageError("--segment-bytes must be positive, got " + o.segment_bytes);
-  if (max_message_bytes <= 0 || max_message_bytes > INT_MAX)
+  plan.segment_bytes = parse_bytes(o.segment_bytes, "--segment-bytes");
+  plan.max_message_bytes = parse_bytes(o.max_message_bytes, "--max-message-bytes");
+  if (plan.segment_bytes <= 0) throw UsageError("--segment-bytes must be positive, got " + o.segment_bytes);
+  if (plan.max_message_bytes <= 0 || plan.max_message_bytes > INT_MAX)
     throw UsageError("--max-message-bytes must be in 1.." + std::to_string(INT_MAX) + ", got " + o.max_message_bytes);
   if (o.mixed && o.grid.empty()) throw UsageError("--mixed needs --grid");
   if (o.mixed && o.backend != "mpi")
@@ -553,7 +572,7 @@ int run_collective(int argc, char** argv) {
   auto mixes = [](Algo a) {
     return coll::Group::supports(Operation::allreduce, a) && coll::Group::supports(Operation::reduce_scatter, a);
   };
-  if (o.mixed && (algos.size() != 1 || !mixes(algos.front()))) {
+  if (o.mixed && (plan.algos.size() != 1 || !mixes(plan.algos.front()))) {
     std::string mixable;
     for (Algo a : coll::kAllAlgos)
       if (mixes(a)) mixable += (mixable.empty() ? "" : ", ") + std::string(coll::name(a));
@@ -561,8 +580,198 @@ int run_collective(int argc, char** argv) {
   }
   if (!o.grid_dim.empty() && o.grid.empty()) throw UsageError("--grid-dim needs --grid");
   if (!o.grid.empty() && o.group != "world") throw UsageError("--group and --grid exclude each other; use --grid-dim");
+  if (o.placement != "in") plan.placements.push_back(0);
+  if (o.placement != "out") plan.placements.push_back(1);
+  return plan;
+}
 
-  // ---- layout and groups ---------------------------------------------------------------------------
+// Whether `algo` runs `op` here: on the blocking path, or (HO-Ring, shm) on the process groups, which have no
+// device-buffer path.
+bool available(const Options& o, Operation op, Algo algo) {
+  const bool on_groups = o.backend == "mpi" && !o.device_buffers;
+  return coll::is_supported(op, algo) || (on_groups && coll::info(op).group_algos.has(algo));
+}
+
+// The executor of the group's cases: NCCL on the rank's GPU, or MPI (host or, with --device-buffers, device
+// buffers; the blocking algorithms and the process groups). `device` gets what the rank drives.
+std::unique_ptr<Executor> make_executor(const Options& o, const Plan& plan, const Group& group, int group_rank,
+                                        int group_size, coll::MpiTypes& types, std::string& device) {
+  device = "cpu";
+  if (o.backend == "nccl") {
+#ifdef STRATA_HAVE_CUDA
+    const RankGpu gpu = select_rank_gpu("--backend nccl", /*exclusive=*/true);
+    device = gpu.text;
+    return std::make_unique<NcclExecutor>(group.comm, group.index, gpu.device);
+#else
+    throw UsageError("--backend nccl: this strata-collective was built without CUDA and NCCL");
+#endif
+  }
+  if (o.device_buffers) {
+#ifdef STRATA_HAVE_CUDA
+    if (mpi_cuda_awareness() != "yes")
+      throw UsageError("--device-buffers: this MPI library is not CUDA-aware (mpi_cuda_aware: " + mpi_cuda_awareness() + ")");
+    if (o.algos != "library")
+      throw UsageError("--device-buffers: Strata's own algorithms reduce on the host; use --algo library");
+    for (DataType d : plan.dtypes)
+      if (d == DataType::float16 || d == DataType::bfloat16)
+        throw UsageError("--device-buffers: MPI has no 16-bit float reductions on device memory");
+    for (RedOp r : plan.redops)
+      if (r == RedOp::avg) throw UsageError("--device-buffers: MPI has no average; avg is finished on the host");
+    device = select_rank_gpu("--device-buffers").text + " (MPI device buffers)";
+#else
+    throw UsageError("--device-buffers: this strata-collective was built without CUDA");
+#endif
+  }
+  coll::Context ctx;
+  ctx.comm = group.comm;
+  ctx.types = &types;
+  ctx.node_of_rank = group.node_of_rank;
+  ctx.intra = group.intra.get();
+  ctx.inter = group.inter.get();
+  ctx.rank = group_rank;
+  ctx.size = group_size;
+  ctx.ring_segment_bytes = static_cast<size_t>(plan.segment_bytes);
+  ctx.max_message_bytes = static_cast<size_t>(plan.max_message_bytes);
+#ifdef STRATA_HAVE_CUDA
+  if (o.device_buffers) ctx.device_copy = &cuda::copy_on_device;  // the library path's copies between buffers
+#endif
+  // The process groups have no device-buffer path: --device-buffers keeps every case on the blocking path.
+  std::unique_ptr<coll::Group> process_group;
+  if (!o.device_buffers) {
+    MPI_Comm dup = MPI_COMM_NULL;
+    STRATA_MPI_CHECK(MPI_Comm_dup(group.comm, &dup));
+    process_group = std::make_unique<coll::Group>(group.kind, Comm(dup), group.node_of_rank, types);
+    process_group->ring_segment_bytes = static_cast<size_t>(plan.segment_bytes);
+    process_group->max_message_bytes = static_cast<size_t>(plan.max_message_bytes);
+  }
+  // With shm among the algorithms, on ranks that all share memory, the buffers come from the group's
+  // shared-memory node: every algorithm runs on them, shm on its direct path.
+  bool shm_buffers = false;
+  if (process_group && std::find(plan.algos.begin(), plan.algos.end(), Algo::shm) != plan.algos.end()) {
+    MPI_Comm shared = MPI_COMM_NULL;
+    STRATA_MPI_CHECK(MPI_Comm_split_type(group.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared));
+    const Comm shared_comm(shared);
+    int all_share = shared_comm.size() == group_size ? 1 : 0;
+    STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_share, 1, MPI_INT, MPI_MIN, group.comm));
+    shm_buffers = all_share != 0;
+  }
+  return std::make_unique<MpiExecutor>(ctx, std::move(process_group), o.device_buffers, shm_buffers);
+}
+
+// The cases, typed, beside the axes' points they fill (an operation an algorithm does not run left out).
+std::vector<Case> collective_cases(const Options& o, const Plan& plan, const Axes& axes) {
+  const std::vector<AxisPoint> points = axes.product();
+  std::vector<Case> cases;
+  std::size_t next = 0;
+  // The axes' product in its order: operation, dtype and reduction together, then size, algorithm, placement.
+  for (Operation op : plan.ops)
+    for (DataType d : plan.dtypes)
+      for (RedOp r : is_reduction(op) ? plan.redops : std::vector<RedOp>{RedOp::sum})
+        for (size_t bytes : plan.sizes)
+          for (Algo a : plan.algos)
+            for (int64_t in_place : plan.placements) {
+              const AxisPoint& point = points.at(next++);
+              if (point.text("operation") != coll::name(op) || point.text("algo") != coll::name(a) ||
+                  point.integer("requested_bytes") != static_cast<int64_t>(bytes) || point.integer("in_place") != in_place)
+                throw std::logic_error("strata-collective: the cases and the axes' points are out of step");
+              if (available(o, op, a)) cases.push_back({op, a, d, r, is_reduction(op), bytes, in_place != 0, point});
+            }
+  return cases;
+}
+
+// What every case of the run shares.
+struct CollectiveJob {
+  const Options& o;
+  const HarnessOptions& h;
+  const Axes& axes;
+  const Group& group;
+  int group_rank = 0, group_size = 0;
+  const std::string& group_kind;
+  const coll::Layout& layout;
+  const coll::Grid* grid;
+  const std::vector<int>& group_of_rank;  // each rank's group, for the per-group table
+};
+
+// One case: checked on an untimed iteration, timed, recorded, printed.
+void run_case(const CollectiveJob& job, const Case& c, Executor& executor, Run& run, ConsoleTable& table) {
+  const Options& o = job.o;
+  const size_t elem = coll::size_of(c.dtype);
+  const Counts n = counts_for(c.op, c.bytes, elem, job.group_size);
+  const std::string what = std::string(coll::name(c.op)) + " " + std::string(coll::name(c.algo)) + " " +
+                           std::string(coll::name(c.dtype)) + (c.has_redop ? " " + std::string(coll::name(c.redop)) : "") +
+                           " " + std::to_string(n.size_bytes) + " B" + (c.in_place ? " in place" : "") + ", " +
+                           job.group_kind + " group " + std::to_string(job.group.index);
+  run.begin_case(what);
+  executor.prepare(c, n, job.group_rank);
+  // Untimed correctness iteration on inputs with a known exact result.
+  executor.load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, job.group_rank));
+  coll::Traffic traffic = executor.run(c, n.count, o.root);
+  int64_t wrong = 0;
+  if (o.check) {
+    std::vector<unsigned char> out;
+    executor.read_outputs(out);
+    if (injects_wrong_element(job.h, run.context().self.rank) && n.recv_elems > 0) corrupt_first_element(out, c.dtype);
+    wrong = coll::count_wrong({c.op, c.dtype, c.redop}, n, out, job.group_rank, job.group_size, o.root);
+  }
+  // Timed iterations start from the same nonzero inputs.
+  const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
+  executor.load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, job.group_rank));
+  std::vector<double> samples = run.measure(executor.timer(), [&] {
+    for (int k = 0; k < ops_per_sample; ++k) executor.run(c, n.count, o.root);
+  }, ops_per_sample);
+
+  double traffic_mine[2] = {double(traffic.intra_bytes), double(traffic.inter_bytes)}, traffic_sum[2] = {0, 0};
+  STRATA_MPI_CHECK(MPI_Reduce(traffic_mine, traffic_sum, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));
+  const double factor = bus_factor(c.op, job.group_size);
+  const bool own = c.algo != Algo::library;
+  const int ranks = run.context().n_ranks;
+  const std::string label = what.substr(0, what.find(','));
+  CaseResult r = run.record(samples, wrong, label,
+      [&](Table& t) {
+        job.axes.fill(t, c.point);
+        t.set("backend", o.backend).set("mode", o.mode).set("ops_per_sample", ops_per_sample)
+            .set("root", coll::info(c.op).rooted ? o.root : -1)
+            .set("count", n.count).set("size_bytes", double(n.size_bytes))
+            .set("bytes_per_rank", double(n.bytes_per_rank))
+            .set("n_groups", job.group.count).set("group_size", job.group_size).set("n_nodes", job.layout.node_count())
+            .set("ranks_per_node", job.layout.world_size() / job.layout.node_count())
+            .set("emulated_nodes", job.layout.emulated() ? 1 : 0)
+            .set("grid", job.grid ? coll::format_grid(job.grid->shape()) : "");
+      },
+      [&](Table& t, const CaseResult& res) {
+        double algbw = n.size_bytes / res.rankmax.median;
+        t.set("algbw", algbw).set("busbw", algbw * factor).set("bus_factor", factor)
+            .set("busbw_rankmean", n.size_bytes / res.rankmean.median * factor)
+            .set("intra_bytes_per_rank", own ? traffic_sum[0] / ranks : std::nan(""))
+            .set("inter_bytes_per_rank", own ? traffic_sum[1] / ranks : std::nan(""))
+            .set("slowdown_vs_alone", std::nan(""));
+      },
+      [&](const CaseResult& res) {
+        if (run.is_root()) append_group_rows(run, res, job.group_of_rank, job.group.count, n, factor);
+      });
+  if (run.is_root()) {
+    double t = r.rankmax.median;
+    table.print_row({std::to_string(n.size_bytes), std::to_string(n.count), std::string(coll::name(c.dtype)),
+                     c.has_redop ? std::string(coll::name(c.redop)) : "none",
+                     coll::info(c.op).rooted ? std::to_string(o.root) : "-1",
+                     std::string(coll::name(c.op)), std::string(coll::name(c.algo)), c.in_place ? "in" : "out",
+                     format_fixed(t * 1e6, 2), format_fixed(n.size_bytes / t / 1e9, 3),
+                     format_fixed(n.size_bytes / t / 1e9 * factor, 3), o.check ? std::to_string(r.wrong_elements) : "N/A"});
+  }
+}
+
+int run_collective(int argc, char** argv) {
+  HarnessOptions h;
+  h.warmup = 5, h.iters = 20;
+  h.timeout = "0";  // a collective's iterations take microseconds to seconds: a limit is the user's to choose
+  Options o;
+  Cli cli("strata-collective",
+          "Collective operations over MPI or NCCL (nccl-tests flags and bandwidth conventions), in any layout.");
+  add_collective_options(cli, o, h);
+  if (!cli.parse(argc, argv)) return 0;
+  const Plan plan = plan_collective(o);
+
+  // The layout, the rank's group and its executor.
   coll::Layout layout(o.ranks_per_node);
   std::unique_ptr<coll::Grid> grid;
   if (!o.grid.empty()) grid = std::make_unique<coll::Grid>(coll::parse_grid(o.grid), layout);
@@ -573,99 +782,21 @@ int run_collective(int argc, char** argv) {
   STRATA_MPI_CHECK(MPI_Comm_size(group.comm, &group_size));
   if (o.root >= group_size) throw UsageError("--root " + std::to_string(o.root) + " is not a rank of a group of " +
                                              std::to_string(group_size));
-  // HO-Ring and shm exist on the process groups only, which have no device-buffer path.
-  const bool on_groups = o.backend == "mpi" && !o.device_buffers;
-  auto available = [&](Operation op, Algo a) {
-    return coll::is_supported(op, a) || (on_groups && coll::info(op).group_algos.has(a));
-  };
-  for (Operation op : ops)
-    for (Algo a : algos)
-      if (!available(op, a) && o.algos != "all")
+  for (Operation op : plan.ops)
+    for (Algo a : plan.algos)
+      if (!available(o, op, a) && o.algos != "all")
         throw UsageError("algorithm " + std::string(coll::name(a)) + " is not available for " + std::string(coll::name(op)) +
                          (coll::info(op).group_algos.has(a) ? " with --device-buffers" : ""));
-
   coll::MpiTypes types;
-  std::unique_ptr<Executor> executor;
-  std::string device = "cpu";
-  if (o.backend == "nccl") {
-#ifdef STRATA_HAVE_CUDA
-    const RankGpu gpu = select_rank_gpu("--backend nccl", /*exclusive=*/true);
-    executor = std::make_unique<NcclExecutor>(group.comm, group.index, gpu.device);
-    device = gpu.text;
-#else
-    throw UsageError("--backend nccl: this strata-collective was built without CUDA and NCCL");
-#endif
-  } else {
-    if (o.device_buffers) {
-#ifdef STRATA_HAVE_CUDA
-      if (mpi_cuda_awareness() != "yes")
-        throw UsageError("--device-buffers: this MPI library is not CUDA-aware (mpi_cuda_aware: " + mpi_cuda_awareness() + ")");
-      if (o.algos != "library")
-        throw UsageError("--device-buffers: Strata's own algorithms reduce on the host; use --algo library");
-      for (DataType d : dtypes)
-        if (d == DataType::float16 || d == DataType::bfloat16)
-          throw UsageError("--device-buffers: MPI has no 16-bit float reductions on device memory");
-      for (RedOp r : redops)
-        if (r == RedOp::avg) throw UsageError("--device-buffers: MPI has no average; avg is finished on the host");
-      device = select_rank_gpu("--device-buffers").text + " (MPI device buffers)";
-#else
-      throw UsageError("--device-buffers: this strata-collective was built without CUDA");
-#endif
-    }
-    coll::Context ctx;
-    ctx.comm = group.comm;
-    ctx.types = &types;
-    ctx.node_of_rank = group.node_of_rank;
-    ctx.intra = group.intra.get();
-    ctx.inter = group.inter.get();
-    ctx.rank = group_rank;
-    ctx.size = group_size;
-    ctx.ring_segment_bytes = static_cast<size_t>(segment_bytes);
-    ctx.max_message_bytes = static_cast<size_t>(max_message_bytes);
-#ifdef STRATA_HAVE_CUDA
-    if (o.device_buffers) ctx.device_copy = &cuda::copy_on_device;  // the library path's copies between buffers
-#endif
-    // The process groups have no device-buffer path: --device-buffers keeps every case on the blocking path.
-    std::unique_ptr<coll::Group> process_group;
-    if (!o.device_buffers) {
-      MPI_Comm dup = MPI_COMM_NULL;
-      STRATA_MPI_CHECK(MPI_Comm_dup(group.comm, &dup));
-      process_group = std::make_unique<coll::Group>(group_kind, Comm(dup), group.node_of_rank, types);
-      process_group->ring_segment_bytes = static_cast<size_t>(segment_bytes);
-      process_group->max_message_bytes = static_cast<size_t>(max_message_bytes);
-    }
-    // With shm among the algorithms, on ranks that all share memory, the buffers come from the group's
-    // shared-memory node: every algorithm runs on them, shm on its direct path.
-    bool shm_buffers = false;
-    if (process_group && std::find(algos.begin(), algos.end(), Algo::shm) != algos.end()) {
-      MPI_Comm shared = MPI_COMM_NULL;
-      STRATA_MPI_CHECK(MPI_Comm_split_type(group.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared));
-      const Comm shared_comm(shared);
-      int all_share = shared_comm.size() == group_size ? 1 : 0;
-      STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_share, 1, MPI_INT, MPI_MIN, group.comm));
-      shm_buffers = all_share != 0;
-    }
-    executor = std::make_unique<MpiExecutor>(ctx, std::move(process_group), o.device_buffers, shm_buffers);
-  }
+  std::string device;
+  const std::unique_ptr<Executor> executor = make_executor(o, plan, group, group_rank, group_size, types, device);
+  if (o.mixed) return run_mixed(argc, argv, h, o, cli, layout, *grid, plan.algos.front(), plan.sizes);
 
-  std::vector<int64_t> placements;
-  if (o.placement != "in") placements.push_back(0);
-  if (o.placement != "out") placements.push_back(1);
-  if (o.mixed) return run_mixed(argc, argv, h, o, cli, layout, *grid, algos.front(), sizes);
-  Axes axes = collective_axes(ops, dtypes, redops, sizes, algos, placements);
+  // The cases.
+  Axes axes = collective_axes(plan.ops, plan.dtypes, plan.redops, plan.sizes, plan.algos, plan.placements);
   axes.add("group_kind", std::vector<std::string>{group_kind})
       .add("concurrent_with", std::vector<std::string>{""});
-  std::vector<Case> cases;
-  for (AxisPoint& point : axes.product()) {
-    const Operation op = *coll::parse_operation(point.text("operation"));
-    const Algo a = *coll::parse_algo(point.text("algo"));
-    if (!available(op, a)) continue;
-    cases.push_back({op, a, *coll::parse_datatype(point.text("dtype")),
-                     coll::parse_redop(point.text("redop")).value_or(RedOp::sum), is_reduction(op),
-                     static_cast<size_t>(point.integer("requested_bytes")), point.integer("in_place") != 0,
-                     std::move(point)});
-  }
-
+  const std::vector<Case> cases = collective_cases(o, plan, axes);
   // Both buffer slots at the largest size any case needs, allocated once; the host also holds a case's inputs,
   // its read-back outputs and their expected values, each at most that size. Refused before anything is written.
   size_t largest = 0;
@@ -679,15 +810,13 @@ int run_collective(int argc, char** argv) {
                        double(largest) * (device_buffers ? 3 : 5), host_memory_per_rank(),
                        "the node's available memory over its ranks");
 
+  // Run, check and record each case.
   Run run("strata-collective", argc, argv, h, cli.resolved_json(), device);
   run.set_case_count(static_cast<int>(cases.size()));
   describe_columns(run);
   axes.declare_columns(run.cases());
-
-  // Each rank's group, once, for the per-group table.
   std::vector<int> group_of_rank(static_cast<size_t>(run.context().n_ranks));
   STRATA_MPI_CHECK(MPI_Allgather(&group.index, 1, MPI_INT, group_of_rank.data(), 1, MPI_INT, MPI_COMM_WORLD));
-
   ConsoleTable table({{"size(B)", 11}, {"count", 10}, {"type", 8}, {"redop", 6}, {"root", 4}, {"op", 14},
                       {"algo", 18}, {"place", 5}, {"time(us)", 10}, {"algbw", 8}, {"busbw", 8}, {"#wrong", 6}});
   if (run.is_root()) {
@@ -700,73 +829,9 @@ int run_collective(int argc, char** argv) {
     std::printf("# algbw = S / time, busbw = algbw x nccl-tests factor, GB/s = 1e9 B/s; S as nccl-tests\n");
     table.print_header();
   }
-
-  const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
   executor->reserve(largest);
-  for (size_t index = 0; index < cases.size(); ++index) {
-    const Case& c = cases[index];
-    const size_t elem = coll::size_of(c.dtype);
-    Counts n = counts_for(c.op, c.bytes, elem, group_size);
-    std::string what = std::string(coll::name(c.op)) + " " + std::string(coll::name(c.algo)) + " " +
-                       std::string(coll::name(c.dtype)) + (c.has_redop ? " " + std::string(coll::name(c.redop)) : "") +
-                       " " + std::to_string(n.size_bytes) + " B" + (c.in_place ? " in place" : "") + ", " +
-                       group_kind + " group " + std::to_string(group.index);
-    run.begin_case(what);
-    executor->prepare(c, n, group_rank);
-    // Untimed correctness iteration on inputs with a known exact result.
-    executor->load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, group_rank));
-    coll::Traffic traffic = executor->run(c, n.count, o.root);
-    int64_t wrong = 0;
-    if (o.check) {
-      std::vector<unsigned char> out;
-      executor->read_outputs(out);
-      if (injects_wrong_element(h, run.context().self.rank) && n.recv_elems > 0) corrupt_first_element(out, c.dtype);
-      wrong = coll::count_wrong({c.op, c.dtype, c.redop}, n, out, group_rank, group_size, o.root);
-    }
-    // Timed iterations start from the same nonzero inputs.
-    executor->load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, group_rank));
-    std::vector<double> samples = run.measure(executor->timer(), [&] {
-      for (int k = 0; k < ops_per_sample; ++k) executor->run(c, n.count, o.root);
-    }, ops_per_sample);
-
-    double traffic_mine[2] = {double(traffic.intra_bytes), double(traffic.inter_bytes)}, traffic_sum[2] = {0, 0};
-    STRATA_MPI_CHECK(MPI_Reduce(traffic_mine, traffic_sum, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));
-    const double factor = bus_factor(c.op, group_size);
-    const bool own = c.algo != Algo::library;
-    const int ranks = run.context().n_ranks;
-    std::string label = what.substr(0, what.find(','));
-    CaseResult r = run.record(samples, wrong, label,
-        [&](Table& t) {
-          axes.fill(t, c.point);
-          t.set("backend", o.backend).set("mode", o.mode).set("ops_per_sample", ops_per_sample)
-              .set("root", coll::info(c.op).rooted ? o.root : -1)
-              .set("count", n.count).set("size_bytes", double(n.size_bytes))
-              .set("bytes_per_rank", double(n.bytes_per_rank))
-              .set("n_groups", group.count).set("group_size", group_size).set("n_nodes", layout.node_count())
-              .set("ranks_per_node", layout.world_size() / layout.node_count())
-              .set("emulated_nodes", layout.emulated() ? 1 : 0).set("grid", grid ? coll::format_grid(grid->shape()) : "");
-        },
-        [&](Table& t, const CaseResult& res) {
-          double algbw = n.size_bytes / res.rankmax.median;
-          t.set("algbw", algbw).set("busbw", algbw * factor).set("bus_factor", factor)
-              .set("busbw_rankmean", n.size_bytes / res.rankmean.median * factor)
-              .set("intra_bytes_per_rank", own ? traffic_sum[0] / ranks : std::nan(""))
-              .set("inter_bytes_per_rank", own ? traffic_sum[1] / ranks : std::nan(""))
-              .set("slowdown_vs_alone", std::nan(""));
-        },
-        [&](const CaseResult& res) {
-          if (run.is_root()) append_group_rows(run, res, group_of_rank, group.count, n, factor);
-        });
-    if (run.is_root()) {
-      double t = r.rankmax.median;
-      table.print_row({std::to_string(n.size_bytes), std::to_string(n.count), std::string(coll::name(c.dtype)),
-                       c.has_redop ? std::string(coll::name(c.redop)) : "none",
-                       coll::info(c.op).rooted ? std::to_string(o.root) : "-1",
-                       std::string(coll::name(c.op)), std::string(coll::name(c.algo)), c.in_place ? "in" : "out",
-                       format_fixed(t * 1e6, 2), format_fixed(n.size_bytes / t / 1e9, 3),
-                       format_fixed(n.size_bytes / t / 1e9 * factor, 3), o.check ? std::to_string(r.wrong_elements) : "N/A"});
-    }
-  }
+  const CollectiveJob job{o, h, axes, group, group_rank, group_size, group_kind, layout, grid.get(), group_of_rank};
+  for (const Case& c : cases) run_case(job, c, *executor, run, table);
   if (run.is_root()) std::printf("# results: %s\n", run.output_path().c_str());
   return run.finish();
 }
