@@ -433,8 +433,10 @@ double refined_lower_bound_s(const System& system, const SearchSpace& space, con
   return std::max(first, bound * kBoundMargin);
 }
 
-SearchResult search(const System& system, const SearchSpace& space) {
-  const auto start = Clock::now();
+namespace {
+
+// The space and the description as the search needs them; std::invalid_argument naming what is wrong.
+void check_space(const System& system, const SearchSpace& space) {
   if (auto problem = find_problem(system)) throw std::invalid_argument("system description: " + *problem);
   if (space.devices < 1) throw std::invalid_argument("the search needs at least one device");
   if (space.global_batch < 1) throw std::invalid_argument("the global batch must be at least one sequence");
@@ -456,6 +458,12 @@ SearchResult search(const System& system, const SearchSpace& space) {
       throw std::invalid_argument("recompute overlap needs a measured placement (train/overlap.h): not searched");
   train::trainable_units(space.model, space.trainable);  // throws for more layers than the model has
 
+}
+
+// Every configuration of the space that the executor runs and that fits in memory, in the order the grids, micro-batch
+// sizes, schedules, modes and strategies are listed; the rest counted in `result` by why (refused or equivalent to one
+// kept).
+std::vector<Candidate> fitting_candidates(const System& system, const SearchSpace& space, SearchResult& result) {
   const int N = space.devices, per_node = std::max(1, std::min(system.device.devices_per_node, N));
   const int L = space.model.layers;
   const std::vector<train::Strategy> strategies = space.strategies.empty() ? train::runnable_strategies() : space.strategies;
@@ -464,7 +472,6 @@ SearchResult search(const System& system, const SearchSpace& space) {
     for (int t = 1; t <= per_node; ++t)
       if (per_node % t == 0 && N % t == 0) tps.push_back(t);
 
-  SearchResult result;
   auto refuse = [&](RefusalKind kind, const std::string& why, std::int64_t count = 1) {
     result.refused[kind] += count;
     result.refusal_reasons[std::string(name(kind)) + ": " + why] += count;
@@ -569,8 +576,13 @@ SearchResult search(const System& system, const SearchSpace& space) {
       }
     }
   }
-  result.fitting = static_cast<std::int64_t>(fitting.size());
+  return fitting;
+}
 
+// The fitting configurations in order of their lower bound, simulated (space.threads at a time) until the next bound
+// cannot enter the top k; the top k, the counts and times into `result`.
+void rank_candidates(const System& system, const SearchSpace& space, const std::vector<Candidate>& fitting,
+                     SearchResult& result) {
   // Bounds, then the configurations in order of their bound until the next cannot enter the top k.
   auto bound_start = Clock::now();
   BoundCache cache;
@@ -649,6 +661,17 @@ SearchResult search(const System& system, const SearchSpace& space) {
   result.pruned = static_cast<std::int64_t>(queue.size());
   if (!queue.empty()) result.least_pruned_bound_s = queue.top().bound;
   result.probes = cache.probes;
+}
+
+}  // namespace
+
+SearchResult search(const System& system, const SearchSpace& space) {
+  const auto start = Clock::now();
+  check_space(system, space);
+  SearchResult result;
+  const std::vector<Candidate> fitting = fitting_candidates(system, space, result);
+  result.fitting = static_cast<std::int64_t>(fitting.size());
+  rank_candidates(system, space, fitting, result);
   result.seconds = seconds_since(start);
   return result;
 }

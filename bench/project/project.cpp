@@ -160,84 +160,83 @@ std::string case_label(const train::Strategy& strategy, train::Recompute mode) {
   return strategy.name() + (mode == train::Recompute::none ? "" : std::string(" recompute ") + train::name(mode));
 }
 
-int predict(int argc, char** argv) {
-  StepFlags f;
+// strata-project predict's flags beside the step's.
+struct PredictFlags {
+  StepFlags step;
   std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash", simulator = "fast";
   std::string tp_comm_overlap = "off", overlap_param_gather = "off", sharding_collectives;
   int nodes = 0, gpus = 0, element_bytes = 0;
   bool quiet = false;
-  Cli cli("strata-project predict",
-          "One training step of a model on a grid, traced and simulated on a system description: step time with the "
-          "interval of the description's spreads, its breakdown, memory per rank, MFU and tokens/s.");
+};
+
+void add_predict_options(Cli& cli, PredictFlags& o) {
+  StepFlags& f = o.step;
   cli.option("system", 0, "the system description (JSON, project/SYSTEM.md), or a shipped one by name (e.g. "
-             "h100-sxm-ndr400)", system_path);
+             "h100-sxm-ndr400)", o.system_path);
   add_model_flags(cli, f);
   add_batch_flags(cli, f);
   add_grid_flags(cli, f);
   cli.option("recompute", 0, "what backward computes again: none, full, selective, overlap (with --recompute-policy), "
              "comma-separated, or all (overlap only with a policy); one prediction per strategy and mode", f.recompute);
   cli.option("recompute-policy", 0, "overlap's placement (strata-recompute-policy JSON, as strata-step stores it); predict "
-             "places no recomputation itself", policy_path);
+             "places no recomputation itself", o.policy_path);
   cli.option("nodes", 0, "nodes of the job: ranks = nodes x the description's devices per node (default 1, or the "
-             "--grid's ranks)", nodes, 0);
-  cli.option("gpus", 0, "ranks (devices) of the job, instead of --nodes", gpus, 0);
-  cli.option("dtype", 0, "of GEMMs and attention (auto: bf16 where the description's device has it, else fp32)", dtype);
+             "--grid's ranks)", o.nodes, 0);
+  cli.option("gpus", 0, "ranks (devices) of the job, instead of --nodes", o.gpus, 0);
+  cli.option("dtype", 0, "of GEMMs and attention (auto: bf16 where the description's device has it, else fp32)", o.dtype);
   cli.choice("attention", 0, "how attention runs: flash (a fused kernel) or unfused (the scores materialised, as "
-             "frameworks ran it before flash attention)", attention, {"flash", "unfused"});
+             "frameworks ran it before flash attention)", o.attention, {"flash", "unfused"});
   cli.option("element-bytes", 0, "bytes of an activation, gradient and collective element (0: 2 for bf16 and fp16, "
-             "else 4)", element_bytes, 0);
+             "else 4)", o.element_bytes, 0);
   cli.alias("overlap-grad-reduce", "overlap");
   cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
-             "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", tp_comm_overlap, {"on", "off"});
+             "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", o.tp_comm_overlap, {"on", "off"});
   cli.choice("overlap-param-gather", 0, "the optimizer's parameter all-gathers (sharded optimizer states, whole "
              "parameters: ZeRO-1/2, Megatron's distributed optimizer) beside the next forward (Megatron-Core's "
-             "--overlap-param-gather, off by default there too)", overlap_param_gather, {"on", "off"});
+             "--overlap-param-gather, off by default there too)", o.overlap_param_gather, {"on", "off"});
   cli.option("sharding-collectives", 0, "cost the data-parallel all-gathers and reduce-scatters (ZeRO/FSDP sharding) "
              "under the description's collectives of this algorithm, as a framework issued them (e.g. zero3-2021 "
-             "in the shipped A100 description); default: as traced", sharding_collectives);
+             "in the shipped A100 description); default: as traced", o.sharding_collectives);
   cli.option("timeline", 0, "write the predicted timeline as a Chrome trace (JSON; with several predictions, one file "
-             "each, the index before the extension)", timeline);
+             "each, the index before the extension)", o.timeline);
   cli.choice("simulator", 0, "fast (runs of compute simulated as one op, an event queue) or exact (every traced op, "
-             "the reference; the same step and breakdown up to rounding)", simulator, {"fast", "exact"});
-  cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/)", output);
-  cli.flag("quiet", 'q', "print only errors", quiet);
+             "the reference; the same step and breakdown up to rounding)", o.simulator, {"fast", "exact"});
+  cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/)", o.output);
+  cli.flag("quiet", 'q', "print only errors", o.quiet);
   cli.alias("microbatches", "accumulation");
-  if (!cli.parse(argc, argv)) return 0;
-  f.micro_batch_given = cli.given("micro-batch"), f.accumulation_given = cli.given("accumulation");
-  if (system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
-  system_path = find_system_file(system_path);
-  const std::vector<FileArg> inputs = {{"--system", system_path, ""}, {"--recompute-policy", policy_path, ""}};
-  check_outputs(inputs, {{"-O/--output", output, ""}}, {{"--timeline", timeline, "a Chrome trace (JSON)"}});
-  check_results_output(output);
-  const project::System system = read_system(system_path);
-  check_sharding_algorithm(system, sharding_collectives, "--sharding-collectives");
-  const int per_node = system.device.devices_per_node;
-  if (dtype == "auto") dtype = system.device.compute.count("bf16") ? "bf16" : "fp32";
-  if (!system.device.compute.count(dtype)) {
+}
+
+// The dtype of GEMMs and attention (auto: bf16 where the device has it) and the element size that goes with it.
+void resolve_dtype(PredictFlags& o, const project::System& system) {
+  if (o.dtype == "auto") o.dtype = system.device.compute.count("bf16") ? "bf16" : "fp32";
+  if (!system.device.compute.count(o.dtype)) {
     std::string have;
     for (const auto& [name, c] : system.device.compute) have += (have.empty() ? "" : ", ") + name;
-    throw UsageError("--dtype " + dtype + ": the system's device has no such compute (it has " + have + ")");
+    throw UsageError("--dtype " + o.dtype + ": the system's device has no such compute (it has " + have + ")");
   }
-  if (element_bytes == 0) element_bytes = dtype == "bf16" || dtype == "fp16" ? 2 : 4;
-  if (element_bytes != 2 && element_bytes != 4) throw UsageError("--element-bytes must be 2 or 4");
-  if (gpus > 0 && nodes > 0 && gpus != nodes * per_node)
-    throw UsageError("--gpus " + std::to_string(gpus) + " and --nodes " + std::to_string(nodes) + " disagree: the system has " +
+  if (o.element_bytes == 0) o.element_bytes = o.dtype == "bf16" || o.dtype == "fp16" ? 2 : 4;
+  if (o.element_bytes != 2 && o.element_bytes != 4) throw UsageError("--element-bytes must be 2 or 4");
+}
+
+// The job's ranks: --gpus, --nodes x the description's devices per node, the --grid's when it gives dp, else a node.
+int job_ranks(const PredictFlags& o, int per_node) {
+  if (o.gpus > 0 && o.nodes > 0 && o.gpus != o.nodes * per_node)
+    throw UsageError("--gpus " + std::to_string(o.gpus) + " and --nodes " + std::to_string(o.nodes) + " disagree: the system has " +
                      std::to_string(per_node) + " devices per node");
-  int world = gpus > 0 ? gpus : nodes > 0 ? nodes * per_node : per_node;
-  if (gpus == 0 && nodes == 0 && f.grid.find("dp=") != std::string::npos) {
+  int world = o.gpus > 0 ? o.gpus : o.nodes > 0 ? o.nodes * per_node : per_node;
+  if (o.gpus == 0 && o.nodes == 0 && o.step.grid.find("dp=") != std::string::npos) {
     try {
-      world = static_cast<int>(coll::parse_grid(f.grid).size());
+      world = static_cast<int>(coll::parse_grid(o.step.grid).size());
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("--grid: ") + e.what());
     }
   }
-  StepPlan plan = plan_step(f, world);
-  if (tp_comm_overlap == "on" && plan.grid.tp > 1 && !plan.config.sequence_parallel)
-    throw UsageError("--tp-comm-overlap on needs --sp: the tensor-parallel communication it overlaps with the GEMMs is "
-                     "sequence parallelism's all-gathers and reduce-scatters (Megatron-Core requires it too)");
-  std::optional<nlohmann::json> policy;
-  if (!policy_path.empty()) policy = read_json_file(policy_path, "recompute policy");
-  if (f.recompute == "all" && !policy) std::erase(plan.modes, train::Recompute::overlap);  // placed only from a policy
+  return world;
+}
+
+// One step to predict per strategy and mode of the plan.
+std::vector<project::StepCase> predict_cases(const PredictFlags& o, const StepPlan& plan,
+                                             const std::optional<nlohmann::json>& policy, int per_node) {
   std::vector<project::StepCase> steps;
   for (const train::Strategy& strategy : plan.strategies)
     for (train::Recompute mode : plan.modes) {
@@ -246,55 +245,88 @@ int predict(int argc, char** argv) {
       step.config = plan.config;
       step.config.strategy = strategy, step.config.recompute = mode;
       step.grid = plan.grid;
-      step.trace.ranks_per_node = f.group_size > 0 ? f.group_size : per_node;
-      step.trace.grid_order = f.grid_order;
-      step.trace.tp_comm_overlap = tp_comm_overlap == "on";
-      step.trace.overlap_param_gather = overlap_param_gather == "on";
-      step.workload = {dtype, element_bytes, attention, sharding_collectives};
-      step.predict = {simulator == "exact", !timeline.empty()};
+      step.trace.ranks_per_node = o.step.group_size > 0 ? o.step.group_size : per_node;
+      step.trace.grid_order = o.step.grid_order;
+      step.trace.tp_comm_overlap = o.tp_comm_overlap == "on";
+      step.trace.overlap_param_gather = o.overlap_param_gather == "on";
+      step.workload = {o.dtype, o.element_bytes, o.attention, o.sharding_collectives};
+      step.predict = {o.simulator == "exact", !o.timeline.empty()};
       if (mode == train::Recompute::overlap) {
         if (!policy)
           throw UsageError("--recompute overlap needs a placement: --recompute-policy FILE (strata-step stores one with "
                            "each overlap case). predict places no recomputation itself: a placement fills the waits for "
                            "other stages, whose lengths a measured step gives");
-        step.trace.pipeline_rank_configs = overlap_configs(step.config, plan.grid, *policy, policy_path);
+        step.trace.pipeline_rank_configs = overlap_configs(step.config, plan.grid, *policy, o.policy_path);
       }
       steps.push_back(std::move(step));
     }
   if (policy && std::find(plan.modes.begin(), plan.modes.end(), train::Recompute::overlap) == plan.modes.end())
     throw UsageError("--recompute-policy is a placement for --recompute overlap, which is not asked for");
-  // Every file a timeline goes to, now that their number is known: the run is appended only when all can be written.
-  if (!timeline.empty() && steps.size() > 1) {
+  return steps;
+}
+
+void print_predict_header(const PredictFlags& o, const StepPlan& plan, const project::System& system, int world,
+                          int ranks_per_node) {
+  const train::ModelConfig& model = plan.model;
+  std::printf("# strata-project predict: %s (%s parameters) on %d rank(s) of %s (%d per node): tp %d x pp %d x dp %d, "
+              "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention, %d-byte "
+              "elements; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
+              "communication %s%s\n",
+              model.name.c_str(), format_si(static_cast<double>(model.parameters())).c_str(), world, system.name.c_str(),
+              ranks_per_node, plan.grid.tp, plan.grid.pp, plan.grid.dp, plan.config.micro_batch,
+              plan.config.seq, plan.config.accumulation, static_cast<long long>(plan.global_rows), o.dtype.c_str(),
+              o.element_bytes, o.step.comm_algo.c_str(), o.step.overlap.c_str(), o.overlap_param_gather.c_str(),
+              o.tp_comm_overlap.c_str(),
+              o.sharding_collectives.empty() ? "" : ("; sharding collectives as " + o.sharding_collectives).c_str());
+  std::printf("# step: the simulated step (last op's end over ranks) [interval: the description's figures at the ends of "
+              "their spreads]; MFU: 6N + 6Lhs model FLOPs per token over the description's %s peak (%s FLOP/s per rank)\n",
+              o.dtype.c_str(), format_si(system.device.compute.at(o.dtype).peak_flops.value).c_str());
+  std::fflush(stdout);
+}
+
+int predict(int argc, char** argv) {
+  PredictFlags o;
+  Cli cli("strata-project predict",
+          "One training step of a model on a grid, traced and simulated on a system description: step time with the "
+          "interval of the description's spreads, its breakdown, memory per rank, MFU and tokens/s.");
+  add_predict_options(cli, o);
+  if (!cli.parse(argc, argv)) return 0;
+  o.step.micro_batch_given = cli.given("micro-batch"), o.step.accumulation_given = cli.given("accumulation");
+
+  // Plan and check: the files, the description, the job, the steps; every file a timeline goes to.
+  if (o.system_path.empty()) throw UsageError("--system FILE is required: the system description to predict on");
+  o.system_path = find_system_file(o.system_path);
+  const std::vector<FileArg> inputs = {{"--system", o.system_path, ""}, {"--recompute-policy", o.policy_path, ""}};
+  check_outputs(inputs, {{"-O/--output", o.output, ""}}, {{"--timeline", o.timeline, "a Chrome trace (JSON)"}});
+  check_results_output(o.output);
+  const project::System system = read_system(o.system_path);
+  check_sharding_algorithm(system, o.sharding_collectives, "--sharding-collectives");
+  const int per_node = system.device.devices_per_node;
+  resolve_dtype(o, system);
+  const int world = job_ranks(o, per_node);
+  StepPlan plan = plan_step(o.step, world);
+  if (o.tp_comm_overlap == "on" && plan.grid.tp > 1 && !plan.config.sequence_parallel)
+    throw UsageError("--tp-comm-overlap on needs --sp: the tensor-parallel communication it overlaps with the GEMMs is "
+                     "sequence parallelism's all-gathers and reduce-scatters (Megatron-Core requires it too)");
+  std::optional<nlohmann::json> policy;
+  if (!o.policy_path.empty()) policy = read_json_file(o.policy_path, "recompute policy");
+  if (o.step.recompute == "all" && !policy) std::erase(plan.modes, train::Recompute::overlap);  // placed only from a policy
+  const std::vector<project::StepCase> steps = predict_cases(o, plan, policy, per_node);
+  if (!o.timeline.empty() && steps.size() > 1) {
     std::vector<FileArg> timelines;
     for (std::size_t i = 0; i < steps.size(); ++i)
-      timelines.push_back({"--timeline", timeline_path(timeline, i, steps.size()), "a Chrome trace (JSON)"});
-    check_outputs(inputs, {{"-O/--output", output, ""}}, timelines);
+      timelines.push_back({"--timeline", timeline_path(o.timeline, i, steps.size()), "a Chrome trace (JSON)"});
+    check_outputs(inputs, {{"-O/--output", o.output, ""}}, timelines);
   }
 
   // Every prediction before anything is written: a configuration the step refuses leaves the output untouched.
-  const train::ModelConfig& model = plan.model;
-  if (!quiet) {
-    std::printf("# strata-project predict: %s (%s parameters) on %d rank(s) of %s (%d per node): tp %d x pp %d x dp %d, "
-                "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention, %d-byte "
-                "elements; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
-                "communication %s%s\n",
-                model.name.c_str(), format_si(static_cast<double>(model.parameters())).c_str(), world, system.name.c_str(),
-                steps.front().trace.ranks_per_node, plan.grid.tp, plan.grid.pp, plan.grid.dp, plan.config.micro_batch,
-                plan.config.seq, plan.config.accumulation, static_cast<long long>(plan.global_rows), dtype.c_str(),
-                element_bytes, f.comm_algo.c_str(), f.overlap.c_str(), overlap_param_gather.c_str(),
-                tp_comm_overlap.c_str(),
-                sharding_collectives.empty() ? "" : ("; sharding collectives as " + sharding_collectives).c_str());
-    std::printf("# step: the simulated step (last op's end over ranks) [interval: the description's figures at the ends of "
-                "their spreads]; MFU: 6N + 6Lhs model FLOPs per token over the description's %s peak (%s FLOP/s per rank)\n",
-                dtype.c_str(), format_si(system.device.compute.at(dtype).peak_flops.value).c_str());
-    std::fflush(stdout);
-  }
+  if (!o.quiet) print_predict_header(o, plan, system, world, steps.front().trace.ranks_per_node);
   std::vector<project::PredictedStep> predicted;
   for (const project::StepCase& step : steps) {
     const auto start = std::chrono::steady_clock::now();
     predicted.push_back(project::predict_step(step, system));
-    if (predicted.back().fits == 0) warn_does_not_fit(step, predicted.back(), system_path);
-    if (!quiet) {
+    if (predicted.back().fits == 0) warn_does_not_fit(step, predicted.back(), o.system_path);
+    if (!o.quiet) {
       print_prediction(step, predicted.back());
       std::printf("#   predicted in %.2f s (this machine)\n",
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -302,19 +334,19 @@ int predict(int argc, char** argv) {
     }
   }
 
-  // The timelines before the run: a run in the file says its whole output was written.
-  if (!timeline.empty())
+  // Record: the timelines before the run, as a run in the file says its whole output was written.
+  if (!o.timeline.empty())
     for (std::size_t i = 0; i < steps.size(); ++i) {
-      const std::string path = timeline_path(timeline, i, steps.size());
+      const std::string path = timeline_path(o.timeline, i, steps.size());
       write_file_atomically(path, timeline_to_chrome_trace(predicted[i].prediction.timeline, predicted[i].streams, predicted[i].phases).dump());
-      if (!quiet) std::printf("# timeline (%s): %s\n", steps[i].label.c_str(), path.c_str());
+      if (!o.quiet) std::printf("# timeline (%s): %s\n", steps[i].label.c_str(), path.c_str());
     }
-  ProjectRun run(output, "predict", argc, argv, cli.resolved_json(), {{"system", system.name}, {"system_file", system_path}});
+  ProjectRun run(o.output, "predict", argc, argv, cli.resolved_json(), {{"system", system.name}, {"system_file", o.system_path}});
   Table table = prediction_table();
   for (std::size_t i = 0; i < steps.size(); ++i) add_prediction_row(table, static_cast<int64_t>(i), steps[i], predicted[i], system.name);
   run.append(table);
   run.finish();
-  if (!quiet) std::printf("# results: %s\n", run.path().c_str());
+  if (!o.quiet) std::printf("# results: %s\n", run.path().c_str());
   return 0;
 }
 
@@ -383,6 +415,168 @@ struct MeasuredCase {
   std::map<std::string, double> phases;
 };
 
+// A measured strata-step case as a step to predict: the run's plan with the case's strategy, recomputation, stages
+// and (overlap) placement, on the run's nodes.
+project::StepCase step_case_of(const Table& cases, std::size_t r, const StepPlan& plan, const StepFlags& f, int world,
+                               int run_nodes, bool exact, const std::string& at_cases, const std::string& case_where) {
+  project::StepCase step;
+  step.config = plan.config;
+  step.grid = plan.grid;
+  try {
+    step.config.strategy = train::parse_strategy(column_of(cases, "strategy", at_cases).texts.at(r));
+  } catch (const std::invalid_argument& e) {
+    throw BadResultsFile(case_where + ": " + e.what());
+  }
+  const std::string mode_name = column_of(cases, "recompute", at_cases).texts.at(r);
+  const std::optional<train::Recompute> mode = train::parse_recompute(mode_name);
+  if (!mode) throw BadResultsFile(case_where + ": unknown recompute mode '" + mode_name + "'");
+  step.config.recompute = *mode;
+  step.config.stage_layers.clear();
+  for (const std::string& item : split(column_of(cases, "stage_layers", at_cases).texts.at(r), ','))
+    step.config.stage_layers.push_back(static_cast<int>(parse_int(item, case_where + " stage_layers")));
+  step.label = case_label(step.config.strategy, *mode);
+  step.trace.ranks_per_node = f.group_size > 0 ? f.group_size : world / run_nodes;
+  step.trace.grid_order = f.grid_order;
+  step.workload = {"fp32", 4};
+  step.predict.exact = exact;
+  if (*mode == train::Recompute::overlap) {
+    const std::string text = column_of(cases, "recompute_policy", at_cases).texts.at(r);
+    nlohmann::json policy;
+    try {
+      policy = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw BadResultsFile(case_where + ": its recompute_policy is not JSON: " + e.what());
+    }
+    step.trace.pipeline_rank_configs = overlap_configs(step.config, plan.grid, policy, case_where);
+  }
+  return step;
+}
+
+// The cases of every strata-step run with status ok in the files, as steps to predict beside their measured step
+// and phases; `notes` names the runs skipped.
+struct MeasuredSteps {
+  std::vector<project::StepCase> steps;
+  std::vector<MeasuredCase> measured;
+  std::vector<std::string> notes;
+};
+
+MeasuredSteps read_measured_steps(const std::vector<std::string>& files, bool exact) {
+  MeasuredSteps out;
+  for (const std::string& path : files) {
+    const ResultsReader reader(path);
+    std::size_t found = 0;
+    for (const std::string& id : reader.runs()) {
+      const std::map<std::string, std::string> attrs = reader.run_attrs(id);
+      if (!attrs.count("benchmark") || attrs.at("benchmark") != "strata-step") continue;
+      const std::string where = path + " run " + id + " (strata-step)";
+      const std::string status = attrs.count("status") ? attrs.at("status") : "";
+      if (status != "ok") {
+        out.notes.push_back(where + ": status " + (status.empty() ? "missing" : status) + ": skipped");
+        continue;
+      }
+      StepFlags f = step_flags_of(attrs.count("config_json") ? attrs.at("config_json") : "{}", where);
+      const int world = to_int(attrs.count("n_ranks") ? attrs.at("n_ranks") : "");
+      const int run_nodes = to_int(attrs.count("n_nodes") ? attrs.at("n_nodes") : "");
+      if (world < 1 || run_nodes < 1) throw BadResultsFile(where + ": no n_ranks or n_nodes attribute");
+      StepPlan plan;
+      try {
+        plan = plan_step(f, world);
+      } catch (const std::invalid_argument& e) {
+        throw BadResultsFile(where + ": its configuration is refused: " + e.what());
+      }
+      const Table cases = reader.table(id, "cases"), summary = reader.table(id, "summary");
+      const std::string at_cases = where + " table cases", at_summary = where + " table summary";
+      std::map<int64_t, std::size_t> summary_row;
+      const Column& summary_case = column_of(summary, "case", at_summary);
+      for (std::size_t r = 0; r < summary.rows(); ++r) summary_row[summary_case.ints.at(r)] = r;
+      for (std::size_t r = 0; r < cases.rows(); ++r) {
+        const int64_t index = column_of(cases, "case", at_cases).ints.at(r);
+        const auto row = summary_row.find(index);
+        if (row == summary_row.end()) continue;  // a case cut short: no summary
+        const std::string case_where = where + " case " + std::to_string(index);
+        out.steps.push_back(step_case_of(cases, r, plan, f, world, run_nodes, exact, at_cases, case_where));
+        MeasuredCase m{path, id, index, column_of(summary, "time_rankmax_median", at_summary).reals.at(row->second), {}};
+        for (const std::string& name : project::step_components())
+          m.phases[name] = column_of(summary, "phase_" + name, at_summary).reals.at(row->second);
+        out.measured.push_back(std::move(m));
+        ++found;
+      }
+    }
+    if (found == 0)
+      throw UsageError(path + " holds no strata-step case of a run with status ok: nothing to validate (validate reads "
+                       "strata-step runs; calibrate reads the benchmarks)");
+  }
+  return out;
+}
+
+// The `validation` table (results/SCHEMA.md): per predicted case, the measured and predicted step and phases.
+Table validation_table() {
+  Table validation("validation");
+  using K = ColumnKind;
+  validation.add_column("case", K::int64, "1", "the prediction's index in this run's prediction table")
+      .add_column("step_file", K::string, "", "the file of the strata-step run").add_column("step_run", K::string, "", "its run id")
+      .add_column("step_case", K::int64, "1", "the case in the strata-step run")
+      .add_column("label", K::string, "")
+      .add_column("ranks", K::int64, "1").add_column("tp", K::int64, "1").add_column("pp", K::int64, "1")
+      .add_column("dp", K::int64, "1").add_column("strategy", K::string, "").add_column("recompute", K::string, "")
+      .add_column("schedule", K::string, "")
+      .add_column("step_time_measured", K::float64, "s", "median over timed steps of the per-step max over ranks")
+      .add_column("step_time_predicted", K::float64, "s", "simulated: the last op's end over all ranks")
+      .add_column("step_time_low", K::float64, "s", "at the faster end of the description's spreads")
+      .add_column("step_time_high", K::float64, "s", "at the slower end of the description's spreads")
+      .add_column("step_time_error", K::float64, "1", "predicted / measured - 1")
+      .add_column("within_interval", K::int64, "1", "1: the measured step lies in [low, high]");
+  for (const std::string& name : project::step_components())
+    validation.add_column("phase_" + name + "_measured", K::float64, "s", "median over timed steps, mean over ranks")
+        .add_column("phase_" + name + "_predicted", K::float64, "s", "simulated, mean over ranks")
+        .add_column("phase_" + name + "_error", K::float64, "1", "(predicted - measured) / the measured step");
+  return validation;
+}
+
+void add_validation_row(Table& validation, std::size_t i, const project::StepCase& s, const project::PredictedStep& p,
+                        const MeasuredCase& m) {
+  const double error = p.prediction.step_s / m.step_s - 1;
+  validation.set("case", static_cast<int64_t>(i)).set("step_file", m.file).set("step_run", m.run_id).set("step_case", m.step_case)
+      .set("label", s.label).set("ranks", static_cast<int64_t>(s.grid.size())).set("tp", s.grid.tp).set("pp", s.grid.pp)
+      .set("dp", s.grid.dp).set("strategy", s.config.strategy.name()).set("recompute", train::name(s.config.recompute))
+      .set("schedule", train::name(s.config.schedule))
+      .set("step_time_measured", m.step_s).set("step_time_predicted", p.prediction.step_s)
+      .set("step_time_low", p.prediction.step_low_s).set("step_time_high", p.prediction.step_high_s)
+      .set("step_time_error", error)
+      .set("within_interval", p.prediction.step_low_s <= m.step_s && m.step_s <= p.prediction.step_high_s ? 1 : 0);
+  for (const std::string& name : project::step_components()) {
+    const double predicted_phase = project::component(p.prediction.mean, name), measured_phase = m.phases.at(name);
+    validation.set("phase_" + name + "_measured", measured_phase).set("phase_" + name + "_predicted", predicted_phase)
+        .set("phase_" + name + "_error", (predicted_phase - measured_phase) / m.step_s);
+  }
+  validation.end_row();
+}
+
+// The validation as a Markdown table: per case the measured and predicted step with its interval and error, and
+// each phase's error as a share of the measured step.
+void print_validation(const MeasuredSteps& in, const std::vector<project::PredictedStep>& predicted) {
+  std::printf("# measured: median over timed steps of the per-step max over ranks; phases: median over steps, mean over "
+              "ranks. error: predicted / measured - 1; phase errors: (predicted - measured) / measured step, in %%\n");
+  std::string header = "| case | ranks | tp x pp x dp | strategy | measured | predicted [interval] | error |";
+  std::string rule = "|---|---|---|---|---|---|---|";
+  for (const std::string& name : project::step_components()) header += " " + name + " |", rule += "---|";
+  std::printf("%s\n%s\n", header.c_str(), rule.c_str());
+  for (std::size_t i = 0; i < in.steps.size(); ++i) {
+    const project::StepCase& s = in.steps[i];
+    const project::PredictedStep& p = predicted[i];
+    const MeasuredCase& m = in.measured[i];
+    std::string row = "| " + std::to_string(i) + " | " + std::to_string(s.grid.size()) + " | " + std::to_string(s.grid.tp) +
+                      " x " + std::to_string(s.grid.pp) + " x " + std::to_string(s.grid.dp) + " | " + s.label +
+                      (s.grid.pp > 1 ? " " + std::string(train::name(s.config.schedule)) : "") + " | " +
+                      duration(m.step_s) + " | " + duration(p.prediction.step_s) + " [" + duration(p.prediction.step_low_s) +
+                      ", " + duration(p.prediction.step_high_s) + "] | " +
+                      format_fixed(100 * (p.prediction.step_s / m.step_s - 1), 1) + "% |";
+    for (const std::string& name : project::step_components())
+      row += " " + format_fixed(100 * (project::component(p.prediction.mean, name) - m.phases.at(name)) / m.step_s, 1) + " |";
+    std::printf("%s\n", row.c_str());
+  }
+}
+
 int validate(int argc, char** argv) {
   std::vector<std::string> files;
   std::string system_path, output;
@@ -431,142 +625,31 @@ int validate(int argc, char** argv) {
   if (!system.device.compute.count("fp32"))
     throw UsageError("system description " + system_path + " has no fp32 compute: the CPU step runs in fp32");
 
-  std::vector<project::StepCase> steps;
-  std::vector<MeasuredCase> measured;
-  std::vector<std::string> notes;
-  for (const std::string& path : files) {
-    const ResultsReader reader(path);
-    std::size_t found = 0;
-    for (const std::string& id : reader.runs()) {
-      const std::map<std::string, std::string> attrs = reader.run_attrs(id);
-      if (!attrs.count("benchmark") || attrs.at("benchmark") != "strata-step") continue;
-      const std::string where = path + " run " + id + " (strata-step)";
-      const std::string status = attrs.count("status") ? attrs.at("status") : "";
-      if (status != "ok") {
-        notes.push_back(where + ": status " + (status.empty() ? "missing" : status) + ": skipped");
-        continue;
-      }
-      StepFlags f = step_flags_of(attrs.count("config_json") ? attrs.at("config_json") : "{}", where);
-      const int world = to_int(attrs.count("n_ranks") ? attrs.at("n_ranks") : "");
-      const int run_nodes = to_int(attrs.count("n_nodes") ? attrs.at("n_nodes") : "");
-      if (world < 1 || run_nodes < 1) throw BadResultsFile(where + ": no n_ranks or n_nodes attribute");
-      StepPlan plan;
-      try {
-        plan = plan_step(f, world);
-      } catch (const std::invalid_argument& e) {
-        throw BadResultsFile(where + ": its configuration is refused: " + e.what());
-      }
-      const Table cases = reader.table(id, "cases"), summary = reader.table(id, "summary");
-      const std::string at_cases = where + " table cases", at_summary = where + " table summary";
-      std::map<int64_t, std::size_t> summary_row;
-      const Column& summary_case = column_of(summary, "case", at_summary);
-      for (std::size_t r = 0; r < summary.rows(); ++r) summary_row[summary_case.ints.at(r)] = r;
-      for (std::size_t r = 0; r < cases.rows(); ++r) {
-        const int64_t index = column_of(cases, "case", at_cases).ints.at(r);
-        const auto row = summary_row.find(index);
-        if (row == summary_row.end()) continue;  // a case cut short: no summary
-        const std::string case_where = where + " case " + std::to_string(index);
-        project::StepCase step;
-        step.config = plan.config;
-        step.grid = plan.grid;
-        try {
-          step.config.strategy = train::parse_strategy(column_of(cases, "strategy", at_cases).texts.at(r));
-        } catch (const std::invalid_argument& e) {
-          throw BadResultsFile(case_where + ": " + e.what());
-        }
-        const std::string mode_name = column_of(cases, "recompute", at_cases).texts.at(r);
-        const std::optional<train::Recompute> mode = train::parse_recompute(mode_name);
-        if (!mode) throw BadResultsFile(case_where + ": unknown recompute mode '" + mode_name + "'");
-        step.config.recompute = *mode;
-        step.config.stage_layers.clear();
-        for (const std::string& item : split(column_of(cases, "stage_layers", at_cases).texts.at(r), ','))
-          step.config.stage_layers.push_back(static_cast<int>(parse_int(item, case_where + " stage_layers")));
-        step.label = case_label(step.config.strategy, *mode);
-        step.trace.ranks_per_node = f.group_size > 0 ? f.group_size : world / run_nodes;
-        step.trace.grid_order = f.grid_order;
-        step.workload = {"fp32", 4};
-        step.predict.exact = simulator == "exact";
-        if (*mode == train::Recompute::overlap) {
-          const std::string text = column_of(cases, "recompute_policy", at_cases).texts.at(r);
-          nlohmann::json policy;
-          try {
-            policy = nlohmann::json::parse(text);
-          } catch (const nlohmann::json::parse_error& e) {
-            throw BadResultsFile(case_where + ": its recompute_policy is not JSON: " + e.what());
-          }
-          step.trace.pipeline_rank_configs = overlap_configs(step.config, plan.grid, policy, case_where);
-        }
-        MeasuredCase m{path, id, index, column_of(summary, "time_rankmax_median", at_summary).reals.at(row->second), {}};
-        for (const std::string& name : project::step_components())
-          m.phases[name] = column_of(summary, "phase_" + name, at_summary).reals.at(row->second);
-        steps.push_back(std::move(step));
-        measured.push_back(std::move(m));
-        ++found;
-      }
-    }
-    if (found == 0)
-      throw UsageError(path + " holds no strata-step case of a run with status ok: nothing to validate (validate reads "
-                       "strata-step runs; calibrate reads the benchmarks)");
-  }
-
+  const MeasuredSteps in = read_measured_steps(files, simulator == "exact");
   std::vector<project::PredictedStep> predicted;
-  for (std::size_t i = 0; i < steps.size(); ++i) {
+  for (std::size_t i = 0; i < in.steps.size(); ++i) {
+    const MeasuredCase& m = in.measured[i];
     try {
-      predicted.push_back(project::predict_step(steps[i], system));
+      predicted.push_back(project::predict_step(in.steps[i], system));
     } catch (const UsageError&) {
       throw;
     } catch (const std::invalid_argument& e) {
-      throw UsageError(measured[i].file + " run " + measured[i].run_id + " case " + std::to_string(measured[i].step_case) +
-                       ": " + e.what());
+      throw UsageError(m.file + " run " + m.run_id + " case " + std::to_string(m.step_case) + ": " + e.what());
     }
   }
 
-  Table validation("validation");
-  using K = ColumnKind;
-  validation.add_column("case", K::int64, "1", "the prediction's index in this run's prediction table")
-      .add_column("step_file", K::string, "", "the file of the strata-step run").add_column("step_run", K::string, "", "its run id")
-      .add_column("step_case", K::int64, "1", "the case in the strata-step run")
-      .add_column("label", K::string, "")
-      .add_column("ranks", K::int64, "1").add_column("tp", K::int64, "1").add_column("pp", K::int64, "1")
-      .add_column("dp", K::int64, "1").add_column("strategy", K::string, "").add_column("recompute", K::string, "")
-      .add_column("schedule", K::string, "")
-      .add_column("step_time_measured", K::float64, "s", "median over timed steps of the per-step max over ranks")
-      .add_column("step_time_predicted", K::float64, "s", "simulated: the last op's end over all ranks")
-      .add_column("step_time_low", K::float64, "s", "at the faster end of the description's spreads")
-      .add_column("step_time_high", K::float64, "s", "at the slower end of the description's spreads")
-      .add_column("step_time_error", K::float64, "1", "predicted / measured - 1")
-      .add_column("within_interval", K::int64, "1", "1: the measured step lies in [low, high]");
-  for (const std::string& name : project::step_components())
-    validation.add_column("phase_" + name + "_measured", K::float64, "s", "median over timed steps, mean over ranks")
-        .add_column("phase_" + name + "_predicted", K::float64, "s", "simulated, mean over ranks")
-        .add_column("phase_" + name + "_error", K::float64, "1", "(predicted - measured) / the measured step");
+  Table validation = validation_table();
   Table prediction = prediction_table();
   double sum_abs = 0, worst = 0;
   std::size_t worst_at = 0;
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const project::StepCase& s = steps[i];
-    const project::PredictedStep& p = predicted[i];
-    const MeasuredCase& m = measured[i];
-    add_prediction_row(prediction, static_cast<int64_t>(i), s, p, system.name);
-    const double error = p.prediction.step_s / m.step_s - 1;
-    sum_abs += std::abs(error);
-    if (std::abs(error) >= worst) worst = std::abs(error), worst_at = i;
-    validation.set("case", static_cast<int64_t>(i)).set("step_file", m.file).set("step_run", m.run_id).set("step_case", m.step_case)
-        .set("label", s.label).set("ranks", static_cast<int64_t>(s.grid.size())).set("tp", s.grid.tp).set("pp", s.grid.pp)
-        .set("dp", s.grid.dp).set("strategy", s.config.strategy.name()).set("recompute", train::name(s.config.recompute))
-        .set("schedule", train::name(s.config.schedule))
-        .set("step_time_measured", m.step_s).set("step_time_predicted", p.prediction.step_s)
-        .set("step_time_low", p.prediction.step_low_s).set("step_time_high", p.prediction.step_high_s)
-        .set("step_time_error", error)
-        .set("within_interval", p.prediction.step_low_s <= m.step_s && m.step_s <= p.prediction.step_high_s ? 1 : 0);
-    for (const std::string& name : project::step_components()) {
-      const double predicted_phase = project::component(p.prediction.mean, name), measured_phase = m.phases.at(name);
-      validation.set("phase_" + name + "_measured", measured_phase).set("phase_" + name + "_predicted", predicted_phase)
-          .set("phase_" + name + "_error", (predicted_phase - measured_phase) / m.step_s);
-    }
-    validation.end_row();
+  for (std::size_t i = 0; i < in.steps.size(); ++i) {
+    add_prediction_row(prediction, static_cast<int64_t>(i), in.steps[i], predicted[i], system.name);
+    add_validation_row(validation, i, in.steps[i], predicted[i], in.measured[i]);
+    const double error = std::abs(predicted[i].prediction.step_s / in.measured[i].step_s - 1);
+    sum_abs += error;
+    if (error >= worst) worst = error, worst_at = i;
   }
-  const double mean_abs = sum_abs / static_cast<double>(steps.size());
+  const double mean_abs = sum_abs / static_cast<double>(in.steps.size());
 
   ProjectRun run(output, "validate", argc, argv, cli.resolved_json(),
                  {{"system", system.name}, {"system_file", system_path}, {"system_comment", system.comment}});
@@ -575,32 +658,13 @@ int validate(int argc, char** argv) {
   run.finish();
 
   if (!quiet) {
-    std::printf("# strata-project validate: %zu strata-step case(s) of %zu file(s) predicted on %s (%s)\n", steps.size(),
+    std::printf("# strata-project validate: %zu strata-step case(s) of %zu file(s) predicted on %s (%s)\n", in.steps.size(),
                 files.size(), system.name.c_str(), system_path.c_str());
-    for (const std::string& note : notes) std::printf("# note: %s\n", note.c_str());
-    std::printf("# measured: median over timed steps of the per-step max over ranks; phases: median over steps, mean over "
-                "ranks. error: predicted / measured - 1; phase errors: (predicted - measured) / measured step, in %%\n");
-    std::string header = "| case | ranks | tp x pp x dp | strategy | measured | predicted [interval] | error |";
-    std::string rule = "|---|---|---|---|---|---|---|";
-    for (const std::string& name : project::step_components()) header += " " + name + " |", rule += "---|";
-    std::printf("%s\n%s\n", header.c_str(), rule.c_str());
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-      const project::StepCase& s = steps[i];
-      const project::PredictedStep& p = predicted[i];
-      const MeasuredCase& m = measured[i];
-      std::string row = "| " + std::to_string(i) + " | " + std::to_string(s.grid.size()) + " | " + std::to_string(s.grid.tp) +
-                        " x " + std::to_string(s.grid.pp) + " x " + std::to_string(s.grid.dp) + " | " + s.label +
-                        (s.grid.pp > 1 ? " " + std::string(train::name(s.config.schedule)) : "") + " | " +
-                        duration(m.step_s) + " | " + duration(p.prediction.step_s) + " [" + duration(p.prediction.step_low_s) +
-                        ", " + duration(p.prediction.step_high_s) + "] | " +
-                        format_fixed(100 * (p.prediction.step_s / m.step_s - 1), 1) + "% |";
-      for (const std::string& name : project::step_components())
-        row += " " + format_fixed(100 * (project::component(p.prediction.mean, name) - m.phases.at(name)) / m.step_s, 1) + " |";
-      std::printf("%s\n", row.c_str());
-    }
+    for (const std::string& note : in.notes) std::printf("# note: %s\n", note.c_str());
+    print_validation(in, predicted);
   }
-  std::printf("# step time error over %zu case(s): mean absolute %.1f%%, worst %.1f%% (case %zu: %s)\n", steps.size(),
-              100 * mean_abs, 100 * worst, worst_at, steps[worst_at].label.c_str());
+  std::printf("# step time error over %zu case(s): mean absolute %.1f%%, worst %.1f%% (case %zu: %s)\n", in.steps.size(),
+              100 * mean_abs, 100 * worst, worst_at, in.steps[worst_at].label.c_str());
   if (!quiet) std::printf("# results: %s\n", run.path().c_str());
   return 0;
 }

@@ -112,7 +112,14 @@ struct Case {
 double exposed_recompute(const Fields& f) { return f[kRecompute] + f[kWindow] - f[kHidden]; }
 double all_recompute(const Fields& f) { return f[kRecompute] + f[kWindow]; }
 
-int run(int argc, char** argv) {
+// Rank 0's lines.
+template <typename... Args>
+void say(const char* format, Args... args) {
+  if (world_rank() == 0) std::printf(format, args...);
+}
+
+// nullopt after --help.
+std::optional<Settings> parse_settings(int argc, char** argv) {
   Settings s;
   Cli cli("strata-bench-pipeline",
           "Two pipeline stages: overlapped recomputation against full and none, and the bubble against (p-1)/(v m).");
@@ -126,133 +133,83 @@ int run(int argc, char** argv) {
              s.microbatches, 2);
   cli.option("rounds", 'r', "interleaved rounds (medians are quoted)", s.rounds, 1);
   cli.flag("smoke", 0, "a tiny model for the test suite: the checks and the table, nothing judged", s.smoke);
-  if (!cli.parse(argc, argv)) return 0;
+  if (!cli.parse(argc, argv)) return std::nullopt;
   if (s.smoke) s.layers = 4, s.hidden = 32, s.heads = 4, s.vocab = 64, s.seq = 16, s.microbatches = 4, s.rounds = 1;
-  int rank = 0, world = 1;
-  STRATA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-  auto say = [&](const char* format, auto... args) {
-    if (rank == 0) std::printf(format, args...);
-  };
-  const int pp = 2, tp = world / pp;
-  if (world % pp != 0 || s.layers % 4 != 0 || s.microbatches % 2 != 0 || s.heads % tp != 0) {
-    say("strata-bench-pipeline: needs an even number of ranks (tp = ranks / 2 dividing the %d heads), layers divisible "
-        "by 4 and an even number of micro-batches; got %d ranks, %d layers, %d micro-batches\n",
-        s.heads, world, s.layers, s.microbatches);
-    return 2;
-  }
-  ModelConfig model = preset("tiny");
-  model.name = "pipeline-bench", model.layers = s.layers, model.hidden = s.hidden, model.heads = s.heads;
-  model.kv_heads = s.heads, model.vocab = s.vocab, model.max_seq = std::max(model.max_seq, s.seq);
-  if (const std::string problem = model.validate(); !problem.empty()) {
-    say("strata-bench-pipeline: model: %s\n", problem.c_str());
-    return 2;
-  }
-  const cpu_gemm::Backend library = cpu_gemm::available(cpu_gemm::Backend::onednn) ? cpu_gemm::Backend::onednn
-                                                                                    : cpu_gemm::Backend::openblas;
-  cpu_gemm::set_threads(1);  // one core per rank, as strata-step's harness sets it
-  coll::ProcessGroups groups({tp, pp, 1});
-  const DataParallelShape shape = data_parallel_shape(groups);
-  const int pp_rank = groups.pp_index();
-  const auto data = synthetic_tokens(model.vocab, 1);
-  TrainConfig base;
-  base.model = model, base.micro_batch = s.micro_batch, base.seq = s.seq, base.accumulation = s.microbatches;
-  base.runtime.library = library;
-  base.lr.max_lr = base.lr.min_lr = 1e-3f;
-  const bool one_core_per_rank = world == 2;
-  const char* note = s.smoke ? " (smoke, not judged)" : one_core_per_rank ? "" : " (np != 2, not judged: more ranks than cores)";
+  return s;
+}
 
-  std::vector<Case> cases;
-  auto add = [&](std::string name, Schedule schedule, int v, Recompute recompute) {
-    Case c;
-    c.name = std::move(name), c.schedule = schedule, c.virtual_stages = v, c.recompute = recompute;
-    c.config = base;
-    c.config.schedule = schedule, c.config.virtual_stages = v, c.config.recompute = recompute;
-    cases.push_back(std::move(c));
-  };
-  add("1f1b none", Schedule::one_f_one_b, 1, Recompute::none);
-  add("1f1b full", Schedule::one_f_one_b, 1, Recompute::full);
-  add("1f1b overlap", Schedule::one_f_one_b, 1, Recompute::overlap);
-  add("gpipe none", Schedule::gpipe, 1, Recompute::none);
-  add("interleaved none", Schedule::interleaved, 2, Recompute::none);
-  enum { kNone, kFull, kOverlap, kGpipe, kInterleaved };
-
-  say("# strata-bench-pipeline: %d ranks as tp %d x pp %d; model %d layers, hidden %d, %d heads, vocabulary %d; micro-batch "
-      "%d x seq %d, m = %d micro-batches; %s GEMMs, one thread per rank; %d rounds, the %zu cases interleaved (order "
-      "rotating), medians; step: per-step max over ranks%s\n",
-      world, tp, pp, s.layers, s.hidden, s.heads, s.vocab, s.micro_batch, s.seq, s.microbatches,
-      cpu_gemm::name(library).c_str(), s.rounds, cases.size(), note);
-  std::fflush(stdout);
-
-  // ---- overlap's placement, from a measured step recomputing everything on demand ----
-  Case& overlap = cases[kOverlap];
-  recompute_everything(overlap.config, pp);
+// Overlap's placement on this pipeline rank, from a measured step recomputing everything on demand, applied to
+// `config`; what its windows are and could hide, and how many ops it keeps.
+struct OverlapPlan {
   PlacementResult plan;
-  double window_capacity = 0, window_bound = 0;  // this pipeline rank: the windows' length, what they could hide
+  double window_capacity = 0, window_bound = 0;  // the windows' length, what they could hide
   int windows = 0, kept = 0, ops = 0;
+};
+
+OverlapPlan place_overlap(TrainConfig& config, coll::ProcessGroups& groups, const TokenSource& data, int pp, int tp,
+                          int microbatches) {
+  const int pp_rank = groups.pp_index();
+  recompute_everything(config, pp);
+  OverlapPlan out;
+  TrainConfig measured = config;
+  measured.recompute = Recompute::full, measured.kept_ops.clear(), measured.window_recomputes.clear();
+  StepProfile profile;
   {
-    TrainConfig measured = overlap.config;
-    measured.recompute = Recompute::full, measured.kept_ops.clear(), measured.window_recomputes.clear();
-    StepProfile profile;
-    {
-      Trainer trainer(measured, groups, *data);
-      trainer.step(1);  // the first step touches every page: not representative
-      profile = profile_of(trainer.step(2), measured.accumulation);
-    }
-    const OverlapProblem problem = overlap_problem(overlap.config, pp, pp_rank, tp, false, profile);
-    const PlacementResult heuristic = solve_heuristic(problem.problem);
-    const Placement placement = agree(groups, heuristic.placement);  // one per stage
-    plan = summarise(problem.problem, placement, heuristic.search_s, false);
-    apply_placement(problem, placement, pp, pp_rank, overlap.config);
-    // Each op may use only the window right before its own micro-batch's backward: a window hides at most the
-    // smaller of its length and that micro-batch's recomputation.
-    windows = static_cast<int>(problem.problem.windows.size());
-    for (int w = 0; w < windows; ++w) {
-      double eligible = 0;
-      for (const RecomputableOp& op : problem.problem.ops)
-        if (op.earliest_window <= w && w < op.deadline_window) eligible += op.time_s;
-      const double capacity = problem.problem.windows[static_cast<std::size_t>(w)].capacity_s;
-      window_capacity += capacity;
-      window_bound += std::min(capacity, eligible);
-    }
-    for (int chunk = 0; chunk < overlap.config.virtual_stages; ++chunk)  // this rank's stages only
-      for (const KeptOps& layer : overlap.config.kept_ops.at(static_cast<std::size_t>(stage_of({pp, s.microbatches, 1}, pp_rank, chunk))))
-        for (bool k : layer) kept += k, ++ops;
+    Trainer trainer(measured, groups, data);
+    trainer.step(1);  // the first step touches every page: not representative
+    profile = profile_of(trainer.step(2), measured.accumulation);
   }
-  for (Case& c : cases) {
-    c.trainer = std::make_unique<Trainer>(c.config, groups, *data);
-    c.activations = c.trainer->memory().activations;
-    c.sent_formula = pipeline_sent_bytes(c.config, shape);
-    c.trainer->step(++c.steps);  // warm-up: pages touched, the buffer pool grown
+  const OverlapProblem problem = overlap_problem(config, pp, pp_rank, tp, false, profile);
+  const PlacementResult heuristic = solve_heuristic(problem.problem);
+  const Placement placement = agree(groups, heuristic.placement);  // one per stage
+  out.plan = summarise(problem.problem, placement, heuristic.search_s, false);
+  apply_placement(problem, placement, pp, pp_rank, config);
+  // Each op may use only the window right before its own micro-batch's backward: a window hides at most the smaller
+  // of its length and that micro-batch's recomputation.
+  out.windows = static_cast<int>(problem.problem.windows.size());
+  for (int w = 0; w < out.windows; ++w) {
+    double eligible = 0;
+    for (const RecomputableOp& op : problem.problem.ops)
+      if (op.earliest_window <= w && w < op.deadline_window) eligible += op.time_s;
+    const double capacity = problem.problem.windows[static_cast<std::size_t>(w)].capacity_s;
+    out.window_capacity += capacity;
+    out.window_bound += std::min(capacity, eligible);
   }
+  for (int chunk = 0; chunk < config.virtual_stages; ++chunk)  // this rank's stages only
+    for (const KeptOps& layer : config.kept_ops.at(static_cast<std::size_t>(stage_of({pp, microbatches, 1}, pp_rank, chunk))))
+      for (bool k : layer) out.kept += k, ++out.ops;
+  return out;
+}
 
-  std::vector<int> pp_ranks(static_cast<std::size_t>(world));
-  STRATA_MPI_CHECK(MPI_Gather(&pp_rank, 1, MPI_INT, pp_ranks.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
-  auto timed_step = [&](Case& c) {
-    STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
-    const double start = host_now();
-    const StepStats stats = c.trainer->step(++c.steps);
-    Fields mine{};
-    mine[kElapsed] = host_now() - start;
-    mine[kRecompute] = stats.recompute_seconds;
-    mine[kWindow] = stats.recompute_window_seconds;
-    mine[kHidden] = stats.recompute_hidden_seconds;
-    mine[kWait] = stats.pipeline.wait_seconds;
-    mine[kCompute] = stats.forward_seconds + stats.backward_seconds + stats.recompute_window_seconds;
-    mine[kIdle] = stats.idle_seconds;
-    c.sent_bytes = stats.pipeline.sent_bytes;
-    c.losses.push_back(stats.loss);
-    std::vector<Fields> all(static_cast<std::size_t>(world));
-    STRATA_MPI_CHECK(MPI_Gather(mine.data(), kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0, MPI_COMM_WORLD));
-    if (rank == 0) c.timed.push_back(std::move(all));
-  };
-  for (int r = 0; r < s.rounds; ++r)
-    for (std::size_t k = 0; k < cases.size(); ++k) timed_step(cases[(k + static_cast<std::size_t>(r)) % cases.size()]);
+// One timed step of a case; every rank's figures gathered on rank 0.
+void timed_step(Case& c) {
+  STRATA_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  const double start = host_now();
+  const StepStats stats = c.trainer->step(++c.steps);
+  Fields mine{};
+  mine[kElapsed] = host_now() - start;
+  mine[kRecompute] = stats.recompute_seconds;
+  mine[kWindow] = stats.recompute_window_seconds;
+  mine[kHidden] = stats.recompute_hidden_seconds;
+  mine[kWait] = stats.pipeline.wait_seconds;
+  mine[kCompute] = stats.forward_seconds + stats.backward_seconds + stats.recompute_window_seconds;
+  mine[kIdle] = stats.idle_seconds;
+  c.sent_bytes = stats.pipeline.sent_bytes;
+  c.losses.push_back(stats.loss);
+  std::vector<Fields> all(static_cast<std::size_t>(world_size()));
+  STRATA_MPI_CHECK(MPI_Gather(mine.data(), kFields, MPI_DOUBLE, all.data(), kFields, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+  if (world_rank() == 0) c.timed.push_back(std::move(all));
+}
 
-  // ---- checks ----
+enum { kNone, kFull, kOverlap, kGpipe, kInterleaved };  // the cases, in their order
+
+// The checks: every mode and schedule trains along 1f1b none's losses (recomputation: the same sums; schedules
+// within fp32 order), and sends the formula's bytes to the other stage. The wrong ones over all ranks.
+int count_wrong(const std::vector<Case>& cases) {
   int wrong = 0;
+  const int rank = world_rank();
   for (const Case& c : cases) {
-    const double tolerance = c.schedule == Schedule::one_f_one_b ? 1e-6 : 1e-5;  // recomputation: the same sums
+    const double tolerance = c.schedule == Schedule::one_f_one_b ? 1e-6 : 1e-5;
     for (std::size_t k = 0; k < c.losses.size(); ++k)
       if (!(std::abs(c.losses[k] - cases[kNone].losses[k]) <= tolerance * std::abs(cases[kNone].losses[k]))) {
         std::fprintf(stderr, "strata-bench-pipeline: rank %d: %s: loss %.9g at timed step %zu, 1f1b none's %.9g\n", rank,
@@ -267,20 +224,32 @@ int run(int argc, char** argv) {
     }
   }
   STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  return wrong;
+}
 
-  // Per pipeline rank (its first tensor-parallel rank speaks): activations per mode, overlap's windows and plan.
-  enum { kSpeaks, kActNone, kActFull, kActOverlap, kWindows, kCapacity, kBound, kPlanHidden, kPlanExposed, kSearch, kKept,
-         kOps, kStageFields };
-  std::array<double, kStageFields> stage{};
+// Per pipeline rank (its first tensor-parallel rank speaks): activations per mode, overlap's windows and plan.
+enum { kSpeaks, kActNone, kActFull, kActOverlap, kWindows, kCapacity, kBound, kPlanHidden, kPlanExposed, kSearch, kKept,
+       kOps, kStageFields };
+using StageFields = std::array<double, kStageFields>;
+
+// Gathered on rank 0.
+std::vector<StageFields> stage_fields(const std::vector<Case>& cases, const OverlapPlan& o, const coll::ProcessGroups& groups) {
+  StageFields stage{};
   stage[kSpeaks] = groups.tp_index() == 0;
   stage[kActNone] = cases[kNone].activations, stage[kActFull] = cases[kFull].activations;
   stage[kActOverlap] = cases[kOverlap].activations;
-  stage[kWindows] = windows, stage[kCapacity] = window_capacity, stage[kBound] = window_bound;
-  stage[kPlanHidden] = plan.hidden_s, stage[kPlanExposed] = plan.exposed_s, stage[kSearch] = plan.search_s;
-  stage[kKept] = kept, stage[kOps] = ops;
-  std::vector<std::array<double, kStageFields>> stages(static_cast<std::size_t>(world));
+  stage[kWindows] = o.windows, stage[kCapacity] = o.window_capacity, stage[kBound] = o.window_bound;
+  stage[kPlanHidden] = o.plan.hidden_s, stage[kPlanExposed] = o.plan.exposed_s, stage[kSearch] = o.plan.search_s;
+  stage[kKept] = o.kept, stage[kOps] = o.ops;
+  std::vector<StageFields> stages(static_cast<std::size_t>(world_size()));
   STRATA_MPI_CHECK(MPI_Gather(stage.data(), kStageFields, MPI_DOUBLE, stages.data(), kStageFields, MPI_DOUBLE, 0, MPI_COMM_WORLD));
-  if (rank == 0) {
+  return stages;
+}
+
+// Table 1 (rank 0): overlapped recomputation against on-demand and none, in total and per stage.
+void print_recompute_table(const std::vector<Case>& cases, const std::vector<StageFields>& stages,
+                           const std::vector<int>& pp_ranks, int pp, const char* note) {
+  const int world = static_cast<int>(stages.size());
     const Case &none = cases[kNone], &full = cases[kFull], &over = cases[kOverlap];
     auto ratio = [&](const Case& a, const Case& b) {  // median of the per-round ratios of the step
       std::vector<double> v;
@@ -337,19 +306,99 @@ int run(int argc, char** argv) {
                   f[kPlanHidden] * 1e3, f[kPlanExposed] * 1e3, f[kSearch],
                   p == pp - 1 ? " (the last stage waits for no gradient: no window)" : "");
     }
+}
+
+// Table 2 (rank 0): the bubble of each schedule against (p - 1) / (v m).
+void print_bubble_table(const std::vector<Case>& cases, int pp, int microbatches, const char* note) {
+  const Case& none = cases[kNone];
     std::printf("# 2. bubble: pipeline wait / (forward + backward + recompute in windows) per rank, mean over ranks, "
                 "against (p - 1) / (v m); + idle: the step's idle time counted as a wait too (the last stage waits for the "
                 "first stage's cool-down in the token table's gradient allreduce, idle time)%s\n", note);
     std::printf("# %-17s %10s %10s %10s %10s %16s\n", "schedule", "step(ms)", "measured", "+ idle", "formula",
                 "measured/formula");
     for (const Case* c : {static_cast<const Case*>(&cases[kGpipe]), &none, static_cast<const Case*>(&cases[kInterleaved])}) {
-      const double formula = (pp - 1.0) / (c->virtual_stages * s.microbatches);
+      const double formula = (pp - 1.0) / (c->virtual_stages * microbatches);
       const double measured = c->mean_over_ranks([](const Fields& f) { return f[kCompute] > 0 ? f[kWait] / f[kCompute] : 0; });
       const double with_idle =
           c->mean_over_ranks([](const Fields& f) { return f[kCompute] > 0 ? (f[kWait] + f[kIdle]) / f[kCompute] : 0; });
       std::printf("  %-17s %10.2f %10.4f %10.4f %10.4f %16.3f\n", c->name.c_str(), c->step() * 1e3, measured, with_idle,
                   formula, measured / formula);
     }
+}
+
+int run(int argc, char** argv) {
+  const std::optional<Settings> settings = parse_settings(argc, argv);
+  if (!settings) return 0;
+  const Settings& s = *settings;
+  const int rank = world_rank(), world = world_size();
+  const int pp = 2, tp = world / pp;
+  if (world % pp != 0 || s.layers % 4 != 0 || s.microbatches % 2 != 0 || s.heads % tp != 0) {
+    say("strata-bench-pipeline: needs an even number of ranks (tp = ranks / 2 dividing the %d heads), layers divisible "
+        "by 4 and an even number of micro-batches; got %d ranks, %d layers, %d micro-batches\n",
+        s.heads, world, s.layers, s.microbatches);
+    return 2;
+  }
+  ModelConfig model = preset("tiny");
+  model.name = "pipeline-bench", model.layers = s.layers, model.hidden = s.hidden, model.heads = s.heads;
+  model.kv_heads = s.heads, model.vocab = s.vocab, model.max_seq = std::max(model.max_seq, s.seq);
+  if (const std::string problem = model.validate(); !problem.empty()) {
+    say("strata-bench-pipeline: model: %s\n", problem.c_str());
+    return 2;
+  }
+  const cpu_gemm::Backend library = cpu_gemm::available(cpu_gemm::Backend::onednn) ? cpu_gemm::Backend::onednn
+                                                                                    : cpu_gemm::Backend::openblas;
+  cpu_gemm::set_threads(1);  // one core per rank, as strata-step's harness sets it
+  coll::ProcessGroups groups({tp, pp, 1});
+  const DataParallelShape shape = data_parallel_shape(groups);
+  const int pp_rank = groups.pp_index();
+  const auto data = synthetic_tokens(model.vocab, 1);
+  TrainConfig base;
+  base.model = model, base.micro_batch = s.micro_batch, base.seq = s.seq, base.accumulation = s.microbatches;
+  base.runtime.library = library;
+  base.lr.max_lr = base.lr.min_lr = 1e-3f;
+  const bool one_core_per_rank = world == 2;
+  const char* note = s.smoke ? " (smoke, not judged)" : one_core_per_rank ? "" : " (np != 2, not judged: more ranks than cores)";
+
+  std::vector<Case> cases;
+  auto add = [&](std::string name, Schedule schedule, int v, Recompute recompute) {
+    Case c;
+    c.name = std::move(name), c.schedule = schedule, c.virtual_stages = v, c.recompute = recompute;
+    c.config = base;
+    c.config.schedule = schedule, c.config.virtual_stages = v, c.config.recompute = recompute;
+    cases.push_back(std::move(c));
+  };
+  add("1f1b none", Schedule::one_f_one_b, 1, Recompute::none);
+  add("1f1b full", Schedule::one_f_one_b, 1, Recompute::full);
+  add("1f1b overlap", Schedule::one_f_one_b, 1, Recompute::overlap);
+  add("gpipe none", Schedule::gpipe, 1, Recompute::none);
+  add("interleaved none", Schedule::interleaved, 2, Recompute::none);
+
+  say("# strata-bench-pipeline: %d ranks as tp %d x pp %d; model %d layers, hidden %d, %d heads, vocabulary %d; micro-batch "
+      "%d x seq %d, m = %d micro-batches; %s GEMMs, one thread per rank; %d rounds, the %zu cases interleaved (order "
+      "rotating), medians; step: per-step max over ranks%s\n",
+      world, tp, pp, s.layers, s.hidden, s.heads, s.vocab, s.micro_batch, s.seq, s.microbatches,
+      cpu_gemm::name(library).c_str(), s.rounds, cases.size(), note);
+  std::fflush(stdout);
+
+  // Overlap's placement, from a measured step recomputing everything on demand; then each case's trainer, warmed up.
+  const OverlapPlan overlap = place_overlap(cases[kOverlap].config, groups, *data, pp, tp, s.microbatches);
+  for (Case& c : cases) {
+    c.trainer = std::make_unique<Trainer>(c.config, groups, *data);
+    c.activations = c.trainer->memory().activations;
+    c.sent_formula = pipeline_sent_bytes(c.config, shape);
+    c.trainer->step(++c.steps);  // warm-up: pages touched, the buffer pool grown
+  }
+
+  std::vector<int> pp_ranks(static_cast<std::size_t>(world));
+  STRATA_MPI_CHECK(MPI_Gather(&pp_rank, 1, MPI_INT, pp_ranks.data(), 1, MPI_INT, 0, MPI_COMM_WORLD));
+  for (int r = 0; r < s.rounds; ++r)
+    for (std::size_t k = 0; k < cases.size(); ++k) timed_step(cases[(k + static_cast<std::size_t>(r)) % cases.size()]);
+
+  const int wrong = count_wrong(cases);
+  const std::vector<StageFields> stages = stage_fields(cases, overlap, groups);
+  if (rank == 0) {
+    print_recompute_table(cases, stages, pp_ranks, pp, note);
+    print_bubble_table(cases, pp, s.microbatches, note);
     std::printf("# checks: recompute modes on 1f1b none's losses, schedules within fp32 order, bytes to the other stage the "
                 "formula: %s\n", wrong ? "FAILED (see above)" : "ok");
     std::printf("# pipeline figures: %s\n", s.smoke ? "smoke, not judged" : one_core_per_rank ? "reported (no target)"
