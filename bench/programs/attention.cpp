@@ -267,10 +267,7 @@ struct PeakOfCase {
   std::string source;  // GPU only
 };
 
-int run_attention(int argc, char** argv) {
-  HarnessOptions h;
-  Options o;
-  Cli cli("strata-attention", "Attention forward/backward, every rank at once; flash-attention FLOP convention.");
+void add_attention_options(Cli& cli, Options& o, HarnessOptions& h) {
   cli.option("batch", 'B', "batch size", o.batch, 1);
   cli.option("heads", 'H', "query heads", o.heads, 1);
   cli.option("kv-heads", 0, "key/value heads (grouped-query; divides --heads; 0: same as --heads)", o.kv_heads, 0);
@@ -285,17 +282,11 @@ int run_attention(int argc, char** argv) {
   cli.option("threads", 'T', "kernel threads per rank", o.threads, 1);
   cli.option("seed", 0, "random seed of the inputs", o.seed, 0);
   add_harness_options(cli, h);
-  if (!cli.parse(argc, argv)) return 0;
-  if (o.impls.empty()) o.impls = o.backend == "cpu" ? "flash,naive" : "flash,unfused";
-  if (o.dtype.empty()) o.dtype = o.backend == "cpu" ? "fp32" : "bf16";
-  const Axes axes = plan_cases(o);
-  const std::vector<AxisPoint> points = axes.product();
-  if (o.threads > 1 && h.blas_threads > 1)
-    throw UsageError("--threads and --blas-threads both above 1 would oversubscribe: the kernels hold BLAS to one "
-                     "thread per kernel thread");
-  h.kernel_threads = o.threads;
-  // The largest case must fit in host memory: Q, O, dO, dQ and K, V, dK, dV as floats (the inputs' float copies
-  // and the read-back outputs on the GPU path), the log-sum-exps, and the naive kernel's (Sq, Skv) scores per thread.
+}
+
+// The largest case must fit in host memory: Q, O, dO, dQ and K, V, dK, dV as floats (the inputs' float copies and the
+// read-back outputs on the GPU path), the log-sum-exps, and the naive kernel's (Sq, Skv) scores per thread.
+void check_host_memory(const Options& o, const std::vector<AxisPoint>& points) {
   double host_bytes = 0;
   std::string largest;
   for (const AxisPoint& point : points) {
@@ -312,6 +303,47 @@ int run_attention(int argc, char** argv) {
   }
   check_fits_in_memory("strata-attention case " + largest, host_bytes, host_memory_per_rank(),
                        "the node's available memory over its ranks");
+}
+
+void declare_attention_columns(Run& run, const Axes& axes) {
+  axes.declare_columns(run.cases());
+  run.cases()
+      .add_column("flop", ColumnKind::float64, "FLOP",
+                  "flash-attention convention: fwd 4*b*hq*sq*skv*d, half when causal; bwd 2.5x fwd; per rank")
+      .add_column("bytes", ColumnKind::float64, "B", "tensors read once and written once, per rank");
+  add_flop_rate_columns(run.summary(), "flop");
+  run.summary()
+      .add_column("check_rel_l2", ColumnKind::float64, "1", "worst relative L2 error against float64, over ranks and outputs");
+}
+
+// The case's FLOPs (flash-attention convention) and bytes (each tensor read once and written once), per rank.
+std::pair<double, double> flop_and_bytes(const Case& c) {
+  const Shape& s = c.shape;
+  const double fwd = attention::forward_flops(s), bwd = attention::backward_flops(s);
+  const double flop = c.pass == "fwd" ? fwd : c.pass == "bwd" ? bwd : fwd + bwd;
+  const double elem = c.dtype == "fp32" ? 4.0 : 2.0;
+  const double q_bytes = elem * attention::q_elements(s), kv_bytes = elem * attention::kv_elements(s);
+  const double lse_bytes = 4.0 * attention::lse_elements(s);
+  const double bytes_fwd = 2 * q_bytes + 2 * kv_bytes + lse_bytes;                       // Q,K,V in; O,lse out
+  const double bytes_bwd = 3 * q_bytes + 2 * kv_bytes + lse_bytes + q_bytes + 2 * kv_bytes;  // Q,O,dO,K,V,lse in; dQ,dK,dV out
+  return {flop, c.pass == "fwd" ? bytes_fwd : c.pass == "bwd" ? bytes_bwd : bytes_fwd + bytes_bwd};
+}
+
+int run_attention(int argc, char** argv) {
+  HarnessOptions h;
+  Options o;
+  Cli cli("strata-attention", "Attention forward/backward, every rank at once; flash-attention FLOP convention.");
+  add_attention_options(cli, o, h);
+  if (!cli.parse(argc, argv)) return 0;
+  if (o.impls.empty()) o.impls = o.backend == "cpu" ? "flash,naive" : "flash,unfused";
+  if (o.dtype.empty()) o.dtype = o.backend == "cpu" ? "fp32" : "bf16";
+  const Axes axes = plan_cases(o);
+  const std::vector<AxisPoint> points = axes.product();
+  if (o.threads > 1 && h.blas_threads > 1)
+    throw UsageError("--threads and --blas-threads both above 1 would oversubscribe: the kernels hold BLAS to one "
+                     "thread per kernel thread");
+  h.kernel_threads = o.threads;
+  check_host_memory(o, points);
 
   std::string device = "cpu";
   int gpu = -1;
@@ -325,14 +357,7 @@ int run_attention(int argc, char** argv) {
   }
   Run run("strata-attention", argc, argv, h, cli.resolved_json(), device);
   run.set_case_count(static_cast<int>(points.size()));
-  axes.declare_columns(run.cases());
-  run.cases()
-      .add_column("flop", ColumnKind::float64, "FLOP",
-                  "flash-attention convention: fwd 4*b*hq*sq*skv*d, half when causal; bwd 2.5x fwd; per rank")
-      .add_column("bytes", ColumnKind::float64, "B", "tensors read once and written once, per rank");
-  add_flop_rate_columns(run.summary(), "flop");
-  run.summary()
-      .add_column("check_rel_l2", ColumnKind::float64, "1", "worst relative L2 error against float64, over ranks and outputs");
+  declare_attention_columns(run, axes);
 
   // The CPU's measured FP32 peak; on the GPU the tensor-core peak of the case's dtype that GEMM uses (0 where
   // the table has no figure), since the attention kernels run on the same tensor cores.
@@ -386,14 +411,7 @@ int run_attention(int argc, char** argv) {
                                                  : std::function<void()>([&] { work->forward(); work->backward(); });
     std::vector<double> samples = run.measure(*work->timer, body);
 
-    const double fwd = attention::forward_flops(s), bwd = attention::backward_flops(s);
-    const double flop = c.pass == "fwd" ? fwd : c.pass == "bwd" ? bwd : fwd + bwd;
-    const double elem = c.dtype == "fp32" ? 4.0 : 2.0;
-    const double q_bytes = elem * attention::q_elements(s), kv_bytes = elem * attention::kv_elements(s);
-    const double lse_bytes = 4.0 * attention::lse_elements(s);
-    const double bytes_fwd = 2 * q_bytes + 2 * kv_bytes + lse_bytes;                       // Q,K,V in; O,lse out
-    const double bytes_bwd = 3 * q_bytes + 2 * kv_bytes + lse_bytes + q_bytes + 2 * kv_bytes;  // Q,O,dO,K,V,lse in; dQ,dK,dV out
-    const double bytes = c.pass == "fwd" ? bytes_fwd : c.pass == "bwd" ? bytes_bwd : bytes_fwd + bytes_bwd;
+    const auto [flop, bytes] = flop_and_bytes(c);
     const int ranks = run.context().n_ranks;
     CaseResult r = run.record(samples, check.bad, label,
         [&](Table& row) {

@@ -162,10 +162,7 @@ struct Workload {
   std::string peak_source;
 };
 
-int run_gemm(int argc, char** argv) {
-  HarnessOptions h;
-  GemmOptions o;
-  Cli cli("strata-gemm", "GEMM throughput: C (M,N) = A (M,K) W (N,K)^T on every rank at once; FLOPs = 2MNK.");
+void add_gemm_options(Cli& cli, GemmOptions& o, HarnessOptions& h, bool& list_presets) {
   cli.choice("backend", 0, "where the GEMM runs", o.backend, {"cpu", "cuda"});
   cli.option("library", 0, "cpu GEMM library: auto (the machine's fastest), all, or a list of openblas,onednn",
              o.libraries);
@@ -179,55 +176,51 @@ int run_gemm(int argc, char** argv) {
            "input and weight gradients of each (as the CPU step calls them)", o.training);
   cli.option("check-samples", 0, "output elements checked against the reference per rank and case", o.check_samples, 4);
   cli.option("seed", 0, "random seed of the inputs", o.seed, 0);
-  bool list_presets = false;
   cli.flag("list-presets", 0, "print the preset models and exit", list_presets);
   add_harness_options(cli, h);
-  if (!cli.parse(argc, argv)) return 0;
-  if (o.training && o.presets.empty()) throw UsageError("--training names the GEMMs of a --preset's training step: give --preset");
-  if (list_presets) {
-    if (world_rank() == 0)
-      for (const auto& n : train::preset_names()) std::printf("%s\n", n.c_str());
-    return 0;
-  }
-  if (o.backend == "cuda" && o.libraries != "auto") throw UsageError("--library applies to the cpu backend only");
-  // Checked before the run starts (so bad input writes nothing); the machine's fastest library is known after.
-  const GemmCases planned = plan_cases(o, cpu_gemm::Backend::openblas);
-  // The largest case must fit: host memory holds A, W and C (on the GPU path also the inputs' float copies for
-  // the check and their staging), the device A, W and C.
-  double host_bytes = 0, device_bytes = 0;
-  std::string largest;
+}
+
+// The largest case of the plan (by host bytes: A, W and C; on the GPU path also the inputs' float copies for the
+// check and their staging), refused before the run starts where the host cannot hold it; the device bytes it needs.
+struct LargestCase {
+  std::string label;
+  double device_bytes = 0;
+};
+
+LargestCase check_host_memory(const GemmOptions& o, const GemmCases& planned) {
+  double host_bytes = 0;
+  LargestCase largest;
   for (const AxisPoint& point : planned.points) {
     const DType d = *gemm::parse_dtype(point.text("dtype"));
     const double m = double(point.integer("m")), n = double(point.integer("n")), k = double(point.integer("k"));
     const double in = gemm::input_bytes(d), out = gemm::output_bytes(d);
     const double host = o.backend == "cpu" ? (m * k + n * k) * in + m * n * out : (m * k + n * k) * (4 + in) + m * n * out;
-    if (host > host_bytes) host_bytes = host, largest = point.text("dtype") + " " + std::to_string(point.integer("m")) + "x" +
-                                                         std::to_string(point.integer("n")) + "x" + std::to_string(point.integer("k"));
-    device_bytes = std::max(device_bytes, (m * k + n * k) * in + m * n * out);
+    if (host > host_bytes)
+      host_bytes = host, largest.label = point.text("dtype") + " " + std::to_string(point.integer("m")) + "x" +
+                                         std::to_string(point.integer("n")) + "x" + std::to_string(point.integer("k"));
+    largest.device_bytes = std::max(largest.device_bytes, (m * k + n * k) * in + m * n * out);
   }
-  check_fits_in_memory("strata-gemm case " + largest, host_bytes, host_memory_per_rank(),
+  check_fits_in_memory("strata-gemm case " + largest.label, host_bytes, host_memory_per_rank(),
                        "the node's available memory over its ranks");
+  return largest;
+}
 
-  const int rank = world_rank();
-  [[maybe_unused]] int device = -1;  // the GPU this rank drives (CUDA builds)
-  std::string device_text = "cpu";
-  if (o.backend == "cuda") {
+// The GPU this rank drives, the largest case checked against the smallest GPU's memory; "cpu" (device -1) for the CPU.
+RankGpu gemm_device(const GemmOptions& o, [[maybe_unused]] const LargestCase& largest) {
+  if (o.backend != "cuda") return {-1, "cpu"};
 #ifdef STRATA_HAVE_CUDA
-    const RankGpu gpu = select_rank_gpu("--backend cuda");
-    device = gpu.device, device_text = gpu.text;
-    double device_limit = 0.9 * double(cuda::device_memory_bytes(device));  // the smallest GPU decides, on every rank
-    STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &device_limit, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
-    check_fits_in_memory("strata-gemm case " + largest + " on the GPU", device_bytes, device_limit,
-                         "nine tenths of the GPU's memory");
+  const RankGpu gpu = select_rank_gpu("--backend cuda");
+  double device_limit = 0.9 * double(cuda::device_memory_bytes(gpu.device));  // the smallest GPU decides, on every rank
+  STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &device_limit, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
+  check_fits_in_memory("strata-gemm case " + largest.label + " on the GPU", largest.device_bytes, device_limit,
+                       "nine tenths of the GPU's memory");
+  return gpu;
 #else
-    throw UsageError("--backend cuda: this strata-gemm was built without CUDA");
+  throw UsageError("--backend cuda: this strata-gemm was built without CUDA");
 #endif
-  }
+}
 
-  Run run("strata-gemm", argc, argv, h, cli.resolved_json(), device_text);
-  const MachineDescription& machine = run.context().machine.description;
-  const GemmCases cases = plan_cases(o, machine.default_gemm);
-  run.set_case_count(static_cast<int>(cases.points.size()));
+void declare_gemm_columns(Run& run, const GemmCases& cases) {
   cases.axes.declare_columns(run.cases());
   run.cases()
       .add_column("flop", ColumnKind::float64, "FLOP", "2MNK per GEMM per rank")
@@ -239,7 +232,74 @@ int run_gemm(int argc, char** argv) {
       .add_column("check_samples", ColumnKind::int64, "1", "output elements checked per rank")
       .add_column("check_worst_ratio", ColumnKind::float64, "1",
                   "max over ranks and checked elements of |c - ref| / tolerance (<= 1 passes)");
+}
 
+// One case on the CPU or the GPU, behind the Workload's calls; it owns its buffers.
+struct CaseWork {
+  Workload work;
+  std::unique_ptr<gemm::CpuGemm> cpu;
+#ifdef STRATA_HAVE_CUDA
+  std::unique_ptr<gemm::CudaGemm> gpu;
+  std::unique_ptr<Timer> gpu_timer;
+#endif
+};
+
+std::unique_ptr<CaseWork> case_work(const GemmOptions& o, const HarnessOptions& h, const MachineDescription& machine,
+                                    const gemm::Shape& shape, DType dtype, const std::string& library, uint64_t seed,
+                                    [[maybe_unused]] int device, HostTimer& host_timer) {
+  auto w = std::make_unique<CaseWork>();
+  CaseWork& c = *w;
+  if (o.backend == "cpu") {
+    const cpu_gemm::Backend backend = *cpu_gemm::parse_backend(library);
+    c.cpu = std::make_unique<gemm::CpuGemm>(shape, dtype, seed, backend);
+    gemm::CpuGemm* cpu = c.cpu.get();
+    const PeakFigure& peak = dtype == DType::fp64 ? machine.fp64 : machine.fp32;
+    c.work = {[cpu] { cpu->run(); }, [cpu] { cpu->poison_output(); },
+              [cpu](int n, uint64_t s) { return cpu->check(n, s); }, [cpu] { cpu->corrupt_output(); }, &host_timer,
+              std::string(dtype == DType::fp32 ? "sgemm " : "dgemm ") + cpu_gemm::library(backend) + " (" +
+                  cpu_gemm::kernel(backend) + ")",
+              peak.per_rank(h.blas_threads), peak_source(peak, h.blas_threads)};
+    return w;
+  }
+#ifdef STRATA_HAVE_CUDA
+  try {
+    c.gpu = std::make_unique<gemm::CudaGemm>(shape, dtype, seed, device);
+  } catch (const std::invalid_argument& e) {  // the kernels' word for a request this device cannot serve
+    throw UsageError(e.what());
+  }
+  c.gpu_timer = make_cuda_event_timer(c.gpu->stream());
+  gemm::CudaGemm* gpu = c.gpu.get();
+  const gemm::GpuPeak peak = gemm::gpu_peak(device, dtype);
+  c.work = {[gpu] { gpu->run(); }, [gpu] { gpu->poison_output(); },
+            [gpu](int n, uint64_t s) { return gpu->check(n, s); }, [gpu] { gpu->corrupt_output(); }, c.gpu_timer.get(),
+            gpu->algorithm(), peak.flops, peak.source};
+#endif
+  return w;
+}
+
+int run_gemm(int argc, char** argv) {
+  HarnessOptions h;
+  GemmOptions o;
+  bool list_presets = false;
+  Cli cli("strata-gemm", "GEMM throughput: C (M,N) = A (M,K) W (N,K)^T on every rank at once; FLOPs = 2MNK.");
+  add_gemm_options(cli, o, h, list_presets);
+  if (!cli.parse(argc, argv)) return 0;
+  if (o.training && o.presets.empty()) throw UsageError("--training names the GEMMs of a --preset's training step: give --preset");
+  if (list_presets) {
+    if (world_rank() == 0)
+      for (const auto& n : train::preset_names()) std::printf("%s\n", n.c_str());
+    return 0;
+  }
+  if (o.backend == "cuda" && o.libraries != "auto") throw UsageError("--library applies to the cpu backend only");
+  // Checked before the run starts (so bad input writes nothing); the machine's fastest library is known after.
+  const LargestCase largest = check_host_memory(o, plan_cases(o, cpu_gemm::Backend::openblas));
+  const RankGpu device = gemm_device(o, largest);
+
+  Run run("strata-gemm", argc, argv, h, cli.resolved_json(), device.text);
+  const MachineDescription& machine = run.context().machine.description;
+  const GemmCases cases = plan_cases(o, machine.default_gemm);
+  run.set_case_count(static_cast<int>(cases.points.size()));
+  declare_gemm_columns(run, cases);
   ConsoleTable table({{"backend", 7}, {"library", 8}, {"dtype", 5}, {"M", 6}, {"N", 6}, {"K", 6}, {"source", 18}, {"time(ms)", 10},
                       {"GFLOP/s/rank", 12}, {"GFLOP/s(all)", 12}, {"%peak", 6}, {"check", 6}});
   if (run.is_root()) {
@@ -250,6 +310,7 @@ int run_gemm(int argc, char** argv) {
     table.print_header();
   }
 
+  const int rank = world_rank();
   HostTimer host_timer;
   for (size_t index = 0; index < cases.points.size(); ++index) {
     const AxisPoint& point = cases.points[index];
@@ -258,35 +319,8 @@ int run_gemm(int argc, char** argv) {
     const std::string& library = point.text("library");
     run.begin_case(gemm::name(dtype) + " " + shape.text() + " " + library);
     uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
-    Workload work;
-    std::unique_ptr<gemm::CpuGemm> cpu;
-#ifdef STRATA_HAVE_CUDA
-    std::unique_ptr<gemm::CudaGemm> gpu;
-    std::unique_ptr<Timer> gpu_timer;
-#endif
-    if (o.backend == "cpu") {
-      const cpu_gemm::Backend backend = *cpu_gemm::parse_backend(library);
-      cpu = std::make_unique<gemm::CpuGemm>(shape, dtype, seed, backend);
-      const PeakFigure& peak = dtype == DType::fp64 ? machine.fp64 : machine.fp32;
-      work = {[&] { cpu->run(); }, [&] { cpu->poison_output(); },
-              [&](int n, uint64_t s) { return cpu->check(n, s); }, [&] { cpu->corrupt_output(); }, &host_timer,
-              std::string(dtype == DType::fp32 ? "sgemm " : "dgemm ") + cpu_gemm::library(backend) + " (" +
-                  cpu_gemm::kernel(backend) + ")",
-              peak.per_rank(h.blas_threads), peak_source(peak, h.blas_threads)};
-    } else {
-#ifdef STRATA_HAVE_CUDA
-      try {
-        gpu = std::make_unique<gemm::CudaGemm>(shape, dtype, seed, device);
-      } catch (const std::invalid_argument& e) {  // the kernels' word for a request this device cannot serve
-        throw UsageError(e.what());
-      }
-      gpu_timer = make_cuda_event_timer(gpu->stream());
-      gemm::GpuPeak peak = gemm::gpu_peak(device, dtype);
-      work = {[&] { gpu->run(); }, [&] { gpu->poison_output(); },
-              [&](int n, uint64_t s) { return gpu->check(n, s); }, [&] { gpu->corrupt_output(); }, gpu_timer.get(), gpu->algorithm(), peak.flops,
-              peak.source};
-#endif
-    }
+    const std::unique_ptr<CaseWork> owner = case_work(o, h, machine, shape, dtype, library, seed, device.device, host_timer);
+    const Workload& work = owner->work;
 
     // Untimed correctness pass on a poisoned output, then the timed loop.
     work.poison();

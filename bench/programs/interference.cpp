@@ -185,12 +185,7 @@ double median_of(std::vector<double> v) {
   return v.empty() ? std::nan("") : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-int run_interference(int argc, char** argv) {
-  HarnessOptions h;
-  Options o;
-  Cli cli("strata-interference",
-          "A compute kernel and a collective, each alone and overlapped the way the CPU training step overlaps them "
-          "(started, kernel calls with a test between, waited for): both slowdowns.");
+void add_interference_options(Cli& cli, Options& o, HarnessOptions& h) {
   cli.option("kernel", 0, "kernels: gemm,attention", o.kernels);
   cli.option("gemm", 0, "the GEMM's MxNxK (fp32)", o.gemm);
   cli.option("heads", 'H', "attention: heads (batch 1, causal forward, flash, fp32)", o.heads, 1);
@@ -203,15 +198,22 @@ int run_interference(int argc, char** argv) {
   cli.option("maxbytes", 'e', "largest size S", o.maxbytes);
   cli.option("stepfactor", 'f', "multiply the size by this between steps", o.stepfactor, 2);
   add_harness_options(cli, h);
-  if (!cli.parse(argc, argv)) return 0;
+}
 
-  // ---- the cases, checked before the run starts ----
+// The cases, checked before the run starts: kernel x operation x algorithm x size, each as four sections (compute and
+// communication, alone and overlapped) in that order.
+struct Plan {
+  gemm::Shape gemm_shape;
+  attention::Shape attention_shape;
+  Axes axes;
+};
+
+Plan plan_interference(const Options& o) {
   std::vector<std::string> kernels = split_list(o.kernels, "--kernels");
   for (const auto& k : kernels)
     if (k != "gemm" && k != "attention") throw UsageError("unknown kernel '" + k + "' (gemm, attention)");
-  const gemm::Shape gemm_shape = gemm::parse_shape(o.gemm);
-  const attention::Shape attention_shape{1, o.heads, o.heads, o.seq, o.seq, o.dim, true};
-  if (std::string problem = attention::validate(attention_shape); !problem.empty()) throw UsageError(problem);
+  Plan plan{gemm::parse_shape(o.gemm), {1, o.heads, o.heads, o.seq, o.seq, o.dim, true}, {}};
+  if (std::string problem = attention::validate(plan.attention_shape); !problem.empty()) throw UsageError(problem);
   std::vector<Operation> ops;
   for (const auto& name : split_list(o.collectives, "--collective")) {
     const auto op = coll::parse_operation(name);
@@ -238,8 +240,7 @@ int run_interference(int argc, char** argv) {
   std::vector<std::string> op_names, algo_names;
   for (Operation op : ops) op_names.emplace_back(coll::name(op));
   for (Algo a : algos) algo_names.emplace_back(coll::name(a));
-  Axes axes;
-  axes.add("kernel", kernels)
+  plan.axes.add("kernel", kernels)
       .add("operation", op_names)
       .add("algo", algo_names)
       .add("requested_bytes", sizes, "B")
@@ -248,10 +249,10 @@ int run_interference(int argc, char** argv) {
                    {"overlapped", "1"}},
                   {{"compute", int64_t{0}}, {"communication", int64_t{0}}, {"compute", int64_t{1}},
                    {"communication", int64_t{1}}});
-  const std::vector<AxisPoint> points = axes.product();
+  return plan;
+}
 
-  Run run("strata-interference", argc, argv, h, cli.resolved_json(), "cpu");
-  run.set_case_count(static_cast<int>(points.size()));
+void declare_interference_columns(Run& run, const Axes& axes) {
   axes.declare_columns(run.cases());
   run.cases()
       .add_column("kernel_shape", ColumnKind::string, "")
@@ -270,6 +271,25 @@ int run_interference(int argc, char** argv) {
       .add_column("exposed_seconds", ColumnKind::float64, "s",
                   "communication overlapped: median over rounds of the slowest rank's wait after the last kernel "
                   "call; NaN elsewhere");
+}
+
+int run_interference(int argc, char** argv) {
+  HarnessOptions h;
+  Options o;
+  Cli cli("strata-interference",
+          "A compute kernel and a collective, each alone and overlapped the way the CPU training step overlaps them "
+          "(started, kernel calls with a test between, waited for): both slowdowns.");
+  add_interference_options(cli, o, h);
+  if (!cli.parse(argc, argv)) return 0;
+  const Plan plan = plan_interference(o);
+  const Axes& axes = plan.axes;
+  const gemm::Shape& gemm_shape = plan.gemm_shape;
+  const attention::Shape& attention_shape = plan.attention_shape;
+  const std::vector<AxisPoint> points = axes.product();
+
+  Run run("strata-interference", argc, argv, h, cli.resolved_json(), "cpu");
+  run.set_case_count(static_cast<int>(points.size()));
+  declare_interference_columns(run, axes);
 
   const coll::Layout layout;
   coll::MpiTypes types;
