@@ -212,7 +212,7 @@ const char* name(Recompute recompute) {
 }
 
 std::optional<Recompute> parse_recompute(std::string_view text) {
-  for (Recompute r : {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap})
+  for (Recompute r : kAllRecomputes)
     if (text == name(r)) return r;
   return std::nullopt;
 }

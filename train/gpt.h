@@ -94,6 +94,7 @@ const char* name(LayerOp op);  // "pre", "core", "post"
 //              the layer's backward, while the rank waits for communication (Lynx), or on demand.
 // Without dropout the recomputed activations equal the kept ones bit for bit, so every mode trains the same.
 enum class Recompute { none, full, selective, overlap };
+inline constexpr Recompute kAllRecomputes[] = {Recompute::none, Recompute::full, Recompute::selective, Recompute::overlap};
 const char* name(Recompute recompute);
 std::optional<Recompute> parse_recompute(std::string_view text);
 // Whether a mode other than overlap keeps an op's outputs.

@@ -16,7 +16,7 @@ const char* name(Schedule schedule) {
 }
 
 std::optional<Schedule> parse_schedule(std::string_view text) {
-  for (Schedule s : {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved})
+  for (Schedule s : kAllSchedules)
     if (text == name(s)) return s;
   return std::nullopt;
 }

@@ -25,6 +25,7 @@
 namespace strata::train {
 
 enum class Schedule { gpipe, one_f_one_b, interleaved };
+inline constexpr Schedule kAllSchedules[] = {Schedule::gpipe, Schedule::one_f_one_b, Schedule::interleaved};
 const char* name(Schedule schedule);  // "gpipe", "1f1b", "interleaved"
 std::optional<Schedule> parse_schedule(std::string_view text);
 

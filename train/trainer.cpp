@@ -703,41 +703,79 @@ struct Trainer::Impl {
     stats.recompute_hidden_seconds += std::max(0.0, (hidden_until > 0 ? hidden_until : end) - start - waited);
   }
   // ---- the step -----------------------------------------------------------------------------------------
+  // What a step's actions share: the pointers the model reads, the loss, where each chunk's gradients start and
+  // finish accumulating, each chunk's first entry in sets_sending, the unit whose backward runs, the hooks of the
+  // recomputations in windows.
+  struct StepState {
+    explicit StepState(StepStats& s) : stats(s) {}
+    StepStats& stats;
+    int64_t step_index = 0;
+    float normaliser = 1;  // tokens of the global batch
+    UnitPointers pointers;
+    double loss_sum = 0;
+    std::vector<int> first_backward, last_backward;  // per chunk: action indices
+    std::vector<std::size_t> set_base;               // per chunk: its first entry in sets_sending
+    double unit_backward_start = 0, unit_exposed_start = 0, unit_recompute = 0;
+    double recompute_start = 0, recompute_exposed_start = 0;
+    LayerHooks window_hooks;  // recomputations in windows report their tensor-parallel collectives too
+  };
+
   StepStats step(int64_t step_index, bool record_timeline) {
     StepStats stats;
     const double step_start = now();
+    StepState s(stats);
+    s.step_index = step_index;
+    begin_step(s, record_timeline);
+    for (std::size_t k = 0; k < actions.size(); ++k) run_action(s, k);
+    drain_transfers();
+    reduce_embedding_gradients();
+    optimizer_step(s);
+    finish_step(s, step_start);
+    return stats;
+  }
+
+  // Time of a compute phase without the waits inside it, and its interval on the timeline.
+  template <typename Body>
+  void compute_phase(const char* phase, const std::string& what, double& seconds, const Body& body) {
+    const double exposed_before = exposed, start = now();
+    trace_phase(phase);
+    body();
+    trace_phase("");
+    if (tracer) tracer->set_unit(-1);
+    const double end = now();
+    seconds += end - start - (exposed - exposed_before);
+    if (timeline) timeline->push_back({what, "compute", "", start, end, 0});
+  }
+
+  // Tensor-parallel collectives block inside the passes: all of their time is exposed communication.
+  void tensor_parallel_comm(StepStats& stats, const char* what, double start, double end, std::size_t bytes) {
+    exposed += end - start;
+    stats.tp_comm_seconds += end - start;
+    stats.tp_comm_bytes += static_cast<double>(bytes);
+    if (timeline) timeline->push_back({what, "comm", "tp", start, end, static_cast<double>(bytes)});
+  }
+
+  // The counters and per-chunk figures zeroed, each chunk's first and last backward found, the first receive posted.
+  void begin_step(StepState& s, bool record_timeline) {
+    StepStats& stats = s.stats;
     exposed = 0;
     traffic = {};
     comm = {};
     pipeline_stats = {};
     timeline = record_timeline ? &stats.timeline : nullptr;
-    // Time of a compute phase without the waits inside it, and its interval on the timeline.
-    auto compute_phase = [&](const char* phase, const std::string& what, double& seconds, const auto& body) {
-      const double exposed_before = exposed, start = now();
-      trace_phase(phase);
-      body();
-      trace_phase("");
-      if (tracer) tracer->set_unit(-1);
-      const double end = now();
-      seconds += end - start - (exposed - exposed_before);
-      if (timeline) timeline->push_back({what, "compute", "", start, end, 0});
-    };
-    const int L = c.model.layers, last_stage = shape.stages * shape.chunks - 1;
-    const std::size_t U = units.size(), C = static_cast<std::size_t>(c.model.hidden);
-    const float normaliser = static_cast<float>(static_cast<double>(n) * c.accumulation * c.micro_batch * c.seq);
-    // Each chunk's first and last backward in the schedule: where gradients start and finish accumulating.
-    std::vector<int> first_backward(chunks.size(), -1), last_backward(chunks.size(), -1);
+    s.normaliser = static_cast<float>(static_cast<double>(n) * c.accumulation * c.micro_batch * c.seq);
+    s.first_backward.assign(chunks.size(), -1), s.last_backward.assign(chunks.size(), -1);
     for (std::size_t k = 0; k < actions.size(); ++k)
       if (actions[k].pass == PipelineAction::Pass::backward) {
         const auto ch = static_cast<std::size_t>(actions[k].chunk);
-        if (first_backward[ch] < 0) first_backward[ch] = static_cast<int>(k);
-        last_backward[ch] = static_cast<int>(k);
+        if (s.first_backward[ch] < 0) s.first_backward[ch] = static_cast<int>(k);
+        s.last_backward[ch] = static_cast<int>(k);
       }
     sets_sending.resize(0);
     for (const auto& chunk : chunks) sets_sending.resize(sets_sending.size() + static_cast<std::size_t>(chunk->stage().activation_sets));
-    std::vector<std::size_t> set_base(chunks.size(), 0);  // chunk's first entry in sets_sending
+    s.set_base.assign(chunks.size(), 0);
     for (std::size_t ch = 1; ch < chunks.size(); ++ch)
-      set_base[ch] = set_base[ch - 1] + static_cast<std::size_t>(chunks[ch - 1]->stage().activation_sets);
+      s.set_base[ch] = s.set_base[ch - 1] + static_cast<std::size_t>(chunks[ch - 1]->stage().activation_sets);
 
     stats.receive_waits.assign(actions.size(), 0.0);
     stats.forward_op_seconds.clear();
@@ -750,181 +788,202 @@ struct Trainer::Impl {
       stats.layer_backward_seconds.emplace_back(layers, 0.0);
       stats.layer_recompute_seconds.emplace_back(layers, 0.0);
     }
-    double unit_backward_start = 0, unit_exposed_start = 0, unit_recompute = 0;  // the unit whose backward runs
-    double loss_sum = 0;
-    UnitPointers pointers;
-    pointers.params.assign(U, nullptr);
-    pointers.grads.assign(U, nullptr);
-    auto point = [&](std::size_t u) { pointers.params[u] = unit_params(u); };
-    // What an action receives before it runs: a stage's input (forward) or its output's gradient (backward).
-    auto receive_for = [&](std::size_t k) -> std::optional<Transfer> {
-      const PipelineAction& a = actions[k];
-      const auto ch = static_cast<std::size_t>(a.chunk);
-      GptCpu& model = *chunks[ch];
-      const int stage = stage_of(shape, pp.rank(), a.chunk), set = a.micro % model.stage().activation_sets;
-      const std::size_t floats = model.rows_here() * C;
-      const std::string label = " mb " + std::to_string(a.micro) + " stage " + std::to_string(stage);
-      if (a.pass == PipelineAction::Pass::forward && stage > 0)
-        return transfer(pp.recv(model.stage_input(set), floats, DataType::float32, (stage - 1) % shape.stages),
-                        "recv activations" + label, floats);
-      if (a.pass == PipelineAction::Pass::backward && stage < last_stage && chunk_backward[ch])
-        return transfer(pp.recv(output_grads[ch].data(), floats, DataType::float32, (stage + 1) % shape.stages),
-                        "recv gradients" + label, floats);
-      return std::nullopt;
+    s.pointers.params.assign(units.size(), nullptr);
+    s.pointers.grads.assign(units.size(), nullptr);
+    s.window_hooks.tensor_parallel_comm = [this, &stats](const char* what, double start, double end, std::size_t bytes) {
+      tensor_parallel_comm(stats, what, start, end, bytes);
     };
     if (!actions.empty()) receiving = receive_for(0);
-    // Tensor-parallel collectives block inside the passes: all of their time is exposed communication.
-    auto tensor_parallel_comm = [&](const char* what, double start, double end, std::size_t bytes) {
-      exposed += end - start;
-      stats.tp_comm_seconds += end - start;
-      stats.tp_comm_bytes += static_cast<double>(bytes);
-      if (timeline) timeline->push_back({what, "comm", "tp", start, end, static_cast<double>(bytes)});
+  }
+
+  // What action k receives before it runs: a stage's input (forward) or its output's gradient (backward).
+  std::optional<Transfer> receive_for(std::size_t k) {
+    const PipelineAction& a = actions[k];
+    const auto ch = static_cast<std::size_t>(a.chunk);
+    GptCpu& model = *chunks[ch];
+    const int last_stage = shape.stages * shape.chunks - 1;
+    const int stage = stage_of(shape, pp.rank(), a.chunk), set = a.micro % model.stage().activation_sets;
+    const std::size_t floats = model.rows_here() * static_cast<std::size_t>(c.model.hidden);
+    const std::string label = " mb " + std::to_string(a.micro) + " stage " + std::to_string(stage);
+    if (a.pass == PipelineAction::Pass::forward && stage > 0)
+      return transfer(pp.recv(model.stage_input(set), floats, DataType::float32, (stage - 1) % shape.stages),
+                      "recv activations" + label, floats);
+    if (a.pass == PipelineAction::Pass::backward && stage < last_stage && chunk_backward[ch])
+      return transfer(pp.recv(output_grads[ch].data(), floats, DataType::float32, (stage + 1) % shape.stages),
+                      "recv gradients" + label, floats);
+    return std::nullopt;
+  }
+
+  void point(UnitPointers& pointers, std::size_t u) { pointers.params[u] = unit_params(u); }
+
+  // The hooks of one pass of chunk `ch`: parameters gathered ahead and dropped behind, gradient buffers handed out,
+  // gradients reduced as each unit's backward ends (`first` and `last`: the chunk's first and last backward of the
+  // step), and the times of layers, ops and recomputations. The backward reaches down to unit `lowest_reached`.
+  LayerHooks unit_hooks(StepState& s, std::size_t ch, bool first, bool last, std::size_t lowest_reached) {
+    const StagePlan& plan = chunks[ch]->stage();
+    const int L = c.model.layers;
+    const int first_unit = plan.first_layer + 1, end_unit = plan.first_layer + plan.layers + 1;  // the layers' units
+    LayerHooks hooks;
+    hooks.before_forward = [this, &s, &plan, L, first_unit, end_unit](int layer) {
+      const std::size_t u = static_cast<std::size_t>(layer + 1);
+      if (tracer) tracer->set_unit(static_cast<int>(u));
+      at_hook();
+      need_params(u);
+      point(s.pointers, u);
+      const bool next_here = static_cast<int>(u) + 1 < end_unit || (plan.head && static_cast<int>(u) + 1 == end_unit);
+      if (c.overlap && next_here) start_gather(u + 1);  // the next unit arrives while this one computes
+      if (u == static_cast<std::size_t>(L) + 1) need_params(0), point(s.pointers, 0);  // the tied head reads the token table
+      if (static_cast<int>(u) > first_unit && static_cast<int>(u) < end_unit) drop_params(u - 1);  // gathered again for backward
+      if (static_cast<int>(u) == first_unit && !plan.head) drop_params(0);  // the first stage's lookup is done
+      if (u == static_cast<std::size_t>(L) + 1 && L >= 1) drop_params(static_cast<std::size_t>(L));
     };
-    LayerHooks window_hooks;  // recomputations in windows report their tensor-parallel collectives too
-    window_hooks.tensor_parallel_comm = tensor_parallel_comm;
-    for (std::size_t k = 0; k < actions.size(); ++k) {
-      const PipelineAction& a = actions[k];
-      const auto ch = static_cast<std::size_t>(a.chunk);
-      GptCpu& model = *chunks[ch];
-      const StagePlan& plan = model.stage();
-      const int stage = stage_of(shape, pp.rank(), a.chunk), set = a.micro % plan.activation_sets;
-      const bool forward = a.pass == PipelineAction::Pass::forward;
-      const std::string label = " mb " + std::to_string(a.micro) + (shape.stages > 1 ? " stage " + std::to_string(stage) : "");
-      run_window(k, stats, pointers, point, window_hooks);
-      if (receiving) {
-        const double waited_before = pipeline_stats.wait_seconds;
-        wait_transfer(*receiving);
-        stats.receive_waits[k] = pipeline_stats.wait_seconds - waited_before;
-        finished(*receiving);
-        receiving.reset();
-      }
-      // The micro-batch's rows: tokens for the first stage, targets for the last.
-      if (forward && (plan.embedding || plan.head)) {
-        const int64_t first_row = (static_cast<int64_t>(a.micro) * n + dp.rank()) * c.micro_batch;
-        tokens.resize(static_cast<std::size_t>(c.micro_batch) * c.seq);
-        targets.resize(tokens.size());
-        if (data) data->rows(step_index, first_row, c.micro_batch, c.seq, tokens.data(), targets.data());
-      }
-      const bool first = static_cast<int>(k) == first_backward[ch], last = static_cast<int>(k) == last_backward[ch];
-      const int first_unit = plan.first_layer + 1, end_unit = plan.first_layer + plan.layers + 1;  // the layers' units
-      // The lowest unit this backward reaches (the pass stops at the lowest trainable one unless the stage sends
-      // its input's gradient back).
-      const std::size_t lowest_reached = plan.embedding && units[0].trains ? 0
-                                         : chunk_input_grad[ch]           ? static_cast<std::size_t>(first_unit)
-                                                                          : std::max(lowest_trainable, static_cast<std::size_t>(first_unit));
-      LayerHooks hooks;
-      hooks.before_forward = [&](int layer) {
-        const std::size_t u = static_cast<std::size_t>(layer + 1);
-        if (tracer) tracer->set_unit(static_cast<int>(u));
-        at_hook();
+    hooks.before_backward = [this, &s, L, first_unit, lowest_reached](int layer) {
+      const std::size_t u = static_cast<std::size_t>(layer + 1);
+      if (tracer) tracer->set_unit(static_cast<int>(u));
+      at_hook();
+      s.unit_backward_start = now(), s.unit_exposed_start = exposed, s.unit_recompute = 0;
+      if (u >= 1) {
         need_params(u);
-        point(u);
-        const bool next_here = static_cast<int>(u) + 1 < end_unit || (plan.head && static_cast<int>(u) + 1 == end_unit);
-        if (c.overlap && next_here) start_gather(u + 1);  // the next unit arrives while this one computes
-        if (u == static_cast<std::size_t>(L) + 1) need_params(0), point(0);  // the tied head reads the token table
-        if (static_cast<int>(u) > first_unit && static_cast<int>(u) < end_unit) drop_params(u - 1);  // gathered again for backward
-        if (static_cast<int>(u) == first_unit && !plan.head) drop_params(0);  // the first stage's lookup is done
-        if (u == static_cast<std::size_t>(L) + 1 && L >= 1) drop_params(static_cast<std::size_t>(L));
-      };
-      hooks.before_backward = [&](int layer) {
-        const std::size_t u = static_cast<std::size_t>(layer + 1);
-        if (tracer) tracer->set_unit(static_cast<int>(u));
-        at_hook();
-        unit_backward_start = now(), unit_exposed_start = exposed, unit_recompute = 0;
-        if (u >= 1) {
-          need_params(u);
-          point(u);
-        }
-        if (u == static_cast<std::size_t>(L) + 1) need_params(0), point(0);  // the head's backward reads the token table
-        if (c.overlap && static_cast<int>(u) - 1 >= first_unit && u - 1 >= lowest_reached && u >= 2) start_gather(u - 1);
-        if (units[u].trains) pointers.grads[u] = unit_grad_buffer(u);
-        // The token table's gradient buffer: the head's (its copy, or the one table when the stage has both).
-        if (u == static_cast<std::size_t>(L) + 1 && units[0].trains) pointers.grads[0] = unit_grad_buffer(0);
-      };
-      hooks.after_backward = [&](int layer) {
-        const std::size_t u = static_cast<std::size_t>(layer + 1);
-        const double spent = now() - unit_backward_start - (exposed - unit_exposed_start) - unit_recompute;
-        if (layer >= plan.first_layer && layer < plan.first_layer + plan.layers) {
-          stats.layer_backward_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += spent;
-          stats.layer_recompute_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += unit_recompute;
-        } else {
-          stats.stage_extra_seconds[ch] += spent;  // the head's or the embeddings' backward
-        }
-        if (u == static_cast<std::size_t>(L) + 1) {
-          gradients_ready(u, first, last);
-          drop_params(u);
-          if (!plan.embedding) gradients_ready(0, first, last);  // the head's copy is complete
-          drop_params(0);  // the head was the last reader of the token table
-        } else {
-          if (u >= 1) drop_params(u);
-          gradients_ready(u, first, last);
-        }
-        at_hook();
-      };
-      hooks.tensor_parallel_comm = tensor_parallel_comm;
-      hooks.forward_op = [&](int layer, LayerOp op, double seconds) {
-        stats.forward_op_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)][static_cast<std::size_t>(op)] += seconds;
-      };
-      // As every compute phase, without the waits inside it (the tensor-parallel collectives of the layer's forward).
-      double recompute_start = 0, recompute_exposed_start = 0;
-      hooks.before_recompute = [&](int) {
-        recompute_start = now(), recompute_exposed_start = exposed;
-        trace_phase("recompute");
-      };
-      hooks.after_recompute = [&](int layer) {
-        trace_phase("backward");
-        const double end = now(), spent = end - recompute_start - (exposed - recompute_exposed_start);
-        stats.recompute_seconds += spent;
-        unit_recompute += spent;
-        if (timeline) timeline->push_back({"recompute " + std::to_string(layer), "compute", "", recompute_start, end, 0});
-      };
-      for (std::size_t u = 0; u < U; ++u) pointers.params[u] = nullptr, pointers.grads[u] = nullptr;
-      if (forward) {
-        // The set's previous output must have left before this forward writes it again.
-        std::optional<Transfer>& previous = sets_sending[set_base[ch] + static_cast<std::size_t>(set)];
-        if (previous) {
-          wait_transfer(*previous);
-          finished(*previous);
-          previous.reset();
-        }
-        const double forward_before = stats.forward_seconds;
-        double layer_ops_before = 0;
-        for (const auto& layer : stats.forward_op_seconds[ch]) layer_ops_before += layer[0] + layer[1] + layer[2];
-        compute_phase("forward", "forward" + label, stats.forward_seconds, [&] {
-          loss_sum += model.forward(set, pointers, tokens.data(), targets.data(), hooks);
-        });
-        double layer_ops = -layer_ops_before;
-        for (const auto& layer : stats.forward_op_seconds[ch]) layer_ops += layer[0] + layer[1] + layer[2];
-        stats.stage_extra_seconds[ch] += std::max(0.0, stats.forward_seconds - forward_before - layer_ops);
-        if (!plan.head) drop_params(static_cast<std::size_t>(end_unit) - 1);  // gathered again for its backward
-        if (stage < last_stage) {
-          const std::size_t floats = model.rows_here() * C;
-          const int peer = (stage + 1) % shape.stages;
-          previous = transfer(pp.send(model.stage_output(set), floats, DataType::float32, peer), "send activations" + label, floats);
-          pipeline_stats.sent_bytes += previous->bytes;
-          ++pipeline_stats.sends;
-        }
-      } else if (chunk_backward[ch]) {
-        // Frozen units have no gradient buffer, so the model computes none for them; sharded gradients get a
-        // buffer per unit from the hooks, as the unit's backward starts.
-        for (std::size_t u = 0; u < U; ++u)
-          pointers.grads[u] = !units[u].trains                     ? nullptr
-                              : c.strategy.grads == Sharding::none ? grads.data() + units[u].grad_at
-                                                                   : UnitPointers::pending();
-        compute_phase("backward", "backward" + label, stats.backward_seconds, [&] {
-          model.backward(set, pointers, normaliser, plan.head ? nullptr : output_grads[ch].data(), chunk_input_grad[ch], hooks);
-        });
-        if (chunk_input_grad[ch]) {
-          const std::size_t floats = model.rows_here() * C;
-          TrackedBuffer<float> copy = pool.take(floats);  // the next backward overwrites input_grad()
-          float* to = copy.data();
-          compute("copy", 2.0 * static_cast<double>(floats), [&] { std::copy(model.input_grad(), model.input_grad() + floats, to); });
-          send(to, floats, stage - 1, "send gradients" + label, std::move(copy));
-        }
+        point(s.pointers, u);
       }
-      if (k + 1 < actions.size()) receiving = receive_for(k + 1);
-      progress_sends();
+      if (u == static_cast<std::size_t>(L) + 1) need_params(0), point(s.pointers, 0);  // the head's backward reads the token table
+      if (c.overlap && static_cast<int>(u) - 1 >= first_unit && u - 1 >= lowest_reached && u >= 2) start_gather(u - 1);
+      if (units[u].trains) s.pointers.grads[u] = unit_grad_buffer(u);
+      // The token table's gradient buffer: the head's (its copy, or the one table when the stage has both).
+      if (u == static_cast<std::size_t>(L) + 1 && units[0].trains) s.pointers.grads[0] = unit_grad_buffer(0);
+    };
+    hooks.after_backward = [this, &s, &plan, ch, L, first, last](int layer) {
+      const std::size_t u = static_cast<std::size_t>(layer + 1);
+      const double spent = now() - s.unit_backward_start - (exposed - s.unit_exposed_start) - s.unit_recompute;
+      if (layer >= plan.first_layer && layer < plan.first_layer + plan.layers) {
+        s.stats.layer_backward_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += spent;
+        s.stats.layer_recompute_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += s.unit_recompute;
+      } else {
+        s.stats.stage_extra_seconds[ch] += spent;  // the head's or the embeddings' backward
+      }
+      if (u == static_cast<std::size_t>(L) + 1) {
+        gradients_ready(u, first, last);
+        drop_params(u);
+        if (!plan.embedding) gradients_ready(0, first, last);  // the head's copy is complete
+        drop_params(0);  // the head was the last reader of the token table
+      } else {
+        if (u >= 1) drop_params(u);
+        gradients_ready(u, first, last);
+      }
+      at_hook();
+    };
+    hooks.tensor_parallel_comm = s.window_hooks.tensor_parallel_comm;
+    hooks.forward_op = [&s, &plan, ch](int layer, LayerOp op, double seconds) {
+      s.stats.forward_op_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)][static_cast<std::size_t>(op)] += seconds;
+    };
+    // As every compute phase, without the waits inside it (the tensor-parallel collectives of the layer's forward).
+    hooks.before_recompute = [this, &s](int) {
+      s.recompute_start = now(), s.recompute_exposed_start = exposed;
+      trace_phase("recompute");
+    };
+    hooks.after_recompute = [this, &s](int layer) {
+      trace_phase("backward");
+      const double end = now(), spent = end - s.recompute_start - (exposed - s.recompute_exposed_start);
+      s.stats.recompute_seconds += spent;
+      s.unit_recompute += spent;
+      if (timeline) timeline->push_back({"recompute " + std::to_string(layer), "compute", "", s.recompute_start, end, 0});
+    };
+    return hooks;
+  }
+
+  // Action k of the schedule: the recomputations placed in its window, its receive waited for, its micro-batch's
+  // rows read, its pass run, its output or input gradient sent on; the next action's receive posted.
+  void run_action(StepState& s, std::size_t k) {
+    const PipelineAction& a = actions[k];
+    const auto ch = static_cast<std::size_t>(a.chunk);
+    const StagePlan& plan = chunks[ch]->stage();
+    const int stage = stage_of(shape, pp.rank(), a.chunk), set = a.micro % plan.activation_sets;
+    const bool forward = a.pass == PipelineAction::Pass::forward;
+    const std::string label = " mb " + std::to_string(a.micro) + (shape.stages > 1 ? " stage " + std::to_string(stage) : "");
+    run_window(k, s.stats, s.pointers, [&](std::size_t u) { point(s.pointers, u); }, s.window_hooks);
+    if (receiving) {
+      const double waited_before = pipeline_stats.wait_seconds;
+      wait_transfer(*receiving);
+      s.stats.receive_waits[k] = pipeline_stats.wait_seconds - waited_before;
+      finished(*receiving);
+      receiving.reset();
     }
+    // The micro-batch's rows: tokens for the first stage, targets for the last.
+    if (forward && (plan.embedding || plan.head)) {
+      const int64_t first_row = (static_cast<int64_t>(a.micro) * n + dp.rank()) * c.micro_batch;
+      tokens.resize(static_cast<std::size_t>(c.micro_batch) * c.seq);
+      targets.resize(tokens.size());
+      if (data) data->rows(s.step_index, first_row, c.micro_batch, c.seq, tokens.data(), targets.data());
+    }
+    const bool first = static_cast<int>(k) == s.first_backward[ch], last = static_cast<int>(k) == s.last_backward[ch];
+    const int first_unit = plan.first_layer + 1;
+    // The lowest unit this backward reaches (the pass stops at the lowest trainable one unless the stage sends its
+    // input's gradient back).
+    const std::size_t lowest_reached = plan.embedding && units[0].trains ? 0
+                                       : chunk_input_grad[ch]           ? static_cast<std::size_t>(first_unit)
+                                                                        : std::max(lowest_trainable, static_cast<std::size_t>(first_unit));
+    const LayerHooks hooks = unit_hooks(s, ch, first, last, lowest_reached);
+    for (std::size_t u = 0; u < units.size(); ++u) s.pointers.params[u] = nullptr, s.pointers.grads[u] = nullptr;
+    if (forward) forward_action(s, ch, stage, set, label, hooks);
+    else if (chunk_backward[ch]) backward_action(s, ch, stage, set, label, hooks);
+    if (k + 1 < actions.size()) receiving = receive_for(k + 1);
+    progress_sends();
+  }
+
+  void forward_action(StepState& s, std::size_t ch, int stage, int set, const std::string& label, const LayerHooks& hooks) {
+    GptCpu& model = *chunks[ch];
+    const StagePlan& plan = model.stage();
+    StepStats& stats = s.stats;
+    // The set's previous output must have left before this forward writes it again.
+    std::optional<Transfer>& previous = sets_sending[s.set_base[ch] + static_cast<std::size_t>(set)];
+    if (previous) {
+      wait_transfer(*previous);
+      finished(*previous);
+      previous.reset();
+    }
+    const double forward_before = stats.forward_seconds;
+    double layer_ops_before = 0;
+    for (const auto& layer : stats.forward_op_seconds[ch]) layer_ops_before += layer[0] + layer[1] + layer[2];
+    compute_phase("forward", "forward" + label, stats.forward_seconds, [&] {
+      s.loss_sum += model.forward(set, s.pointers, tokens.data(), targets.data(), hooks);
+    });
+    double layer_ops = -layer_ops_before;
+    for (const auto& layer : stats.forward_op_seconds[ch]) layer_ops += layer[0] + layer[1] + layer[2];
+    stats.stage_extra_seconds[ch] += std::max(0.0, stats.forward_seconds - forward_before - layer_ops);
+    const int end_unit = plan.first_layer + plan.layers + 1;
+    if (!plan.head) drop_params(static_cast<std::size_t>(end_unit) - 1);  // gathered again for its backward
+    if (stage < shape.stages * shape.chunks - 1) {
+      const std::size_t floats = model.rows_here() * static_cast<std::size_t>(c.model.hidden);
+      const int peer = (stage + 1) % shape.stages;
+      previous = transfer(pp.send(model.stage_output(set), floats, DataType::float32, peer), "send activations" + label, floats);
+      pipeline_stats.sent_bytes += previous->bytes;
+      ++pipeline_stats.sends;
+    }
+  }
+
+  void backward_action(StepState& s, std::size_t ch, int stage, int set, const std::string& label, const LayerHooks& hooks) {
+    GptCpu& model = *chunks[ch];
+    const StagePlan& plan = model.stage();
+    // Frozen units have no gradient buffer, so the model computes none for them; sharded gradients get a buffer per
+    // unit from the hooks, as the unit's backward starts.
+    for (std::size_t u = 0; u < units.size(); ++u)
+      s.pointers.grads[u] = !units[u].trains                     ? nullptr
+                            : c.strategy.grads == Sharding::none ? grads.data() + units[u].grad_at
+                                                                 : UnitPointers::pending();
+    compute_phase("backward", "backward" + label, s.stats.backward_seconds, [&] {
+      model.backward(set, s.pointers, s.normaliser, plan.head ? nullptr : output_grads[ch].data(), chunk_input_grad[ch], hooks);
+    });
+    if (chunk_input_grad[ch]) {
+      const std::size_t floats = model.rows_here() * static_cast<std::size_t>(c.model.hidden);
+      TrackedBuffer<float> copy = pool.take(floats);  // the next backward overwrites input_grad()
+      float* to = copy.data();
+      compute("copy", 2.0 * static_cast<double>(floats), [&] { std::copy(model.input_grad(), model.input_grad() + floats, to); });
+      send(to, floats, stage - 1, "send gradients" + label, std::move(copy));
+    }
+  }
+
+  // Every collective, every stage's output and every gradient sent, done.
+  void drain_transfers() {
     wait_all();
     for (auto& pending : sets_sending)
       if (pending) {
@@ -939,17 +998,24 @@ struct Trainer::Impl {
       finished(t);
       release(t.buffer);
     }
+  }
 
-    // The two copies of the token table take the same step: the first and the last stage sum their gradients.
-    if (embedding && units[0].trains) {
-      const std::size_t count = held(units[0], c.strategy.optimizer);
-      if (tracer) tracer->name_next("allreduce embedding grads");
-      coll::Work work = embedding->allreduce(coll::Algo::library, optimizer_grads(0), optimizer_grads(0), count,
-                                             DataType::float32, RedOp::sum, coll::Waiting::at_once);
-      finish(work);
-    }
-    // Global gradient norm over the optimizer's shards (distinct within the group that partitions them), every
-    // stage's, the token table once.
+  // The two copies of the token table take the same step: the first and the last stage sum their gradients.
+  void reduce_embedding_gradients() {
+    if (!embedding || !units[0].trains) return;
+    const std::size_t count = held(units[0], c.strategy.optimizer);
+    if (tracer) tracer->name_next("allreduce embedding grads");
+    coll::Work work = embedding->allreduce(coll::Algo::library, optimizer_grads(0), optimizer_grads(0), count,
+                                           DataType::float32, RedOp::sum, coll::Waiting::at_once);
+    finish(work);
+  }
+
+  // The global gradient norm over the optimizer's shards (distinct within the group that partitions them), every
+  // stage's, the token table once; the clipped AdamW update of each unit this rank's optimizer holds, its parameters
+  // gathered back where they are sharded; the gradients zeroed.
+  void optimizer_step(StepState& s) {
+    StepStats& stats = s.stats;
+    const std::size_t U = units.size();
     const double optimizer_start = now(), exposed_before_optimizer = exposed;
     trace_phase("optimizer");
     double squares = 0;
@@ -962,7 +1028,7 @@ struct Trainer::Impl {
     stats.grad_norm = std::sqrt(squares);
     const float scale = layers::clip_scale(stats.grad_norm, c.max_grad_norm);
     layers::AdamWConfig adamw = c.adamw;
-    adamw.learning_rate = stats.lr = learning_rate(c.lr, step_index);
+    adamw.learning_rate = stats.lr = learning_rate(c.lr, s.step_index);
     for (std::size_t u = 0; u < U; ++u) {
       if (!units[u].trains) continue;
       if (tracer) tracer->set_unit(static_cast<int>(u));
@@ -970,7 +1036,7 @@ struct Trainer::Impl {
       // Parameters, both moments read and written, the gradient read.
       compute("adamw", 7.0 * static_cast<double>(count), [&] {
         layers::adamw_update(optimizer_params(u), optimizer_grads(u), adam_m.data() + units[u].opt_at,
-                             adam_v.data() + units[u].opt_at, count, adamw, step_index, scale, {});
+                             adam_v.data() + units[u].opt_at, count, adamw, s.step_index, scale, {});
       });
       synchronise_parameters(u);
     }
@@ -985,11 +1051,15 @@ struct Trainer::Impl {
     const double optimizer_end = now();
     stats.optimizer_seconds = optimizer_end - optimizer_start - (exposed - exposed_before_optimizer);
     if (timeline) timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
+  }
 
-    // The loss is the last stage's: summed over its data-parallel ranks, then handed to every stage.
-    stats.loss = allreduce_sum(dp, loss_sum, "allreduce loss");
+  // The loss (the last stage's: summed over its data-parallel ranks, then handed to every stage) and the step's
+  // communication, pipeline and idle figures.
+  void finish_step(StepState& s, double step_start) {
+    StepStats& stats = s.stats;
+    stats.loss = allreduce_sum(dp, s.loss_sum, "allreduce loss");
     if (pp.size() > 1) stats.loss = allreduce_sum(pp, chunks.back()->stage().head ? stats.loss : 0.0, "allreduce loss");
-    stats.loss /= normaliser;
+    stats.loss /= s.normaliser;
     stats.exposed_comm_seconds = exposed;
     stats.comm = comm;
     stats.traffic = traffic;
@@ -998,7 +1068,6 @@ struct Trainer::Impl {
     stats.idle_seconds = std::max(0.0, stats.seconds - stats.forward_seconds - stats.backward_seconds -
                                            stats.recompute_window_seconds - stats.optimizer_seconds - stats.exposed_comm_seconds);
     timeline = nullptr;
-    return stats;
   }
 
   // The squares of the gradient elements of unit u this rank's optimizer holds. Under tensor parallelism the

@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include "bench/harness/check.h"
+#include "bench/harness/cli.h"
+#include "collectives/process_group.h"
 #include "train/gpt.h"
 #include "train/partition.h"
 #include "train/schedule.h"
@@ -25,6 +27,20 @@ void add_model_flags(Cli& cli, StepFlags& o) {
   cli.option("positions", 0, "position table (0: the preset's; a custom shape's at least --seq)", o.positions, 0);
 }
 
+namespace {
+
+// The algorithms the process groups run every collective of the step with (allreduce, allgather, reduce_scatter).
+std::vector<coll::Algo> step_algorithms() {
+  std::vector<coll::Algo> algos;
+  for (coll::Algo a : coll::kAllAlgos)
+    if (coll::Group::supports(coll::Operation::allreduce, a) && coll::Group::supports(coll::Operation::allgather, a) &&
+        coll::Group::supports(coll::Operation::reduce_scatter, a))
+      algos.push_back(a);
+  return algos;
+}
+
+}  // namespace
+
 void add_batch_flags(Cli& cli, StepFlags& o) {
   cli.option("micro-batch", 'b', "rows per rank per micro-batch", o.micro_batch, 1);
   cli.option("accumulation", 'a', "micro-batches per optimizer step", o.accumulation, 1);
@@ -34,7 +50,7 @@ void add_batch_flags(Cli& cli, StepFlags& o) {
   cli.option("zero", 'z', "ZeRO stages 0-3 (comma-separated) or all; default 0 when --paro is not given", o.zero);
   cli.option("group-size", 'g', "ranks per group (an emulated node) for I strategies; 0: real nodes", o.group_size, 0);
   cli.option("trainable", 0, "all, a fraction of the layers from the last (0.25), or last:K", o.trainable);
-  cli.choice("comm-algo", 0, "algorithms of the step's collectives", o.comm_algo, {"library", "ring", "hierarchical", "horing", "shm"});
+  cli.choice("comm-algo", 0, "algorithms of the step's collectives", o.comm_algo, names_of(step_algorithms()));
   cli.choice("overlap", 0, "reduce gradients during backward (as Megatron-Core's --overlap-grad-reduce) and gather "
              "sharded parameters ahead", o.overlap, {"on", "off"});
 }
@@ -46,7 +62,7 @@ void add_grid_flags(Cli& cli, StepFlags& o) {
   cli.option("grid", 0, "the whole grid instead of --tp/--pp: tp=T,pp=P,dp=D (dp left out: the ranks over T x P)", o.grid);
   cli.option("grid-order", 0, "order of the grid's dimensions, fastest varying first (tp inside a node by default)", o.grid_order);
   cli.flag("sp", 0, "sequence parallelism with --tp (Megatron-LM's): norms and residuals on 1/T of the tokens", o.sp);
-  cli.choice("schedule", 0, "pipeline schedule", o.schedule, {"gpipe", "1f1b", "interleaved"});
+  cli.choice("schedule", 0, "pipeline schedule", o.schedule, names_of(kAllSchedules));
   cli.option("virtual-stages", 0, "model chunks per pipeline rank v (interleaved)", o.virtual_stages, 1);
   cli.option("stage-layers", 0, "layers of each of the P x v stages, comma-separated (default: L / (P v) each)", o.stage_layers);
 }
@@ -57,7 +73,7 @@ std::vector<Recompute> recompute_modes(const std::string& text, bool pipeline) {
   std::vector<Recompute> out;
   for (const std::string& item : split_list(text, "--recompute")) {
     const std::optional<Recompute> mode = parse_recompute(item);
-    if (!mode) throw UsageError("--recompute: unknown mode '" + item + "' (none, full, selective, overlap or all)");
+    if (!mode) throw UsageError("--recompute: unknown mode '" + item + "' (" + join_names(names_of(kAllRecomputes), ", ", ", ") + " or all)");
     out.push_back(*mode);
   }
   return out;

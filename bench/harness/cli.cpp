@@ -295,4 +295,11 @@ std::string Cli::resolved_json() const {
   return resolved.dump();
 }
 
+std::string join_names(const std::vector<std::string>& names, const std::string& separator, const std::string& last) {
+  std::string text;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    text += (i == 0 ? "" : i + 1 == names.size() ? last : separator) + names[i];
+  return text;
+}
+
 }  // namespace strata

@@ -33,6 +33,18 @@ std::vector<std::string> split(const std::string& text, char separator);
 // item is empty ("--shapes: empty item in '64x64x64,'"), so an empty value never runs nothing or a default.
 std::vector<std::string> split_list(const std::string& text, const std::string& what);
 
+// The names of a vocabulary's values (each by its name(), found beside its type), in the list's order: a flag's
+// choices and its help text from the one list the code parses.
+template <typename Values>
+std::vector<std::string> names_of(const Values& values) {
+  std::vector<std::string> names;
+  for (const auto& value : values) names.emplace_back(name(value));
+  return names;
+}
+// "a, b or c" with separator ", " and last " or "; "a,b,c" with "," and ",".
+std::string join_names(const std::vector<std::string>& names, const std::string& separator = ", ",
+                       const std::string& last = " or ");
+
 class Cli {
  public:
   Cli(std::string program, std::string summary);
@@ -50,7 +62,7 @@ class Cli {
               double min_value);
   // A text value; an empty one ("--shapes ''") is a usage error naming the option.
   void option(const std::string& long_name, char short_name, const std::string& help, std::string& target);
-  // A value that must be one of `choices`.
+  // A value that must be one of `choices` (names_of a vocabulary's list, so the flag takes what the code knows).
   void choice(const std::string& long_name, char short_name, const std::string& help, std::string& target,
               std::vector<std::string> choices);
 

@@ -473,26 +473,18 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
   return run.finish();
 }
 
-// "a,b,c": the names of `values`, for the help text, so it lists what the parser takes.
-template <typename Values>
-std::string names_of(const Values& values) {
-  std::string text;
-  for (auto v : values) text += (text.empty() ? "" : ",") + std::string(coll::name(v));
-  return text;
-}
-
 void add_collective_options(Cli& cli, Options& o, HarnessOptions& h) {
-  cli.option("collective", 0, "operations: " + names_of(coll::kAllOperations) + " or all", o.collectives);
+  cli.option("collective", 0, "operations: " + join_names(names_of(coll::kAllOperations), ",", ",") + " or all", o.collectives);
   cli.option("minbytes", 'b', "smallest size S (K/M/G suffixes; nccl-tests' S per operation)", o.minbytes);
   cli.option("maxbytes", 'e', "largest size S", o.maxbytes);
   cli.option("stepfactor", 'f', "multiply the size by this between steps", o.stepfactor, 2);
   cli.option("stepbytes", 'i', "add this many bytes between steps instead (0: use --stepfactor)", o.stepbytes);
-  cli.option("datatype", 'd', names_of(coll::kAllDataTypes) + " or all", o.datatypes);
-  cli.option("redop", 'o', "reductions: " + names_of(coll::kAllRedOps) + " or all (reduction operations only) [sum]", o.redops);
+  cli.option("datatype", 'd', join_names(names_of(coll::kAllDataTypes), ",", ",") + " or all", o.datatypes);
+  cli.option("redop", 'o', "reductions: " + join_names(names_of(coll::kAllRedOps), ",", ",") + " or all (reduction operations only) [sum]", o.redops);
   cli.option("check", 'c', "check every case's result on an untimed iteration (0/1)", o.check, 0);
   cli.option("root", 0, "root rank (in its group) of broadcast and reduce", o.root, 0);
   cli.choice("backend", 0, "communication library", o.backend, {"mpi", "nccl"});
-  cli.option("algo", 'a', "algorithms: " + names_of(coll::kAllAlgos) + " or all", o.algos);
+  cli.option("algo", 'a', "algorithms: " + join_names(names_of(coll::kAllAlgos), ",", ",") + " or all", o.algos);
   cli.choice("mode", 'm', "pipelined: back-to-back operations timed as a loop (nccl-tests); blocking: one "
              "operation per timed interval, barrier between (OSU)", o.mode, {"pipelined", "blocking"});
   cli.option("ops-per-sample", 0, "operations per timed sample in pipelined mode", o.ops_per_sample, 1);

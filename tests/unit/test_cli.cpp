@@ -8,6 +8,8 @@
 #include "bench/harness/harness.h"
 #include "bench/harness/shapes.h"
 #include "bench/harness/watchdog.h"
+#include "collectives/operation.h"
+#include "train/schedule.h"
 
 using namespace strata;
 
@@ -27,6 +29,17 @@ std::string error_of(Cli& cli, std::vector<const char*> args) {
   return "no error";
 }
 }  // namespace
+
+TEST(Cli, ChoicesComeFromTheVocabularyTheCodeParses) {
+  const std::vector<std::string> schedules = names_of(train::kAllSchedules);
+  ASSERT_EQ(schedules.size(), std::size(train::kAllSchedules));
+  for (std::size_t i = 0; i < schedules.size(); ++i) EXPECT_EQ(*train::parse_schedule(schedules[i]), train::kAllSchedules[i]);
+  EXPECT_EQ(join_names(names_of(coll::kAllOperations), ",", ","),
+            "allreduce,allgather,reduce_scatter,alltoall,broadcast,reduce,sendrecv");
+  EXPECT_EQ(join_names({"a", "b", "c"}), "a, b or c");
+  EXPECT_EQ(join_names({"a"}), "a");
+  EXPECT_EQ(join_names({}), "");
+}
 
 TEST(Cli, LongShortAndEqualsForms) {
   int iters = 1;
