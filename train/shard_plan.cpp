@@ -40,6 +40,19 @@ std::size_t ShardPlan::optimizer_params_offset(const UnitShape& u) const {
   return 0;
 }
 
+std::vector<ShardPlan::Reduction> ShardPlan::final_reductions(const UnitShape& u) const {
+  const Sharding gs = strategy_.grads, os = strategy_.optimizer;
+  if (gs == Sharding::global) return {};
+  if (gs == Sharding::none && os == Sharding::none) return {{Over::all, true, true, true, 0, u.padded}};
+  std::vector<Reduction> steps;
+  const bool whole = gs == Sharding::none;
+  if (whole) steps.push_back({Over::intra, false, true, false, 0, u.piece_i});
+  // Across nodes, in place on the intra piece: in the store (G = I) or in the buffer the step above filled.
+  if (os == Sharding::intra) steps.push_back({Over::inter, true, !whole, !whole, 0, u.piece_i});
+  else steps.push_back({Over::inter, false, !whole, !whole, static_cast<std::size_t>(node_) * u.piece_g, u.piece_g});
+  return steps;
+}
+
 ShardPlan::Synchronise ShardPlan::synchronise(const UnitShape& u) const {
   const Sharding ps = strategy_.params, os = strategy_.optimizer;
   if (ps == os) return {};

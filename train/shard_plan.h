@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "train/strategy.h"
 
@@ -41,12 +42,28 @@ class ShardPlan {
   // intra group (P = N, O = I), the ranks in piece order (P = N, O = G), or the inter group (P = I, O = G: the
   // inter ranks rebuild the intra piece from their global pieces), of `count` elements per rank from offset
   // `from` of the parameter store into the store.
-  enum class Over { none, intra, inter, pieces };
+  enum class Over { none, intra, inter, pieces, all };  // all: the data-parallel group in rank order
   struct Synchronise {
     Over over = Over::none;
     std::size_t from = 0, count = 0;
   };
   Synchronise synchronise(const UnitShape& u) const;
+
+  // At the last micro-batch, the reductions that turn what the gradient store holds into the optimizer's shard, one
+  // after another (docs/strategies.md's table): with whole gradients and whole optimizer states an allreduce of the
+  // unit over the group; with whole gradients and sharded states a reduce-scatter inside the node into the intra
+  // piece, then the step across nodes; with intra gradients (G = I) the step across nodes alone: an allreduce of the
+  // intra piece (O = I) or a reduce-scatter of it into my global piece (O = G); with global gradients none (the
+  // global shard is final after every micro-batch). Each reads and writes the gradient store's unit or the intra
+  // piece (a buffer of piece_i elements the first reduce-scatter fills), at element `out_offset` of its output.
+  struct Reduction {
+    Over over = Over::none;
+    bool allreduce = true;  // else a reduce-scatter
+    bool from_store = true, into_store = true;
+    std::size_t out_offset = 0;
+    std::size_t count = 0;  // the call's count argument
+  };
+  std::vector<Reduction> final_reductions(const UnitShape& u) const;
 
  private:
   Strategy strategy_;

@@ -499,34 +499,27 @@ struct Trainer::Impl {
     return unit_grads[u].data();
   }
 
-  // The reduction that turns what the grads store holds into the optimizer's shard, at the last micro-batch.
+  // The reductions that turn what the grads store holds into the optimizer's shard, at the last micro-batch
+  // (ShardPlan::final_reductions), the second started when the first is done.
   Op reduce_for_optimizer(std::size_t u) {
-    const Unit& unit = units[u];
-    const Sharding gs = c.strategy.grads, os = c.strategy.optimizer;
-    float* store = grads.data() + unit.grad_at;
-    if (gs == Sharding::none && os == Sharding::none)
-      return track(dp, "allreduce grads " + std::to_string(u), unit.padded,
-                   dp.allreduce(c.comm_algo, store, store, unit.padded, DataType::float32, RedOp::sum));
-    if (gs == Sharding::none) {  // intra reduce-scatter first; then across nodes
-      allocate(reduced[u], unit.piece_i);
-      Op first = track(intra, "reduce_scatter grads " + std::to_string(u), unit.padded,
-                       intra.reduce_scatter(c.comm_algo, store, reduced[u].data(), unit.piece_i, DataType::float32, RedOp::sum));
-      launch_chain(std::move(first), {}, [this, u] { return across_nodes(u, reduced[u].data()); });
-      return Op{};
-    }
-    if (gs == Sharding::intra) return across_nodes(u, store);
-    return Op{};  // G: the global shard is final after every micro-batch
+    const std::vector<ShardPlan::Reduction> steps = plan->final_reductions(units[u]);
+    if (steps.empty()) return Op{};
+    if (std::any_of(steps.begin(), steps.end(), [](const ShardPlan::Reduction& r) { return !r.into_store; }))
+      allocate(reduced[u], units[u].piece_i);
+    if (steps.size() == 1) return start_reduction(u, steps[0]);
+    launch_chain(start_reduction(u, steps[0]), {}, [this, u, second = steps[1]] { return start_reduction(u, second); });
+    return Op{};
   }
-  // The intra piece at `piece` (summed within the node) summed over the nodes: whole for O = I, my global
-  // piece (in place, at node * piece_g) for O = G.
-  Op across_nodes(std::size_t u, float* piece) {
-    const Unit& unit = units[u];
-    if (c.strategy.optimizer == Sharding::intra)
-      return track(inter, "allreduce grads " + std::to_string(u), unit.piece_i,
-                   inter.allreduce(c.comm_algo, piece, piece, unit.piece_i, DataType::float32, RedOp::sum));
-    return track(inter, "reduce_scatter grads " + std::to_string(u), unit.piece_i,
-                 inter.reduce_scatter(c.comm_algo, piece, piece + static_cast<std::size_t>(node) * unit.piece_g,
-                                      unit.piece_g, DataType::float32, RedOp::sum));
+  Op start_reduction(std::size_t u, const ShardPlan::Reduction& r) {
+    float* store = grads.data() + units[u].grad_at;
+    float* in = r.from_store ? store : reduced[u].data();
+    float* out = (r.into_store ? store : reduced[u].data()) + r.out_offset;
+    coll::Group& group = r.over == ShardPlan::Over::all ? dp : r.over == ShardPlan::Over::intra ? intra : inter;
+    const std::string what = std::string(r.allreduce ? "allreduce" : "reduce_scatter") + " grads " + std::to_string(u);
+    if (r.allreduce)
+      return track(group, what, r.count, group.allreduce(c.comm_algo, in, out, r.count, DataType::float32, RedOp::sum));
+    return track(group, what, r.count * static_cast<std::size_t>(group.size()),
+                 group.reduce_scatter(c.comm_algo, in, out, r.count, DataType::float32, RedOp::sum));
   }
 
   // first, last: this is the first or the last backward of the unit's stage in the step.

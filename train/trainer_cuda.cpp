@@ -263,31 +263,25 @@ struct GpuDataParallelTrainer::Impl {
     reductions.clear();
   }
   // At the last micro-batch: the kept gradient reduced into the optimizer's shard (docs/strategies.md's table).
+  // ShardPlan::final_reductions, one after another on the stream.
   void reduce_for_optimizer(std::size_t u) {
     const Unit& unit = units[u];
     if (!unit.trains) return;
-    const Sharding gs = c.strategy.grads, os = c.strategy.optimizer;
     float* store = grads.data() + unit.grad_at;
-    auto enqueue = [&](coll::NcclWork work) {
+    const std::vector<ShardPlan::Reduction> steps = plan->final_reductions(unit);
+    if (std::any_of(steps.begin(), steps.end(), [](const ShardPlan::Reduction& r) { return !r.into_store; }))
+      reduced[u] = grad_pool.take(unit.piece_i);
+    for (const ShardPlan::Reduction& r : steps) {
+      float* in = r.from_store ? store : reduced[u].data();
+      float* out = (r.into_store ? store : reduced[u].data()) + r.out_offset;
+      coll::NcclGroup& group = r.over == ShardPlan::Over::all     ? nccl.dp()
+                               : r.over == ShardPlan::Over::intra ? nccl.dp_intra()
+                                                                  : nccl.dp_inter();
+      coll::NcclWork work = r.allreduce ? group.allreduce(in, out, r.count, DataType::float32, RedOp::sum, stream.get())
+                                        : group.reduce_scatter(in, out, r.count, DataType::float32, RedOp::sum, stream.get());
       count(work);
       work.wait_on(stream.get());  // the next collective of the chain starts after this one (and compute waits)
-    };
-    if (gs == Sharding::none && os == Sharding::none) {
-      enqueue(nccl.dp().allreduce(store, store, unit.padded, DataType::float32, RedOp::sum, stream.get()));
-      return;
     }
-    float* piece = store;
-    if (gs == Sharding::none) {  // inside the node first
-      reduced[u] = grad_pool.take(unit.piece_i);
-      piece = reduced[u].data();
-      enqueue(nccl.dp_intra().reduce_scatter(store, piece, unit.piece_i, DataType::float32, RedOp::sum, stream.get()));
-    }
-    if (gs == Sharding::global) return;  // the global shard is final after every micro-batch
-    if (os == Sharding::intra)
-      enqueue(nccl.dp_inter().allreduce(piece, piece, unit.piece_i, DataType::float32, RedOp::sum, stream.get()));
-    else
-      enqueue(nccl.dp_inter().reduce_scatter(piece, piece + static_cast<std::size_t>(node) * unit.piece_g, unit.piece_g,
-                                             DataType::float32, RedOp::sum, stream.get()));
   }
   float* optimizer_grads(std::size_t u) {
     const Unit& unit = units[u];

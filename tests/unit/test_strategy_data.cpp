@@ -9,6 +9,7 @@
 #include "bench/harness/check.h"
 #include "bench/harness/token_file.h"
 #include "train/data.h"
+#include "train/shard_plan.h"
 #include "train/strategy.h"
 
 namespace strata::train {
@@ -57,6 +58,39 @@ TEST(Strategy, MemoryFollowsTheZeroAndPaRoFormulas) {
   // Partial training (Ψ' = Ψ / 16): ING shards the large frozen parameters and keeps the small gradients whole.
   EXPECT_DOUBLE_EQ(bytes("ING", psi / 16), 2.0 / m + 2.0 / 16 + 12.0 / 16 / n);
   EXPECT_DOUBLE_EQ(model_state_memory(parse_strategy("NNN"), psi, psi, m, n).total() / psi, 16);  // fp32: 4 + 4 + 8
+}
+
+TEST(ShardPlan, FinalReductionsFollowTheStrategyTable) {
+  // 8 ranks as 2 nodes of 4; this rank: local index 1 on node 1. A unit of 100 elements pads to 104: 13 per global
+  // piece, 26 per intra piece.
+  using Over = ShardPlan::Over;
+  auto steps = [](const char* strategy) {
+    const ShardPlan plan(parse_strategy(strategy), 8, 4, 2, 1, 1);
+    return plan.final_reductions(plan.shape(100));
+  };
+  auto expect = [](const ShardPlan::Reduction& r, Over over, bool allreduce, bool from_store, bool into_store,
+                   std::size_t offset, std::size_t count) {
+    EXPECT_EQ(r.over, over);
+    EXPECT_EQ(r.allreduce, allreduce);
+    EXPECT_EQ(r.from_store, from_store);
+    EXPECT_EQ(r.into_store, into_store);
+    EXPECT_EQ(r.out_offset, offset);
+    EXPECT_EQ(r.count, count);
+  };
+  auto nnn = steps("NNN");  // DP: the whole unit over everyone
+  ASSERT_EQ(nnn.size(), 1u);
+  expect(nnn[0], Over::all, true, true, true, 0, 104);
+  auto nni = steps("NNI");  // inside the node into the intra piece, then across nodes on it
+  ASSERT_EQ(nni.size(), 2u);
+  expect(nni[0], Over::intra, false, true, false, 0, 26);
+  expect(nni[1], Over::inter, true, false, false, 0, 26);
+  auto nng = steps("NNG");  // ZeRO-1: the same, my global piece (node 1: 13 elements into the intra piece) last
+  ASSERT_EQ(nng.size(), 2u);
+  expect(nng[1], Over::inter, false, false, false, 13, 13);
+  auto iig = steps("IIG");  // intra gradients: the step across nodes alone, in the store
+  ASSERT_EQ(iig.size(), 1u);
+  expect(iig[0], Over::inter, false, true, true, 13, 13);
+  EXPECT_TRUE(steps("NGG").empty());  // global gradients are final after every micro-batch
 }
 
 TEST(TokenSources, RowsDoNotDependOnHowTheBatchIsSplit) {
