@@ -107,7 +107,7 @@ struct RankMemory {
   train::MemoryUse use;
   int pp_rank = 0;
   double total() const {
-    return use.params + use.grads + use.optimizer + use.activations + use.workspace + use.comm_buffers;
+    return use.total();
   }
 };
 bool mixed_precision(const std::string& dtype);

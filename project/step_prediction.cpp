@@ -79,8 +79,6 @@ GpuLayout gpu_layout(const WorkloadOptions& workload) {
   return layout;
 }
 
-double memory_total(const MemoryUse& m) { return m.params + m.grads + m.optimizer + m.activations + m.workspace + m.comm_buffers; }
-
 PredictedStep predict_step(const StepCase& step, const System& system) {
   const TrainConfig& c = step.config;
   PredictedStep out;
@@ -104,7 +102,7 @@ PredictedStep predict_step(const StepCase& step, const System& system) {
   out.memory = memory_per_rank(step);
   if (system.device.memory_capacity) {
     out.memory_capacity = system.device.memory_capacity->value;
-    out.fits = memory_total(out.memory) <= out.memory_capacity ? 1 : 0;
+    out.fits = out.memory.total() <= out.memory_capacity ? 1 : 0;
   }
   out.stage_layers = join_ints(stage_partition(c.model, step.grid.pp * c.virtual_stages, c.stage_layers));
   // trace_workload.h: a group's collectives and sends on one stream each, its receives on another.

@@ -67,7 +67,6 @@ PredictedStep predict_step(const StepCase& step, const System& system);
 
 // The GPU memory layout of a workload: its element size, and flash attention unless it runs attention unfused.
 train::GpuLayout gpu_layout(const WorkloadOptions& workload);
-double memory_total(const train::MemoryUse& memory);  // all categories
 
 // The components strata-step stores as phase_<name> in its summary, in that order, and the predicted value of each.
 const std::vector<std::string>& step_components();

@@ -136,6 +136,7 @@ std::vector<bool> units_held(const ModelConfig& model, const std::vector<StagePl
 // targets), which holds the most that were in use at once.
 struct MemoryUse {
   double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0, comm_buffers = 0;
+  double total() const { return params + grads + optimizer + activations + workspace + comm_buffers; }
 };
 
 // Where a collective of the step runs: inside a group (a node), across groups (same local index), or over all

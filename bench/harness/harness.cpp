@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdarg>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -520,6 +521,14 @@ int program_main(int argc, char** argv, const char* program, const std::function
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
+}
+
+void print_on_root(const char* format, ...) {
+  if (world_rank() != 0) return;
+  va_list args;
+  va_start(args, format);
+  std::vprintf(format, args);
+  va_end(args);
 }
 
 }  // namespace strata

@@ -54,6 +54,9 @@ void add_harness_options(Cli& cli, HarnessOptions& options);
 // checks it too; a program that reads its inputs before it starts the Run calls this first.
 void check_output_is_no_input(const HarnessOptions& options);
 
+// printf on world rank 0 only (the benchmarks' tables of figures), the format checked as printf's.
+[[gnu::format(printf, 1, 2)]] void print_on_root(const char* format, ...);
+
 struct MeasureSpec {
   int warmup = 3;
   int iters = 10;

@@ -272,17 +272,28 @@ Placed place_recomputation(TrainConfig& c, coll::ProcessGroups& groups, const To
   return placed;
 }
 
-// The cases: the product of the strategies (slowest) and the recomputation modes. The run's model, batch,
-// grid and options are axes of one value, so every `cases` column is declared once and filled from the point.
-struct StepRun {
+// What every case of the run shares.
+struct StepJob {
   const Options& o;
+  const HarnessOptions& h;
   const ModelConfig& model;
   const TrainConfig& config;
+  coll::GridShape grid;
+  coll::ProcessGroups& groups;
   const DataParallelShape& shape;
-  int64_t global_rows;
-  double psi, psi_trainable;
+  const TokenSource& data;
+  double rank_limit = 0;  // bytes a rank may hold (memory_limit)
+  bool on_gpu = false;
+  int64_t global_rows = 0;                 // rows per step
+  double psi = 0, psi_trainable = 0;       // parameters, and those that train
+#ifdef STRATA_HAVE_CUDA
+  coll::NcclProcessGroups* nccl = nullptr;
+#endif
 };
-Axes step_axes(const std::vector<Strategy>& plan, const std::vector<Recompute>& modes, const StepRun& r) {
+
+// The cases: the product of the strategies (slowest) and the recomputation modes. The run's model, batch,
+// grid and options are axes of one value, so every `cases` column is declared once and filled from the point.
+Axes step_axes(const std::vector<Strategy>& plan, const std::vector<Recompute>& modes, const StepJob& r) {
   std::vector<std::string> strategy_names, mode_names;
   for (const Strategy& s : plan) strategy_names.push_back(s.name());
   for (Recompute mode : modes) mode_names.emplace_back(name(mode));
@@ -422,22 +433,6 @@ double trainable_parameters(const ModelConfig& model, const Trainable& trainable
   return psi;
 }
 
-// What every case of the run shares.
-struct StepJob {
-  const Options& o;
-  const HarnessOptions& h;
-  const ModelConfig& model;
-  const TrainConfig& config;
-  coll::GridShape grid;
-  coll::ProcessGroups& groups;
-  const DataParallelShape& shape;
-  const TokenSource& data;
-  double rank_limit = 0;  // bytes a rank may hold (memory_limit)
-  bool on_gpu = false;
-#ifdef STRATA_HAVE_CUDA
-  coll::NcclProcessGroups* nccl = nullptr;
-#endif
-};
 
 // A case's configuration: its strategy and mode on the run's.
 TrainConfig case_config(const StepJob& job, const StepCase& k) {
@@ -465,7 +460,7 @@ void check_memory(const StepJob& job, const std::vector<StepCase>& cases) {
     if (o.partition == "balanced") c.stage_layers = even_partition(job.model.layers, job.grid.pp * o.virtual_stages);
     if (c.recompute == Recompute::overlap) recompute_everything(c, job.grid.pp);
     const MemoryUse e = memory_estimate(c, job.shape);
-    const double total = e.params + e.grads + e.optimizer + e.activations + e.workspace + e.comm_buffers;
+    const double total = e.total();
     if (total > worst) {
       worst = total, worst_name = c.strategy.name() + (c.recompute == Recompute::none
                                                            ? "" : std::string(" with ") + name(c.recompute) + " recomputation");
@@ -821,9 +816,10 @@ int run_step(int argc, char** argv) {
   const DataParallelShape shape = data_parallel_shape(groups);
   const double psi = static_cast<double>(model.parameters());
   const double psi_trainable = trainable_parameters(model, step_plan.trainable);
-  const Axes axes = step_axes(step_plan.strategies, step_plan.modes, {o, model, config, shape, global_rows, psi, psi_trainable});
-  const std::vector<StepCase> cases = step_cases(axes, step_plan.strategies, step_plan.modes);
   StepJob job{o, h, model, config, grid, groups, shape, *data, memory_limit(o), on_gpu};
+  job.global_rows = global_rows, job.psi = psi, job.psi_trainable = psi_trainable;
+  const Axes axes = step_axes(step_plan.strategies, step_plan.modes, job);
+  const std::vector<StepCase> cases = step_cases(axes, step_plan.strategies, step_plan.modes);
 #ifdef STRATA_HAVE_CUDA
   job.nccl = nccl.get();
   if (on_gpu)

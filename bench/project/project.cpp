@@ -127,7 +127,7 @@ void print_prediction(const project::StepCase& step, const project::PredictedSte
   std::printf("#   memory/rank (formula, max over ranks): parameters %s, gradients %s, optimizer %s, activations %s, "
               "workspace %s, communication buffers %s; total %s\n",
               format_gib(mem.params).c_str(), format_gib(mem.grads).c_str(), format_gib(mem.optimizer).c_str(), format_gib(mem.activations).c_str(),
-              format_gib(mem.workspace).c_str(), format_gib(mem.comm_buffers).c_str(), format_gib(project::memory_total(mem)).c_str());
+              format_gib(mem.workspace).c_str(), format_gib(mem.comm_buffers).c_str(), format_gib(mem.total()).c_str());
   if (p.fits >= 0)
     std::printf("#   device memory %s: %s\n", format_gib(p.memory_capacity).c_str(),
                 p.fits ? "fits" : "does NOT fit (warning on stderr)");
@@ -142,7 +142,7 @@ void warn_does_not_fit(const project::StepCase& step, const project::PredictedSt
                "strata-project predict: warning: %s does not fit: %s per rank predicted (parameters %s, gradients %s, "
                "optimizer %s, activations %s, workspace %s, communication buffers %s), above the device's memory "
                "capacity of %s (%s device.memory_capacity)\n",
-               step.label.c_str(), format_gib(project::memory_total(m)).c_str(), format_gib(m.params).c_str(),
+               step.label.c_str(), format_gib(m.total()).c_str(), format_gib(m.params).c_str(),
                format_gib(m.grads).c_str(), format_gib(m.optimizer).c_str(), format_gib(m.activations).c_str(),
                format_gib(m.workspace).c_str(), format_gib(m.comm_buffers).c_str(), format_gib(p.memory_capacity).c_str(),
                system_path.c_str());

@@ -345,7 +345,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
   for (const Result& r : results)
     if (r.predicted.fits == 0)
       std::printf("# memory: %s (%s) is predicted to need %s per GPU, above the %s of its description\n", r.row->id.c_str(),
-                  r.row->gpu.c_str(), format_gib(project::memory_total(r.predicted.memory)).c_str(),
+                  r.row->gpu.c_str(), format_gib(r.predicted.memory.total()).c_str(),
                   format_gib(r.predicted.memory_capacity).c_str());
   std::printf("| part | GPU | rows | mean |error| | mean error | worst |error| |\n|---|---|---|---|---|---|\n");
   bool missed = false;

@@ -32,12 +32,6 @@ namespace {
 using namespace strata;
 using coll::Algo;
 
-// Rank 0's lines.
-template <typename... Args>
-void say(const char* format, Args... args) {
-  if (world_rank() == 0) std::printf(format, args...);
-}
-
 // What the three figures share: the settings, the world's context, the buffers, the verdicts.
 struct Bench {
   int rounds = 5, iters = 10, latency_rounds = 20;
@@ -71,8 +65,8 @@ double ring_against_library(Bench& b) {
   PageAlignedFloats& send = b.send;
   PageAlignedFloats& recv = b.recv;
   const double factor = coll::bus_factor(coll::Operation::allreduce, size);
-  say("\n# allreduce float sum, pipelined; busbw = S/t x 2(n-1)/n in GB/s (1e9 B/s); time = max over ranks\n");
-  say("%10s %14s %14s %10s\n", "size(B)", "library busbw", "ring busbw", "ring/lib");
+  print_on_root("\n# allreduce float sum, pipelined; busbw = S/t x 2(n-1)/n in GB/s (1e9 B/s); time = max over ranks\n");
+  print_on_root("%10s %14s %14s %10s\n", "size(B)", "library busbw", "ring busbw", "ring/lib");
   double best_large_busbw = 0;
   double worst_ratio = 1e9;
   for (size_t bytes = (size_t{1} << 20) / scale; bytes <= (size_t{64} << 20) / scale; bytes *= 4) {
@@ -101,9 +95,9 @@ double ring_against_library(Bench& b) {
     double lib_bw = bytes / median_of(library) * factor, ring_bw = bytes / median_of(ring) * factor;
     worst_ratio = std::min(worst_ratio, ring_bw / lib_bw);
     if (bytes == (size_t{64} << 20) / scale) best_large_busbw = std::max(lib_bw, ring_bw);
-    say("%10zu %14.3f %14.3f %10.3f\n", bytes, lib_bw / 1e9, ring_bw / 1e9, ring_bw / lib_bw);
+    print_on_root("%10zu %14.3f %14.3f %10.3f\n", bytes, lib_bw / 1e9, ring_bw / 1e9, ring_bw / lib_bw);
   }
-  say("ring/library busbw, worst over sizes: %.3f (target >= 1.0: %s)\n", worst_ratio,
+  print_on_root("ring/library busbw, worst over sizes: %.3f (target >= 1.0: %s)\n", worst_ratio,
       b.bandwidth_verdict(worst_ratio >= 1.0));
   return best_large_busbw;
 }
@@ -121,8 +115,8 @@ void against_memcpy(Bench& b, double best_large_busbw) {
   MeasureSpec spec{2, rounds * iters, 0, 1};
   auto copies = measure(MPI_COMM_WORLD, spec, timer, [&] { std::memcpy(recv.get(), send.get(), bytes); });
   double copy_bw = bytes / median_of(copies);
-  say("\n# memcpy, 64 MiB, every rank at once: %.3f GB/s copied per rank\n", copy_bw / 1e9);
-  say("%-28s %12s %10s\n", "64 MiB operation (best algo)", "busbw(GB/s)", "/memcpy");
+  print_on_root("\n# memcpy, 64 MiB, every rank at once: %.3f GB/s copied per rank\n", copy_bw / 1e9);
+  print_on_root("%-28s %12s %10s\n", "64 MiB operation (best algo)", "busbw(GB/s)", "/memcpy");
   const size_t count = bytes / sizeof(float);
   float* in = send.get();
   float* out = recv.get();
@@ -144,8 +138,8 @@ void against_memcpy(Bench& b, double best_large_busbw) {
   }, coll::bus_factor(coll::Operation::broadcast, size));
   for (auto [label, bw] : {std::pair{"allreduce", best_large_busbw}, std::pair{"allgather", allgather_bw},
                            std::pair{"broadcast", broadcast_bw}})
-    say("%-28s %12.3f %10.3f  (reported)\n", label, bw / 1e9, bw / copy_bw);
-  say("# reported, not judged: over MPI point-to-point a large message takes the transport's extra copy; the\n"
+    print_on_root("%-28s %12.3f %10.3f  (reported)\n", label, bw / 1e9, bw / copy_bw);
+  print_on_root("# reported, not judged: over MPI point-to-point a large message takes the transport's extra copy; the\n"
       "# copy bound (>= 0.8 of memcpy) is judged on the shm algorithm by strata-bench-shm\n");
 }
 
@@ -222,7 +216,7 @@ double latency_ratio(Bench& b, coll::Operation operation, size_t bytes, coll::Pr
     spent += (sum[0] + sum[1]) / size;
   }
   const double ratio = median_of(ratios);
-  say("%-15s %10zu %7d %7zu %12.3f %12.3f %10.3f  %s\n", std::string(coll::name(operation)).c_str(), bytes, latency_iters,
+  print_on_root("%-15s %10zu %7d %7zu %12.3f %12.3f %10.3f  %s\n", std::string(coll::name(operation)).c_str(), bytes, latency_iters,
       ratios.size(), median_of(bare) * 1e6, median_of(strata) * 1e6, ratio,
       judge_latency ? (ratio <= 1.1 ? "PASS" : "MISS") : "");
   return ratio;
@@ -238,13 +232,13 @@ double latency_ratio(Bench& b, coll::Operation operation, size_t bytes, coll::Pr
 void blocking_latency(Bench& b) {
   const int size = b.size, latency_rounds = b.latency_rounds;
   coll::ProcessGroups groups(coll::GridShape{1, 1, size});
-  say("\n# blocking latency (one call per timed interval, barrier between calls), library algorithm, float sum;\n"
+  print_on_root("\n# blocking latency (one call per timed interval, barrier between calls), library algorithm, float sum;\n"
       "# size: allreduce and broadcast the buffer, allgather each rank's contribution, reduce_scatter each rank's\n"
       "# result (OSU's sizes); latency = average over ranks of each rank's mean over a round's iterations (OSU's\n"
       "# avg), median over %d-%d rounds (at least 40 calls per contender, 0.25 s per size where 10x the rounds\n"
       "# take no longer); the contenders alternate call by call;\n"
       "# ratio = median over rounds of strata/bare in the same round\n", latency_rounds, 10 * latency_rounds);
-  say("%-15s %10s %7s %7s %12s %12s %10s\n", "operation", "size(B)", "iters", "rounds", "bare(us)", "strata(us)",
+  print_on_root("%-15s %10s %7s %7s %12s %12s %10s\n", "operation", "size(B)", "iters", "rounds", "bare(us)", "strata(us)",
       "ratio");
   double worst_latency_ratio = 0;
   std::string worst_latency_case;
@@ -257,7 +251,7 @@ void blocking_latency(Bench& b) {
         worst_latency_case = std::string(coll::name(operation)) + " " + human_bytes(bytes);
       }
     }
-  say("strata/bare blocking latency, worst over sizes and operations: %.3f at %s (target <= 1.1: %s)\n",
+  print_on_root("strata/bare blocking latency, worst over sizes and operations: %.3f at %s (target <= 1.1: %s)\n",
       worst_latency_ratio, worst_latency_case.c_str(), b.verdict(worst_latency_ratio <= 1.1));
 }
 
@@ -276,7 +270,7 @@ int run_targets(int argc, char** argv) {
   coll::Layout layout;
   coll::MpiTypes types;
   b.ctx = coll::world_context(layout, types);
-  say("# strata-bench-collectives: %d ranks, %d rounds x %d samples per contender, medians\n", b.size, b.rounds, b.iters);
+  print_on_root("# strata-bench-collectives: %d ranks, %d rounds x %d samples per contender, medians\n", b.size, b.rounds, b.iters);
   b.max_bytes = (size_t{64} << 20) / b.scale;
   const size_t max_count = b.max_bytes / sizeof(float) * static_cast<size_t>(b.size);
   b.send = page_aligned_floats(max_count), b.recv = page_aligned_floats(max_count);
@@ -287,7 +281,7 @@ int run_targets(int argc, char** argv) {
   blocking_latency(b);
   // Rank 0's verdicts are the printed ones; every rank exits with them.
   STRATA_MPI_CHECK(MPI_Bcast(&b.missed, 1, MPI_INT, 0, MPI_COMM_WORLD));
-  if (b.missed && !b.smoke) say("%d figure(s) missed their target\n", b.missed);
+  if (b.missed && !b.smoke) print_on_root("%d figure(s) missed their target\n", b.missed);
   return b.missed && !b.smoke ? 3 : 0;
 }
 

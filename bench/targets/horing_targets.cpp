@@ -80,12 +80,6 @@ struct Contender {
   Traffic sent;          // this rank's bytes over every call
 };
 
-// Rank 0's lines.
-template <typename... Args>
-void say(const char* format, Args... args) {
-  if (world_rank() == 0) std::printf(format, args...);
-}
-
 // The run's flags.
 struct Settings {
   int rounds = 5, iters = 4, ranks_per_node = -1, step_factor = 4;
@@ -397,7 +391,7 @@ bool report_rows(Operation operation, std::vector<Row>& rows, nlohmann::json& re
     const double horing = at("horing"), hier = at("hierarchical"), ring_time = at("ring");
     auto cell = [](double seconds) { return seconds > 0 ? format_fixed(seconds * 1e6, 1) : std::string("-"); };
     auto cell_ratio = [](double r) { return r > 0 ? format_fixed(r, 3) : std::string("-"); };
-    say("%9s %6zu %11s %11s %11s %11s %9s %9s %9s %9s\n", human_bytes(row.bytes).c_str(), row.chunks,
+    print_on_root("%9s %6zu %11s %11s %11s %11s %9s %9s %9s %9s\n", human_bytes(row.bytes).c_str(), row.chunks,
         cell(horing).c_str(), cell(hier).c_str(), cell(ring_time).c_str(), cell(phases_sum).c_str(),
         cell_ratio(ratio(horing, hier)).c_str(), cell_ratio(ratio(horing, ring_time)).c_str(),
         cell_ratio(ratio(horing, phases_sum)).c_str(), cell_ratio(ratio(hier, phases_sum)).c_str());
@@ -423,10 +417,10 @@ bool report_rows(Operation operation, std::vector<Row>& rows, nlohmann::json& re
   }
   // Bytes per tier of the largest size, per rank (mean over ranks), beside the formula.
   Row& last = rows.back();
-  say("# bytes per rank at %s (mean over ranks), counted / formula:\n", human_bytes(last.bytes).c_str());
+  print_on_root("# bytes per rank at %s (mean over ranks), counted / formula:\n", human_bytes(last.bytes).c_str());
   for (Contender& c : last.contenders) {
     const std::array<uint64_t, 4> sums = summed_over_ranks(c);
-    say("#   %-22s intra %12.0f / %12.0f   inter %12.0f / %12.0f\n", c.name.c_str(), sums[0] / size, sums[2] / size,
+    print_on_root("#   %-22s intra %12.0f / %12.0f   inter %12.0f / %12.0f\n", c.name.c_str(), sums[0] / size, sums[2] / size,
         sums[1] / size, sums[3] / size);
   }
   return bytes_match;
@@ -464,9 +458,9 @@ int run_targets(int argc, char** argv) {
   }());
   std::sort(hosts.begin(), hosts.end());
   hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
-  say("# strata-bench-horing: %d ranks as %d nodes x %d (%s), %d rounds x %d samples per contender, medians of the "
+  print_on_root("# strata-bench-horing: %d ranks as %d nodes x %d (%s), %d rounds x %d samples per contender, medians of the "
       "max over ranks\n", size, t.g, t.L, o.ranks_per_node > 0 ? "emulated nodes" : "real nodes", o.rounds, o.iters);
-  say("# float sum; S = nccl-tests' size; HO-Ring chunk %s, at most %d chunks, %d in flight; inside a node: %s\n",
+  print_on_root("# float sum; S = nccl-tests' size; HO-Ring chunk %s, at most %d chunks, %d in flight; inside a node: %s\n",
       human_bytes(t.world.horing_chunk_bytes).c_str(), Group::kHoRingChunks, Group::kHoRingWindow,
       t.intra_algo == Algo::shm ? "shared memory" : "rings of messages");
 
@@ -484,15 +478,15 @@ int run_targets(int argc, char** argv) {
   HostTimer timer;
   for (Operation operation : o.operations) {
     const std::string op_name(coll::name(operation));
-    say("\n# %s: time per operation in us; ratios < 1: HO-Ring faster; phases = the two-level algorithm's phases, "
+    print_on_root("\n# %s: time per operation in us; ratios < 1: HO-Ring faster; phases = the two-level algorithm's phases, "
         "each run alone\n", op_name.c_str());
-    say("%9s %6s %11s %11s %11s %11s %9s %9s %9s %9s\n", "size", "chunks", "horing", "hierarch", "ring", "phases",
+    print_on_root("%9s %6s %11s %11s %11s %11s %9s %9s %9s %9s\n", "size", "chunks", "horing", "hierarch", "ring", "phases",
         "/hier", "/ring", "/phases", "hier/ph");
     std::vector<Row> rows;
     for (size_t bytes : sizes) rows.push_back(measure_row(operation, bytes, o, t, buffers, timer));
     // Rank 0 prints; every rank takes part in the sums over ranks.
     const bool op_bytes_match = report_rows(operation, rows, report, sent_by);
-    say("%s: bytes per tier equal the formula for every algorithm, phase and size: %s\n", op_name.c_str(),
+    print_on_root("%s: bytes per tier equal the formula for every algorithm, phase and size: %s\n", op_name.c_str(),
         verdict(op_bytes_match));
     bytes_match = bytes_match && op_bytes_match;
   }
@@ -514,11 +508,11 @@ int run_targets(int argc, char** argv) {
     file << report.dump(1) << "\n";
     if (!file) throw RuntimeError("cannot write " + o.json_path);
   }
-  say("\n# results exact for every algorithm and the phases; the speed ratios are reported, not judged%s\n",
+  print_on_root("\n# results exact for every algorithm and the phases; the speed ratios are reported, not judged%s\n",
       o.ranks_per_node > 0 ? " (emulated nodes: both tiers are shared memory on one machine)" : "");
   STRATA_MPI_CHECK(MPI_Bcast(&missed, 1, MPI_INT, 0, MPI_COMM_WORLD));
-  if (o.smoke) say("HO-Ring against hierarchical, its phases and a flat ring: smoke, not judged\n");
-  if (missed && !o.smoke) say("%d figure(s) missed their target\n", missed);
+  if (o.smoke) print_on_root("HO-Ring against hierarchical, its phases and a flat ring: smoke, not judged\n");
+  if (missed && !o.smoke) print_on_root("%d figure(s) missed their target\n", missed);
   return missed && !o.smoke ? 3 : 0;
 }
 

@@ -112,12 +112,6 @@ struct Case {
 double exposed_recompute(const Fields& f) { return f[kRecompute] + f[kWindow] - f[kHidden]; }
 double all_recompute(const Fields& f) { return f[kRecompute] + f[kWindow]; }
 
-// Rank 0's lines.
-template <typename... Args>
-void say(const char* format, Args... args) {
-  if (world_rank() == 0) std::printf(format, args...);
-}
-
 // nullopt after --help.
 std::optional<Settings> parse_settings(int argc, char** argv) {
   Settings s;
@@ -333,7 +327,7 @@ int run(int argc, char** argv) {
   const int rank = world_rank(), world = world_size();
   const int pp = 2, tp = world / pp;
   if (world % pp != 0 || s.layers % 4 != 0 || s.microbatches % 2 != 0 || s.heads % tp != 0) {
-    say("strata-bench-pipeline: needs an even number of ranks (tp = ranks / 2 dividing the %d heads), layers divisible "
+    print_on_root("strata-bench-pipeline: needs an even number of ranks (tp = ranks / 2 dividing the %d heads), layers divisible "
         "by 4 and an even number of micro-batches; got %d ranks, %d layers, %d micro-batches\n",
         s.heads, world, s.layers, s.microbatches);
     return 2;
@@ -342,7 +336,7 @@ int run(int argc, char** argv) {
   model.name = "pipeline-bench", model.layers = s.layers, model.hidden = s.hidden, model.heads = s.heads;
   model.kv_heads = s.heads, model.vocab = s.vocab, model.max_seq = std::max(model.max_seq, s.seq);
   if (const std::string problem = model.validate(); !problem.empty()) {
-    say("strata-bench-pipeline: model: %s\n", problem.c_str());
+    print_on_root("strata-bench-pipeline: model: %s\n", problem.c_str());
     return 2;
   }
   const cpu_gemm::Backend library = cpu_gemm::available(cpu_gemm::Backend::onednn) ? cpu_gemm::Backend::onednn
@@ -373,7 +367,7 @@ int run(int argc, char** argv) {
   add("gpipe none", Schedule::gpipe, 1, Recompute::none);
   add("interleaved none", Schedule::interleaved, 2, Recompute::none);
 
-  say("# strata-bench-pipeline: %d ranks as tp %d x pp %d; model %d layers, hidden %d, %d heads, vocabulary %d; micro-batch "
+  print_on_root("# strata-bench-pipeline: %d ranks as tp %d x pp %d; model %d layers, hidden %d, %d heads, vocabulary %d; micro-batch "
       "%d x seq %d, m = %d micro-batches; %s GEMMs, one thread per rank; %d rounds, the %zu cases interleaved (order "
       "rotating), medians; step: per-step max over ranks%s\n",
       world, tp, pp, s.layers, s.hidden, s.heads, s.vocab, s.micro_batch, s.seq, s.microbatches,

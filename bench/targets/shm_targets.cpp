@@ -32,12 +32,6 @@ namespace {
 using namespace strata;
 using coll::Operation;
 
-// Rank 0's lines.
-template <typename... Args>
-void say(const char* format, Args... args) {
-  if (world_rank() == 0) std::printf(format, args...);
-}
-
 // Who runs a call, and on which buffers: the library and the slots on the caller's own, the direct path on registered
 // ones.
 enum Contender { library, staged, registered };
@@ -80,12 +74,12 @@ class ShmBench {
           }
     }
     const double copy_bw = largest_ / median_of(copies);
-    say("\n# memcpy of %s by every rank at once: %.3f GB/s copied per rank (median)\n", human_bytes(largest_).c_str(),
+    print_on_root("\n# memcpy of %s by every rank at once: %.3f GB/s copied per rank (median)\n", human_bytes(largest_).c_str(),
         copy_bw / 1e9);
     for (Contender who : {registered, staged}) {
-      say(who == registered ? "# shm, registered buffers (one pass, as NCCL's registered user buffers): judged\n"
+      print_on_root(who == registered ? "# shm, registered buffers (one pass, as NCCL's registered user buffers): judged\n"
                             : "# shm, staged through the slots (the caller's own buffers): reported, not judged\n");
-      say("%-10s %10s %14s %8s %14s %8s\n", "shm", "size", "out-of-place", "/memcpy", "in-place", "/memcpy");
+      print_on_root("%-10s %10s %14s %8s %14s %8s\n", "shm", "size", "out-of-place", "/memcpy", "in-place", "/memcpy");
       for (size_t o = 0; o < kOperations.size(); ++o) {
         double bw[2];
         for (bool in_place : {false, true}) {
@@ -93,21 +87,21 @@ class ShmBench {
           bw[in_place] = largest_ / median_of(large[4 * o + 2 * (who == registered) + in_place]) *
                          coll::bus_factor(kOperations[o], size_);
         }
-        say("%-10s %10s %14.3f %8.3f %14.3f %8.3f", std::string(coll::name(kOperations[o])).c_str(),
+        print_on_root("%-10s %10s %14.3f %8.3f %14.3f %8.3f", std::string(coll::name(kOperations[o])).c_str(),
             human_bytes(largest_).c_str(), bw[0] / 1e9, bw[0] / copy_bw, bw[1] / 1e9, bw[1] / copy_bw);
         if (who == registered)
-          say("  (target in place >= 0.8, registered buffers: %s)\n", verdict(bw[1] / copy_bw >= 0.8));
+          print_on_root("  (target in place >= 0.8, registered buffers: %s)\n", verdict(bw[1] / copy_bw >= 0.8));
         else
-          say("  (staged: not judged)\n");
+          print_on_root("  (staged: not judged)\n");
       }
     }
-    say("# busbw in GB/s; out of place an allgather writes twice what it reads, bounding it near 0.67 at np 2\n");
+    print_on_root("# busbw in GB/s; out of place an allgather writes twice what it reads, bounding it near 0.67 at np 2\n");
   }
 
   // 2: shm, staged and registered, against the library, 1 KiB to 64 MiB; where shm starts to win.
   void against_library(Operation operation) {
-    say("\n# %s: library against shm staged and shm on registered buffers\n", std::string(coll::name(operation)).c_str());
-    say("%10s %14s %14s %10s %14s %10s\n", "size", "library busbw", "staged busbw", "staged/lib", "registered",
+    print_on_root("\n# %s: library against shm staged and shm on registered buffers\n", std::string(coll::name(operation)).c_str());
+    print_on_root("%10s %14s %14s %10s %14s %10s\n", "size", "library busbw", "staged busbw", "staged/lib", "registered",
         "reg/lib");
     std::vector<size_t> sizes;
     std::vector<double> ratios[2];  // staged, registered
@@ -126,7 +120,7 @@ class ShmBench {
       sizes.push_back(bytes);
       ratios[0].push_back(bw[staged] / bw[library]);
       ratios[1].push_back(bw[registered] / bw[library]);
-      say("%10s %14.3f %14.3f %10.3f %14.3f %10.3f\n", human_bytes(bytes).c_str(), bw[library] / 1e9,
+      print_on_root("%10s %14.3f %14.3f %10.3f %14.3f %10.3f\n", human_bytes(bytes).c_str(), bw[library] / 1e9,
           bw[staged] / 1e9, bw[staged] / bw[library], bw[registered] / 1e9, bw[registered] / bw[library]);
     }
     // The smallest size from which shm is faster at every size measured.
@@ -135,10 +129,10 @@ class ShmBench {
       size_t from = sizes.size();
       while (from > 0 && ratios[set][from - 1] > 1.0) --from;
       if (from < sizes.size())
-        say("%s: %s wins from %s up; %s/library at %s: %.3f\n", std::string(coll::name(operation)).c_str(), label,
+        print_on_root("%s: %s wins from %s up; %s/library at %s: %.3f\n", std::string(coll::name(operation)).c_str(), label,
             human_bytes(sizes[from]).c_str(), label, human_bytes(largest_).c_str(), ratios[set].back());
       else
-        say("%s: %s does not win at %s; %s/library there: %.3f\n", std::string(coll::name(operation)).c_str(), label,
+        print_on_root("%s: %s does not win at %s; %s/library there: %.3f\n", std::string(coll::name(operation)).c_str(), label,
             human_bytes(largest_).c_str(), label, ratios[set].back());
     }
   }
@@ -246,14 +240,14 @@ int run_targets(int argc, char** argv) {
   if (!cli.parse(argc, argv)) return 0;
   if (smoke) rounds = 1, iters = 2;
   ShmBench bench(rounds, iters, smoke, stream_slots);
-  say("# strata-bench-shm: %d ranks, %d rounds x %d samples per contender, medians of the max over ranks%s\n",
+  print_on_root("# strata-bench-shm: %d ranks, %d rounds x %d samples per contender, medians of the max over ranks%s\n",
       world_size(), rounds, iters, stream_slots ? "; slots filled with non-temporal stores" : "");
-  say("# float sum; busbw = S/t x factor in GB/s (1e9 B/s), nccl-tests' S and factors; the sweep out of place\n");
+  print_on_root("# float sum; busbw = S/t x factor in GB/s (1e9 B/s), nccl-tests' S and factors; the sweep out of place\n");
   bench.against_memcpy();
   for (Operation operation : ShmBench::kOperations) bench.against_library(operation);
   const int missed = bench.missed();
-  if (smoke) say("shm against memcpy and the library: smoke, not judged\n");
-  if (missed && !smoke) say("%d figure(s) missed their target\n", missed);
+  if (smoke) print_on_root("shm against memcpy and the library: smoke, not judged\n");
+  if (missed && !smoke) print_on_root("%d figure(s) missed their target\n", missed);
   return missed && !smoke ? 3 : 0;
 }
 
