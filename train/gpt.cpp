@@ -272,6 +272,19 @@ void call(const std::function<void(int)>& hook, int layer) {
   if (hook) hook(layer);
 }
 
+HeadActs head_layout(const GptCpu& model) {
+  return HeadActs(static_cast<std::size_t>(model.batch()) * model.seq(), model.rows_here(),
+                  static_cast<std::size_t>(model.model().hidden), static_cast<std::size_t>(model.shard().vocab_rows));
+}
+
+Scratch scratch_layout(const GptCpu& model) {
+  const ModelConfig& m = model.model();
+  const TensorShard& sh = model.shard();
+  return Scratch(static_cast<std::size_t>(model.batch()) * model.seq(), model.rows_here(), static_cast<std::size_t>(m.hidden),
+                 static_cast<std::size_t>(sh.attention_channels(m)), static_cast<std::size_t>(sh.qkv_channels(m)),
+                 static_cast<std::size_t>(sh.kv_channels(m)), static_cast<std::size_t>(sh.mlp));
+}
+
 }  // namespace
 
 GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime, Recompute recompute,
@@ -566,11 +579,9 @@ void GptCpu::backward(const UnitPointers& u, float normaliser, const LayerHooks&
   backward(0, u, normaliser, nullptr, false, hooks);
 }
 
+// One micro-batch through the stage, block by block: the embeddings, each layer, the head.
 double GptCpu::forward(int set, const UnitPointers& u, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
-  const ModelConfig& m = model_;
-  const TensorShard& sh = shard();
-  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t V = static_cast<std::size_t>(sh.vocab_rows);
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_;
   if (set < 0 || set >= stage_.activation_sets) throw std::logic_error("forward: no activation set " + std::to_string(set));
   if (stage_.embedding) {
     if (!tokens) throw std::logic_error("forward: the first stage needs tokens");
@@ -581,71 +592,86 @@ double GptCpu::forward(int set, const UnitPointers& u, const int32_t* tokens, co
     targets_[static_cast<std::size_t>(set)].assign(targets, targets + N);
   }
   hooks_ = &hooks;
-  const std::size_t R = rows_here_;
-  const HeadActs h(N, R, C, V);
-  float* head = head_base(set);
-  const int first = first_layer(), end = end_layer();
   for (auto& ready : recomputed_for_) ready = {0, 0, 0};  // this forward overwrites the recompute spaces
 
   if (stage_.embedding) {
-    // Each unit's pointer is read after its hook, which may have just gathered it.
-    call(hooks.before_forward, -1);
-    const float* wpe = u.params[0] + V * C;
-    float* first_input = end > first ? view(set, first).x_in : head + h.x_final;
-    if (!tensor_parallel()) {
-      compute("embedding", 3.0 * N * C, [&] {
-        layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
-                                  static_cast<std::size_t>(seq_), C, V, cpu_);
-      });
-    } else {
-      // Vocabulary-parallel lookup: my rows of the token table, zeros for the others' tokens, summed over the
-      // group (onto my rows under sequence parallelism, through the workspace); then the position table, whole on
-      // every rank.
-      const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
-      float* looked_up = sp_ ? scratch_.data() + Scratch(N, R, C, static_cast<std::size_t>(sh.attention_channels(m)),
-                                                          static_cast<std::size_t>(sh.qkv_channels(m)),
-                                                          static_cast<std::size_t>(sh.kv_channels(m)),
-                                                          static_cast<std::size_t>(sh.mlp)).d_full
-                             : first_input;
-      compute("embedding lookup", 2.0 * N * C, [&] {
-        for (std::size_t i = 0; i < N; ++i) {
-          const int32_t token = tokens[i];
-          if (token < 0 || token >= m.vocab)
-            throw std::invalid_argument("token " + std::to_string(token) + " at position " + std::to_string(i) +
-                                        " is outside the vocabulary of " + std::to_string(m.vocab));
-          const std::size_t t = static_cast<std::size_t>(token);
-          float* row = looked_up + i * C;
-          if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
-          else std::fill(row, row + C, 0.0f);
-        }
-      });
-      if (sp_) {
-        tp_reduce_scatter(looked_up, C, "reduce-scatter embedding");
-        compute("copy", 2.0 * R * C, [&] { std::copy(my_rows(looked_up, C), my_rows(looked_up, C) + R * C, first_input); });
-      } else {
-        tp_allreduce(first_input, N * C, "allreduce embedding");
-      }
-      compute("positions", 3.0 * R * C, [&] {
-        for (std::size_t i = 0; i < R; ++i)
-          for (std::size_t c = 0; c < C; ++c)
-            first_input[i * C + c] += wpe[((row_begin_ + i) % static_cast<std::size_t>(seq_)) * C + c];
-      });
-    }
+    call(hooks.before_forward, -1);  // each unit's pointer is read after its hook, which may have just gathered it
+    embedding_forward(set, u, tokens);
   }
-  for (int l = first; l < end; ++l) {
+  for (int l = first_layer(); l < end_layer(); ++l) {
     call(hooks.before_forward, l);
-    for (LayerOp op : kOps) {
-      const double start = hooks.forward_op ? seconds_now() : 0;
-      forward_op(set, l, u, op);
-      if (hooks.forward_op) hooks.forward_op(l, op, seconds_now() - start);
-    }
-    // The next layer's input, or the stage's output (the head's input on the last stage).
-    const LayerView x = view(set, l);
-    float* out = l + 1 < end ? view(set, l + 1).x_in : head + (stage_.head ? h.x_final : 0);
-    compute("residual", 3.0 * R * C, [&] { layers::residual_forward(out, x.x_mid, my_rows(x.fcproj, C), R * C, cpu_); });
+    layer_forward(set, l, u, hooks);
   }
   if (!stage_.head) return 0;
-  call(hooks.before_forward, m.layers);
+  call(hooks.before_forward, model_.layers);
+  return head_forward(set, u, targets);
+}
+
+// The token and position tables' rows into the first layer's input (R, C) (or the head's, on a stage of no layers).
+void GptCpu::embedding_forward(int set, const UnitPointers& u, const int32_t* tokens) {
+  const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t R = rows_here_, V = static_cast<std::size_t>(sh.vocab_rows);
+  const float* wpe = u.params[0] + V * C;
+  float* first_input = end_layer() > first_layer() ? view(set, first_layer()).x_in : head_base(set) + head_layout(*this).x_final;
+  if (!tensor_parallel()) {
+    compute("embedding", 3.0 * N * C, [&] {
+      layers::embedding_forward(first_input, tokens, u.params[0], wpe, static_cast<std::size_t>(batch_),
+                                static_cast<std::size_t>(seq_), C, V, cpu_);
+    });
+    return;
+  }
+  // Vocabulary-parallel lookup: my rows of the token table, zeros for the others' tokens, summed over the group
+  // (onto my rows under sequence parallelism, through the workspace); then the position table, whole on every rank.
+  const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
+  float* looked_up = sp_ ? scratch_.data() + scratch_layout(*this).d_full : first_input;
+  compute("embedding lookup", 2.0 * N * C, [&] {
+    for (std::size_t i = 0; i < N; ++i) {
+      const int32_t token = tokens[i];
+      if (token < 0 || token >= m.vocab)
+        throw std::invalid_argument("token " + std::to_string(token) + " at position " + std::to_string(i) +
+                                    " is outside the vocabulary of " + std::to_string(m.vocab));
+      const std::size_t t = static_cast<std::size_t>(token);
+      float* row = looked_up + i * C;
+      if (t >= begin && t < begin + width) std::copy(u.params[0] + (t - begin) * C, u.params[0] + (t - begin + 1) * C, row);
+      else std::fill(row, row + C, 0.0f);
+    }
+  });
+  if (sp_) {
+    tp_reduce_scatter(looked_up, C, "reduce-scatter embedding");
+    compute("copy", 2.0 * R * C, [&] { std::copy(my_rows(looked_up, C), my_rows(looked_up, C) + R * C, first_input); });
+  } else {
+    tp_allreduce(first_input, N * C, "allreduce embedding");
+  }
+  compute("positions", 3.0 * R * C, [&] {
+    for (std::size_t i = 0; i < R; ++i)
+      for (std::size_t c = 0; c < C; ++c) first_input[i * C + c] += wpe[((row_begin_ + i) % static_cast<std::size_t>(seq_)) * C + c];
+  });
+}
+
+// Layer l's ops (kOps), then the residual add into the next layer's input, or the stage's output.
+void GptCpu::layer_forward(int set, int l, const UnitPointers& u, const LayerHooks& hooks) {
+  for (LayerOp op : kOps) {
+    const double start = hooks.forward_op ? seconds_now() : 0;
+    forward_op(set, l, u, op);
+    if (hooks.forward_op) hooks.forward_op(l, op, seconds_now() - start);
+  }
+  const std::size_t C = static_cast<std::size_t>(model_.hidden);
+  const LayerView x = view(set, l);
+  float* out = l + 1 < end_layer() ? view(set, l + 1).x_in : head_base(set) + (stage_.head ? head_layout(*this).x_final : 0);
+  compute("residual", 3.0 * rows_here_ * C,
+          [&] { layers::residual_forward(out, x.x_mid, my_rows(x.fcproj, C), rows_here_ * C, cpu_); });
+}
+
+// The final norm, the LM head and the loss: the summed loss of the micro-batch's rows.
+double GptCpu::head_forward(int set, const UnitPointers& u, const int32_t* targets) {
+  const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden), R = rows_here_;
+  const std::size_t V = static_cast<std::size_t>(sh.vocab_rows);
+  const HeadActs h = head_layout(*this);
+  float* head = head_base(set);
   const int64_t rows = static_cast<int64_t>(N);
   const float* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
   const float* wte = u.params[0];
@@ -693,9 +719,7 @@ void GptCpu::attention_backward(int l, const UnitPointers& u, const LayerView& x
   const ModelConfig& m = model_;
   const TensorShard& sh = shard();
   const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const Scratch s(N, rows_here_, C, static_cast<std::size_t>(sh.attention_channels(m)),
-                  static_cast<std::size_t>(sh.qkv_channels(m)), static_cast<std::size_t>(sh.kv_channels(m)),
-                  static_cast<std::size_t>(sh.mlp));
+  const Scratch s = scratch_layout(*this);
   float* g = scratch_.data();
   if (sp_) d_residual = gathered(d_residual, g + s.d_full, "allgather d attention out");
   const int64_t rows = static_cast<int64_t>(N);
@@ -731,25 +755,13 @@ float* GptCpu::gathered(const float* mine, float* full, const char* what) {
   return full;
 }
 
+// One micro-batch's gradients through the stage, block by block: the head (or the next stage's gradient), each
+// layer from the last, the embeddings.
 void GptCpu::backward(int set, const UnitPointers& u, float normaliser, const float* output_grad, bool input_grad,
                       const LayerHooks& hooks) {
-  const ModelConfig& m = model_;
-  const TensorShard& sh = shard();
-  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden), R = rows_here_;
-  const std::size_t F = static_cast<std::size_t>(sh.mlp), V = static_cast<std::size_t>(sh.vocab_rows);
   if (set < 0 || set >= stage_.activation_sets) throw std::logic_error("backward: no activation set " + std::to_string(set));
   if (!stage_.head && !output_grad) throw std::logic_error("backward: a stage without the head needs its output's gradient");
-  const HeadActs h(N, R, C, V);
-  const Scratch s(N, R, C, static_cast<std::size_t>(sh.attention_channels(m)), static_cast<std::size_t>(sh.qkv_channels(m)),
-                  static_cast<std::size_t>(sh.kv_channels(m)), F);
-  float* head = head_base(set);
-  float* g = scratch_.data();
-  float* discard = g + s.size;  // 2C floats: layer-norm gradients of frozen units
-  const int64_t rows = static_cast<int64_t>(N);
-  const std::size_t last = static_cast<std::size_t>(m.layers) + 1;
   const int first = first_layer(), end = end_layer();
-  const std::vector<int32_t>& tokens = tokens_[static_cast<std::size_t>(set)];
-  const std::vector<int32_t>& targets = targets_[static_cast<std::size_t>(set)];
   // Below the lowest layer that trains nothing needs a gradient, and the pass stops there, unless the stage's
   // input gradient is asked for (an earlier stage trains) or the embeddings train here.
   const bool embedding_trains = stage_.embedding && u.grads[0] != nullptr;
@@ -758,124 +770,187 @@ void GptCpu::backward(int set, const UnitPointers& u, float normaliser, const fl
   else
     for (int l = end - 1; l >= first; --l)
       if (u.grads[static_cast<std::size_t>(l) + 1]) lowest_layer = l;
-  const bool head_trains = stage_.head && (u.grads[last] != nullptr || u.grads[0] != nullptr);
+  const bool head_trains =
+      stage_.head && (u.grads[static_cast<std::size_t>(model_.layers) + 1] != nullptr || u.grads[0] != nullptr);
   if (lowest_layer == end && !head_trains && !embedding_trains) return;  // nothing trains here
   hooks_ = &hooks;
-  using T = LayerTensor;
-  // The gradient of a column-parallel GEMM's input (N, C), summed over the group: onto my rows under sequence
-  // parallelism, where the layer norm that produced the input runs.
-  auto sum_input_gradient = [&](const char* allreduce, const char* reduce_scatter) {
-    if (sp_) tp_reduce_scatter(g + s.d_ln, C, reduce_scatter);
-    else tp_allreduce(g + s.d_ln, N * C, allreduce);
-  };
-  // A layer norm's backward over my rows. Under sequence parallelism its weight and bias gradients come from
-  // my rows only: this micro-batch's are summed over the group before they join the accumulated ones.
-  auto norm_backward = [&](float* dinp, float* dweight, float* dbias, const float* inp, const float* weight,
-                           const float* mean, const float* rstd, const char* what) {
-    const float* dout = my_rows(g + s.d_ln, C);
-    const double elements = 4.0 * R * C + 2.0 * R;  // dout and the input read, dinp read and written
-    if (!sp_ || dweight == discard) {
-      compute("norm backward", elements,
-              [&] { layers::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, R, C, cpu_); });
-      return;
-    }
-    float* partial = g + s.d_norm;
-    compute("norm backward", elements, [&] {
-      std::fill(partial, partial + 2 * C, 0.0f);
-      layers::layernorm_backward(dinp, partial, partial + C, dout, inp, weight, mean, rstd, R, C, cpu_);
-    });
-    tp_allreduce(partial, 2 * C, what);
-    compute("norm weights", 6.0 * C, [&] {
-      for (std::size_t c = 0; c < C; ++c) dweight[c] += partial[c], dbias[c] += partial[C + c];
-    });
-  };
 
+  float* d_x = scratch_.data() + scratch_layout(*this).d_x;  // the gradient of the current block's output (my rows)
   if (stage_.head) {
-    // Head: dlogits in place of the logits, from the forward's row statistics.
-    call(hooks.before_backward, m.layers);
-    const float* wte = u.params[0];
-    float* dwte = u.grads[0];
-    const float* lnf = u.params[last];
-    float* dlnf = u.grads[last];
-    const layers::VocabSlice slice =
-        tensor_parallel() ? layers::VocabSlice{N, static_cast<std::size_t>(sh.vocab_width), V,
-                                               static_cast<std::size_t>(sh.vocab_begin), static_cast<std::size_t>(m.vocab)}
-                          : layers::whole_vocab(N, V);
-    float* logits = head + h.logits;
-    compute("cross-entropy backward", 2.0 * N * V, [&] {
-      layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets.data(), head + h.row_stats,
-                                          head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
-      if (tensor_parallel() && V > static_cast<std::size_t>(sh.vocab_width))  // the padding rows of the last slice
-        for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
-    });
-    if (dwte) linear_backward_weight("lm head weight", {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
-    linear_backward_input("lm head input", {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
-    sum_input_gradient("allreduce d lnf", "reduce-scatter d lnf");  // every slice of the vocabulary contributes
-    compute("zero", 1.0 * R * C, [&] { std::fill(g + s.d_x, g + s.d_x + R * C, 0.0f); });
-    norm_backward(g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, head + h.x_final, lnf, head + h.lnf_mean,
-                  head + h.lnf_rstd, "allreduce d lnf weights");
-    call(hooks.after_backward, m.layers);
+    call(hooks.before_backward, model_.layers);
+    head_backward(set, u, normaliser);
+    call(hooks.after_backward, model_.layers);
   } else {
-    compute("copy", 2.0 * R * C, [&] { std::copy(output_grad, output_grad + R * C, g + s.d_x); });
+    compute("copy", 2.0 * rows_here_ * model_.hidden, [&] { std::copy(output_grad, output_grad + rows_here_ * model_.hidden, d_x); });
   }
-
-  // d_x holds the gradient of the current layer's output (my rows); each layer turns it into its input's gradient.
   for (int l = end - 1; l >= lowest_layer; --l) {
     call(hooks.before_backward, l);
     recompute_on_demand(set, l, u, hooks);
-    const LayerView x = view(set, l);
-    const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
-    // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))). The row-parallel MLP down reads every row's gradient.
-    const float* d_out = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d mlp out") : g + s.d_x;
-    if (trains)
-      linear_backward_weight("mlp down weight", {rows, sh.mlp, m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
-                             d_out, x.fch_gelu, true);
-    linear_backward_input("mlp down input", {rows, sh.mlp, m.hidden}, g + s.d_fch_gelu, d_out, param(u, l, T::fc_proj_w), false);
-    compute("gelu backward", 4.0 * N * F, [&] {
-      std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
-      layers::gelu_backward(g + s.d_fch, x.fch, g + s.d_fch_gelu, N * F, cpu_);
-    });
-    if (trains)
-      linear_backward_weight("mlp up weight", {rows, m.hidden, sh.mlp}, grad(u, l, T::fc_w), grad(u, l, T::fc_b), g + s.d_fch,
-                             x.ln2, true);
-    linear_backward_input("mlp up input", {rows, m.hidden, sh.mlp}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
-    sum_input_gradient("allreduce d ln2", "reduce-scatter d ln2");  // column-parallel MLP up: every slice contributes
-    compute("copy", 2.0 * R * C, [&] { std::copy(g + s.d_x, g + s.d_x + R * C, g + s.d_mid); });  // the residual branch
-    norm_backward(g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C, x.x_mid,
-                  param(u, l, T::ln2_w), x.ln2_mean, x.ln2_rstd, "allreduce d ln2 weights");
-    // Attention: x_mid = x_in + attproj(attention(ln1(x_in))).
-    attention_backward(l, u, x, g + s.d_mid);
-    compute("copy", 2.0 * R * C, [&] { std::copy(g + s.d_mid, g + s.d_mid + R * C, g + s.d_x); });  // the residual branch
-    norm_backward(g + s.d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C, x.x_in,
-                  param(u, l, T::ln1_w), x.ln1_mean, x.ln1_rstd, "allreduce d ln1 weights");
-    recomputed_for_[static_cast<std::size_t>(local(l))] = {0, 0, 0};
+    layer_backward(set, l, u);
     call(hooks.after_backward, l);
   }
   if (!embedding_trains) return;  // the input's gradient is in d_x, or the embeddings are frozen
   call(hooks.before_backward, -1);
-  float* dwte = u.grads[0];  // read after the hook, which may have just provided it
+  embedding_backward(set, u);  // reads the token table's gradient after the hook, which may have just provided it
+  call(hooks.after_backward, -1);
+}
+
+// The gradient of a column-parallel GEMM's input (N, C) in the scratch's d_ln, summed over the group: onto my rows
+// under sequence parallelism, where the layer norm that produced the input runs.
+void GptCpu::sum_input_gradient(const char* allreduce, const char* reduce_scatter) {
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(model_.hidden);
+  float* d_ln = scratch_.data() + scratch_layout(*this).d_ln;
+  if (sp_) tp_reduce_scatter(d_ln, C, reduce_scatter);
+  else tp_allreduce(d_ln, N * C, allreduce);
+}
+
+// 2C floats past the scratch: the layer-norm gradients of a frozen unit, computed and dropped.
+float* GptCpu::discarded_norm_grads() { return scratch_.data() + scratch_layout(*this).size; }
+
+// A layer norm's backward over my rows, from the gradient of its output in d_ln. Under sequence parallelism its
+// weight and bias gradients come from my rows only: this micro-batch's are summed over the group before they join
+// the accumulated ones.
+void GptCpu::norm_backward(const NormGrads& norm, const char* what) {
+  const std::size_t C = static_cast<std::size_t>(model_.hidden), R = rows_here_;
+  const Scratch s = scratch_layout(*this);
+  const float* dout = my_rows(scratch_.data() + s.d_ln, C);
+  const double elements = 4.0 * R * C + 2.0 * R;  // dout and the input read, dinp read and written
+  if (!sp_ || norm.dweight == discarded_norm_grads()) {
+    compute("norm backward", elements, [&] {
+      layers::layernorm_backward(norm.dinp, norm.dweight, norm.dbias, dout, norm.inp, norm.weight, norm.mean, norm.rstd, R, C, cpu_);
+    });
+    return;
+  }
+  float* partial = scratch_.data() + s.d_norm;
+  compute("norm backward", elements, [&] {
+    std::fill(partial, partial + 2 * C, 0.0f);
+    layers::layernorm_backward(norm.dinp, partial, partial + C, dout, norm.inp, norm.weight, norm.mean, norm.rstd, R, C, cpu_);
+  });
+  tp_allreduce(partial, 2 * C, what);
+  compute("norm weights", 6.0 * C, [&] {
+    for (std::size_t c = 0; c < C; ++c) norm.dweight[c] += partial[c], norm.dbias[c] += partial[C + c];
+  });
+}
+
+// The loss's gradient through the LM head and the final norm into d_x; dlogits in place of the logits, from the
+// forward's row statistics.
+void GptCpu::head_backward(int set, const UnitPointers& u, float normaliser) {
+  const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden), R = rows_here_;
+  const std::size_t V = static_cast<std::size_t>(sh.vocab_rows), last = static_cast<std::size_t>(m.layers) + 1;
+  const HeadActs h = head_layout(*this);
+  const Scratch s = scratch_layout(*this);
+  float* head = head_base(set);
+  float* g = scratch_.data();
+  const int64_t rows = static_cast<int64_t>(N);
+  const std::vector<int32_t>& targets = targets_[static_cast<std::size_t>(set)];
+  const float* wte = u.params[0];
+  float* dwte = u.grads[0];
+  float* dlnf = u.grads[last];
+  const layers::VocabSlice slice =
+      tensor_parallel() ? layers::VocabSlice{N, static_cast<std::size_t>(sh.vocab_width), V,
+                                             static_cast<std::size_t>(sh.vocab_begin), static_cast<std::size_t>(m.vocab)}
+                        : layers::whole_vocab(N, V);
+  float* logits = head + h.logits;
+  compute("cross-entropy backward", 2.0 * N * V, [&] {
+    layers::cross_entropy_loss_and_grad(head + h.losses, logits, logits, targets.data(), head + h.row_stats,
+                                        head + h.row_stats + N, head + h.row_stats + 2 * N, normaliser, slice, cpu_);
+    if (tensor_parallel() && V > static_cast<std::size_t>(sh.vocab_width))  // the padding rows of the last slice
+      for (std::size_t i = 0; i < N; ++i) std::fill(logits + i * V + sh.vocab_width, logits + (i + 1) * V, 0.0f);
+  });
+  if (dwte) linear_backward_weight("lm head weight", {rows, m.hidden, sh.vocab_rows}, dwte, nullptr, logits, head + h.lnf, true);
+  linear_backward_input("lm head input", {rows, m.hidden, sh.vocab_rows}, g + s.d_ln, logits, wte, false);
+  sum_input_gradient("allreduce d lnf", "reduce-scatter d lnf");  // every slice of the vocabulary contributes
+  compute("zero", 1.0 * R * C, [&] { std::fill(g + s.d_x, g + s.d_x + R * C, 0.0f); });
+  float* discard = discarded_norm_grads();
+  norm_backward({g + s.d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, head + h.x_final, u.params[last],
+                 head + h.lnf_mean, head + h.lnf_rstd},
+                "allreduce d lnf weights");
+}
+
+// d_x, the gradient of layer l's output, becomes its input's: the MLP's branch, then the attention's.
+void GptCpu::layer_backward(int set, int l, const UnitPointers& u) {
+  const std::size_t C = static_cast<std::size_t>(model_.hidden), R = rows_here_;
+  const Scratch s = scratch_layout(*this);
+  float* g = scratch_.data();
+  const LayerView x = view(set, l);
+  const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
+  float* discard = discarded_norm_grads();
+  using T = LayerTensor;
+  // out = x_mid + fcproj(gelu(fc(ln2(x_mid))))
+  mlp_backward(l, u, x);
+  compute("copy", 2.0 * R * C, [&] { std::copy(g + s.d_x, g + s.d_x + R * C, g + s.d_mid); });  // the residual branch
+  norm_backward({g + s.d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C, x.x_mid,
+                 param(u, l, T::ln2_w), x.ln2_mean, x.ln2_rstd},
+                "allreduce d ln2 weights");
+  // x_mid = x_in + attproj(attention(ln1(x_in)))
+  attention_backward(l, u, x, g + s.d_mid);
+  compute("copy", 2.0 * R * C, [&] { std::copy(g + s.d_mid, g + s.d_mid + R * C, g + s.d_x); });  // the residual branch
+  norm_backward({g + s.d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C, x.x_in,
+                 param(u, l, T::ln1_w), x.ln1_mean, x.ln1_rstd},
+                "allreduce d ln1 weights");
+  recomputed_for_[static_cast<std::size_t>(local(l))] = {0, 0, 0};
+}
+
+// d_x (the gradient reaching the MLP's output, my rows) through the MLP down and up into d_ln (ln2's output),
+// summed over the tensor-parallel group. A frozen layer computes no weight gradients.
+void GptCpu::mlp_backward(int l, const UnitPointers& u, const LayerView& x) {
+  const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, F = static_cast<std::size_t>(sh.mlp);
+  const Scratch s = scratch_layout(*this);
+  float* g = scratch_.data();
+  const int64_t rows = static_cast<int64_t>(N);
+  const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
+  using T = LayerTensor;
+  const float* d_out = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d mlp out") : g + s.d_x;  // row-parallel: every row
+  if (trains)
+    linear_backward_weight("mlp down weight", {rows, sh.mlp, m.hidden}, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b), d_out,
+                           x.fch_gelu, true);
+  linear_backward_input("mlp down input", {rows, sh.mlp, m.hidden}, g + s.d_fch_gelu, d_out, param(u, l, T::fc_proj_w), false);
+  compute("gelu backward", 4.0 * N * F, [&] {
+    std::fill(g + s.d_fch, g + s.d_fch + N * F, 0.0f);
+    layers::gelu_backward(g + s.d_fch, x.fch, g + s.d_fch_gelu, N * F, cpu_);
+  });
+  if (trains)
+    linear_backward_weight("mlp up weight", {rows, m.hidden, sh.mlp}, grad(u, l, T::fc_w), grad(u, l, T::fc_b), g + s.d_fch, x.ln2,
+                           true);
+  linear_backward_input("mlp up input", {rows, m.hidden, sh.mlp}, g + s.d_ln, g + s.d_fch, param(u, l, T::fc_w), false);
+  sum_input_gradient("allreduce d ln2", "reduce-scatter d ln2");  // column-parallel MLP up: every slice contributes
+}
+
+// d_x, the gradient of the first layer's input, into the token and position tables' gradients.
+void GptCpu::embedding_backward(int set, const UnitPointers& u) {
+  const ModelConfig& m = model_;
+  const TensorShard& sh = shard();
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t V = static_cast<std::size_t>(sh.vocab_rows);
+  const Scratch s = scratch_layout(*this);
+  float* g = scratch_.data();
+  const std::vector<int32_t>& tokens = tokens_[static_cast<std::size_t>(set)];
+  float* dwte = u.grads[0];
   if (!tensor_parallel()) {
     compute("embedding backward", 3.0 * N * C, [&] {
       layers::embedding_backward(dwte, dwte + V * C, g + s.d_x, tokens.data(), static_cast<std::size_t>(batch_),
                                  static_cast<std::size_t>(seq_), C, cpu_);
     });
-  } else {
-    // My rows of the token table from the tokens they hold; the position table, whole, from every row.
-    const float* d_embedding = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d embedding") : g + s.d_x;
-    const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
-    float* dwpe = dwte + V * C;
-    compute("embedding backward", 5.0 * N * C, [&] {
-      for (std::size_t i = 0; i < N; ++i) {
-        const float* d = d_embedding + i * C;
-        const std::size_t t = static_cast<std::size_t>(tokens[i]);
-        if (t >= begin && t < begin + width)
-          for (std::size_t c = 0; c < C; ++c) dwte[(t - begin) * C + c] += d[c];
-        float* pos = dwpe + (i % static_cast<std::size_t>(seq_)) * C;
-        for (std::size_t c = 0; c < C; ++c) pos[c] += d[c];
-      }
-    });
+    return;
   }
-  call(hooks.after_backward, -1);
+  // My rows of the token table from the tokens they hold; the position table, whole, from every row.
+  const float* d_embedding = sp_ ? gathered(g + s.d_x, g + s.d_full, "allgather d embedding") : g + s.d_x;
+  const std::size_t begin = static_cast<std::size_t>(sh.vocab_begin), width = static_cast<std::size_t>(sh.vocab_width);
+  float* dwpe = dwte + V * C;
+  compute("embedding backward", 5.0 * N * C, [&] {
+    for (std::size_t i = 0; i < N; ++i) {
+      const float* d = d_embedding + i * C;
+      const std::size_t t = static_cast<std::size_t>(tokens[i]);
+      if (t >= begin && t < begin + width)
+        for (std::size_t c = 0; c < C; ++c) dwte[(t - begin) * C + c] += d[c];
+      float* pos = dwpe + (i % static_cast<std::size_t>(seq_)) * C;
+      for (std::size_t c = 0; c < C; ++c) pos[c] += d[c];
+    }
+  });
 }
 
 }  // namespace strata::train

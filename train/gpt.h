@@ -235,7 +235,23 @@ class GptCpu {
   // Tensor t of layer l in the unit buffers (unit l + 1).
   const float* param(const UnitPointers& u, int l, LayerTensor t) const;
   float* grad(const UnitPointers& u, int l, LayerTensor t) const;
+  // The passes' blocks, in the order forward and backward call them.
+  void embedding_forward(int set, const UnitPointers& u, const int32_t* tokens);
+  void layer_forward(int set, int l, const UnitPointers& u, const LayerHooks& hooks);
+  double head_forward(int set, const UnitPointers& u, const int32_t* targets);
+  void head_backward(int set, const UnitPointers& u, float normaliser);
+  void layer_backward(int set, int l, const UnitPointers& u);
+  void mlp_backward(int l, const UnitPointers& u, const LayerView& x);
   void attention_backward(int l, const UnitPointers& u, const LayerView& x, float* d_residual);
+  void embedding_backward(int set, const UnitPointers& u);
+  // A layer norm's backward: the gradient of its input (accumulated into dinp), weight and bias.
+  struct NormGrads {
+    float *dinp, *dweight, *dbias;
+    const float *inp, *weight, *mean, *rstd;
+  };
+  void norm_backward(const NormGrads& norm, const char* what);
+  void sum_input_gradient(const char* allreduce, const char* reduce_scatter);
+  float* discarded_norm_grads();
   // Tensor parallelism: the group's sum of a partial (N, C) result, in place; nothing without a group.
   void tp_allreduce(float* data, std::size_t count, const char* what, coll::RedOp op = coll::RedOp::sum);
   // Sequence parallelism: (N, width) partial sums -> my rows summed over the group, in place at my rows; and
