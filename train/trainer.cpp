@@ -13,6 +13,7 @@
 #include "collectives/mpi_error.h"
 #include "train/memory.h"
 #include "train/shard_plan.h"
+#include "train/step_comm.h"
 
 namespace strata::train {
 
@@ -122,9 +123,6 @@ const char* name(CommTier tier) {
 
 namespace {
 
-// Seconds on the host steady clock (the clock of the timeline, and of bench/harness/timer.h's host_now()).
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
 // Transient buffers of the step (gathered units, per-micro-batch gradients, reduction targets) come from here:
 // page-aligned, allocated the first time more buffers of a size are in use at once than before, and reused
 // after, so steps allocate only while the most in flight at once still grows (the first step, usually). What
@@ -156,38 +154,12 @@ class BufferPool {
 }  // namespace
 
 struct Trainer::Impl {
+  using Op = StepComm::Op;
   struct Unit : UnitShape {
     bool present = false;  // one of this rank's stages holds it (the head's copy of the token table included)
     bool trains = false;
     std::size_t param_at = 0, grad_at = 0, opt_at = 0;  // offsets in the persistent stores
   };
-  // An operation in flight and the local bookkeeping that follows its completion (never a collective: ranks
-  // see completions at different times, and every rank must start the collectives of a communicator in the
-  // same order).
-  // A collective of the step with what the records need: its tier, a name for the timeline, when it started.
-  struct Op {
-    coll::Work work;
-    CommTier tier = CommTier::global;
-    std::string what;
-    double bytes = 0, start = 0;
-    bool tracked = false;  // false: nothing was launched (a completed Work)
-    int trace_op = -1;     // traced: the operation in the trace
-  };
-  struct InFlight {
-    Op op;
-    std::function<void()> then;
-  };
-  // A reduction in two phases. The second phase starts at a point every rank reaches in the same order: a
-  // fixed number of hooks after the first (waiting for the first there if it is not done), or at the end.
-  struct Chain {
-    Op first;
-    std::function<void()> then;  // local bookkeeping once the first phase is done
-    std::function<Op()> second;  // the next collective; may return a completed one
-    long start_second_at = 0;            // hook count
-    bool first_done = false;
-  };
-  static constexpr long kSecondPhaseDelay = 2;  // hooks: long enough to overlap, short enough to bound memory
-
   TrainConfig c;
   coll::Group& dp;
   coll::Group& intra;
@@ -213,21 +185,13 @@ struct Trainer::Impl {
   TrackedBuffer<float> params, grads, adam_m, adam_v;
   std::vector<TrackedBuffer<float>> gathered, unit_grads, reduced;  // transient, per unit, from the pool
   BufferPool pool;
+  StepComm comms;  // the data-parallel collectives in flight, and what the step waited for
   std::size_t lowest_trainable = 0;  // the backward pass stops at this unit
-  std::vector<InFlight> in_flight;
-  std::vector<Chain> chains;  // in creation order
-  long hooks_seen = 0;
   std::vector<int32_t> tokens, targets;
-  double exposed = 0;
-  coll::Traffic traffic;
-  std::array<TierComm, kCommTiers> comm{};
-  std::array<int, kCommTiers> tier_in_flight{};
-  std::array<double, kCommTiers> tier_busy_since{};
-  std::vector<TimelineEvent>* timeline = nullptr;  // the current step's, when recorded
 
   Impl(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource* source, Tracer* tracer_of_step)
       : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), pp(groups.pp()),
-        data(source), tracer(tracer_of_step) {
+        data(source), tracer(tracer_of_step), comms(groups.dp_intra(), groups.dp_inter(), config.overlap, tracer_of_step) {
     if (tracer) c.runtime.tracer = tracer, pool.backing = Backing::address_space;
     const Backing backing = tracer ? Backing::address_space : Backing::memory;
     if (const std::string why = refusal_reason(c.strategy); !why.empty())
@@ -342,90 +306,11 @@ struct Trainer::Impl {
   std::size_t held(const Unit& u, Sharding s) const { return plan->held(u, s); }
   std::size_t piece_offset(const Unit& u, Sharding s) const { return plan->piece_offset(u, s); }
 
-  // ---- transient buffers and operations in flight -------------------------------------------------------
+  // ---- transient buffers --------------------------------------------------------------------------------
   void allocate(TrackedBuffer<float>& buffer, std::size_t floats) {
     if (buffer.empty()) buffer = pool.take(floats);
   }
   void release(TrackedBuffer<float>& buffer) { pool.give(buffer); }
-
-  // Starts the bookkeeping of a collective just launched on `group`.
-  Op track(coll::Group& group, std::string what, std::size_t floats, coll::Work work) {
-    Op op{std::move(work), &group == &intra ? CommTier::intra : &group == &inter ? CommTier::inter : CommTier::global,
-          std::move(what), 4.0 * static_cast<double>(floats), now(), true, tracer ? tracer->last_operation() : -1};
-    const auto t = static_cast<std::size_t>(op.tier);
-    if (tier_in_flight[t]++ == 0) tier_busy_since[t] = op.start;
-    ++comm[t].operations;
-    if (tracer) tracer->rename(op.trace_op, op.what);
-    return op;
-  }
-  // Its completion, seen by a test (or at once when it was done at launch).
-  void finished(Op& op) {
-    if (!op.tracked) return;
-    const double end = now();
-    const auto t = static_cast<std::size_t>(op.tier);
-    if (--tier_in_flight[t] == 0) comm[t].busy_seconds += end - tier_busy_since[t];
-    traffic += op.work.traffic();
-    if (timeline) timeline->push_back({op.what, "comm", name(op.tier), op.start, end, op.bytes});
-  }
-
-  void launch(Op op, std::function<void()> then = {}) {
-    in_flight.push_back({std::move(op), std::move(then)});
-    if (!c.overlap) wait_all();
-  }
-  void launch_chain(Op first, std::function<void()> then, std::function<Op()> second) {
-    chains.push_back({std::move(first), std::move(then), std::move(second), hooks_seen + kSecondPhaseDelay, false});
-    if (!c.overlap) wait_all();
-  }
-  // Tests every operation in flight once and runs the bookkeeping of those that completed.
-  void progress() {
-    for (std::size_t i = 0; i < in_flight.size();) {
-      if (!in_flight[i].op.work.test()) {
-        ++i;
-        continue;
-      }
-      InFlight done = std::move(in_flight[i]);
-      in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
-      finished(done.op);
-      if (done.then) done.then();
-    }
-    for (Chain& chain : chains)
-      if (!chain.first_done && chain.first.work.test()) finish_first(chain);
-  }
-  void finish_first(Chain& chain) {
-    chain.first_done = true;
-    finished(chain.first);
-    if (chain.then) chain.then();
-  }
-  // Starts, in creation order, the second phases due by now (`all`: every one), waiting for first phases.
-  void start_second_phases(bool all) {
-    std::size_t started = 0;
-    for (Chain& chain : chains) {
-      if (!all && chain.start_second_at > hooks_seen) break;  // created in order, so due in order
-      // progress() finishes the first phase (its bookkeeping runs once, there).
-      wait_until([&] { return chain.first_done; }, {chain.first.trace_op});
-      if (chain.second) {
-        Op next = chain.second();
-        if (next.work.done())
-          finished(next);
-        else
-          in_flight.push_back({std::move(next), {}});
-      }
-      ++started;
-    }
-    chains.erase(chains.begin(), chains.begin() + static_cast<std::ptrdiff_t>(started));
-  }
-  // Every hook of the model is a point all ranks pass in the same order.
-  void at_hook() {
-    ++hooks_seen;
-    start_second_phases(false);
-    progress();
-  }
-  void wait_all() {
-    start_second_phases(true);
-    std::vector<int> everything;
-    for (const InFlight& op : in_flight) everything.push_back(op.op.trace_op);
-    wait_until([&] { return in_flight.empty(); }, everything);
-  }
 
   // ---- parameters: gathered before use when sharded ------------------------------------------------------
   // A sharded unit's gathered copy: absent, arriving, or ready to read.
@@ -440,47 +325,21 @@ struct Trainer::Impl {
     const float* mine = params.data() + unit.param_at;
     coll::Group& group = c.strategy.params == Sharding::intra ? intra : *pieces;
     gather_state[u] = Gathered::arriving;
-    Op op = track(group, "allgather params " + std::to_string(u), unit.padded,
+    Op op = comms.track(group, "allgather params " + std::to_string(u), unit.padded,
                   group.allgather(c.comm_algo, mine, gathered[u].data(), held(unit, c.strategy.params), DataType::float32));
     gather_op[u] = op.trace_op;
-    launch(std::move(op), [this, u] { gather_state[u] = Gathered::ready; });
+    comms.launch(std::move(op), [this, u] { gather_state[u] = Gathered::ready; });
   }
 
   void need_params(std::size_t u) {
     if (c.strategy.params == Sharding::none) return;
     start_gather(u);
-    wait_until([&] { return gather_state[u] == Gathered::ready; }, {gather_op[u]});
+    comms.wait_until([&] { return gather_state[u] == Gathered::ready; }, {gather_op[u]});
   }
   void drop_params(std::size_t u) {
     if (c.strategy.params == Sharding::none || gather_state[u] != Gathered::ready) return;
     release(gathered[u]);
     gather_state[u] = Gathered::absent;
-  }
-
-  // Progresses the operations in flight until `done` holds; the time is communication the step waited for.
-  // `traced`: the operations it waits for, which a traced step completes here (nothing else completes them).
-  template <typename Done>
-  void wait_until(Done done, const std::vector<int>& traced = {}) {
-    if (tracer) {
-      for (int op : traced)
-        if (op >= 0) tracer->complete(op);
-      progress();
-      if (!done()) throw std::logic_error("a traced step waits for an operation its wait does not name");
-      return;
-    }
-    double last = now();
-    while (!done()) {
-      std::array<bool, kCommTiers> waiting_on{};
-      int tiers = 0;
-      for (int t = 0; t < kCommTiers; ++t)
-        if ((waiting_on[static_cast<std::size_t>(t)] = tier_in_flight[static_cast<std::size_t>(t)] > 0)) ++tiers;
-      progress();
-      const double t_now = now(), waited = t_now - last;
-      last = t_now;
-      exposed += waited;
-      for (std::size_t t = 0; t < waiting_on.size(); ++t)
-        if (waiting_on[t]) comm[t].exposed_seconds += waited / tiers;
-    }
   }
 
   const float* unit_params(std::size_t u) const {
@@ -494,7 +353,7 @@ struct Trainer::Impl {
   float* unit_grad_buffer(std::size_t u) {
     if (!units[u].trains) return nullptr;
     if (c.strategy.grads == Sharding::none) return grads.data() + units[u].grad_at;
-    wait_until([&] { return !reducing[u]; }, {reducing_op[u]});
+    comms.wait_until([&] { return !reducing[u]; }, {reducing_op[u]});
     allocate(unit_grads[u], units[u].padded);
     return unit_grads[u].data();
   }
@@ -507,7 +366,7 @@ struct Trainer::Impl {
     if (std::any_of(steps.begin(), steps.end(), [](const ShardPlan::Reduction& r) { return !r.into_store; }))
       allocate(reduced[u], units[u].piece_i);
     if (steps.size() == 1) return start_reduction(u, steps[0]);
-    launch_chain(start_reduction(u, steps[0]), {}, [this, u, second = steps[1]] { return start_reduction(u, second); });
+    comms.launch_chain(start_reduction(u, steps[0]), {}, [this, u, second = steps[1]] { return start_reduction(u, second); });
     return Op{};
   }
   Op start_reduction(std::size_t u, const ShardPlan::Reduction& r) {
@@ -517,8 +376,8 @@ struct Trainer::Impl {
     coll::Group& group = r.over == ShardPlan::Over::all ? dp : r.over == ShardPlan::Over::intra ? intra : inter;
     const std::string what = std::string(r.allreduce ? "allreduce" : "reduce_scatter") + " grads " + std::to_string(u);
     if (r.allreduce)
-      return track(group, what, r.count, group.allreduce(c.comm_algo, in, out, r.count, DataType::float32, RedOp::sum));
-    return track(group, what, r.count * static_cast<std::size_t>(group.size()),
+      return comms.track(group, what, r.count, group.allreduce(c.comm_algo, in, out, r.count, DataType::float32, RedOp::sum));
+    return comms.track(group, what, r.count * static_cast<std::size_t>(group.size()),
                  group.reduce_scatter(c.comm_algo, in, out, r.count, DataType::float32, RedOp::sum));
   }
 
@@ -528,7 +387,7 @@ struct Trainer::Impl {
     if (!unit.trains) return;
     const Sharding gs = c.strategy.grads;
     if (gs == Sharding::none) {
-      if (last) launch(reduce_for_optimizer(u));
+      if (last) comms.launch(reduce_for_optimizer(u));
       return;
     }
     // Reduce this micro-batch's unit gradient into the kept shard: straight into it at the first backward,
@@ -541,7 +400,7 @@ struct Trainer::Impl {
       allocate(reduced[u], count);
       out = reduced[u].data();
     }
-    Op work = track(group, "reduce_scatter grads " + std::to_string(u), unit.padded,
+    Op work = comms.track(group, "reduce_scatter grads " + std::to_string(u), unit.padded,
                     group.reduce_scatter(c.comm_algo, unit_grads[u].data(), out, count, DataType::float32, RedOp::sum));
     reducing[u] = true;
     reducing_op[u] = work.trace_op;
@@ -554,9 +413,9 @@ struct Trainer::Impl {
       }
     };
     if (last && gs == Sharding::intra)
-      launch_chain(std::move(work), then, [this, u] { return reduce_for_optimizer(u); });
+      comms.launch_chain(std::move(work), then, [this, u] { return reduce_for_optimizer(u); });
     else
-      launch(std::move(work), then);
+      comms.launch(std::move(work), then);
   }
 
   // Where the optimizer's shard of unit u lives in the gradient buffers after the last reduction.
@@ -574,7 +433,7 @@ struct Trainer::Impl {
     if (sync.over == ShardPlan::Over::none) return;
     float* held_params = params.data() + unit.param_at;
     coll::Group& group = sync.over == ShardPlan::Over::intra ? intra : sync.over == ShardPlan::Over::inter ? inter : *pieces;
-    launch(track(group, "allgather params " + std::to_string(u), sync.count * static_cast<std::size_t>(group.size()),
+    comms.launch(comms.track(group, "allgather params " + std::to_string(u), sync.count * static_cast<std::size_t>(group.size()),
                  group.allgather(c.comm_algo, held_params + sync.from, held_params, sync.count, DataType::float32)));
   }
 
@@ -624,7 +483,7 @@ struct Trainer::Impl {
   void finished(Transfer& t) {
     const double end = now();
     if (--transfers_in_flight == 0) pipeline_stats.busy_seconds += end - transfers_busy_since;
-    if (timeline) timeline->push_back({t.what, "comm", "pp", t.start, end, t.bytes});
+    if (comms.timeline) comms.timeline->push_back({t.what, "comm", "pp", t.start, end, t.bytes});
   }
   // Tests the sends in flight; those done return their buffers.
   void progress_sends() {
@@ -651,11 +510,11 @@ struct Trainer::Impl {
     coll::Work& work = t.work;
     double last = now();
     while (!work.test()) {
-      progress();
+      comms.progress();
       progress_sends();
       const double t_now = now();
       pipeline_stats.wait_seconds += t_now - last;
-      exposed += t_now - last;
+      comms.exposed += t_now - last;
       last = t_now;
     }
   }
@@ -671,7 +530,7 @@ struct Trainer::Impl {
   // is gathered first where parameters are sharded; it stays for the backward that follows.
   template <typename Point>
   void run_window(std::size_t k, StepStats& stats, UnitPointers& pointers, const Point& point, const LayerHooks& hooks) {
-    const double start = now(), exposed_before = exposed;
+    const double start = now(), exposed_before = comms.exposed;
     double hidden_until = 0;  // when the receive was first seen done
     bool any = false;
     for (const TrainConfig::WindowRecompute& w : c.window_recomputes) {
@@ -684,14 +543,14 @@ struct Trainer::Impl {
       GptCpu& model = *chunks[static_cast<std::size_t>(w.chunk)];
       const double op_start = now();
       model.recompute(w.micro % model.stage().activation_sets, w.layer, w.op, pointers, hooks);
-      if (timeline)
-        timeline->push_back({"recompute mb " + std::to_string(w.micro) + " L" + std::to_string(w.layer) + " " + name(w.op),
+      if (comms.timeline)
+        comms.timeline->push_back({"recompute mb " + std::to_string(w.micro) + " L" + std::to_string(w.layer) + " " + name(w.op),
                              "compute", "", op_start, now(), 0});
       if (hidden_until == 0 && (!receiving || receiving->work.test())) hidden_until = now();
     }
     if (!any) return;
     trace_phase("");
-    const double end = now(), waited = exposed - exposed_before;
+    const double end = now(), waited = comms.exposed - exposed_before;
     stats.recompute_window_seconds += end - start - waited;
     stats.recompute_hidden_seconds += std::max(0.0, (hidden_until > 0 ? hidden_until : end) - start - waited);
   }
@@ -730,32 +589,29 @@ struct Trainer::Impl {
   // Time of a compute phase without the waits inside it, and its interval on the timeline.
   template <typename Body>
   void compute_phase(const char* phase, const std::string& what, double& seconds, const Body& body) {
-    const double exposed_before = exposed, start = now();
+    const double exposed_before = comms.exposed, start = now();
     trace_phase(phase);
     body();
     trace_phase("");
     if (tracer) tracer->set_unit(-1);
     const double end = now();
-    seconds += end - start - (exposed - exposed_before);
-    if (timeline) timeline->push_back({what, "compute", "", start, end, 0});
+    seconds += end - start - (comms.exposed - exposed_before);
+    if (comms.timeline) comms.timeline->push_back({what, "compute", "", start, end, 0});
   }
 
   // Tensor-parallel collectives block inside the passes: all of their time is exposed communication.
   void tensor_parallel_comm(StepStats& stats, const char* what, double start, double end, std::size_t bytes) {
-    exposed += end - start;
+    comms.exposed += end - start;
     stats.tp_comm_seconds += end - start;
     stats.tp_comm_bytes += static_cast<double>(bytes);
-    if (timeline) timeline->push_back({what, "comm", "tp", start, end, static_cast<double>(bytes)});
+    if (comms.timeline) comms.timeline->push_back({what, "comm", "tp", start, end, static_cast<double>(bytes)});
   }
 
   // The counters and per-chunk figures zeroed, each chunk's first and last backward found, the first receive posted.
   void begin_step(StepState& s, bool record_timeline) {
     StepStats& stats = s.stats;
-    exposed = 0;
-    traffic = {};
-    comm = {};
+    comms.begin_step(record_timeline ? &stats.timeline : nullptr);
     pipeline_stats = {};
-    timeline = record_timeline ? &stats.timeline : nullptr;
     s.normaliser = static_cast<float>(static_cast<double>(n) * c.accumulation * c.micro_batch * c.seq);
     s.first_backward.assign(chunks.size(), -1), s.last_backward.assign(chunks.size(), -1);
     for (std::size_t k = 0; k < actions.size(); ++k)
@@ -820,7 +676,7 @@ struct Trainer::Impl {
     hooks.before_forward = [this, &s, &plan, L, first_unit, end_unit](int layer) {
       const std::size_t u = static_cast<std::size_t>(layer + 1);
       if (tracer) tracer->set_unit(static_cast<int>(u));
-      at_hook();
+      comms.at_hook();
       need_params(u);
       point(s.pointers, u);
       const bool next_here = static_cast<int>(u) + 1 < end_unit || (plan.head && static_cast<int>(u) + 1 == end_unit);
@@ -833,8 +689,8 @@ struct Trainer::Impl {
     hooks.before_backward = [this, &s, L, first_unit, lowest_reached](int layer) {
       const std::size_t u = static_cast<std::size_t>(layer + 1);
       if (tracer) tracer->set_unit(static_cast<int>(u));
-      at_hook();
-      s.unit_backward_start = now(), s.unit_exposed_start = exposed, s.unit_recompute = 0;
+      comms.at_hook();
+      s.unit_backward_start = now(), s.unit_exposed_start = comms.exposed, s.unit_recompute = 0;
       if (u >= 1) {
         need_params(u);
         point(s.pointers, u);
@@ -847,7 +703,7 @@ struct Trainer::Impl {
     };
     hooks.after_backward = [this, &s, &plan, ch, L, first, last](int layer) {
       const std::size_t u = static_cast<std::size_t>(layer + 1);
-      const double spent = now() - s.unit_backward_start - (exposed - s.unit_exposed_start) - s.unit_recompute;
+      const double spent = now() - s.unit_backward_start - (comms.exposed - s.unit_exposed_start) - s.unit_recompute;
       if (layer >= plan.first_layer && layer < plan.first_layer + plan.layers) {
         s.stats.layer_backward_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += spent;
         s.stats.layer_recompute_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += s.unit_recompute;
@@ -863,7 +719,7 @@ struct Trainer::Impl {
         if (u >= 1) drop_params(u);
         gradients_ready(u, first, last);
       }
-      at_hook();
+      comms.at_hook();
     };
     hooks.tensor_parallel_comm = s.window_hooks.tensor_parallel_comm;
     hooks.forward_op = [&s, &plan, ch](int layer, LayerOp op, double seconds) {
@@ -871,15 +727,15 @@ struct Trainer::Impl {
     };
     // As every compute phase, without the waits inside it (the tensor-parallel collectives of the layer's forward).
     hooks.before_recompute = [this, &s](int) {
-      s.recompute_start = now(), s.recompute_exposed_start = exposed;
+      s.recompute_start = now(), s.recompute_exposed_start = comms.exposed;
       trace_phase("recompute");
     };
     hooks.after_recompute = [this, &s](int layer) {
       trace_phase("backward");
-      const double end = now(), spent = end - s.recompute_start - (exposed - s.recompute_exposed_start);
+      const double end = now(), spent = end - s.recompute_start - (comms.exposed - s.recompute_exposed_start);
       s.stats.recompute_seconds += spent;
       s.unit_recompute += spent;
-      if (timeline) timeline->push_back({"recompute " + std::to_string(layer), "compute", "", s.recompute_start, end, 0});
+      if (comms.timeline) comms.timeline->push_back({"recompute " + std::to_string(layer), "compute", "", s.recompute_start, end, 0});
     };
     return hooks;
   }
@@ -977,7 +833,7 @@ struct Trainer::Impl {
 
   // Every collective, every stage's output and every gradient sent, done.
   void drain_transfers() {
-    wait_all();
+    comms.wait_all();
     for (auto& pending : sets_sending)
       if (pending) {
         wait_transfer(*pending);
@@ -1009,7 +865,7 @@ struct Trainer::Impl {
   void optimizer_step(StepState& s) {
     StepStats& stats = s.stats;
     const std::size_t U = units.size();
-    const double optimizer_start = now(), exposed_before_optimizer = exposed;
+    const double optimizer_start = now(), exposed_before_optimizer = comms.exposed;
     trace_phase("optimizer");
     double squares = 0;
     for (std::size_t u = 0; u < U; ++u)
@@ -1034,7 +890,7 @@ struct Trainer::Impl {
       synchronise_parameters(u);
     }
     if (tracer) tracer->set_unit(-1);
-    wait_all();
+    comms.wait_all();
     for (std::size_t u = 0; u < U; ++u) {
       release(reduced[u]);
       drop_params(u);  // units gathered ahead and never read (frozen layers below the backward's end)
@@ -1042,8 +898,8 @@ struct Trainer::Impl {
     compute("zero grads", static_cast<double>(grads.size()), [&] { grads.fill(0.0f); });
     trace_phase("");
     const double optimizer_end = now();
-    stats.optimizer_seconds = optimizer_end - optimizer_start - (exposed - exposed_before_optimizer);
-    if (timeline) timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
+    stats.optimizer_seconds = optimizer_end - optimizer_start - (comms.exposed - exposed_before_optimizer);
+    if (comms.timeline) comms.timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
   }
 
   // The loss (the last stage's: summed over its data-parallel ranks, then handed to every stage) and the step's
@@ -1053,14 +909,14 @@ struct Trainer::Impl {
     stats.loss = allreduce_sum(dp, s.loss_sum, "allreduce loss");
     if (pp.size() > 1) stats.loss = allreduce_sum(pp, chunks.back()->stage().head ? stats.loss : 0.0, "allreduce loss");
     stats.loss /= s.normaliser;
-    stats.exposed_comm_seconds = exposed;
-    stats.comm = comm;
-    stats.traffic = traffic;
+    stats.exposed_comm_seconds = comms.exposed;
+    stats.comm = comms.tiers();
+    stats.traffic = comms.traffic();
     stats.pipeline = pipeline_stats;
     stats.seconds = now() - step_start;
     stats.idle_seconds = std::max(0.0, stats.seconds - stats.forward_seconds - stats.backward_seconds -
                                            stats.recompute_window_seconds - stats.optimizer_seconds - stats.exposed_comm_seconds);
-    timeline = nullptr;
+    comms.timeline = nullptr;
   }
 
   // The squares of the gradient elements of unit u this rank's optimizer holds. Under tensor parallelism the
