@@ -49,6 +49,23 @@ class ShardPlan {
   };
   Synchronise synchronise(const UnitShape& u) const;
 
+  // A collective over a unit: `count` elements per rank over `over` (Over::none: there is none).
+  struct UnitCollective {
+    Over over = Over::none;
+    std::size_t count = 0;
+  };
+  // Before a unit's forward and backward, where parameters are sharded: an allgather of each rank's held piece over
+  // the intra group (P = I) or the ranks in piece order (P = G) into the whole padded unit.
+  UnitCollective parameter_gather(const UnitShape& u) const { return {over_of(strategy_.params), held(u, strategy_.params)}; }
+  // The whole unit from the optimizer's shards (fp32 master weights where the optimizer holds them, as on the GPU).
+  UnitCollective master_gather(const UnitShape& u) const {
+    return {over_of(strategy_.optimizer), held(u, strategy_.optimizer)};
+  }
+  // After each micro-batch's backward, where gradients are sharded: a reduce-scatter of the unit's gradient over the
+  // same group into the kept shard (summed into it after the first micro-batch). Whole gradients accumulate and are
+  // reduced at the last micro-batch alone (final_reductions).
+  UnitCollective micro_batch_reduction(const UnitShape& u) const { return {over_of(strategy_.grads), held(u, strategy_.grads)}; }
+
   // At the last micro-batch, the reductions that turn what the gradient store holds into the optimizer's shard, one
   // after another (docs/strategies.md's table): with whole gradients and whole optimizer states an allreduce of the
   // unit over the group; with whole gradients and sharded states a reduce-scatter inside the node into the intra
@@ -66,6 +83,8 @@ class ShardPlan {
   std::vector<Reduction> final_reductions(const UnitShape& u) const;
 
  private:
+  // The group a state sharded this way is spread over.
+  static Over over_of(Sharding s) { return s == Sharding::none ? Over::none : s == Sharding::intra ? Over::intra : Over::pieces; }
   Strategy strategy_;
   int n_, m_, g_, local_, node_;
 };

@@ -306,6 +306,18 @@ struct Trainer::Impl {
   std::size_t held(const Unit& u, Sharding s) const { return plan->held(u, s); }
   std::size_t piece_offset(const Unit& u, Sharding s) const { return plan->piece_offset(u, s); }
 
+  // The data-parallel group a collective of the shard plan runs over.
+  coll::Group& group_of(ShardPlan::Over over) {
+    switch (over) {
+      case ShardPlan::Over::intra: return intra;
+      case ShardPlan::Over::inter: return inter;
+      case ShardPlan::Over::pieces: return *pieces;
+      case ShardPlan::Over::all: return dp;
+      case ShardPlan::Over::none: break;
+    }
+    throw std::logic_error("a collective of the shard plan over no group");
+  }
+
   // ---- transient buffers --------------------------------------------------------------------------------
   void allocate(TrackedBuffer<float>& buffer, std::size_t floats) {
     if (buffer.empty()) buffer = pool.take(floats);
@@ -323,10 +335,11 @@ struct Trainer::Impl {
     const Unit& unit = units[u];
     allocate(gathered[u], unit.padded);
     const float* mine = params.data() + unit.param_at;
-    coll::Group& group = c.strategy.params == Sharding::intra ? intra : *pieces;
+    const ShardPlan::UnitCollective gather = plan->parameter_gather(unit);
+    coll::Group& group = group_of(gather.over);
     gather_state[u] = Gathered::arriving;
     Op op = comms.track(group, "allgather params " + std::to_string(u), unit.padded,
-                  group.allgather(c.comm_algo, mine, gathered[u].data(), held(unit, c.strategy.params), DataType::float32));
+                        group.allgather(c.comm_algo, mine, gathered[u].data(), gather.count, DataType::float32));
     gather_op[u] = op.trace_op;
     comms.launch(std::move(op), [this, u] { gather_state[u] = Gathered::ready; });
   }
@@ -373,7 +386,7 @@ struct Trainer::Impl {
     float* store = grads.data() + units[u].grad_at;
     float* in = r.from_store ? store : reduced[u].data();
     float* out = (r.into_store ? store : reduced[u].data()) + r.out_offset;
-    coll::Group& group = r.over == ShardPlan::Over::all ? dp : r.over == ShardPlan::Over::intra ? intra : inter;
+    coll::Group& group = group_of(r.over);
     const std::string what = std::string(r.allreduce ? "allreduce" : "reduce_scatter") + " grads " + std::to_string(u);
     if (r.allreduce)
       return comms.track(group, what, r.count, group.allreduce(c.comm_algo, in, out, r.count, DataType::float32, RedOp::sum));
@@ -392,8 +405,9 @@ struct Trainer::Impl {
     }
     // Reduce this micro-batch's unit gradient into the kept shard: straight into it at the first backward,
     // through a buffer and a sum after that.
-    coll::Group& group = gs == Sharding::intra ? intra : *pieces;
-    const std::size_t count = held(unit, gs);
+    const ShardPlan::UnitCollective reduction = plan->micro_batch_reduction(unit);
+    coll::Group& group = group_of(reduction.over);
+    const std::size_t count = reduction.count;
     float* store = grads.data() + unit.grad_at;
     float* out = store;
     if (!first) {
@@ -432,7 +446,7 @@ struct Trainer::Impl {
     const ShardPlan::Synchronise sync = plan->synchronise(unit);
     if (sync.over == ShardPlan::Over::none) return;
     float* held_params = params.data() + unit.param_at;
-    coll::Group& group = sync.over == ShardPlan::Over::intra ? intra : sync.over == ShardPlan::Over::inter ? inter : *pieces;
+    coll::Group& group = group_of(sync.over);
     comms.launch(comms.track(group, "allgather params " + std::to_string(u), sync.count * static_cast<std::size_t>(group.size()),
                  group.allgather(c.comm_algo, held_params + sync.from, held_params, sync.count, DataType::float32)));
   }
@@ -945,12 +959,11 @@ struct Trainer::Impl {
       if (!units[u].present || (u == 0 && pp.rank() != 0)) continue;
       std::vector<float> whole(units[u].padded);
       const float* held_params = params.data() + units[u].param_at;
-      if (c.strategy.params == Sharding::none)
+      const ShardPlan::UnitCollective gather = plan->parameter_gather(units[u]);
+      if (gather.over == ShardPlan::Over::none)
         std::copy(held_params, held_params + units[u].padded, whole.begin());
-      else if (c.strategy.params == Sharding::intra)
-        intra.allgather(coll::Algo::library, held_params, whole.data(), units[u].piece_i, DataType::float32).wait();
       else
-        pieces->allgather(coll::Algo::library, held_params, whole.data(), units[u].piece_g, DataType::float32).wait();
+        group_of(gather.over).allgather(coll::Algo::library, held_params, whole.data(), gather.count, DataType::float32).wait();
       std::copy(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(units[u].size), full.begin() + static_cast<std::ptrdiff_t>(slices[u].offset));
     }
     if (pp.size() > 1) pp.allreduce(coll::Algo::library, full.data(), full.data(), full.size(), DataType::float32, RedOp::sum).wait();

@@ -201,7 +201,17 @@ struct GpuDataParallelTrainer::Impl {
     return largest;
   }
 
-  coll::NcclGroup& group_of(Sharding s) { return s == Sharding::intra ? nccl.dp_intra() : *pieces; }
+  // The data-parallel group a collective of the shard plan runs over.
+  coll::NcclGroup& group_of(ShardPlan::Over over) {
+    switch (over) {
+      case ShardPlan::Over::intra: return nccl.dp_intra();
+      case ShardPlan::Over::inter: return nccl.dp_inter();
+      case ShardPlan::Over::pieces: return *pieces;
+      case ShardPlan::Over::all: return nccl.dp();
+      case ShardPlan::Over::none: break;
+    }
+    throw std::logic_error("a collective of the shard plan over no group");
+  }
   void count(const coll::NcclWork& work) { traffic += work.traffic(); }
 
   // ---- parameters: gathered before use when sharded ----------------------------------------------------------
@@ -210,9 +220,10 @@ struct GpuDataParallelTrainer::Impl {
     if (c.strategy.params == Sharding::none) return params.data() + unit.param_at;
     if (gathered[u].size() == 0) {
       gathered[u] = param_pool.take(unit.padded);
-      coll::NcclWork work = group_of(c.strategy.params)
-                                .allgather(params.data() + unit.param_at, gathered[u].data(),
-                                           plan->held(unit, c.strategy.params), DataType::bfloat16, stream.get());
+      const ShardPlan::UnitCollective gather = plan->parameter_gather(unit);
+      coll::NcclWork work = group_of(gather.over)
+                                .allgather(params.data() + unit.param_at, gathered[u].data(), gather.count, DataType::bfloat16,
+                                           stream.get());
       count(work);
       work.wait_on(stream.get());  // the unit's compute waits for its parameters, the host does not
     }
@@ -237,14 +248,15 @@ struct GpuDataParallelTrainer::Impl {
   void gradients_ready(std::size_t u, bool first) {
     const Unit& unit = units[u];
     if (!unit.trains || c.strategy.grads == Sharding::none) return;
-    const std::size_t held = plan->held(unit, c.strategy.grads);
+    const ShardPlan::UnitCollective reduction = plan->micro_batch_reduction(unit);
     float* out = grads.data() + unit.grad_at;
     if (!first) {
-      reduced[u] = grad_pool.take(held);
+      reduced[u] = grad_pool.take(reduction.count);
       out = reduced[u].data();
     }
-    coll::NcclWork work = group_of(c.strategy.grads)
-                              .reduce_scatter(unit_grads[u].data(), out, held, DataType::float32, RedOp::sum, stream.get());
+    coll::NcclWork work = group_of(reduction.over)
+                              .reduce_scatter(unit_grads[u].data(), out, reduction.count, DataType::float32, RedOp::sum,
+                                              stream.get());
     count(work);
     reductions.push_back({u, std::move(work), !first});
   }
@@ -274,9 +286,7 @@ struct GpuDataParallelTrainer::Impl {
     for (const ShardPlan::Reduction& r : steps) {
       float* in = r.from_store ? store : reduced[u].data();
       float* out = (r.into_store ? store : reduced[u].data()) + r.out_offset;
-      coll::NcclGroup& group = r.over == ShardPlan::Over::all     ? nccl.dp()
-                               : r.over == ShardPlan::Over::intra ? nccl.dp_intra()
-                                                                  : nccl.dp_inter();
+      coll::NcclGroup& group = group_of(r.over);
       coll::NcclWork work = r.allreduce ? group.allreduce(in, out, r.count, DataType::float32, RedOp::sum, stream.get())
                                         : group.reduce_scatter(in, out, r.count, DataType::float32, RedOp::sum, stream.get());
       count(work);
@@ -372,9 +382,7 @@ struct GpuDataParallelTrainer::Impl {
                          plan->held(unit, c.strategy.optimizer), adamw, static_cast<long>(step_index), scale, stream.get());
       const ShardPlan::Synchronise sync = plan->synchronise(unit);
       if (sync.over == ShardPlan::Over::none) continue;
-      coll::NcclGroup& group = sync.over == ShardPlan::Over::intra   ? nccl.dp_intra()
-                               : sync.over == ShardPlan::Over::inter ? nccl.dp_inter()
-                                                                     : *pieces;
+      coll::NcclGroup& group = group_of(sync.over);
       BFloat16* held_params = params.data() + unit.param_at;
       syncs.push_back(group.allgather(held_params + sync.from, held_params, sync.count, DataType::bfloat16, stream.get()));
       count(syncs.back());
@@ -394,13 +402,12 @@ struct GpuDataParallelTrainer::Impl {
       const Unit& unit = units[u];
       DeviceBuffer<float> whole(MemoryCategory::workspace, unit.padded);
       const float* mine = master.data() + unit.opt_at;
-      if (c.strategy.optimizer == Sharding::none)
+      const ShardPlan::UnitCollective gather = plan->master_gather(unit);
+      if (gather.over == ShardPlan::Over::none)
         STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(whole.data(), mine, unit.padded * sizeof(float), cudaMemcpyDeviceToDevice,
                                                  stream.get()));
       else
-        group_of(c.strategy.optimizer)
-            .allgather(mine, whole.data(), plan->held(unit, c.strategy.optimizer), DataType::float32, stream.get())
-            .wait_on(stream.get());
+        group_of(gather.over).allgather(mine, whole.data(), gather.count, DataType::float32, stream.get()).wait_on(stream.get());
       STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(full.data() + slices[u].offset, whole.data(), unit.size * sizeof(float),
                                                cudaMemcpyDeviceToHost, stream.get()));
       STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(stream.get()));

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "bench/harness/check.h"
 #include "bench/harness/token_file.h"
 #include "train/data.h"
@@ -93,6 +95,27 @@ TEST(ShardPlan, FinalReductionsFollowTheStrategyTable) {
   EXPECT_TRUE(steps("NGG").empty());  // global gradients are final after every micro-batch
 }
 
+TEST(ShardPlan, GathersAndPerMicroBatchReductionsFollowTheSharding) {
+  // 8 ranks as 2 nodes of 4, as above: 13 elements per global piece, 26 per intra piece of the padded 104.
+  using Over = ShardPlan::Over;
+  auto expect = [](ShardPlan::UnitCollective call, Over over, std::size_t count) {
+    EXPECT_EQ(call.over, over);
+    EXPECT_EQ(call.count, over == Over::none ? call.count : count);
+  };
+  auto plan = [](const char* strategy) { return ShardPlan(parse_strategy(strategy), 8, 4, 2, 1, 1); };
+  const UnitShape unit = plan("NNN").shape(100);
+  expect(plan("NNN").parameter_gather(unit), Over::none, 0);       // whole parameters: nothing gathered
+  expect(plan("NNN").micro_batch_reduction(unit), Over::none, 0);  // whole gradients: reduced at the last alone
+  expect(plan("NGG").parameter_gather(unit), Over::none, 0);
+  expect(plan("NGG").micro_batch_reduction(unit), Over::pieces, 13);  // ZeRO-2: into my global piece every micro-batch
+  expect(plan("GGG").parameter_gather(unit), Over::pieces, 13);       // ZeRO-3: every global piece gathered
+  expect(plan("IIG").parameter_gather(unit), Over::intra, 26);        // the node's pieces: inside the node
+  expect(plan("IIG").micro_batch_reduction(unit), Over::intra, 26);
+  expect(plan("IIG").master_gather(unit), Over::pieces, 13);
+  expect(plan("NNI").master_gather(unit), Over::intra, 26);
+  expect(plan("NNN").master_gather(unit), Over::none, 0);
+}
+
 TEST(TokenSources, RowsDoNotDependOnHowTheBatchIsSplit) {
   for (auto& source : {synthetic_tokens(97, 5), repeated_sequences(97, 3, 16, 5)}) {
     const int seq = 16;
@@ -130,7 +153,8 @@ TEST(TokenSources, StreamReadsConsecutiveRowsAndChecksTheVocabulary) {
 }
 
 TEST(TokenFile, ReadsLlmcFilesAndRefusesBadOnes) {
-  const std::string path = ::testing::TempDir() + "/tokens.bin";
+  // Named per process: two runs of the suite at once must not share it.
+  const std::string path = ::testing::TempDir() + "/tokens-" + std::to_string(::getpid()) + ".bin";
   auto write = [&](int32_t magic, int32_t version, int32_t count, int actual) {
     std::ofstream out(path, std::ios::binary);
     int32_t header[256] = {magic, version, count};
