@@ -1,6 +1,8 @@
 // The search over training configurations and PaRO's rule beside it (see search.h).
 #include "project/search.h"
 
+#include "project/compact_runs.h"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -168,90 +170,11 @@ RankMemory memory_per_rank(const SearchSpace& space, const Candidate& k, int dev
 }
 
 Workload compact_workload(const System& system, const train::StepTrace& trace, const WorkloadOptions& options) {
-  ComputeTimes times(system, options);
-  Workload w;
-  const int groups = static_cast<int>(trace.groups.size());
-  w.groups.reserve(trace.groups.size());
-  for (int g = 0; g < groups; ++g) w.groups.push_back({g, trace.groups[static_cast<std::size_t>(g)].ranks});
-  auto receive_stream = [&](int group) { return communication_stream(groups + group); };
-  for (const train::TraceRank& rank : trace.ranks) {
-    const std::vector<train::TraceOp>& ops = rank.ops;
-    const std::size_t n = ops.size();
-    // The next compute operation after each one, and whether anything else depends on it (then a run ends there).
-    std::vector<int> next_compute(n, -1);
-    for (int i = static_cast<int>(n) - 1, next = -1; i >= 0; --i) {
-      next_compute[static_cast<std::size_t>(i)] = next;
-      if (is_compute(ops[static_cast<std::size_t>(i)].kind)) next = i;
-    }
-    std::vector<char> ends_run(n, 0);
-    for (std::size_t j = 0; j < n; ++j)
-      for (int d : ops[j].depends_on) {
-        const auto dd = static_cast<std::size_t>(d);
-        if (d < 0 || dd >= j) continue;  // the simulator refuses it
-        if (!(is_compute(ops[j].kind) && is_compute(ops[dd].kind) && next_compute[dd] == static_cast<int>(j))) ends_run[dd] = 1;
-      }
-    RankGraph graph{rank.rank, rank.weight, {}};
-    graph.ops.reserve(n / 2);
-    std::vector<int> index(n, -1);  // trace op -> workload op
-    int open = -1;                  // the workload op of the run the last compute operation joined
-    int last_compute = -1;
-    auto remap = [&](const train::TraceOp& t, Op& op) {
-      op.depends_on.reserve(t.depends_on.size());
-      for (int d : t.depends_on) {
-        const int mapped = d >= 0 && static_cast<std::size_t>(d) < n ? index[static_cast<std::size_t>(d)] : d;
-        if (std::find(op.depends_on.begin(), op.depends_on.end(), mapped) == op.depends_on.end()) op.depends_on.push_back(mapped);
-      }
-    };
-    for (std::size_t i = 0; i < n; ++i) {
-      const train::TraceOp& t = ops[i];
-      if (is_compute(t.kind)) {
-        const double seconds = times(t);
-        bool joins = open >= 0 && last_compute >= 0 && !ends_run[static_cast<std::size_t>(last_compute)];
-        for (int d : t.depends_on)
-          if (joins && !(d >= 0 && static_cast<std::size_t>(d) < i && is_compute(ops[static_cast<std::size_t>(d)].kind))) joins = false;
-        if (joins) {
-          graph.ops[static_cast<std::size_t>(open)].seconds += seconds;
-        } else {
-          Op op;
-          op.kind = OpKind::timed;
-          op.stream = kComputeStream;
-          op.seconds = seconds;
-          remap(t, op);
-          graph.ops.push_back(std::move(op));
-          open = static_cast<int>(graph.ops.size()) - 1;
-        }
-        index[i] = open;
-        last_compute = static_cast<int>(i);
-        continue;
-      }
-      Op op;
-      const int bytes = element_bytes_of(t, options.element_bytes);
-      switch (t.kind) {
-        case train::TraceOpKind::collective: {
-          const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
-          op.kind = OpKind::collective;
-          op.collective = t.collective;
-          op.group = t.group;
-          op.bytes = collective_bytes(t, size, options.element_bytes);
-          op.stream = communication_stream(t.group);
-          op.algorithm = costed_algorithm(trace, t, options);
-          break;
-        }
-        case train::TraceOpKind::send:
-          op.kind = OpKind::send, op.peer = t.peer, op.bytes = t.count * bytes, op.stream = communication_stream(t.group);
-          break;
-        case train::TraceOpKind::recv:
-          op.kind = OpKind::recv, op.peer = t.peer, op.bytes = t.count * bytes, op.stream = receive_stream(t.group);
-          break;
-        default: break;
-      }
-      remap(t, op);
-      graph.ops.push_back(std::move(op));
-      index[i] = static_cast<int>(graph.ops.size()) - 1;
-    }
-    w.ranks.push_back(std::move(graph));
-  }
-  return w;
+  CompactRuns runs(trace, options);
+  const std::vector<double> seconds = runs.shape_seconds(system);
+  // An op the simulator refuses goes the reference's way, which names it.
+  if (!CompactRuns::has_valid(seconds)) return workload_of(trace, options);
+  return runs.workload(seconds);
 }
 
 Evaluation evaluate(const System& system, const SearchSpace& space, const Candidate& k) {
