@@ -99,7 +99,8 @@ train::TrainConfig train_config(const SearchSpace& space, const Candidate& candi
 
 // Where the data-parallel group of pipeline rank `pp_rank` sits: n ranks in g groups (nodes) of m, as the executor
 // lays them out (grid order tp, pp, dp; min(devices per node, N) ranks per node). std::invalid_argument when its
-// ranks spread unevenly over the nodes they use.
+// ranks spread unevenly over the nodes they use. Arithmetic, for the search's speed (it is asked for every
+// candidate); a unit test holds it to the executor's groups (train::stage_data_parallel_shape).
 train::DataParallelShape data_parallel_layout(const Candidate& candidate, int devices_per_node, int devices, int pp_rank);
 
 // The memory of the pipeline rank that needs the most, under the search's convention (above), and its total.

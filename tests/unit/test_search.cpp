@@ -18,6 +18,7 @@
 #include "bench/project/system_json.h"
 #include "project/paro_rule.h"
 #include "project/search.h"
+#include "train/step_formulas.h"
 
 namespace strata::project {
 namespace {
@@ -246,6 +247,42 @@ TEST(Search, DataParallelLayoutFollowsTheGrid) {
   EXPECT_EQ(s.g, 4);
   c.tp = 3, c.pp = 1, c.dp = 8;  // ranks 0, 3, ..., 21 on nodes of 8: 3, 3, 2
   EXPECT_THROW(data_parallel_layout(c, 8, 24, 0), std::invalid_argument);
+}
+
+// The search's layout is arithmetic, for speed; the executor's groups are the reference. Every grid of up to 64
+// ranks on nodes of 1, 2, 4 and 8 whose data-parallel ranks spread evenly: the same shape from both.
+TEST(Search, DataParallelLayoutIsTheExecutorsGroups) {
+  int compared = 0;
+  for (int per_node : {1, 2, 4, 8})
+    for (int tp : {1, 2, 4, 8})
+      for (int pp : {1, 2, 4})
+        for (int dp : {1, 2, 3, 4, 8}) {
+          if (tp * pp * dp > 64 || tp > per_node) continue;
+          Candidate c;
+          c.tp = tp, c.pp = pp, c.dp = dp;
+          for (int r = 0; r < pp; ++r) {
+            train::DataParallelShape fast;
+            try {
+              fast = data_parallel_layout(c, per_node, tp * pp * dp, r);
+            } catch (const std::invalid_argument&) {
+              continue;  // uneven: the executor refuses such a job too
+            }
+            const int ranks = tp * pp * dp, on_node = std::min(per_node, ranks);  // a job smaller than a node: on one
+            if (ranks % on_node != 0) continue;                                    // the executor needs whole nodes
+            const train::DataParallelShape groups = train::stage_data_parallel_shape({tp, pp, dp}, on_node, "tp,pp,dp", r);
+            SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + " on nodes of " +
+                         std::to_string(per_node) + ", pipeline rank " + std::to_string(r));
+            EXPECT_EQ(fast.n, groups.n);
+            EXPECT_EQ(fast.m, groups.m);
+            EXPECT_EQ(fast.g, groups.g);
+            EXPECT_EQ(fast.tp, groups.tp);
+            EXPECT_EQ(fast.pp, groups.pp);
+            EXPECT_EQ(fast.pp_rank, groups.pp_rank);
+            EXPECT_EQ(fast.dp_hop_crosses_nodes, groups.dp_hop_crosses_nodes);
+            ++compared;
+          }
+        }
+  EXPECT_GT(compared, 100);
 }
 
 // ---- ranking and pruning ----
