@@ -13,6 +13,7 @@
 #include "collectives/mpi_error.h"
 #include "train/memory.h"
 #include "train/shard_plan.h"
+#include "train/stage_transfers.h"
 #include "train/step_comm.h"
 
 namespace strata::train {
@@ -186,12 +187,14 @@ struct Trainer::Impl {
   std::vector<TrackedBuffer<float>> gathered, unit_grads, reduced;  // transient, per unit, from the pool
   BufferPool pool;
   StepComm comms;  // the data-parallel collectives in flight, and what the step waited for
+  StageTransfers transfers;  // the pipeline's sends and receives
   std::size_t lowest_trainable = 0;  // the backward pass stops at this unit
   std::vector<int32_t> tokens, targets;
 
   Impl(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource* source, Tracer* tracer_of_step)
       : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), pp(groups.pp()),
-        data(source), tracer(tracer_of_step), comms(groups.dp_intra(), groups.dp_inter(), config.overlap, tracer_of_step) {
+        data(source), tracer(tracer_of_step), comms(groups.dp_intra(), groups.dp_inter(), config.overlap, tracer_of_step),
+        transfers(groups.pp(), groups.pp().size(), comms, tracer_of_step, [this](TrackedBuffer<float>& b) { release(b); }) {
     if (tracer) c.runtime.tracer = tracer, pool.backing = Backing::address_space;
     const Backing backing = tracer ? Backing::address_space : Backing::memory;
     if (const std::string why = refusal_reason(c.strategy); !why.empty())
@@ -471,67 +474,9 @@ struct Trainer::Impl {
   }
 
   // ---- the pipeline: transfers between stages -------------------------------------------------------------
-  // A send or receive of the pp group, and what the records need.
-  struct Transfer {
-    coll::Work work;
-    std::string what;
-    double bytes = 0, start = 0;
-    TrackedBuffer<float> buffer;  // a send's copy, returned to the pool when done
-    int trace_op = -1;            // traced: the operation in the trace
-  };
-  // A send or receive just started on the pp group.
-  Transfer transfer(coll::Work work, std::string what, std::size_t floats, TrackedBuffer<float> copy = {}) {
-    const int op = tracer ? tracer->last_operation() : -1;
-    if (tracer) tracer->rename(op, what);
-    const double start = now();
-    if (transfers_in_flight++ == 0) transfers_busy_since = start;
-    return {std::move(work), std::move(what), 4.0 * static_cast<double>(floats), start, std::move(copy), op};
-  }
-  std::vector<Transfer> sends;                 // in flight
+  using Transfer = StageTransfers::Transfer;
   std::vector<std::optional<Transfer>> sets_sending;  // per chunk and set: the send of that set's output
-  std::optional<Transfer> receiving;           // the receive the next action waits for
-  PipelineStats pipeline_stats;
-
-  int transfers_in_flight = 0;
-  double transfers_busy_since = 0;
-  void finished(Transfer& t) {
-    const double end = now();
-    if (--transfers_in_flight == 0) pipeline_stats.busy_seconds += end - transfers_busy_since;
-    if (comms.timeline) comms.timeline->push_back({t.what, "comm", "pp", t.start, end, t.bytes});
-  }
-  // Tests the sends in flight; those done return their buffers.
-  void progress_sends() {
-    for (std::size_t i = 0; i < sends.size();) {
-      if (!sends[i].work.test()) {
-        ++i;
-        continue;
-      }
-      finished(sends[i]);
-      release(sends[i].buffer);
-      sends.erase(sends.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-  }
-  void send(const float* data, std::size_t floats, int to_stage, std::string what, TrackedBuffer<float> copy = {}) {
-    const int peer = to_stage % shape.stages;
-    Transfer t = transfer(pp.send(data, floats, DataType::float32, peer), std::move(what), floats, std::move(copy));
-    pipeline_stats.sent_bytes += t.bytes;
-    ++pipeline_stats.sends;
-    sends.push_back(std::move(t));
-  }
-  // Waits for a transfer, progressing everything in flight; the time is the pipeline's wait (exposed).
-  void wait_transfer(Transfer& t) {
-    if (tracer) tracer->complete(t.trace_op);
-    coll::Work& work = t.work;
-    double last = now();
-    while (!work.test()) {
-      comms.progress();
-      progress_sends();
-      const double t_now = now();
-      pipeline_stats.wait_seconds += t_now - last;
-      comms.exposed += t_now - last;
-      last = t_now;
-    }
-  }
+  std::optional<Transfer> receiving;                  // the receive the next action waits for
 
   // A traced step's ops carry the phase strata-step times them in (TraceOp::phase).
   void trace_phase(const char* phase) {
@@ -625,7 +570,7 @@ struct Trainer::Impl {
   void begin_step(StepState& s, bool record_timeline) {
     StepStats& stats = s.stats;
     comms.begin_step(record_timeline ? &stats.timeline : nullptr);
-    pipeline_stats = {};
+    transfers.begin_step();
     s.normaliser = static_cast<float>(static_cast<double>(n) * c.accumulation * c.micro_batch * c.seq);
     s.first_backward.assign(chunks.size(), -1), s.last_backward.assign(chunks.size(), -1);
     for (std::size_t k = 0; k < actions.size(); ++k)
@@ -669,11 +614,9 @@ struct Trainer::Impl {
     const std::size_t floats = model.rows_here() * static_cast<std::size_t>(c.model.hidden);
     const std::string label = " mb " + std::to_string(a.micro) + " stage " + std::to_string(stage);
     if (a.pass == PipelineAction::Pass::forward && stage > 0)
-      return transfer(pp.recv(model.stage_input(set), floats, DataType::float32, (stage - 1) % shape.stages),
-                      "recv activations" + label, floats);
+      return transfers.receive(model.stage_input(set), floats, stage - 1, "recv activations" + label);
     if (a.pass == PipelineAction::Pass::backward && stage < last_stage && chunk_backward[ch])
-      return transfer(pp.recv(output_grads[ch].data(), floats, DataType::float32, (stage + 1) % shape.stages),
-                      "recv gradients" + label, floats);
+      return transfers.receive(output_grads[ch].data(), floats, stage + 1, "recv gradients" + label);
     return std::nullopt;
   }
 
@@ -765,10 +708,9 @@ struct Trainer::Impl {
     const std::string label = " mb " + std::to_string(a.micro) + (shape.stages > 1 ? " stage " + std::to_string(stage) : "");
     run_window(k, s.stats, s.pointers, [&](std::size_t u) { point(s.pointers, u); }, s.window_hooks);
     if (receiving) {
-      const double waited_before = pipeline_stats.wait_seconds;
-      wait_transfer(*receiving);
-      s.stats.receive_waits[k] = pipeline_stats.wait_seconds - waited_before;
-      finished(*receiving);
+      const double waited_before = transfers.stats.wait_seconds;
+      transfers.complete(*receiving);
+      s.stats.receive_waits[k] = transfers.stats.wait_seconds - waited_before;
       receiving.reset();
     }
     // The micro-batch's rows: tokens for the first stage, targets for the last.
@@ -790,7 +732,7 @@ struct Trainer::Impl {
     if (forward) forward_action(s, ch, stage, set, label, hooks);
     else if (chunk_backward[ch]) backward_action(s, ch, stage, set, label, hooks);
     if (k + 1 < actions.size()) receiving = receive_for(k + 1);
-    progress_sends();
+    transfers.progress();
   }
 
   void forward_action(StepState& s, std::size_t ch, int stage, int set, const std::string& label, const LayerHooks& hooks) {
@@ -800,8 +742,7 @@ struct Trainer::Impl {
     // The set's previous output must have left before this forward writes it again.
     std::optional<Transfer>& previous = sets_sending[s.set_base[ch] + static_cast<std::size_t>(set)];
     if (previous) {
-      wait_transfer(*previous);
-      finished(*previous);
+      transfers.complete(*previous);
       previous.reset();
     }
     const double forward_before = stats.forward_seconds;
@@ -817,10 +758,7 @@ struct Trainer::Impl {
     if (!plan.head) drop_params(static_cast<std::size_t>(end_unit) - 1);  // gathered again for its backward
     if (stage < shape.stages * shape.chunks - 1) {
       const std::size_t floats = model.rows_here() * static_cast<std::size_t>(c.model.hidden);
-      const int peer = (stage + 1) % shape.stages;
-      previous = transfer(pp.send(model.stage_output(set), floats, DataType::float32, peer), "send activations" + label, floats);
-      pipeline_stats.sent_bytes += previous->bytes;
-      ++pipeline_stats.sends;
+      previous = transfers.send(model.stage_output(set), floats, stage + 1, "send activations" + label);
     }
   }
 
@@ -841,7 +779,7 @@ struct Trainer::Impl {
       TrackedBuffer<float> copy = pool.take(floats);  // the next backward overwrites input_grad()
       float* to = copy.data();
       compute("copy", 2.0 * static_cast<double>(floats), [&] { std::copy(model.input_grad(), model.input_grad() + floats, to); });
-      send(to, floats, stage - 1, "send gradients" + label, std::move(copy));
+      transfers.send_copy(std::move(copy), floats, stage - 1, "send gradients" + label);
     }
   }
 
@@ -850,17 +788,10 @@ struct Trainer::Impl {
     comms.wait_all();
     for (auto& pending : sets_sending)
       if (pending) {
-        wait_transfer(*pending);
-        finished(*pending);
+        transfers.complete(*pending);
         pending.reset();
       }
-    while (!sends.empty()) {  // taken out first: waiting tests the others, and drops those that are done
-      Transfer t = std::move(sends.front());
-      sends.erase(sends.begin());
-      wait_transfer(t);
-      finished(t);
-      release(t.buffer);
-    }
+    transfers.drain();
   }
 
   // The two copies of the token table take the same step: the first and the last stage sum their gradients.
@@ -926,7 +857,7 @@ struct Trainer::Impl {
     stats.exposed_comm_seconds = comms.exposed;
     stats.comm = comms.tiers();
     stats.traffic = comms.traffic();
-    stats.pipeline = pipeline_stats;
+    stats.pipeline = transfers.stats;
     stats.seconds = now() - step_start;
     stats.idle_seconds = std::max(0.0, stats.seconds - stats.forward_seconds - stats.backward_seconds -
                                            stats.recompute_window_seconds - stats.optimizer_seconds - stats.exposed_comm_seconds);
