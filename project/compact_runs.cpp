@@ -6,7 +6,8 @@
 
 namespace strata::project {
 
-CompactRuns::CompactRuns(const train::StepTrace& trace, const WorkloadOptions& options) : trace_(trace) {
+CompactRuns::CompactRuns(const train::StepTrace& trace, const WorkloadOptions& options, bool within_phases)
+    : trace_(trace) {
   const int groups = static_cast<int>(trace.groups.size());
   workload_.groups.reserve(trace.groups.size());
   for (int g = 0; g < groups; ++g) workload_.groups.push_back({g, trace.groups[static_cast<std::size_t>(g)].ranks});
@@ -57,7 +58,7 @@ CompactRuns::CompactRuns(const train::StepTrace& trace, const WorkloadOptions& o
       if (added) shapes_.push_back(workload_op(trace, t, options));
       shape[i] = found->second;
       bool joins = open >= 0 && last_compute >= 0 && !ends_run[static_cast<std::size_t>(last_compute)] &&
-                   ops[static_cast<std::size_t>(last_compute)].phase == t.phase;
+                   (!within_phases || ops[static_cast<std::size_t>(last_compute)].phase == t.phase);
       for (int d : t.depends_on)
         if (joins && !(d >= 0 && static_cast<std::size_t>(d) < i && is_compute(ops[static_cast<std::size_t>(d)].kind))) joins = false;
       if (!joins) {

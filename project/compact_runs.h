@@ -1,8 +1,8 @@
 // A traced step's runs of compute ops compacted into single timed ops: the structure built once per trace, the
 // alone-times filled per system. Identical shapes are costed once. predict runs it three times (the description and
 // the ends of its spreads) and spreads each run's time back over its ops (expand); the search simulates it once
-// per candidate. A run never crosses a phase (forward, backward, recompute, optimizer), an op something else
-// depends on, or an op that depends on communication, so the compacted step has the traced step's timing.
+// per candidate. A run never crosses an op something else depends on, or an op that depends on communication (nor,
+// for predict, a phase: forward, backward, recompute, optimizer), so the compacted step has the traced step's timing.
 #pragma once
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "project/simulate.h"
@@ -20,7 +21,9 @@ namespace strata::project {
 
 class CompactRuns {
  public:
-  CompactRuns(const train::StepTrace& trace, const WorkloadOptions& options);
+  // within_phases: a run ends where the traced phase changes (predict's breakdown spreads a run's time over its
+  // ops); without it runs are longer, the same timeline from fewer operations (the search).
+  CompactRuns(const train::StepTrace& trace, const WorkloadOptions& options, bool within_phases = true);
 
   // The alone-time of each distinct compute op on `system`; NaN where the simulator would refuse the op.
   std::vector<double> shape_seconds(const System& system) const;
@@ -31,6 +34,11 @@ class CompactRuns {
 
   // The compacted workload with these alone-times.
   const Workload& workload(const std::vector<double>& shape_seconds);
+  // The same, moved out: the runs are spent (the search simulates each candidate's workload once).
+  Workload take_workload(const std::vector<double>& shape_seconds) && {
+    workload(shape_seconds);
+    return std::move(workload_);
+  }
 
   // The timeline of every traced op from the compacted one: a run's wall time spread over its ops by their shares of
   // its alone-time (the last ends where the run ends).

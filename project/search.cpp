@@ -170,11 +170,11 @@ RankMemory memory_per_rank(const SearchSpace& space, const Candidate& k, int dev
 }
 
 Workload compact_workload(const System& system, const train::StepTrace& trace, const WorkloadOptions& options) {
-  CompactRuns runs(trace, options);
+  CompactRuns runs(trace, options, /*within_phases=*/false);
   const std::vector<double> seconds = runs.shape_seconds(system);
   // An op the simulator refuses goes the reference's way, which names it.
   if (!CompactRuns::has_valid(seconds)) return workload_of(trace, options);
-  return runs.workload(seconds);
+  return std::move(runs).take_workload(seconds);
 }
 
 Evaluation evaluate(const System& system, const SearchSpace& space, const Candidate& k) {

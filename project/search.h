@@ -120,7 +120,7 @@ RankMemory memory_per_rank(const SearchSpace& space, const Candidate& candidate,
 // the run and the run's later operations depend on compute operations only. Communication is untouched. The
 // compute stream runs the run's work back to back either way, and the overlap slowdown acts on a rank's running
 // compute, whichever operation it belongs to, so the timeline's compute, communication and idle time are the same
-// (tested against workload_of). The runs are predict's (project/compact_runs.h), inside one phase each.
+// (tested against workload_of). The runs are predict's (project/compact_runs.h), across phases.
 Workload compact_workload(const System& system, const train::StepTrace& trace, const WorkloadOptions& options);
 
 struct Evaluation {
