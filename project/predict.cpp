@@ -5,12 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
-#include <functional>
-#include <limits>
 #include <optional>
-#include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <stdexcept>
 

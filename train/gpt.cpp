@@ -2,7 +2,6 @@
 #include "train/gpt.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -10,6 +9,7 @@
 #include <utility>
 
 #include "kernels/linear.h"
+#include "train/clock.h"
 
 namespace strata::train {
 
@@ -364,33 +364,30 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime,
 }
 
 void GptCpu::tp_reduce_scatter(float* full, std::size_t width, const char* what) {
-  const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  const double start = seconds();
+  const double start = host_seconds();
   if (runtime_.tracer) runtime_.tracer->name_next(what);
   coll::Work work = tp_->reduce_scatter(coll::Algo::library, full, my_rows(full, width), rows_here_ * width, coll::DataType::float32,
                       coll::RedOp::sum, coll::Waiting::at_once);
   finish(work);
-  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), rows_here_ * width * tp_->size() * sizeof(float));
+  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, host_seconds(), rows_here_ * width * tp_->size() * sizeof(float));
 }
 
 void GptCpu::tp_allgather(float* full, std::size_t width, const char* what) {
-  const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  const double start = seconds();
+  const double start = host_seconds();
   if (runtime_.tracer) runtime_.tracer->name_next(what);
   coll::Work work = tp_->allgather(coll::Algo::library, my_rows(full, width), full, rows_here_ * width, coll::DataType::float32,
                  coll::Waiting::at_once);
   finish(work);
-  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), rows_here_ * width * tp_->size() * sizeof(float));
+  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, host_seconds(), rows_here_ * width * tp_->size() * sizeof(float));
 }
 
 void GptCpu::tp_allreduce(float* data, std::size_t count, const char* what, coll::RedOp op) {
   if (!tp_) return;
-  const auto seconds = [] { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); };
-  const double start = seconds();
+  const double start = host_seconds();
   if (runtime_.tracer) runtime_.tracer->name_next(what);
   coll::Work work = tp_->allreduce(coll::Algo::library, data, data, count, coll::DataType::float32, op, coll::Waiting::at_once);
   finish(work);
-  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, seconds(), count * sizeof(float));
+  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, host_seconds(), count * sizeof(float));
 }
 
 void GptCpu::finish(coll::Work& work) const {
@@ -420,12 +417,6 @@ float* GptCpu::grad(const UnitPointers& u, int l, LayerTensor t) const {
   float* unit = u.grads[static_cast<std::size_t>(l) + 1];
   return unit ? unit + (layout_.tensor(l, t).offset - layout_.layer(l).offset) : nullptr;
 }
-
-namespace {
-
-double seconds_now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-}  // namespace
 
 template <typename Run>
 void GptCpu::compute(const char* what, double elements, const Run& run) const {
@@ -653,9 +644,9 @@ void GptCpu::embedding_forward(int set, const UnitPointers& u, const int32_t* to
 // Layer l's ops (kOps), then the residual add into the next layer's input, or the stage's output.
 void GptCpu::layer_forward(int set, int l, const UnitPointers& u, const LayerHooks& hooks) {
   for (LayerOp op : kOps) {
-    const double start = hooks.forward_op ? seconds_now() : 0;
+    const double start = hooks.forward_op ? host_seconds() : 0;
     forward_op(set, l, u, op);
-    if (hooks.forward_op) hooks.forward_op(l, op, seconds_now() - start);
+    if (hooks.forward_op) hooks.forward_op(l, op, host_seconds() - start);
   }
   const std::size_t C = static_cast<std::size_t>(model_.hidden);
   const LayerView x = view(set, l);

@@ -62,7 +62,7 @@ class ShardPlan {
     return {over_of(strategy_.optimizer), held(u, strategy_.optimizer)};
   }
   // After each micro-batch's backward, where gradients are sharded: a reduce-scatter of the unit's gradient over the
-  // same group into the kept shard (summed into it after the first micro-batch). Whole gradients accumulate and are
+  // group the gradients are sharded over into the kept shard (summed into it after the first micro-batch). Whole gradients accumulate and are
   // reduced at the last micro-batch alone (final_reductions).
   UnitCollective micro_batch_reduction(const UnitShape& u) const { return {over_of(strategy_.grads), held(u, strategy_.grads)}; }
 

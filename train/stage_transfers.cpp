@@ -9,7 +9,7 @@ StageTransfers::Transfer StageTransfers::started(coll::Work work, std::string wh
                                                  TrackedBuffer<float> copy) {
   const int op = tracer_ ? tracer_->last_operation() : -1;
   if (tracer_) tracer_->rename(op, what);
-  const double start = now();
+  const double start = host_seconds();
   if (in_flight_++ == 0) busy_since_ = start;
   return {std::move(work), std::move(what), 4.0 * static_cast<double>(floats), start, std::move(copy), op};
 }
@@ -34,18 +34,18 @@ void StageTransfers::send_copy(TrackedBuffer<float> copy, std::size_t floats, in
 }
 
 void StageTransfers::finished(Transfer& t) {
-  const double end = now();
+  const double end = host_seconds();
   if (--in_flight_ == 0) stats.busy_seconds += end - busy_since_;
   if (comms_.timeline) comms_.timeline->push_back({t.what, "comm", "pp", t.start, end, t.bytes});
 }
 
 void StageTransfers::complete(Transfer& t) {
   if (tracer_) tracer_->complete(t.trace_op);
-  double last = now();
+  double last = host_seconds();
   while (!t.work.test()) {
     comms_.progress();
     progress();
-    const double t_now = now();
+    const double t_now = host_seconds();
     stats.wait_seconds += t_now - last;
     comms_.exposed += t_now - last;
     last = t_now;

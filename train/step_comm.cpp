@@ -1,11 +1,7 @@
 // Implementation of the step's collectives in flight (see step_comm.h).
 #include "train/step_comm.h"
 
-#include <chrono>
-
 namespace strata::train {
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 void StepComm::begin_step(std::vector<TimelineEvent>* step_timeline) {
   exposed = 0;
@@ -16,7 +12,7 @@ void StepComm::begin_step(std::vector<TimelineEvent>* step_timeline) {
 
 StepComm::Op StepComm::track(const coll::Group& group, std::string what, std::size_t floats, coll::Work work) {
   Op op{std::move(work), &group == intra_ ? CommTier::intra : &group == inter_ ? CommTier::inter : CommTier::global,
-        std::move(what), 4.0 * static_cast<double>(floats), now(), true, tracer_ ? tracer_->last_operation() : -1};
+        std::move(what), 4.0 * static_cast<double>(floats), host_seconds(), true, tracer_ ? tracer_->last_operation() : -1};
   const auto t = static_cast<std::size_t>(op.tier);
   if (tier_in_flight_[t]++ == 0) tier_busy_since_[t] = op.start;
   ++comm_[t].operations;
@@ -26,7 +22,7 @@ StepComm::Op StepComm::track(const coll::Group& group, std::string what, std::si
 
 void StepComm::finished(Op& op) {
   if (!op.tracked) return;
-  const double end = now();
+  const double end = host_seconds();
   const auto t = static_cast<std::size_t>(op.tier);
   if (--tier_in_flight_[t] == 0) comm_[t].busy_seconds += end - tier_busy_since_[t];
   traffic_ += op.work.traffic();
@@ -101,7 +97,7 @@ void StepComm::wait_round(double& last) {
   for (std::size_t t = 0; t < waiting_on.size(); ++t)
     if ((waiting_on[t] = tier_in_flight_[t] > 0)) ++tiers;
   progress();
-  const double t_now = now(), waited = t_now - last;
+  const double t_now = host_seconds(), waited = t_now - last;
   last = t_now;
   exposed += waited;
   for (std::size_t t = 0; t < waiting_on.size(); ++t)

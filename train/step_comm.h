@@ -13,13 +13,11 @@
 #include <vector>
 
 #include "collectives/process_group.h"
+#include "train/clock.h"
 #include "train/tracer.h"
 #include "train/trainer.h"
 
 namespace strata::train {
-
-// Seconds on the host steady clock (the clock of the timeline, and of bench/harness/timer.h's host_now()).
-double now();
 
 class StepComm {
  public:
@@ -38,6 +36,8 @@ class StepComm {
   StepComm(const coll::Group& intra, const coll::Group& inter, bool overlap, Tracer* tracer)
       : intra_(&intra), inter_(&inter), overlap_(overlap), tracer_(tracer) {}
 
+  // Off: every launch from now on is waited for at once (the step switched to blocking between steps).
+  void set_overlap(bool overlap) { overlap_ = overlap; }
   // The counters zeroed for a new step; `timeline`: where the step's intervals go, or null.
   void begin_step(std::vector<TimelineEvent>* timeline);
 
@@ -109,7 +109,7 @@ void StepComm::wait_until(Done done, const std::vector<int>& traced) {
     if (!done()) throw std::logic_error("a traced step waits for an operation its wait does not name");
     return;
   }
-  double last = now();
+  double last = host_seconds();
   while (!done()) wait_round(last);
 }
 

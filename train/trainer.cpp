@@ -2,15 +2,14 @@
 #include "train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <functional>
 #include <numbers>
 #include <optional>
 #include <numeric>
 #include <stdexcept>
 
 #include "collectives/mpi_error.h"
+#include "train/clock.h"
 #include "train/memory.h"
 #include "train/shard_plan.h"
 #include "train/stage_transfers.h"
@@ -489,7 +488,7 @@ struct Trainer::Impl {
   // is gathered first where parameters are sharded; it stays for the backward that follows.
   template <typename Point>
   void run_window(std::size_t k, StepStats& stats, UnitPointers& pointers, const Point& point, const LayerHooks& hooks) {
-    const double start = now(), exposed_before = comms.exposed;
+    const double start = host_seconds(), exposed_before = comms.exposed;
     double hidden_until = 0;  // when the receive was first seen done
     bool any = false;
     for (const TrainConfig::WindowRecompute& w : c.window_recomputes) {
@@ -500,16 +499,16 @@ struct Trainer::Impl {
       need_params(u);
       point(u);
       GptCpu& model = *chunks[static_cast<std::size_t>(w.chunk)];
-      const double op_start = now();
+      const double op_start = host_seconds();
       model.recompute(w.micro % model.stage().activation_sets, w.layer, w.op, pointers, hooks);
       if (comms.timeline)
         comms.timeline->push_back({"recompute mb " + std::to_string(w.micro) + " L" + std::to_string(w.layer) + " " + name(w.op),
-                             "compute", "", op_start, now(), 0});
-      if (hidden_until == 0 && (!receiving || receiving->work.test())) hidden_until = now();
+                             "compute", "", op_start, host_seconds(), 0});
+      if (hidden_until == 0 && (!receiving || receiving->work.test())) hidden_until = host_seconds();
     }
     if (!any) return;
     trace_phase("");
-    const double end = now(), waited = comms.exposed - exposed_before;
+    const double end = host_seconds(), waited = comms.exposed - exposed_before;
     stats.recompute_window_seconds += end - start - waited;
     stats.recompute_hidden_seconds += std::max(0.0, (hidden_until > 0 ? hidden_until : end) - start - waited);
   }
@@ -533,7 +532,7 @@ struct Trainer::Impl {
 
   StepStats step(int64_t step_index, bool record_timeline) {
     StepStats stats;
-    const double step_start = now();
+    const double step_start = host_seconds();
     StepState s(stats);
     s.step_index = step_index;
     begin_step(s, record_timeline);
@@ -548,12 +547,12 @@ struct Trainer::Impl {
   // Time of a compute phase without the waits inside it, and its interval on the timeline.
   template <typename Body>
   void compute_phase(const char* phase, const std::string& what, double& seconds, const Body& body) {
-    const double exposed_before = comms.exposed, start = now();
+    const double exposed_before = comms.exposed, start = host_seconds();
     trace_phase(phase);
     body();
     trace_phase("");
     if (tracer) tracer->set_unit(-1);
-    const double end = now();
+    const double end = host_seconds();
     seconds += end - start - (comms.exposed - exposed_before);
     if (comms.timeline) comms.timeline->push_back({what, "compute", "", start, end, 0});
   }
@@ -647,7 +646,7 @@ struct Trainer::Impl {
       const std::size_t u = static_cast<std::size_t>(layer + 1);
       if (tracer) tracer->set_unit(static_cast<int>(u));
       comms.at_hook();
-      s.unit_backward_start = now(), s.unit_exposed_start = comms.exposed, s.unit_recompute = 0;
+      s.unit_backward_start = host_seconds(), s.unit_exposed_start = comms.exposed, s.unit_recompute = 0;
       if (u >= 1) {
         need_params(u);
         point(s.pointers, u);
@@ -660,7 +659,7 @@ struct Trainer::Impl {
     };
     hooks.after_backward = [this, &s, &plan, ch, L, first, last](int layer) {
       const std::size_t u = static_cast<std::size_t>(layer + 1);
-      const double spent = now() - s.unit_backward_start - (comms.exposed - s.unit_exposed_start) - s.unit_recompute;
+      const double spent = host_seconds() - s.unit_backward_start - (comms.exposed - s.unit_exposed_start) - s.unit_recompute;
       if (layer >= plan.first_layer && layer < plan.first_layer + plan.layers) {
         s.stats.layer_backward_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += spent;
         s.stats.layer_recompute_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)] += s.unit_recompute;
@@ -684,12 +683,12 @@ struct Trainer::Impl {
     };
     // As every compute phase, without the waits inside it (the tensor-parallel collectives of the layer's forward).
     hooks.before_recompute = [this, &s](int) {
-      s.recompute_start = now(), s.recompute_exposed_start = comms.exposed;
+      s.recompute_start = host_seconds(), s.recompute_exposed_start = comms.exposed;
       trace_phase("recompute");
     };
     hooks.after_recompute = [this, &s](int layer) {
       trace_phase("backward");
-      const double end = now(), spent = end - s.recompute_start - (comms.exposed - s.recompute_exposed_start);
+      const double end = host_seconds(), spent = end - s.recompute_start - (comms.exposed - s.recompute_exposed_start);
       s.stats.recompute_seconds += spent;
       s.unit_recompute += spent;
       if (comms.timeline) comms.timeline->push_back({"recompute " + std::to_string(layer), "compute", "", s.recompute_start, end, 0});
@@ -810,7 +809,7 @@ struct Trainer::Impl {
   void optimizer_step(StepState& s) {
     StepStats& stats = s.stats;
     const std::size_t U = units.size();
-    const double optimizer_start = now(), exposed_before_optimizer = comms.exposed;
+    const double optimizer_start = host_seconds(), exposed_before_optimizer = comms.exposed;
     trace_phase("optimizer");
     double squares = 0;
     for (std::size_t u = 0; u < U; ++u)
@@ -842,7 +841,7 @@ struct Trainer::Impl {
     }
     compute("zero grads", static_cast<double>(grads.size()), [&] { grads.fill(0.0f); });
     trace_phase("");
-    const double optimizer_end = now();
+    const double optimizer_end = host_seconds();
     stats.optimizer_seconds = optimizer_end - optimizer_start - (comms.exposed - exposed_before_optimizer);
     if (comms.timeline) comms.timeline->push_back({"optimizer", "compute", "", optimizer_start, optimizer_end, 0});
   }
@@ -858,7 +857,7 @@ struct Trainer::Impl {
     stats.comm = comms.tiers();
     stats.traffic = comms.traffic();
     stats.pipeline = transfers.stats;
-    stats.seconds = now() - step_start;
+    stats.seconds = host_seconds() - step_start;
     stats.idle_seconds = std::max(0.0, stats.seconds - stats.forward_seconds - stats.backward_seconds -
                                            stats.recompute_window_seconds - stats.optimizer_seconds - stats.exposed_comm_seconds);
     comms.timeline = nullptr;
@@ -917,7 +916,10 @@ StepStats Trainer::step(int64_t step, bool record_timeline) {
   return impl_->step(step, record_timeline || impl_->c.record_timeline);
 }
 
-void Trainer::set_overlap(bool overlap) { impl_->c.overlap = overlap; }
+void Trainer::set_overlap(bool overlap) {
+  impl_->c.overlap = overlap;
+  impl_->comms.set_overlap(overlap);
+}
 
 std::vector<float> Trainer::full_parameters() { return impl_->full_parameters(); }
 

@@ -4,13 +4,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <optional>
 #include <stdexcept>
 
 #include "kernels/error.h"
 #include "kernels/layers_cuda.h"
+#include "train/clock.h"
 #include "train/gpt_cuda.h"
 #include "train/memory_cuda.h"
 #include "train/shard_plan.h"
@@ -32,8 +32,6 @@ std::string gpu_step_refusal(const TrainConfig& c, const coll::GridShape& grid) 
 }
 
 namespace {
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // The step's own compute stream.
 class ComputeStream {
@@ -307,7 +305,7 @@ struct GpuDataParallelTrainer::Impl {
   // ---- the step -------------------------------------------------------------------------------------------------
   StepStats step(int64_t step_index) {
     StepStats stats;
-    const double start = now();
+    const double start = host_seconds();
     traffic = {};
     const int L = c.model.layers;
     const std::size_t U = units.size();
@@ -392,7 +390,7 @@ struct GpuDataParallelTrainer::Impl {
     STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
     stats.loss = allreduce_sum(groups.dp(), loss_sum) / normaliser;
     stats.traffic = traffic;
-    stats.seconds = now() - start;
+    stats.seconds = host_seconds() - start;
     return stats;
   }
 

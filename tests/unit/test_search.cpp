@@ -249,8 +249,9 @@ TEST(Search, DataParallelLayoutFollowsTheGrid) {
   EXPECT_THROW(data_parallel_layout(c, 8, 24, 0), std::invalid_argument);
 }
 
-// The search's layout is arithmetic, for speed; the executor's groups are the reference. Every grid of up to 64
-// ranks on nodes of 1, 2, 4 and 8 whose data-parallel ranks spread evenly: the same shape from both.
+// The search's layout is arithmetic, for speed; the executor's groups are the reference. Grids of tp 1, 2, 4, 8,
+// pp 1, 2, 4 and dp 1, 2, 3, 4, 8 (up to 64 ranks) on nodes of 1, 2, 4 and 8 whose data-parallel ranks spread
+// evenly: the same shape from both.
 TEST(Search, DataParallelLayoutIsTheExecutorsGroups) {
   int compared = 0;
   for (int per_node : {1, 2, 4, 8})

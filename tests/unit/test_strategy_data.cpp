@@ -100,20 +100,20 @@ TEST(ShardPlan, GathersAndPerMicroBatchReductionsFollowTheSharding) {
   using Over = ShardPlan::Over;
   auto expect = [](ShardPlan::UnitCollective call, Over over, std::size_t count) {
     EXPECT_EQ(call.over, over);
-    EXPECT_EQ(call.count, over == Over::none ? call.count : count);
+    EXPECT_EQ(call.count, count);  // with no collective: what the rank holds, the whole padded unit
   };
   auto plan = [](const char* strategy) { return ShardPlan(parse_strategy(strategy), 8, 4, 2, 1, 1); };
   const UnitShape unit = plan("NNN").shape(100);
-  expect(plan("NNN").parameter_gather(unit), Over::none, 0);       // whole parameters: nothing gathered
-  expect(plan("NNN").micro_batch_reduction(unit), Over::none, 0);  // whole gradients: reduced at the last alone
-  expect(plan("NGG").parameter_gather(unit), Over::none, 0);
+  expect(plan("NNN").parameter_gather(unit), Over::none, 104);       // whole parameters: nothing gathered
+  expect(plan("NNN").micro_batch_reduction(unit), Over::none, 104);  // whole gradients: reduced at the last alone
+  expect(plan("NGG").parameter_gather(unit), Over::none, 104);
   expect(plan("NGG").micro_batch_reduction(unit), Over::pieces, 13);  // ZeRO-2: into my global piece every micro-batch
   expect(plan("GGG").parameter_gather(unit), Over::pieces, 13);       // ZeRO-3: every global piece gathered
   expect(plan("IIG").parameter_gather(unit), Over::intra, 26);        // the node's pieces: inside the node
   expect(plan("IIG").micro_batch_reduction(unit), Over::intra, 26);
   expect(plan("IIG").master_gather(unit), Over::pieces, 13);
   expect(plan("NNI").master_gather(unit), Over::intra, 26);
-  expect(plan("NNN").master_gather(unit), Over::none, 0);
+  expect(plan("NNN").master_gather(unit), Over::none, 104);
 }
 
 TEST(TokenSources, RowsDoNotDependOnHowTheBatchIsSplit) {
