@@ -15,11 +15,11 @@ StageTransfers::Transfer StageTransfers::started(coll::Work work, std::string wh
 }
 
 StageTransfers::Transfer StageTransfers::receive(float* into, std::size_t floats, int from_stage, std::string what) {
-  return started(pp_.recv(into, floats, DataType::float32, from_stage % stages_), std::move(what), floats, {});
+  return started(pp_.recv(into, floats, DataType::float32, from_stage % pp_.size()), std::move(what), floats, {});
 }
 
 StageTransfers::Transfer StageTransfers::send(const float* data, std::size_t floats, int to_stage, std::string what) {
-  Transfer t = started(pp_.send(data, floats, DataType::float32, to_stage % stages_), std::move(what), floats, {});
+  Transfer t = started(pp_.send(data, floats, DataType::float32, to_stage % pp_.size()), std::move(what), floats, {});
   stats.sent_bytes += t.bytes;
   ++stats.sends;
   return t;
@@ -27,7 +27,7 @@ StageTransfers::Transfer StageTransfers::send(const float* data, std::size_t flo
 
 void StageTransfers::send_copy(TrackedBuffer<float> copy, std::size_t floats, int to_stage, std::string what) {
   const float* data = copy.data();
-  Transfer t = started(pp_.send(data, floats, DataType::float32, to_stage % stages_), std::move(what), floats, std::move(copy));
+  Transfer t = started(pp_.send(data, floats, DataType::float32, to_stage % pp_.size()), std::move(what), floats, std::move(copy));
   stats.sent_bytes += t.bytes;
   ++stats.sends;
   sends_.push_back(std::move(t));

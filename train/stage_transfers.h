@@ -25,11 +25,10 @@ class StageTransfers {
     TrackedBuffer<float> buffer;  // a send's copy, handed back when done
     int trace_op = -1;            // traced: the operation in the trace
   };
-  // pp: the pipeline group of `stages` ranks (a stage's peer is stage % stages). comms: progressed while waiting,
-  // and the waits added to its exposed time. give_back: takes a finished send's copy.
-  StageTransfers(coll::Group& pp, int stages, StepComm& comms, Tracer* tracer,
-                 std::function<void(TrackedBuffer<float>&)> give_back)
-      : pp_(pp), stages_(stages), comms_(comms), tracer_(tracer), give_back_(std::move(give_back)) {}
+  // pp: the pipeline group (stage s runs on its rank s % size). comms: progressed while waiting, and the waits added
+  // to its exposed time. give_back: takes a finished send's copy.
+  StageTransfers(coll::Group& pp, StepComm& comms, Tracer* tracer, std::function<void(TrackedBuffer<float>&)> give_back)
+      : pp_(pp), comms_(comms), tracer_(tracer), give_back_(std::move(give_back)) {}
 
   void begin_step() { stats = {}; }
   // (floats) of stage `from_stage`'s rank into `into`.
@@ -52,7 +51,6 @@ class StageTransfers {
   void finished(Transfer& t);
 
   coll::Group& pp_;
-  int stages_;
   StepComm& comms_;
   Tracer* tracer_;
   std::function<void(TrackedBuffer<float>&)> give_back_;

@@ -31,12 +31,12 @@ void StepComm::finished(Op& op) {
 
 void StepComm::launch(Op op, std::function<void()> then) {
   in_flight_.push_back({std::move(op), std::move(then)});
-  if (!overlap_) wait_all();
+  if (!*overlap_) wait_all();
 }
 
 void StepComm::launch_chain(Op first, std::function<void()> then, std::function<Op()> second) {
   chains_.push_back({std::move(first), std::move(then), std::move(second), hooks_seen_ + kSecondPhaseDelay, false});
-  if (!overlap_) wait_all();
+  if (!*overlap_) wait_all();
 }
 
 void StepComm::progress() {

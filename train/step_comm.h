@@ -32,12 +32,11 @@ class StepComm {
   };
 
   // intra, inter: the data-parallel groups whose collectives count as those tiers (the rest: global).
-  // overlap off: every launch is waited for at once. tracer: a traced step's recorder, or null.
-  StepComm(const coll::Group& intra, const coll::Group& inter, bool overlap, Tracer* tracer)
-      : intra_(&intra), inter_(&inter), overlap_(overlap), tracer_(tracer) {}
+  // overlap: the trainer's setting, read at every launch (it may switch between steps); off, every launch is waited
+  // for at once. tracer: a traced step's recorder, or null.
+  StepComm(const coll::Group& intra, const coll::Group& inter, const bool& overlap, Tracer* tracer)
+      : intra_(&intra), inter_(&inter), overlap_(&overlap), tracer_(tracer) {}
 
-  // Off: every launch from now on is waited for at once (the step switched to blocking between steps).
-  void set_overlap(bool overlap) { overlap_ = overlap; }
   // The counters zeroed for a new step; `timeline`: where the step's intervals go, or null.
   void begin_step(std::vector<TimelineEvent>* timeline);
 
@@ -89,7 +88,7 @@ class StepComm {
 
   const coll::Group* intra_;
   const coll::Group* inter_;
-  bool overlap_;
+  const bool* overlap_;
   Tracer* tracer_;
   std::vector<InFlight> in_flight_;
   std::vector<Chain> chains_;  // in creation order

@@ -192,8 +192,8 @@ struct Trainer::Impl {
 
   Impl(const TrainConfig& config, coll::ProcessGroups& groups, const TokenSource* source, Tracer* tracer_of_step)
       : c(config), dp(groups.dp()), intra(groups.dp_intra()), inter(groups.dp_inter()), tp(groups.tp()), pp(groups.pp()),
-        data(source), tracer(tracer_of_step), comms(groups.dp_intra(), groups.dp_inter(), config.overlap, tracer_of_step),
-        transfers(groups.pp(), groups.pp().size(), comms, tracer_of_step, [this](TrackedBuffer<float>& b) { release(b); }) {
+        data(source), tracer(tracer_of_step), comms(groups.dp_intra(), groups.dp_inter(), c.overlap, tracer_of_step),
+        transfers(groups.pp(), comms, tracer_of_step, [this](TrackedBuffer<float>& b) { release(b); }) {
     if (tracer) c.runtime.tracer = tracer, pool.backing = Backing::address_space;
     const Backing backing = tracer ? Backing::address_space : Backing::memory;
     if (const std::string why = refusal_reason(c.strategy); !why.empty())
@@ -916,10 +916,7 @@ StepStats Trainer::step(int64_t step, bool record_timeline) {
   return impl_->step(step, record_timeline || impl_->c.record_timeline);
 }
 
-void Trainer::set_overlap(bool overlap) {
-  impl_->c.overlap = overlap;
-  impl_->comms.set_overlap(overlap);
-}
+void Trainer::set_overlap(bool overlap) { impl_->c.overlap = overlap; }
 
 std::vector<float> Trainer::full_parameters() { return impl_->full_parameters(); }
 

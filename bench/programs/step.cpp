@@ -433,7 +433,6 @@ double trainable_parameters(const ModelConfig& model, const Trainable& trainable
   return psi;
 }
 
-
 // A case's configuration: its strategy and mode on the run's.
 TrainConfig case_config(const StepJob& job, const StepCase& k) {
   TrainConfig c = job.config;
