@@ -98,6 +98,8 @@ struct ErrorReport {
   double rel_l2 = 0.0;   // ||got - ref|| / ||ref|| (plain ||got - ref|| when ref is all zeros), counting only
                          // the part of each |got - ref| above abs_floor
   std::size_t bad = 0;   // elements with |got - ref| > max(tol * (|ref| + rms(ref)), abs_floor), or NaN/Inf mismatch
+  double worst_excess = 0.0;   // largest |got - ref| / that element's bound (over 1 for a bad element)
+  std::size_t worst_at = 0;    // the element it was at
 };
 
 // Element test is relative to the element and to the tensor's RMS, so near-zero entries of a tensor with

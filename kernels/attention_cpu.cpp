@@ -993,7 +993,12 @@ ErrorReport compare_values(const float* got, const Ref* ref, std::size_t n, doub
     report.max_abs = std::max(report.max_abs, diff);
     const double beyond_floor = std::max(diff - abs_floor, 0.0);
     diff_squares += beyond_floor * beyond_floor;
-    if (diff > std::max(tol * (std::abs(want) + ref_rms), abs_floor)) ++report.bad;
+    const double bound = std::max(tol * (std::abs(want) + ref_rms), abs_floor);
+    if (diff > bound) ++report.bad;
+    if (bound > 0.0 && diff / bound > report.worst_excess) {
+      report.worst_excess = diff / bound;
+      report.worst_at = i;
+    }
   }
   report.rel_l2 = ref_squares > 0.0 ? std::sqrt(diff_squares / ref_squares) : std::sqrt(diff_squares);
   return report;

@@ -142,9 +142,10 @@ struct CheckReport {
   std::string summary;             // one line: worst relative L2 and bad counts per tensor
 };
 
-// O, lse and dV are held to compare() with attention::tolerance() of the dtype. dQ and dK also pass element
-// differences within a float64 bound on the rounding of dS in the dtype: their terms cancel (each row's dS sums
-// to zero), so rows that see few keys carry rounding that is large beside their own value and the tensor RMS.
+// O and lse are held to compare() with attention::tolerance() of the dtype. dQ, dK and dV also pass element
+// differences within a float64 bound on the rounding of dS (dQ, dK) or P (dV) in the dtype: their terms cancel
+// (each row's dS sums to zero; dV sums P-weighted rows of dO of either sign), so an element can be far below
+// its terms and the tensor's RMS and still carry their rounding.
 // Host code, built with or without CUDA. Throws std::invalid_argument when batch or kv_head is out of range,
 // or `backward` is asked without dq, dk, dv.
 CheckReport check(const Shape& shape, DType dtype, const HostTensors& tensors, bool backward, int batch,

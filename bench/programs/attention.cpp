@@ -142,6 +142,7 @@ struct Tensors {
 struct CheckOutcome {
   double worst_rel_l2 = 0;
   int64_t bad = 0;
+  std::string failure;  // what failed, per tensor, when bad > 0
 };
 
 // Where the checked slice of O starts: batch 0, the first query head of the kv head the seed picks.
@@ -169,19 +170,25 @@ CheckOutcome check_slice(const Shape& s, const Tensors& t, bool backward, uint64
   attention::reference_forward(slice, q.data(), k.data(), v.data(), o.data(), lse.data());
   const double tol = attention::tolerance(attention::Precision::fp32);
   CheckOutcome out;
-  auto account = [&](const std::vector<float>& got_all, size_t offset, const std::vector<double>& ref, double floor) {
+  auto account = [&](const char* label, const std::vector<float>& got_all, size_t offset,
+                     const std::vector<double>& ref, double floor) {
     attention::ErrorReport r = attention::compare(got_all.data() + offset, ref.data(), ref.size(), tol, floor);
     out.worst_rel_l2 = std::max(out.worst_rel_l2, std::isnan(r.rel_l2) ? INFINITY : r.rel_l2);
-    out.bad += static_cast<int64_t>(r.bad) + (attention::within(r, tol) ? 0 : (r.bad ? 0 : 1));
+    if (attention::within(r, tol)) return;
+    out.bad += std::max<int64_t>(1, static_cast<int64_t>(r.bad));
+    char text[160];
+    std::snprintf(text, sizeof text, "%s%s rel_l2 %.2e bad %zu (worst %.2f x its bound at element %zu)",
+                  out.failure.empty() ? "" : ", ", label, r.rel_l2, r.bad, r.worst_excess, r.worst_at);
+    out.failure += text;
   };
-  account(t.o, static_cast<size_t>(kv_head) * group * qn, o, 0);
+  account("o", t.o, static_cast<size_t>(kv_head) * group * qn, o, 0);
   if (backward) {
     std::vector<double> d_o = q_at(t.d_o), dq(q.size()), dk(k.size()), dv(v.size());
     attention::reference_backward(slice, q.data(), k.data(), v.data(), o.data(), d_o.data(), lse.data(), dq.data(),
                                   dk.data(), dv.data());
-    account(t.dq, static_cast<size_t>(kv_head) * group * qn, dq, 1e-6);
-    account(t.dk, static_cast<size_t>(kv_head) * kn, dk, 1e-6);
-    account(t.dv, static_cast<size_t>(kv_head) * kn, dv, 0);
+    account("dq", t.dq, static_cast<size_t>(kv_head) * group * qn, dq, 1e-6);
+    account("dk", t.dk, static_cast<size_t>(kv_head) * kn, dk, 1e-6);
+    account("dv", t.dv, static_cast<size_t>(kv_head) * kn, dv, 0);
   }
   return out;
 }
@@ -242,6 +249,7 @@ struct GpuWorkload final : Workload {
         out.worst_rel_l2 = std::max(out.worst_rel_l2, std::isnan(r->rel_l2) ? INFINITY : r->rel_l2);
       out.bad = report.passed ? 0 : std::max<int64_t>(1, static_cast<int64_t>(report.o.bad + report.lse.bad +
                                                                            report.dq.bad + report.dk.bad + report.dv.bad));
+      if (!report.passed) out.failure = report.summary;
       return out;
     };
     corrupt = [this, seed] { attention.corrupt_output(checked_o_offset(attention.shape(), seed)); };
@@ -404,6 +412,8 @@ int run_attention(int argc, char** argv) {
     if (has_bwd) work->backward();
     if (injects_wrong_element(h, rank)) work->corrupt();
     CheckOutcome check = work->check(has_bwd);
+    if (check.bad > 0)  // the row's "!" says that it failed; this says where, from the rank that saw it
+      std::fprintf(stderr, "strata-attention: rank %d: %s: check failed: %s\n", rank, label, check.failure.c_str());
     double worst = allreduce_max(MPI_COMM_WORLD, check.worst_rel_l2);
 
     std::function<void()> body = c.pass == "fwd" ? work->forward

@@ -112,18 +112,18 @@ def main() -> int:
     attention = strata_cases(args.results, "strata-attention")
     if attention is not None:
         rows = []
-        for c in attention.itertuples():
-            ours = c.flop_rate_per_rank / 1e12
-            causal = bool(c.causal)
-            theirs = next((r["tflops"] for r in torch_rows if r["kind"] == "attention" and r["pass"] == c._asdict()["pass"]
-                           and r["causal"] == causal and r["seq"] == c.seq_q), None)
+        for c in attention.to_dict("records"):  # "pass" is a keyword: itertuples() would rename it
+            ours = c["flop_rate_per_rank"] / 1e12
+            causal = bool(c["causal"])
+            theirs = next((r["tflops"] for r in torch_rows if r["kind"] == "attention" and r["pass"] == c["pass"]
+                           and r["causal"] == causal and r["seq"] == c["seq_q"]), None)
             ratio = ours / theirs if theirs else None
-            target = TARGETS.get(c._asdict()["pass"], 1.0)
+            target = TARGETS.get(c["pass"], 1.0)
             if ratio is not None and ratio < target:
-                record["missed"].append(f"attention {c._asdict()['pass']} causal={causal}")
-            rows.append([c.impl, c._asdict()["pass"], "yes" if causal else "no", f"{ours:.1f}",
+                record["missed"].append(f"attention {c['pass']} causal={causal}")
+            rows.append([c["impl"], c["pass"], "yes" if causal else "no", f"{ours:.1f}",
                          f"{theirs:.1f}" if theirs else "n/a", judged(ratio, target)])
-            record["attention"].append({"impl": c.impl, "pass": c._asdict()["pass"], "causal": causal,
+            record["attention"].append({"impl": c["impl"], "pass": c["pass"], "causal": causal,
                                         "strata_tflops": ours, "pytorch_tflops": theirs, "ratio": ratio})
         lines += ["## Attention: strata-attention (flash) against SDPA's flash backend", "",
                   "TFLOP/s in flash-attention's convention: forward 4 b h s^2 d (causal half), backward 2.5 x forward.",

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -396,6 +397,66 @@ TEST(GpuAttentionCheck, PassesAccurateResultsAndCatchesAWrongElement) {
                      true, 0, 0),
                std::invalid_argument);
   EXPECT_THROW(check(shape, DType::bf16, tensors, false, 2, 0), std::invalid_argument);
+}
+
+// The GPU paths take P in the dtype for dV = P^T dO. Under a causal mask the first keys gather many rows whose
+// signed terms can cancel far below the tensor's RMS while still carrying that rounding: a dV formed so, with
+// everything else exact, passes; one wrong element of it still fails.
+TEST(GpuAttentionCheck, PassesADvFormedFromProbabilitiesInBf16) {
+  const Shape shape{1, 1, 1, 512, 512, 32, true};
+  const std::size_t qn = q_elements(shape), kn = kv_elements(shape);
+  std::vector<float> qf(qn), kf(kn), vf(kn), dof(qn);
+  gemm::fill_uniform(qf.data(), qn, 11);
+  gemm::fill_uniform(kf.data(), kn, 12);
+  gemm::fill_uniform(vf.data(), kn, 13);
+  gemm::fill_uniform(dof.data(), qn, 14);
+  // Key 0 is a sink that every query attends to, as in trained models: its dV gathers every row. The last row's
+  // dO makes one column of dV_0 cancel to zero, so that element keeps only the rounding of its terms.
+  const int d = shape.head_dim, last = shape.seq_q - 1, column = 5;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int row = 0; row < shape.seq_q; ++row) qf[static_cast<std::size_t>(row) * d] = 1.0f;
+  kf[0] = 30.0f;
+  std::vector<double> o(qn), lse(lse_elements(shape)), dq(qn), dk(kn), dv(kn);
+  {
+    const std::vector<double> q(qf.begin(), qf.end()), k(kf.begin(), kf.end()), v(vf.begin(), vf.end());
+    reference_forward(shape, q.data(), k.data(), v.data(), o.data(), lse.data());
+    auto p_of_sink = [&](int row) {
+      double score = 0.0;
+      for (int c = 0; c < d; ++c) score += q[static_cast<std::size_t>(row) * d + c] * k[static_cast<std::size_t>(c)];
+      return std::exp(scale * score - lse[static_cast<std::size_t>(row)]);
+    };
+    double others = 0.0;
+    for (int row = 0; row < last; ++row) others += p_of_sink(row) * dof[static_cast<std::size_t>(row) * d + column];
+    dof[static_cast<std::size_t>(last) * d + column] = static_cast<float>(-others / p_of_sink(last));
+  }
+  const std::vector<double> q(qf.begin(), qf.end()), k(kf.begin(), kf.end()), v(vf.begin(), vf.end()),
+      d_o(dof.begin(), dof.end());
+  reference_backward(shape, q.data(), k.data(), v.data(), o.data(), d_o.data(), lse.data(), dq.data(), dk.data(),
+                     dv.data());
+  auto to_bf16 = [](double x) {  // round to nearest even, as the kernels' conversions do
+    uint32_t bits = std::bit_cast<uint32_t>(static_cast<float>(x));
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return static_cast<double>(std::bit_cast<float>(bits & 0xffff0000u));
+  };
+  std::vector<double> dv_bf16_p(kn, 0.0);
+  for (int row = 0; row < shape.heads_q * shape.seq_q; ++row) {
+    const int i = row % shape.seq_q;
+    for (int j = 0; j <= i; ++j) {
+      double score = 0.0;
+      for (int c = 0; c < d; ++c) score += q[static_cast<std::size_t>(row) * d + c] * k[static_cast<std::size_t>(j) * d + c];
+      const double p = to_bf16(std::exp(scale * score - lse[static_cast<std::size_t>(row)]));
+      for (int c = 0; c < d; ++c)
+        dv_bf16_p[static_cast<std::size_t>(j) * d + c] += p * d_o[static_cast<std::size_t>(row) * d + c];
+    }
+  }
+  auto floats = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+  std::vector<float> of = floats(o), lsef = floats(lse), dqf = floats(dq), dkf = floats(dk), dvf = floats(dv_bf16_p);
+  const HostTensors tensors{qf.data(), kf.data(), vf.data(), dof.data(), of.data(), lsef.data(),
+                            dqf.data(), dkf.data(), dvf.data()};
+  const CheckReport report = check(shape, DType::bf16, tensors, true, 0, 0);
+  EXPECT_TRUE(report.passed) << report.summary;
+  dvf[std::size_t{3} * d + 5] = 2 * dvf[std::size_t{3} * d + 5] + 1;
+  EXPECT_FALSE(check(shape, DType::bf16, tensors, true, 0, 0).passed);
 }
 
 }  // namespace
