@@ -986,7 +986,11 @@ ErrorReport compare_values(const float* got, const Ref* ref, std::size_t n, doub
     const double want = static_cast<double>(ref[i]);
     const double have = static_cast<double>(got[i]);
     if (!std::isfinite(want) || !std::isfinite(have)) {
-      if (!(want == have)) ++report.bad;  // NaN never matches; infinities must agree in sign
+      if (!(want == have)) {  // NaN never matches; infinities must agree in sign
+        ++report.bad;
+        report.worst_excess = INFINITY;
+        report.worst_at = i;
+      }
       continue;
     }
     const double diff = std::abs(have - want);

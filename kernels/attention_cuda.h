@@ -145,7 +145,8 @@ struct CheckReport {
 // O and lse are held to compare() with attention::tolerance() of the dtype. dQ, dK and dV also pass element
 // differences within a float64 bound on the rounding of dS (dQ, dK) or P (dV) in the dtype: their terms cancel
 // (each row's dS sums to zero; dV sums P-weighted rows of dO of either sign), so an element can be far below
-// its terms and the tensor's RMS and still carry their rounding.
+// its terms and the tensor's RMS and still carry their rounding. A NaN or infinity that the reference does not
+// have is reported as worst_excess infinity.
 // Host code, built with or without CUDA. Throws std::invalid_argument when batch or kv_head is out of range,
 // or `backward` is asked without dq, dk, dv.
 CheckReport check(const Shape& shape, DType dtype, const HostTensors& tensors, bool backward, int batch,

@@ -45,10 +45,10 @@ Precision precision(DType dtype) {
     case DType::tf32: return {std::ldexp(1.0, -11), u32, u32};
     case DType::fp16: return {0, u32, std::ldexp(1.0, -11)};
     case DType::bf16: return {0, u32, std::ldexp(1.0, -8)};
-    // Output stored as bf16. The accumulation is taken 4 times coarser than fp32's rounding to nearest: tensor
-    // cores add with truncation, and the fp8 path keeps its partial sums at reduced precision between promotions
-    // to fp32. cuBLASLt's fp8 GEMM on an H200 exceeded the round-to-nearest bound by 5 % (208x48x144); the bound
-    // kept still tells a wrong element from rounding for K up to about 2^20 (4 sqrt(K) u < 1 / sqrt(K)).
+    // Output stored as bf16. The accumulation is taken 4 times coarser than fp32's rounding to nearest:
+    // cuBLASLt's fp8 GEMM on an H200 exceeded the round-to-nearest bound by 5 % (208x48x144), as the tensor
+    // cores' fp8 path keeps its partial sums at reduced precision between promotions to fp32. The bound kept
+    // still tells a wrong element from rounding for K up to about 2^20 (4 sqrt(K) u < 1 / sqrt(K)).
     case DType::fp8_e4m3: return {0, std::ldexp(1.0, -22), std::ldexp(1.0, -8)};
   }
   return {};

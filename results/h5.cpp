@@ -10,7 +10,10 @@
 namespace strata::h5 {
 namespace {
 
-constexpr hsize_t kChunkRows = 4096;
+// Every column of every table takes at least one whole chunk, and most tables are a few rows: 256 rows (2 KiB of
+// numbers, 4 KiB of string references) keep a strata-step run of 14 cases at 1.0 MB instead of 6.3 MB with
+// 4,096, and appending 80,000 samples was no slower.
+constexpr hsize_t kChunkRows = 256;
 
 Handle string_type() {
   hid_t type = STRATA_H5_CHECK(H5Tcopy(H5T_C_S1));

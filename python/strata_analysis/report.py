@@ -441,11 +441,14 @@ def step_section(data: pd.DataFrame, out_dir: str) -> tuple[str, list[str]]:
         for category in MEMORY_CATEGORIES}})
     text = ["## Training step (strata-step)", "",
             "Step time: median over timed steps of the per-step max over ranks. MFU: model FLOPs 6N + 6Lhs per token "
-            "over the measured FP32 peak of every rank. Phases: median over steps, mean over ranks; exposed "
+            "over the peak of every rank (listed below the table: a CPU run's measured FP32 peak, a GPU run's dense "
+            "16-bit tensor-core peak). Phases: median over steps, mean over ranks; exposed "
             "communication is time the step waited for collectives; recompute is the part of backward that "
             "recomputes activations (HFU counts its FLOPs, MFU does not). Memory: high-water mark per rank (max over ranks) "
             "beside the formula; bytes sent per rank per step (mean over ranks) beside the ring formula "
             "(n/a: the library algorithm counts none).", "", markdown_table(table), "",
+            *[f"- peak per rank: {peak / 1e9:.1f} GFLOP/s" for peak in sorted(set(data["peak_per_rank"])) if peak > 0],
+            "",
             "Memory per rank by category: measured high-water MB / formula MB = their ratio (each the max over "
             "ranks; comm_buffers against the pool's bound, so at most 1; n/a where the formula is 0).", "",
             markdown_table(memory), ""]

@@ -6,9 +6,10 @@
 #
 # Where the programs come from: --bundle DIR (default .gpu-bundle/ when it holds strata-gpu.tar.xz: a machine
 # without MPI or HDF5, see bundle.sh) or --build DIR (a build on a GPU node: `make gpu-check`). Writes into
-# --out (default $OUT, else gpu-check-out/): check.log (every part's output), results.h5 (every Strata run),
-# pytorch.jsonl (PyTorch's figures), summary.md and summary.json. --budget: seconds for the whole check
-# (default 540); a part gets what is left, and parts that no longer fit are skipped and say so.
+# --out (default $OUT, else gpu-check-out/): check.log (every part's output), results.h5 (every Strata run;
+# results.h5.xz when over 15 MiB), pytorch.jsonl (PyTorch's figures), summary.md and summary.json. --budget:
+# seconds for the whole check (default 540); a part gets what is left, and parts that no longer fit are skipped
+# and say so.
 # --only: comma-separated shell patterns of part names to run (e.g. 'gpu-tests,step-*'); the others are
 # recorded as skipped. --dry-run: on a machine without a GPU, every part starts and reports "no device"; a CPU
 # run of strata-gemm through the same launcher and libraries proves the bundle. Exit 0 when no part failed.
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -44,7 +45,7 @@ log=$out/check.log
 parts=$out/parts.tsv
 results=$out/results.h5
 torch_json=$out/pytorch.jsonl
-rm -f "$log" "$parts" "$results" "$torch_json" "$out/summary.md" "$out/summary.json"
+rm -f "$log" "$parts" "$results" "$results.xz" "$torch_json" "$out/summary.md" "$out/summary.json"
 say() { printf '[gpu-check] %s\n' "$*" | tee -a "$log"; }
 
 # ---- the programs, their libraries and the launcher ---------------------------------------------------
@@ -109,6 +110,7 @@ launch=(mpirun --bind-to none -np 1)
 
 # ---- parts ----------------------------------------------------------------------------------------------
 failures=0
+asked_parts=0  # parts that --only (or its absence) let start
 # part NAME LIMIT COMMAND...: runs COMMAND under min(LIMIT, what the budget leaves) seconds; records its status
 # (ok, no device, timed out, skipped, FAILED) with a note from its output.
 part() {
@@ -118,6 +120,7 @@ part() {
     local patterns
     IFS=, read -ra patterns <<<"$only"
     for pattern in "${patterns[@]}"; do
+      pattern=${pattern// /}
       # shellcheck disable=SC2053 # the pattern is meant to match as a glob
       [[ $name == $pattern ]] && selected=1
     done
@@ -126,6 +129,7 @@ part() {
       return
     fi
   fi
+  asked_parts=$((asked_parts + 1))
   now=$(date +%s)
   left=$((deadline - now - 15))  # the summary's seconds stay
   if [ "$left" -lt 10 ]; then
@@ -202,16 +206,26 @@ else
 fi
 
 # ---- summary --------------------------------------------------------------------------------------------
+if [ -n "$only" ] && [ "$asked_parts" = 0 ]; then
+  say "--only '$only' names no part of the check (see the part names in check.sh)"
+  rm -f "$parts"
+  exit 2
+fi
 python3 "$root/scripts/gpu/summary.py" --results "$results" --pytorch "$torch_json" --parts "$parts" \
   --markdown "$out/summary.md" --json "$out/summary.json" $([ "$dry_run" = 1 ] && echo --dry-run) | tee -a "$log"
 summary_code=${PIPESTATUS[0]}
 rm -f "$parts"
-# Results beyond what a caller may fetch whole (16 MiB a file from a lent machine) travel compressed.
+# Results over 15 MiB are also kept as results.h5.xz (fast compression, its own time limit); the .xz replaces
+# the file only when it was written whole.
 if [ -f "$results" ] && [ "$(stat -c %s "$results")" -gt $((15 * 1048576)) ]; then
-  python3 -c 'import lzma, shutil, sys
-with open(sys.argv[1], "rb") as src, lzma.open(sys.argv[1] + ".xz", "wb", preset=6) as dst: shutil.copyfileobj(src, dst)' "$results" &&
-    say "results.h5: $(( $(stat -c %s "$results") / 1048576 )) MiB, written compressed as results.h5.xz ($(( $(stat -c %s "$results.xz") / 1048576 )) MiB)" &&
+  if timeout 120 python3 -c 'import lzma, shutil, sys
+with open(sys.argv[1], "rb") as src, lzma.open(sys.argv[1] + ".xz", "wb", preset=1) as dst: shutil.copyfileobj(src, dst)' "$results"; then
+    say "results.h5: $(( $(stat -c %s "$results") / 1048576 )) MiB, written compressed as results.h5.xz ($(( $(stat -c %s "$results.xz") / 1048576 )) MiB)"
     rm -f "$results"
+  else
+    rm -f "$results.xz"
+    say "results.h5: could not be compressed; left as it is"
+  fi
 fi
 say "done in $(($(date +%s) - started)) s; files in $out: $(cd "$out" && ls | tr '\n' ' ')"
 [ "$failures" = 0 ] && [ "$summary_code" = 0 ]

@@ -70,3 +70,12 @@ def test_mixed_pattern_counts_the_wrong_allreduce(tmp_path):
     assert list(sr.read_runs(str(out))["status"]) == ["failed"]
     by_op = data.groupby("operation")["wrong_elements"].apply(list).to_dict()
     assert by_op == {"allreduce": [1, 1], "reduce_scatter": [0, 0]}
+
+
+def test_a_failed_attention_check_names_the_tensor_and_element(tmp_path):
+    result, _ = run_program("strata-attention", tmp_path, 1)
+    lines = [line for line in result.stderr.splitlines() if "check failed" in line]
+    # Each of the 8 cases on rank 1, naming O (the corrupted tensor) with its bad count and where its worst element is.
+    assert len(lines) == 8, result.stderr[-2000:]
+    assert all(line.startswith("strata-attention: rank 1: ") and "o rel_l2" in line and "bad 1 (worst" in line
+               for line in lines), lines

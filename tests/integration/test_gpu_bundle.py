@@ -144,3 +144,37 @@ def test_the_dry_run_starts_every_part_with_the_hosts_own_copies_hidden(bundle, 
         (run,) = f["runs"].values()
         assert run.attrs["status"] in (b"ok", "ok")
     assert sorted(os.listdir(check_out)) == ["check.log", "results.h5", "summary.json", "summary.md"]
+
+
+def test_the_summary_sets_attention_beside_pytorch(tmp_path):
+    """The summary reads strata-attention's rows (whose column "pass" is a Python keyword) and matches them to
+    PyTorch's by pass, causality and sequence."""
+    from conftest import mpirun, program
+    results = tmp_path / "results.h5"
+    run = mpirun(1, [program("strata-attention"), "-s", "64", "-H", "2", "-D", "16", "--causal", "both", "-p",
+                     "fwd,bwd", "--impl", "flash", "-n", "1", "-w", "0", "-q", "--output", str(results)],
+                 cwd=str(tmp_path), timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    torch_rows = tmp_path / "pytorch.jsonl"
+    torch_rows.write_text("".join(json.dumps({"torch": "t", "device": "d", "kind": "attention", "pass": p, "causal": c,
+                                              "seq": 64, "tflops": 1e-6}) + "\n"
+                                  for p in ("fwd", "bwd") for c in (False, True)))
+    parts = tmp_path / "parts.tsv"
+    parts.write_text("attention\tok\t1\t\n")
+    summary = subprocess.run(["python3", os.path.join(ROOT, "scripts", "gpu", "summary.py"), "--results", str(results),
+                              "--pytorch", str(torch_rows), "--parts", str(parts), "--markdown",
+                              str(tmp_path / "summary.md"), "--json", str(tmp_path / "summary.json")],
+                             capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in summary.stderr, summary.stderr
+    record = json.loads((tmp_path / "summary.json").read_text())
+    assert sorted((row["pass"], row["causal"]) for row in record["attention"]) == [
+        ("bwd", False), ("bwd", True), ("fwd", False), ("fwd", True)]
+    assert all(row["pytorch_tflops"] == 1e-6 for row in record["attention"])
+
+
+def test_only_with_no_matching_part_is_refused(tmp_path):
+    result = subprocess.run([os.path.join(ROOT, "scripts", "gpu", "check.sh"), "--build", BUILD, "--dry-run",
+                             "--out", str(tmp_path), "--budget", "60", "--only", "gpu-test"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--only 'gpu-test' names no part" in result.stdout

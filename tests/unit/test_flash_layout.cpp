@@ -399,17 +399,19 @@ TEST(GpuAttentionCheck, PassesAccurateResultsAndCatchesAWrongElement) {
   EXPECT_THROW(check(shape, DType::bf16, tensors, false, 2, 0), std::invalid_argument);
 }
 
+std::vector<float> uniform(std::size_t count, uint64_t seed) {
+  std::vector<float> values(count);
+  gemm::fill_uniform(values.data(), count, seed);
+  return values;
+}
+
 // The GPU paths take P in the dtype for dV = P^T dO. Under a causal mask the first keys gather many rows whose
 // signed terms can cancel far below the tensor's RMS while still carrying that rounding: a dV formed so, with
 // everything else exact, passes; one wrong element of it still fails.
 TEST(GpuAttentionCheck, PassesADvFormedFromProbabilitiesInBf16) {
   const Shape shape{1, 1, 1, 512, 512, 32, true};
   const std::size_t qn = q_elements(shape), kn = kv_elements(shape);
-  std::vector<float> qf(qn), kf(kn), vf(kn), dof(qn);
-  gemm::fill_uniform(qf.data(), qn, 11);
-  gemm::fill_uniform(kf.data(), kn, 12);
-  gemm::fill_uniform(vf.data(), kn, 13);
-  gemm::fill_uniform(dof.data(), qn, 14);
+  std::vector<float> qf = uniform(qn, 11), kf = uniform(kn, 12), vf = uniform(kn, 13), dof = uniform(qn, 14);
   // Key 0 is a sink that every query attends to, as in trained models: its dV gathers every row. The last row's
   // dO makes one column of dV_0 cancel to zero, so that element keeps only the rounding of its terms.
   const int d = shape.head_dim, last = shape.seq_q - 1, column = 5;
@@ -457,6 +459,36 @@ TEST(GpuAttentionCheck, PassesADvFormedFromProbabilitiesInBf16) {
   EXPECT_TRUE(report.passed) << report.summary;
   dvf[std::size_t{3} * d + 5] = 2 * dvf[std::size_t{3} * d + 5] + 1;
   EXPECT_FALSE(check(shape, DType::bf16, tensors, true, 0, 0).passed);
+}
+
+// What the dV bound allows beyond compare() is confined to keys with many large terms: on plain random inputs a
+// mask one key off in one tile of 16 keys mid-sequence (row j - 1 also sees key j) fails the check.
+TEST(GpuAttentionCheck, CatchesAMaskOneKeyOffInOneTileOfDv) {
+  const Shape shape{1, 1, 1, 512, 512, 32, true};
+  const std::size_t qn = q_elements(shape), kn = kv_elements(shape);
+  std::vector<float> qf = uniform(qn, 21), kf = uniform(kn, 22), vf = uniform(kn, 23), dof = uniform(qn, 24);
+  const std::vector<double> q(qf.begin(), qf.end()), k(kf.begin(), kf.end()), v(vf.begin(), vf.end()),
+      d_o(dof.begin(), dof.end());
+  std::vector<double> o(qn), lse(lse_elements(shape)), dq(qn), dk(kn), dv(kn);
+  reference_forward(shape, q.data(), k.data(), v.data(), o.data(), lse.data());
+  reference_backward(shape, q.data(), k.data(), v.data(), o.data(), d_o.data(), lse.data(), dq.data(), dk.data(),
+                     dv.data());
+  auto floats = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+  std::vector<float> of = floats(o), lsef = floats(lse), dqf = floats(dq), dkf = floats(dk), dvf = floats(dv);
+  const HostTensors tensors{qf.data(), kf.data(), vf.data(), dof.data(), of.data(), lsef.data(),
+                            dqf.data(), dkf.data(), dvf.data()};
+  EXPECT_TRUE(check(shape, DType::bf16, tensors, true, 0, 0).passed);
+  const int d = shape.head_dim;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int j = 256; j < 272; ++j) {
+    double score = 0.0;
+    for (int c = 0; c < d; ++c) score += q[static_cast<std::size_t>(j - 1) * d + c] * k[static_cast<std::size_t>(j) * d + c];
+    const double p = std::exp(scale * score - lse[static_cast<std::size_t>(j - 1)]);
+    for (int c = 0; c < d; ++c)
+      dvf[static_cast<std::size_t>(j) * d + c] += static_cast<float>(p * d_o[static_cast<std::size_t>(j - 1) * d + c]);
+  }
+  const CheckReport masked = check(shape, DType::bf16, tensors, true, 0, 0);
+  EXPECT_FALSE(masked.passed);
 }
 
 }  // namespace
