@@ -98,7 +98,8 @@ struct ErrorReport {
   double rel_l2 = 0.0;   // ||got - ref|| / ||ref|| (plain ||got - ref|| when ref is all zeros), counting only
                          // the part of each |got - ref| above abs_floor
   std::size_t bad = 0;   // elements with |got - ref| > max(tol * (|ref| + rms(ref)), abs_floor), or NaN/Inf mismatch
-  double worst_excess = 0.0;   // largest |got - ref| / that element's bound (over 1 for a bad element)
+  double worst_excess = 0.0;   // largest |got - ref| / that element's bound (over 1 for a bad element;
+                               // infinity for a NaN or infinity the reference does not have)
   std::size_t worst_at = 0;    // the element it was at
 };
 

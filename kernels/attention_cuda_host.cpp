@@ -69,8 +69,8 @@ ErrorReport compare_bounded(const float* got, const double* ref, const std::vect
 // flag plain rounding. The bound is 2 u scale sum_j (|dS_ij| + P_ij sum_d |dO_id O_id|) |K_jc|, and the same
 // with Q for dK. Both paths also take P in the dtype for dV_j = sum_i P_ij dO_i: under a causal mask the first
 // keys gather many rows, whose signed terms can cancel far below the tensor's RMS (seen on an H200: 2 of
-// 524,288 elements of dV at 1.12 x compare()'s bound, at S = 4096). The roundings of separate P_ij are
-// independent, so their sum grows as the root of the sum of squares: the bound is 8 u sqrt(sum_i (P_ij dO_ic)^2),
+// 524,288 elements of dV at 1.12 x compare()'s bound, at S = 4096). The rows' dO take either sign, so the
+// rounding errors of the terms add as the root of their sum of squares: the bound is 8 u sqrt(sum_i (P_ij dO_ic)^2),
 // about 14 standard deviations of rounding P to nearest (an error uniform within u P; room for the smaller
 // roundings in forming P). It is above compare()'s own allowance only for keys with many large terms (the first
 // keys of a causal mask), where a key off in the mask still moves an element several times more than it.

@@ -10,9 +10,10 @@
 # results.h5.xz when over 15 MiB), pytorch.jsonl (PyTorch's figures), summary.md and summary.json. --budget:
 # seconds for the whole check (default 540); a part gets what is left, and parts that no longer fit are skipped
 # and say so.
-# --only: comma-separated shell patterns of part names to run (e.g. 'gpu-tests,step-*'); the others are
-# recorded as skipped. --dry-run: on a machine without a GPU, every part starts and reports "no device"; a CPU
-# run of strata-gemm through the same launcher and libraries proves the bundle. Exit 0 when no part failed.
+# --only: comma-separated shell patterns of part names to run (e.g. 'gpu-tests,step-*'; exit 2 before anything
+# runs when none matches); the others are recorded as skipped. --dry-run: on a machine without a GPU, every part
+# starts and reports "no device"; a CPU run of strata-gemm through the same launcher and libraries proves the
+# bundle. Exit 0 when no part failed.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,11 +31,32 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 [[ "$budget" =~ ^[0-9]+$ ]] || { echo "check.sh: --budget '$budget' is not a number of seconds" >&2; exit 2; }
+# Every part, in the order it runs; part() refuses a name that is not here.
+part_names=(cpu-smoke gpu-tests nccl-groups-tests trainer-tests gemm gemm-pytorch attention attention-pytorch
+            step-gpt2-124m step-gpt2-124m-pytorch-eager step-gpt2-124m-pytorch-compile
+            step-gpt2-350m step-gpt2-350m-pytorch-eager step-gpt2-350m-pytorch-compile collective-nccl memcheck)
+only_patterns=()
+[ -n "$only" ] && IFS=, read -ra only_patterns <<<"${only// /}"
+# selected NAME: whether --only (or its absence) asks for the part.
+selected() {
+  [ -z "$only" ] && return 0
+  local pattern
+  for pattern in "${only_patterns[@]}"; do
+    # shellcheck disable=SC2053 # the pattern is meant to match as a glob
+    [[ $1 == $pattern ]] && return 0
+  done
+  return 1
+}
+if [ -n "$only" ]; then
+  matched=0
+  for name in "${part_names[@]}"; do selected "$name" && matched=1; done
+  [ "$matched" = 1 ] || { echo "check.sh: --only '$only' names no part (parts: ${part_names[*]})" >&2; exit 2; }
+fi
 if [ -z "$bundle" ] && [ -z "$build" ]; then
   if [ -f "$root/.gpu-bundle/strata-gpu.tar.xz" ]; then bundle=$root/.gpu-bundle; else build=$root/build; fi
 fi
@@ -45,7 +67,7 @@ log=$out/check.log
 parts=$out/parts.tsv
 results=$out/results.h5
 torch_json=$out/pytorch.jsonl
-rm -f "$log" "$parts" "$results" "$results.xz" "$torch_json" "$out/summary.md" "$out/summary.json"
+rm -f "$log" "$parts" "$results" "$results.xz" "$results.xz.part" "$torch_json" "$out/summary.md" "$out/summary.json"
 say() { printf '[gpu-check] %s\n' "$*" | tee -a "$log"; }
 
 # ---- the programs, their libraries and the launcher ---------------------------------------------------
@@ -110,26 +132,16 @@ launch=(mpirun --bind-to none -np 1)
 
 # ---- parts ----------------------------------------------------------------------------------------------
 failures=0
-asked_parts=0  # parts that --only (or its absence) let start
 # part NAME LIMIT COMMAND...: runs COMMAND under min(LIMIT, what the budget leaves) seconds; records its status
 # (ok, no device, timed out, skipped, FAILED) with a note from its output.
 part() {
   local name=$1 limit=$2; shift 2
-  local now left status note code pattern selected=0
-  if [ -n "$only" ]; then
-    local patterns
-    IFS=, read -ra patterns <<<"$only"
-    for pattern in "${patterns[@]}"; do
-      pattern=${pattern// /}
-      # shellcheck disable=SC2053 # the pattern is meant to match as a glob
-      [[ $name == $pattern ]] && selected=1
-    done
-    if [ "$selected" = 0 ]; then
-      printf '%s\tskipped\t0\tnot asked for (--only)\n' "$name" >>"$parts"
-      return
-    fi
+  local now left status note code
+  [[ " ${part_names[*]} " == *" $name "* ]] || { echo "check.sh: part '$name' is not in part_names" >&2; exit 1; }
+  if ! selected "$name"; then
+    printf '%s\tskipped\t0\tnot asked for (--only)\n' "$name" >>"$parts"
+    return
   fi
-  asked_parts=$((asked_parts + 1))
   now=$(date +%s)
   left=$((deadline - now - 15))  # the summary's seconds stay
   if [ "$left" -lt 10 ]; then
@@ -198,7 +210,7 @@ part collective-nccl 90 "${launch[@]}" "$bin/strata-collective" --backend nccl -
 # errors are not reported: NCCL's initialisation asks for the attributes of its kernels for other architectures
 # and gets cudaErrorNoKernelImageForDevice (24 such reports on an H200), and Strata checks every CUDA call
 # itself, so an error of ours still fails the tests.
-if command -v compute-sanitizer >/dev/null 2>&1; then
+if command -v compute-sanitizer >/dev/null 2>&1 || ! selected memcheck; then
   part memcheck 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 "$bin/strata-gpu-tests"
 else
   printf 'memcheck\tskipped\t0\tcompute-sanitizer is not on this machine\n' >>"$parts"
@@ -206,25 +218,23 @@ else
 fi
 
 # ---- summary --------------------------------------------------------------------------------------------
-if [ -n "$only" ] && [ "$asked_parts" = 0 ]; then
-  say "--only '$only' names no part of the check (see the part names in check.sh)"
-  rm -f "$parts"
-  exit 2
-fi
 python3 "$root/scripts/gpu/summary.py" --results "$results" --pytorch "$torch_json" --parts "$parts" \
   --markdown "$out/summary.md" --json "$out/summary.json" $([ "$dry_run" = 1 ] && echo --dry-run) | tee -a "$log"
 summary_code=${PIPESTATUS[0]}
 rm -f "$parts"
-# Results over 15 MiB are also kept as results.h5.xz (fast compression, its own time limit); the .xz replaces
-# the file only when it was written whole.
+# Results over 15 MiB are replaced by results.h5.xz (fast compression, within what the budget leaves, at least
+# 30 s); the file is replaced only by a whole .xz.
 if [ -f "$results" ] && [ "$(stat -c %s "$results")" -gt $((15 * 1048576)) ]; then
-  if timeout 120 python3 -c 'import lzma, shutil, sys
-with open(sys.argv[1], "rb") as src, lzma.open(sys.argv[1] + ".xz", "wb", preset=1) as dst: shutil.copyfileobj(src, dst)' "$results"; then
+  compress_limit=$((deadline - $(date +%s)))
+  [ "$compress_limit" -lt 30 ] && compress_limit=30
+  if timeout "$compress_limit" python3 -c 'import lzma, shutil, sys
+with open(sys.argv[1], "rb") as src, lzma.open(sys.argv[2], "wb", preset=1) as dst: shutil.copyfileobj(src, dst)' \
+       "$results" "$results.xz.part" && mv "$results.xz.part" "$results.xz"; then
     say "results.h5: $(( $(stat -c %s "$results") / 1048576 )) MiB, written compressed as results.h5.xz ($(( $(stat -c %s "$results.xz") / 1048576 )) MiB)"
     rm -f "$results"
   else
-    rm -f "$results.xz"
-    say "results.h5: could not be compressed; left as it is"
+    rm -f "$results.xz.part"
+    say "results.h5: could not be compressed in $compress_limit s; left as it is"
   fi
 fi
 say "done in $(($(date +%s) - started)) s; files in $out: $(cd "$out" && ls | tr '\n' ' ')"

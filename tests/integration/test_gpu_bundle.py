@@ -173,8 +173,11 @@ def test_the_summary_sets_attention_beside_pytorch(tmp_path):
 
 
 def test_only_with_no_matching_part_is_refused(tmp_path):
+    """Before anything is run or removed: the last check's files stay."""
+    (tmp_path / "summary.md").write_text("the last check")
     result = subprocess.run([os.path.join(ROOT, "scripts", "gpu", "check.sh"), "--build", BUILD, "--dry-run",
                              "--out", str(tmp_path), "--budget", "60", "--only", "gpu-test"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "--only 'gpu-test' names no part" in result.stdout
+    assert "--only 'gpu-test' names no part" in result.stderr
+    assert (tmp_path / "summary.md").read_text() == "the last check"

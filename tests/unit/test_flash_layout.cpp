@@ -461,8 +461,8 @@ TEST(GpuAttentionCheck, PassesADvFormedFromProbabilitiesInBf16) {
   EXPECT_FALSE(check(shape, DType::bf16, tensors, true, 0, 0).passed);
 }
 
-// What the dV bound allows beyond compare() is confined to keys with many large terms: on plain random inputs a
-// mask one key off in one tile of 16 keys mid-sequence (row j - 1 also sees key j) fails the check.
+// The dV bound allows more than compare() only at keys with many large terms: on plain random inputs a mask one
+// key off in one tile of 16 keys mid-sequence (row j - 1 also sees key j) still fails the check.
 TEST(GpuAttentionCheck, CatchesAMaskOneKeyOffInOneTileOfDv) {
   const Shape shape{1, 1, 1, 512, 512, 32, true};
   const std::size_t qn = q_elements(shape), kn = kv_elements(shape);
