@@ -459,6 +459,12 @@ class Calibrator {
     fit_tier(GroupKind::intra_node, s.intra_node, base ? &base->intra_node : nullptr);
     fit_tier(GroupKind::inter_node, s.inter_node, base ? &base->inter_node : nullptr);
     keep_base_collectives();
+    // A ring's per-step latency across many nodes is not measurable on the few nodes a calibration runs on.
+    if (base && base->ring_latency) {
+      s.ring_latency = *base->ring_latency;
+      s.ring_latency->source = based(s.ring_latency->source);
+      report.push_back("ring latency: " + from_base);
+    }
     fit_contention();
     fit_overlap();
     if (out.missing.empty())

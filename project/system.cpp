@@ -1,6 +1,7 @@
 #include "project/system.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <cmath>
 #include <set>
@@ -258,15 +259,32 @@ const CollectiveModel* System::find_collective(coll::Operation op, const std::st
   return best;
 }
 
+double RingLatency::seconds(double bus_bytes, double bandwidth, int ranks, int nodes) const {
+  const double inter_steps = std::max(nodes - 1, 0);
+  const double intra_steps = std::max(ranks - 1 - static_cast<int>(inter_steps), 0);
+  double fastest = std::numeric_limits<double>::infinity();
+  for (const auto& [name, p] : protocols)
+    fastest = std::min(fastest, p.base.value + intra_steps * p.intra_step.value + inter_steps * p.inter_step.value +
+                                    bus_bytes / (p.bandwidth_factor * bandwidth));
+  return fastest;
+}
+
 double System::collective_seconds(coll::Operation op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
                                   int per_node) const {
   if (ranks <= 1) return 0;
   if (const CollectiveModel* m = find_collective(op, algorithm, kind, ranks)) return m->seconds(bytes, ranks);
   if (kind == GroupKind::intra_node) return intra_node.collective_seconds(op, bytes, ranks);
-  if (kind == GroupKind::inter_node || per_node <= 1) return inter_node.collective_seconds(op, bytes, ranks);
-  const LatencyBandwidth across = inter_node.model(op), inside = intra_node.model(op);
-  const double bandwidth = std::min(inside.bandwidth.value, per_node * across.bandwidth.value);
-  return across.latency.value + bytes * coll::bus_factor(op, ranks) / bandwidth;
+  const LatencyBandwidth across = inter_node.model(op);
+  const bool one_per_node = kind == GroupKind::inter_node || per_node <= 1;
+  const double bandwidth =
+      one_per_node ? across.bandwidth.value : std::min(intra_node.model(op).bandwidth.value, per_node * across.bandwidth.value);
+  const double bus_bytes = bytes * coll::bus_factor(op, ranks);
+  const double tiers = across.latency.value + bus_bytes / bandwidth;
+  // NCCL runs these two as rings only (its tree is for allreduce, whose latency grows with log2 of the nodes).
+  const bool ring_only = op == coll::Operation::allgather || op == coll::Operation::reduce_scatter;
+  if (!ring_latency || !ring_only) return tiers;
+  const int nodes = one_per_node ? ranks : (ranks + per_node - 1) / per_node;
+  return std::max(tiers, ring_latency->seconds(bus_bytes, bandwidth, ranks, nodes));
 }
 
 namespace {
@@ -437,6 +455,16 @@ std::optional<std::string> find_problem(const System& system) {
     if (auto p = check_non_negative("device.kernel_overhead", *d.kernel_overhead)) return p;
   if (auto p = check_tier("network.intra_node", system.intra_node)) return p;
   if (auto p = check_tier("network.inter_node", system.inter_node)) return p;
+  if (system.ring_latency) {
+    if (system.ring_latency->protocols.empty()) return "network.ring_latency.protocols must name at least one protocol";
+    for (const auto& [name, protocol] : system.ring_latency->protocols) {
+      const std::string f = "network.ring_latency.protocols." + name;
+      if (auto p = check_non_negative(f + ".base", protocol.base)) return p;
+      if (auto p = check_non_negative(f + ".intra_step", protocol.intra_step)) return p;
+      if (auto p = check_non_negative(f + ".inter_step", protocol.inter_step)) return p;
+      if (auto p = check_fraction(f + ".bandwidth_factor", protocol.bandwidth_factor)) return p;
+    }
+  }
   std::set<std::tuple<coll::Operation, std::string, GroupKind, int>> seen;
   for (size_t i = 0; i < system.collectives.size(); ++i) {
     const CollectiveModel& m = system.collectives[i];

@@ -204,6 +204,28 @@ struct CollectiveModel {
   double seconds(double bytes, int ranks) const;
 };
 
+// One protocol of a communication library's ring, as the library's own tuning model costs it (NCCL:
+// src/graph/tuning.cc; docs/gpu-descriptions.md): a ring of `steps` steps, `inter_steps` of them from one node to the
+// next, waits base + (steps - inter_steps) x intra_step + inter_steps x inter_step, and moves its bus bytes at
+// bandwidth_factor x the tiers' bandwidth.
+struct RingProtocol {
+  Quantity base;                // s
+  Quantity intra_step;          // s per step inside a node
+  Quantity inter_step;          // s per step between nodes
+  double bandwidth_factor = 1;  // in (0, 1]
+};
+
+// Why a ring all-gather or reduce-scatter slows with its size although its bytes per link do not: every rank's
+// block passes n - 1 links one after the other. The library picks the fastest of its protocols per call.
+struct RingLatency {
+  std::map<std::string, RingProtocol> protocols;  // by the library's name: simple, ll128, ...
+  std::string source;
+
+  // The fastest protocol's time for `bus_bytes` (S x bus factor) on a ring of `ranks` ranks over `nodes` nodes
+  // (n - 1 steps, nodes - 1 of them between nodes) whose slowest link moves `bandwidth` B/s.
+  double seconds(double bus_bytes, double bandwidth, int ranks, int nodes) const;
+};
+
 struct System {
   int version = kSystemFormatVersion;
   std::string name;
@@ -211,6 +233,9 @@ struct System {
   Device device;
   NetworkTier intra_node;
   NetworkTier inter_node;
+  // Absent: a collective's latency is its tier's, whatever the group's size. Present: an all-gather or
+  // reduce-scatter across nodes without a fitted model takes at least the ring's time (RingLatency).
+  std::optional<RingLatency> ring_latency;
   // Fitted per collective, algorithm and group kind; a collective without one takes its tier's model.
   std::vector<CollectiveModel> collectives;
   // A collective running while another group's collective runs on the same ranks takes (1 + c) times as long
@@ -227,7 +252,8 @@ struct System {
   // operation, algorithm and kind (of the nearest measured group size), else the tier's model. A hierarchical group
   // with `per_node` members on each node crosses nodes on all their NICs at once, as NCCL's rings and trees do on
   // rail-optimised nodes: latency of the inter-node tier + S x bus_factor / min(intra-node bandwidth, per_node x
-  // inter-node bandwidth) (with one member per node, the inter-node tier's own model).
+  // inter-node bandwidth) (with one member per node, the inter-node tier's own model). An all-gather or
+  // reduce-scatter across nodes takes at least `ring_latency`'s time at that bandwidth (ranks / per_node nodes).
   double collective_seconds(coll::Operation op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
                             int per_node = 1) const;
   const CollectiveModel* find_collective(coll::Operation op, const std::string& algorithm, GroupKind kind,

@@ -95,6 +95,7 @@ std::string fitted_from_steps(const project::System& s) {
                                                             {"overlap_slowdown", s.overlap_slowdown.source}};
   if (s.communication_slowdown) texts.emplace_back("communication_slowdown", s.communication_slowdown->source);
   if (s.collective_contention) texts.emplace_back("collective_contention", s.collective_contention->source);
+  if (s.ring_latency) texts.emplace_back("network.ring_latency", s.ring_latency->source);
   for (const auto& [dtype, c] : s.device.compute) {
     const std::string at = "device.compute." + dtype;
     texts.emplace_back(at + ".peak_flops", c.peak_flops.source);

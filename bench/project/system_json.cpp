@@ -35,6 +35,18 @@ ordered_json curve_to_json(const project::EfficiencyCurve& curve) {
   return out;
 }
 
+ordered_json ring_latency_to_json(const project::RingLatency& ring) {
+  ordered_json protocols = ordered_json::object();
+  for (const auto& [name, p] : ring.protocols)
+    protocols[name] = {{"base", quantity_to_json(p.base)},
+                       {"intra_step", quantity_to_json(p.intra_step)},
+                       {"inter_step", quantity_to_json(p.inter_step)},
+                       {"bandwidth_factor", p.bandwidth_factor}};
+  ordered_json out = {{"protocols", protocols}};
+  if (!ring.source.empty()) out["source"] = ring.source;
+  return out;
+}
+
 ordered_json tier_to_json(const project::NetworkTier& tier) {
   ordered_json out = {{"bandwidth", quantity_to_json(tier.bandwidth)}, {"latency", quantity_to_json(tier.latency)}};
   if (!tier.source.empty()) out["source"] = tier.source;
@@ -300,6 +312,24 @@ class Reader {
     return t;
   }
 
+  project::RingLatency ring_latency(const json& network) const {
+    const std::string field = "network.ring_latency";
+    const json& value = object(network, "ring_latency", field);
+    only_keys(value, field, {"protocols", "source"});
+    project::RingLatency ring;
+    ring.source = text(value, "source", field + ".source", false);
+    for (const auto& [name, protocol] : object(value, "protocols", field + ".protocols").items()) {
+      if (name.starts_with("_")) continue;
+      const std::string f = field + ".protocols." + name;
+      if (!protocol.is_object()) fail(f, "must be a JSON object");
+      only_keys(protocol, f, {"base", "intra_step", "inter_step", "bandwidth_factor"});
+      ring.protocols[name] = {quantity(protocol, "base", f + ".base"), quantity(protocol, "intra_step", f + ".intra_step"),
+                              quantity(protocol, "inter_step", f + ".inter_step"),
+                              number(protocol, "bandwidth_factor", f + ".bandwidth_factor", 1, false)};
+    }
+    return ring;
+  }
+
   project::CollectiveModel collective(const json& value, const std::string& field) const {
     if (!value.is_object()) fail(field, "must be a JSON object");
     project::CollectiveModel m;
@@ -428,6 +458,7 @@ ordered_json system_to_json(const project::System& system) {
   out["units"] = "SI: FLOP/s, B/s, s, B; spread is relative (0.1: +-10%)";
   out["device"] = device;
   out["network"] = {{"intra_node", tier_to_json(system.intra_node)}, {"inter_node", tier_to_json(system.inter_node)}};
+  if (system.ring_latency) out["network"]["ring_latency"] = ring_latency_to_json(*system.ring_latency);
   if (!system.collectives.empty()) {
     ordered_json collectives = ordered_json::array();
     for (const auto& m : system.collectives) collectives.push_back(collective_to_json(m));
@@ -496,9 +527,13 @@ project::System system_from_json(const json& document, const std::string& source
   }
 
   const json& network = read.object(document, "network", "network");
-  read.only_keys(network, "network", {"intra_node", "inter_node"});
+  if (version == 1)
+    read.only_keys(network, "network", {"intra_node", "inter_node"});
+  else
+    read.only_keys(network, "network", {"intra_node", "inter_node", "ring_latency"});
   system.intra_node = read.tier(network, "intra_node", version);
   system.inter_node = read.tier(network, "inter_node", version);
+  if (network.contains("ring_latency")) system.ring_latency = read.ring_latency(network);
   if (document.contains("collectives")) {
     const json& collectives = read.array(document, "collectives", "collectives");
     for (size_t i = 0; i < collectives.size(); ++i)

@@ -2,11 +2,13 @@
 // timeline simulator (project/simulate.h), against closed forms a person can compute by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <tuple>
 
 #include <unistd.h>
 
@@ -134,6 +136,45 @@ TEST(SystemDescription, AGroupOnSeveralNodesCrossesThemOnEveryMembersLink) {
   EXPECT_EQ(members_per_node({0, 1, 2}), 1);
 }
 
+// Two protocols with round numbers: one slow per step at full bandwidth, one quick per step at half.
+RingLatency test_ring() {
+  RingLatency ring;
+  ring.protocols["simple"] = {{10e-6, 0, ""}, {4e-6, 0, ""}, {20e-6, 0, ""}, 1.0};
+  ring.protocols["ll128"] = {{20e-6, 0, ""}, {1e-6, 0, ""}, {5e-6, 0, ""}, 0.5};
+  return ring;
+}
+
+TEST(SystemDescription, ARingAcrossManyNodesWaitsForEachOfItsSteps) {
+  System s = test_system();
+  s.ring_latency = test_ring();
+  // 512 ranks on 64 nodes of 8: 511 steps, 63 between nodes; 8 NICs at 10 GB/s, 80 GB/s.
+  const double bus = 1e8 * coll::bus_factor(coll::Operation::allgather, 512);
+  const double simple = 10e-6 + 448 * 4e-6 + 63 * 20e-6 + bus / 80e9;
+  const double ll128 = 20e-6 + 448 * 1e-6 + 63 * 5e-6 + bus / 40e9;
+  ASSERT_LT(ll128, simple);  // small enough that the quick steps win
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allgather, "ring", GroupKind::hierarchical, 1e8, 512, 8), ll128);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::reduce_scatter, "ring", GroupKind::hierarchical, 1e8, 512, 8), ll128);
+  // Large enough that bandwidth wins: the simple protocol.
+  const double big = 1e11 * coll::bus_factor(coll::Operation::allgather, 512);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allgather, "ring", GroupKind::hierarchical, 1e11, 512, 8),
+               10e-6 + 448 * 4e-6 + 63 * 20e-6 + big / 80e9);
+  // One member per node: every step crosses nodes, at one NIC's bandwidth.
+  const double per_nic = 1e6 * coll::bus_factor(coll::Operation::allgather, 64);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allgather, "ring", GroupKind::inter_node, 1e6, 64),
+               std::min(10e-6 + 63 * 20e-6 + per_nic / 10e9, 20e-6 + 63 * 5e-6 + per_nic / 5e9));
+  // Never faster than the tiers' model: two nodes of two ranks wait the tier's 10 us, not the ring's 3 steps.
+  const double small = 1e3 * coll::bus_factor(coll::Operation::allgather, 4);
+  EXPECT_CLOSE(s.collective_seconds(coll::Operation::allgather, "ring", GroupKind::hierarchical, 1e3, 4, 2),
+               std::max(10e-6 + small / 20e9, std::min(10e-6 + 2 * 4e-6 + 20e-6 + small / 20e9,
+                                                       20e-6 + 2 * 1e-6 + 5e-6 + small / 10e9)));
+  // Allreduce and groups inside one node are not rings of this model.
+  const System plain = test_system();
+  for (auto [op, kind, ranks, per_node] : {std::tuple{coll::Operation::allreduce, GroupKind::hierarchical, 512, 8},
+                                           std::tuple{coll::Operation::allgather, GroupKind::intra_node, 8, 8}})
+    EXPECT_EQ(s.collective_seconds(op, "ring", kind, 1e8, ranks, per_node),
+              plain.collective_seconds(op, "ring", kind, 1e8, ranks, per_node));
+}
+
 TEST(Simulate, UnfusedAttentionIsItsGemmsAndItsPassesOverTheScores) {
   const System s = test_system();
   Op forward = attention_op("a", 2, 4, 512, 512, 64, false, false, "bf16");
@@ -163,9 +204,14 @@ TEST(SystemJson, RoundTripKeepsEveryFigureAndSource) {
   s.device.source = "a datasheet";
   s.intra_node.collectives[coll::Operation::reduce_scatter] = {{3e-6, 0.2, "assumed"}, {80e9, 0.1, "assumed"}};
   s.device.compute.at("bf16").peak_flops.value = 1.0 / 3.0 * 1e15;  // no short decimal form
+  s.ring_latency = test_ring();
+  s.ring_latency->source = "a library's tuning model";
   const auto text = system_to_json(s).dump(2);
   const System back = system_from_json(nlohmann::json::parse(text), "<test>");
   EXPECT_EQ(system_to_json(back).dump(2), text);
+  ASSERT_TRUE(back.ring_latency.has_value());
+  EXPECT_EQ(back.ring_latency->protocols.at("ll128").bandwidth_factor, 0.5);
+  EXPECT_EQ(back.ring_latency->source, "a library's tuning model");
   EXPECT_EQ(back.device.compute.at("bf16").peak_flops.value, s.device.compute.at("bf16").peak_flops.value);
   EXPECT_EQ(back.intra_node.collectives.at(coll::Operation::reduce_scatter).latency.source, "assumed");
   EXPECT_EQ(back.device.compute.at("bf16").efficiency.points.size(), 2u);
@@ -198,6 +244,21 @@ TEST(SystemJson, MalformedInputNamesTheField) {
   nlohmann::json doc = good;
   doc["network"]["inter_node"]["bandwidth"]["value"] = -25e9;
   expect_refused(doc, "network.inter_node.bandwidth must be positive");
+  System with_ring = test_system();
+  with_ring.ring_latency = test_ring();
+  const nlohmann::json ringed = system_to_json(with_ring);
+  doc = ringed;
+  doc["network"]["ring_latency"]["protocols"]["ll128"]["bandwidth_factor"] = 1.5;
+  expect_refused(doc, "network.ring_latency.protocols.ll128.bandwidth_factor must be in (0, 1]");
+  doc = ringed;
+  doc["network"]["ring_latency"]["protocols"]["simple"]["inter_step"]["value"] = -1e-6;
+  expect_refused(doc, "network.ring_latency.protocols.simple.inter_step must not be negative");
+  doc = ringed;
+  doc["network"]["ring_latency"]["protocols"]["simple"]["per_step"] = 1e-6;
+  expect_refused(doc, "network.ring_latency.protocols.simple.per_step");
+  doc = ringed;
+  doc["network"]["ring_latency"]["protocols"] = nlohmann::json::object();
+  expect_refused(doc, "network.ring_latency.protocols must name at least one protocol");
   doc = good;
   doc["network"]["inter_node"].erase("latency");
   expect_refused(doc, "network.inter_node.latency: missing");
