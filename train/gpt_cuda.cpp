@@ -106,50 +106,72 @@ void GptCuda::attention_forward(int l, const DeviceUnitPointers& u) {
 }
 
 void GptCuda::forward(const DeviceUnitPointers& u, const int32_t* tokens, const int32_t* targets, const LayerHooks& hooks) {
-  const ModelConfig& m = model_;
-  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t F = static_cast<std::size_t>(m.mlp()), V = static_cast<std::size_t>(m.vocab);
-  check_tokens(tokens, targets, N, m.vocab);
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_;
+  check_tokens(tokens, targets, N, model_.vocab);
   // From pageable memory the copy is staged before the call returns, so the caller may reuse its arrays.
   STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(tokens_.data(), tokens, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(targets_.data(), targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-  const GpuLayerActs& a = layer_;
-  const GpuHeadActs& h = head_;
-  unsigned char* head = head_base();
-  using T = LayerTensor;
-
   // Each unit's pointer is read after its hook, which may have just gathered it.
   call(hooks.before_forward, -1);
-  const BFloat16* wpe = u.params[0] + V * C;
-  BFloat16* first_input = m.layers > 0 ? at<BFloat16>(layer_base(0), a.x_in) : at<BFloat16>(head, h.x_final);
-  kgpu::embedding_forward(first_input, tokens_.data(), u.params[0], wpe, static_cast<std::size_t>(batch_),
-                          static_cast<std::size_t>(seq_), C, V, stream_);
-  const int64_t rows = static_cast<int64_t>(N);
-  for (int l = 0; l < m.layers; ++l) {
+  embedding_forward(u);
+  for (int l = 0; l < model_.layers; ++l) {
     call(hooks.before_forward, l);
-    unsigned char* x = layer_base(l);
-    kgpu::layernorm_forward(at<BFloat16>(x, a.ln1), at<float>(x, a.ln1_mean), at<float>(x, a.ln1_rstd),
-                            at<BFloat16>(x, a.x_in), param(u, l, T::ln1_w), param(u, l, T::ln1_b), N, C, stream_);
-    attention_forward(l, u);
-    kgpu::residual_forward(at<BFloat16>(x, a.x_mid), at<BFloat16>(x, a.x_in), at<BFloat16>(x, a.attproj), N * C, stream_);
-    kgpu::layernorm_forward(at<BFloat16>(x, a.ln2), at<float>(x, a.ln2_mean), at<float>(x, a.ln2_rstd),
-                            at<BFloat16>(x, a.x_mid), param(u, l, T::ln2_w), param(u, l, T::ln2_b), N, C, stream_);
-    linear_->forward({rows, m.hidden, m.mlp()}, kBf16, at<BFloat16>(x, a.fch), at<BFloat16>(x, a.ln2),
-                     param(u, l, T::fc_w), param(u, l, T::fc_b), stream_);
-    kgpu::gelu_forward(at<BFloat16>(x, a.fch_gelu), at<BFloat16>(x, a.fch), N * F, stream_);
-    linear_->forward({rows, m.mlp(), m.hidden}, kBf16, at<BFloat16>(x, a.fcproj), at<BFloat16>(x, a.fch_gelu),
-                     param(u, l, T::fc_proj_w), param(u, l, T::fc_proj_b), stream_);
-    BFloat16* out = l + 1 < m.layers ? at<BFloat16>(layer_base(l + 1), a.x_in) : at<BFloat16>(head, h.x_final);
-    kgpu::residual_forward(out, at<BFloat16>(x, a.x_mid), at<BFloat16>(x, a.fcproj), N * C, stream_);
+    layer_forward(l, u);
   }
-  call(hooks.before_forward, m.layers);
+  call(hooks.before_forward, model_.layers);
+  head_forward(u);
+}
+
+BFloat16* GptCuda::layer_input(int l) {
+  return l < model_.layers ? at<BFloat16>(layer_base(l), layer_.x_in) : at<BFloat16>(head_base(), head_.x_final);
+}
+
+// The token and position tables' rows into the first layer's input (N, C) (the head's, in a model of no layers).
+void GptCuda::embedding_forward(const DeviceUnitPointers& u) {
+  const std::size_t C = static_cast<std::size_t>(model_.hidden), V = static_cast<std::size_t>(model_.vocab);
+  const BFloat16* wpe = u.params[0] + V * C;
+  kgpu::embedding_forward(layer_input(0), tokens_.data(), u.params[0], wpe, static_cast<std::size_t>(batch_),
+                          static_cast<std::size_t>(seq_), C, V, stream_);
+}
+
+// Pre-LN block: x_mid = x_in + attention(ln1(x_in)); out = x_mid + fcproj(gelu(fc(ln2(x_mid)))), out the next
+// layer's input.
+void GptCuda::layer_forward(int l, const DeviceUnitPointers& u) {
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t F = static_cast<std::size_t>(m.mlp());
+  const int64_t rows = static_cast<int64_t>(N);
+  const GpuLayerActs& a = layer_;
+  unsigned char* x = layer_base(l);
+  using T = LayerTensor;
+  kgpu::layernorm_forward(at<BFloat16>(x, a.ln1), at<float>(x, a.ln1_mean), at<float>(x, a.ln1_rstd),
+                          at<BFloat16>(x, a.x_in), param(u, l, T::ln1_w), param(u, l, T::ln1_b), N, C, stream_);
+  attention_forward(l, u);
+  kgpu::residual_forward(at<BFloat16>(x, a.x_mid), at<BFloat16>(x, a.x_in), at<BFloat16>(x, a.attproj), N * C, stream_);
+  kgpu::layernorm_forward(at<BFloat16>(x, a.ln2), at<float>(x, a.ln2_mean), at<float>(x, a.ln2_rstd),
+                          at<BFloat16>(x, a.x_mid), param(u, l, T::ln2_w), param(u, l, T::ln2_b), N, C, stream_);
+  linear_->forward({rows, m.hidden, m.mlp()}, kBf16, at<BFloat16>(x, a.fch), at<BFloat16>(x, a.ln2), param(u, l, T::fc_w),
+                   param(u, l, T::fc_b), stream_);
+  kgpu::gelu_forward(at<BFloat16>(x, a.fch_gelu), at<BFloat16>(x, a.fch), N * F, stream_);
+  linear_->forward({rows, m.mlp(), m.hidden}, kBf16, at<BFloat16>(x, a.fcproj), at<BFloat16>(x, a.fch_gelu),
+                   param(u, l, T::fc_proj_w), param(u, l, T::fc_proj_b), stream_);
+  kgpu::residual_forward(layer_input(l + 1), at<BFloat16>(x, a.x_mid), at<BFloat16>(x, a.fcproj), N * C, stream_);
+}
+
+// The final norm, the LM head and the loss: the summed loss of the counted rows stays on the device.
+void GptCuda::head_forward(const DeviceUnitPointers& u) {
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t V = static_cast<std::size_t>(m.vocab);
+  const GpuHeadActs& h = head_;
+  unsigned char* head = head_base();
   const BFloat16* lnf = u.params[static_cast<std::size_t>(m.layers) + 1];
   const BFloat16* wte = u.params[0];
   kgpu::layernorm_forward(at<BFloat16>(head, h.lnf), at<float>(head, h.lnf_mean), at<float>(head, h.lnf_rstd),
                           at<BFloat16>(head, h.x_final), lnf, lnf + C, N, C, stream_);
   // The LM head is the token table: logits (N, V) = lnf (N, C) wte (V, C)^T.
-  linear_->forward({rows, m.hidden, m.vocab}, kBf16, at<BFloat16>(head, h.logits), at<BFloat16>(head, h.lnf), wte,
-                   nullptr, stream_);
+  linear_->forward({static_cast<int64_t>(N), m.hidden, m.vocab}, kBf16, at<BFloat16>(head, h.logits),
+                   at<BFloat16>(head, h.lnf), wte, nullptr, stream_);
   const layers::VocabSlice slice = layers::whole_vocab(N, V);
   kgpu::softmax_cross_entropy<BFloat16>(at<float>(head, h.losses), nullptr, at<float>(head, h.row_stats),
                                         at<BFloat16>(head, h.logits), targets_.data(), 1.0f, slice, stream_);
@@ -203,19 +225,6 @@ void GptCuda::attention_backward(int l, const DeviceUnitPointers& u, BFloat16* d
 
 void GptCuda::backward(const DeviceUnitPointers& u, float normaliser, const LayerHooks& hooks) {
   const ModelConfig& m = model_;
-  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
-  const std::size_t F = static_cast<std::size_t>(m.mlp()), V = static_cast<std::size_t>(m.vocab);
-  const GpuLayerActs& a = layer_;
-  const GpuHeadActs& h = head_;
-  const GpuScratch& s = scratch_layout_;
-  unsigned char* head = head_base();
-  unsigned char* g = scratch_.data();
-  float* discard = at<float>(g, s.discard);  // 2C floats: layer-norm gradients of frozen units
-  float* ln_partials = at<float>(g, s.ln_partials);
-  BFloat16* d_x = at<BFloat16>(g, s.d_x);
-  BFloat16* d_mid = at<BFloat16>(g, s.d_mid);
-  BFloat16* d_ln = at<BFloat16>(g, s.d_ln);
-  const int64_t rows = static_cast<int64_t>(N);
   const std::size_t last = static_cast<std::size_t>(m.layers) + 1;
   // Below the lowest trainable unit nothing needs a gradient: the pass stops there.
   int lowest = -1;  // the first unit with a gradient buffer
@@ -223,10 +232,37 @@ void GptCuda::backward(const DeviceUnitPointers& u, float normaliser, const Laye
     if (u.grads[unit]) lowest = static_cast<int>(unit);
   if (lowest < 0) return;  // nothing trains
   const int lowest_layer = lowest - 1;  // unit i is layer i - 1; -1: the embeddings train
-  using T = LayerTensor;
 
-  // Head: dlogits in place of the logits, from the forward's row statistics.
   call(hooks.before_backward, m.layers);
+  head_backward(u, normaliser);
+  call(hooks.after_backward, m.layers);
+  // The scratch d_x holds the gradient of the current layer's output; each layer turns it into its input's.
+  for (int l = m.layers - 1; l >= std::max(lowest_layer, 0); --l) {
+    call(hooks.before_backward, l);
+    layer_backward(l, u);
+    call(hooks.after_backward, l);
+  }
+  if (lowest_layer >= 0) return;  // the embeddings are frozen
+  call(hooks.before_backward, -1);
+  embedding_backward(u);
+  call(hooks.after_backward, -1);
+}
+
+// dlogits in place of the logits, from the forward's row statistics, then through the LM head and the final norm
+// into d_x (N, C), the last layer's output gradient.
+void GptCuda::head_backward(const DeviceUnitPointers& u, float normaliser) {
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const std::size_t V = static_cast<std::size_t>(m.vocab);
+  const GpuHeadActs& h = head_;
+  const GpuScratch& s = scratch_layout_;
+  unsigned char* head = head_base();
+  unsigned char* g = scratch_.data();
+  float* discard = at<float>(g, s.discard);  // 2C floats: layer-norm gradients of frozen units
+  BFloat16* d_x = at<BFloat16>(g, s.d_x);
+  BFloat16* d_ln = at<BFloat16>(g, s.d_ln);
+  const int64_t rows = static_cast<int64_t>(N);
+  const std::size_t last = static_cast<std::size_t>(m.layers) + 1;
   const BFloat16* wte = u.params[0];
   float* dwte = u.grads[0];
   const BFloat16* lnf = u.params[last];
@@ -242,45 +278,74 @@ void GptCuda::backward(const DeviceUnitPointers& u, float normaliser, const Laye
   linear_->backward_input({rows, m.hidden, m.vocab}, kBf16, d_ln, logits, wte, false, stream_);
   STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(d_x, 0, N * C * sizeof(BFloat16), stream_));
   kgpu::layernorm_backward(d_x, dlnf ? dlnf : discard, dlnf ? dlnf + C : discard + C, d_ln, at<BFloat16>(head, h.x_final),
-                           lnf, at<float>(head, h.lnf_mean), at<float>(head, h.lnf_rstd), N, C, ln_partials, stream_);
-  call(hooks.after_backward, m.layers);
+                           lnf, at<float>(head, h.lnf_mean), at<float>(head, h.lnf_rstd), N, C,
+                           at<float>(g, s.ln_partials), stream_);
+}
 
-  // d_x holds the gradient of the current layer's output; each layer turns it into its input's gradient.
-  for (int l = m.layers - 1; l >= std::max(lowest_layer, 0); --l) {
-    call(hooks.before_backward, l);
-    unsigned char* x = layer_base(l);
-    const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
-    // MLP: out = x_mid + fcproj(gelu(fc(ln2(x_mid)))).
-    if (trains)
-      linear_->backward_weight({rows, m.mlp(), m.hidden}, kBf16, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b),
-                               d_x, at<BFloat16>(x, a.fch_gelu), true, stream_);
-    linear_->backward_input({rows, m.mlp(), m.hidden}, kBf16, at<BFloat16>(g, s.d_fch_gelu), d_x,
-                            param(u, l, T::fc_proj_w), false, stream_);
-    STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(g + s.d_fch, 0, N * F * sizeof(BFloat16), stream_));
-    kgpu::gelu_backward(at<BFloat16>(g, s.d_fch), at<BFloat16>(x, a.fch), at<BFloat16>(g, s.d_fch_gelu), N * F, stream_);
-    if (trains)
-      linear_->backward_weight({rows, m.hidden, m.mlp()}, kBf16, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
-                               at<BFloat16>(g, s.d_fch), at<BFloat16>(x, a.ln2), true, stream_);
-    linear_->backward_input({rows, m.hidden, m.mlp()}, kBf16, d_ln, at<BFloat16>(g, s.d_fch), param(u, l, T::fc_w), false,
-                            stream_);
-    // The residual branch.
-    STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(d_mid, d_x, N * C * sizeof(BFloat16), cudaMemcpyDeviceToDevice, stream_));
-    kgpu::layernorm_backward(d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C,
-                             d_ln, at<BFloat16>(x, a.x_mid), param(u, l, T::ln2_w), at<float>(x, a.ln2_mean),
-                             at<float>(x, a.ln2_rstd), N, C, ln_partials, stream_);
-    // Attention: x_mid = x_in + attproj(attention(ln1(x_in))).
-    attention_backward(l, u, d_mid);
-    STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(d_x, d_mid, N * C * sizeof(BFloat16), cudaMemcpyDeviceToDevice, stream_));
-    kgpu::layernorm_backward(d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C,
-                             d_ln, at<BFloat16>(x, a.x_in), param(u, l, T::ln1_w), at<float>(x, a.ln1_mean),
-                             at<float>(x, a.ln1_rstd), N, C, ln_partials, stream_);
-    call(hooks.after_backward, l);
-  }
-  if (lowest_layer >= 0) return;  // the embeddings are frozen
-  call(hooks.before_backward, -1);
-  kgpu::embedding_backward(dwte, dwte + V * C, d_x, tokens_.data(), static_cast<std::size_t>(batch_),
-                           static_cast<std::size_t>(seq_), C, stream_);
-  call(hooks.after_backward, -1);
+// d_x (N, C), the gradient of layer l's output, becomes the gradient of its input: the MLP's branch, then the
+// attention's, each with its layer norm and the residual that skips it.
+void GptCuda::layer_backward(int l, const DeviceUnitPointers& u) {
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, C = static_cast<std::size_t>(m.hidden);
+  const GpuLayerActs& a = layer_;
+  const GpuScratch& s = scratch_layout_;
+  unsigned char* x = layer_base(l);
+  unsigned char* g = scratch_.data();
+  float* discard = at<float>(g, s.discard);
+  float* ln_partials = at<float>(g, s.ln_partials);
+  BFloat16* d_x = at<BFloat16>(g, s.d_x);
+  BFloat16* d_mid = at<BFloat16>(g, s.d_mid);
+  BFloat16* d_ln = at<BFloat16>(g, s.d_ln);
+  const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
+  using T = LayerTensor;
+  // out = x_mid + fcproj(gelu(fc(ln2(x_mid)))): the gradient of ln2's output into d_ln.
+  mlp_backward(l, u);
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(d_mid, d_x, N * C * sizeof(BFloat16), cudaMemcpyDeviceToDevice, stream_));
+  kgpu::layernorm_backward(d_mid, trains ? grad(u, l, T::ln2_w) : discard, trains ? grad(u, l, T::ln2_b) : discard + C,
+                           d_ln, at<BFloat16>(x, a.x_mid), param(u, l, T::ln2_w), at<float>(x, a.ln2_mean),
+                           at<float>(x, a.ln2_rstd), N, C, ln_partials, stream_);
+  // x_mid = x_in + attproj(attention(ln1(x_in))).
+  attention_backward(l, u, d_mid);
+  STRATA_KERNEL_CUDA_CHECK(cudaMemcpyAsync(d_x, d_mid, N * C * sizeof(BFloat16), cudaMemcpyDeviceToDevice, stream_));
+  kgpu::layernorm_backward(d_x, trains ? grad(u, l, T::ln1_w) : discard, trains ? grad(u, l, T::ln1_b) : discard + C,
+                           d_ln, at<BFloat16>(x, a.x_in), param(u, l, T::ln1_w), at<float>(x, a.ln1_mean),
+                           at<float>(x, a.ln1_rstd), N, C, ln_partials, stream_);
+}
+
+// d_x (N, C) reaching the MLP's output projection; on return the gradient of ln2's output is in d_ln. A frozen layer
+// computes no weight gradients.
+void GptCuda::mlp_backward(int l, const DeviceUnitPointers& u) {
+  const ModelConfig& m = model_;
+  const std::size_t N = static_cast<std::size_t>(batch_) * seq_, F = static_cast<std::size_t>(m.mlp());
+  const int64_t rows = static_cast<int64_t>(N);
+  const GpuLayerActs& a = layer_;
+  const GpuScratch& s = scratch_layout_;
+  unsigned char* x = layer_base(l);
+  unsigned char* g = scratch_.data();
+  BFloat16* d_x = at<BFloat16>(g, s.d_x);
+  BFloat16* d_ln = at<BFloat16>(g, s.d_ln);
+  const bool trains = u.grads[static_cast<std::size_t>(l) + 1] != nullptr;
+  using T = LayerTensor;
+  if (trains)
+    linear_->backward_weight({rows, m.mlp(), m.hidden}, kBf16, grad(u, l, T::fc_proj_w), grad(u, l, T::fc_proj_b), d_x,
+                             at<BFloat16>(x, a.fch_gelu), true, stream_);
+  linear_->backward_input({rows, m.mlp(), m.hidden}, kBf16, at<BFloat16>(g, s.d_fch_gelu), d_x, param(u, l, T::fc_proj_w),
+                          false, stream_);
+  STRATA_KERNEL_CUDA_CHECK(cudaMemsetAsync(g + s.d_fch, 0, N * F * sizeof(BFloat16), stream_));
+  kgpu::gelu_backward(at<BFloat16>(g, s.d_fch), at<BFloat16>(x, a.fch), at<BFloat16>(g, s.d_fch_gelu), N * F, stream_);
+  if (trains)
+    linear_->backward_weight({rows, m.hidden, m.mlp()}, kBf16, grad(u, l, T::fc_w), grad(u, l, T::fc_b),
+                             at<BFloat16>(g, s.d_fch), at<BFloat16>(x, a.ln2), true, stream_);
+  linear_->backward_input({rows, m.hidden, m.mlp()}, kBf16, d_ln, at<BFloat16>(g, s.d_fch), param(u, l, T::fc_w), false,
+                          stream_);
+}
+
+// d_x, the first layer's input gradient, into the token and position tables' rows.
+void GptCuda::embedding_backward(const DeviceUnitPointers& u) {
+  const std::size_t C = static_cast<std::size_t>(model_.hidden), V = static_cast<std::size_t>(model_.vocab);
+  float* dwte = u.grads[0];
+  kgpu::embedding_backward(dwte, dwte + V * C, at<BFloat16>(scratch_.data(), scratch_layout_.d_x), tokens_.data(),
+                           static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), C, stream_);
 }
 
 // ---- the single-GPU step -----------------------------------------------------------------------------------

@@ -70,8 +70,17 @@ class GptCuda {
   unsigned char* head_base() { return layer_base(model_.layers); }
   const layers::BFloat16* param(const DeviceUnitPointers& u, int l, LayerTensor t) const;
   float* grad(const DeviceUnitPointers& u, int l, LayerTensor t) const;
+  layers::BFloat16* layer_input(int l);  // (N, C); layer `layers` is the head
+  // The passes, block by block, as GptCpu's.
+  void embedding_forward(const DeviceUnitPointers& u);
+  void layer_forward(int l, const DeviceUnitPointers& u);
   void attention_forward(int l, const DeviceUnitPointers& u);
+  void head_forward(const DeviceUnitPointers& u);
+  void head_backward(const DeviceUnitPointers& u, float normaliser);
+  void layer_backward(int l, const DeviceUnitPointers& u);
+  void mlp_backward(int l, const DeviceUnitPointers& u);
   void attention_backward(int l, const DeviceUnitPointers& u, layers::BFloat16* d_residual);
+  void embedding_backward(const DeviceUnitPointers& u);
 
   ModelConfig model_;
   ParameterLayout layout_;
