@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <new>
@@ -1017,5 +1018,15 @@ ErrorReport compare(const float* got, const float* ref, std::size_t n, double to
   return compare_values(got, ref, n, tol, abs_floor);
 }
 bool within(const ErrorReport& report, double tol) { return report.bad == 0 && report.rel_l2 <= tol; }
+
+std::string describe(const char* label, const ErrorReport& r, std::size_t width) {
+  char text[192];
+  if (r.bad == 0)
+    std::snprintf(text, sizeof text, "%s rel_l2 %.2e bad 0", label, r.rel_l2);
+  else
+    std::snprintf(text, sizeof text, "%s rel_l2 %.2e bad %zu (worst %.2f x its bound at row %zu, column %zu)", label,
+                  r.rel_l2, r.bad, r.worst_excess, r.worst_at / width, r.worst_at % width);
+  return text;
+}
 
 }  // namespace strata::attention

@@ -242,20 +242,11 @@ CheckReport check(const Shape& s, DType dtype, const HostTensors& t, bool backwa
 
   // A bad element is named by its row of the slice (query head of the group x position, or key position for dK
   // and dV) and its column.
-  auto part = [](const char* label, const ErrorReport& r, int width) {
-    char text[160];
-    if (r.bad == 0)
-      std::snprintf(text, sizeof text, "%s rel_l2 %.2e bad 0", label, r.rel_l2);
-    else
-      std::snprintf(text, sizeof text, "%s rel_l2 %.2e bad %zu (worst %.2f x its bound at row %zu, column %zu)",
-                    label, r.rel_l2, r.bad, r.worst_excess, r.worst_at / static_cast<size_t>(width),
-                    r.worst_at % static_cast<size_t>(width));
-    return std::string(text);
-  };
-  const int d = s.head_dim;
-  report.summary = part("o", report.o, d) + ", " + part("lse", report.lse, 1);
+  const auto d = static_cast<size_t>(s.head_dim);
+  report.summary = describe("o", report.o, d) + ", " + describe("lse", report.lse, 1);
   if (backward)
-    report.summary += ", " + part("dq", report.dq, d) + ", " + part("dk", report.dk, d) + ", " + part("dv", report.dv, d);
+    report.summary +=
+        ", " + describe("dq", report.dq, d) + ", " + describe("dk", report.dk, d) + ", " + describe("dv", report.dv, d);
   char tail[64];
   std::snprintf(tail, sizeof tail, " (tolerance %.0e): %s", tol, report.passed ? "pass" : "FAIL");
   report.summary += tail;

@@ -176,10 +176,8 @@ CheckOutcome check_slice(const Shape& s, const Tensors& t, bool backward, uint64
     out.worst_rel_l2 = std::max(out.worst_rel_l2, std::isnan(r.rel_l2) ? INFINITY : r.rel_l2);
     if (attention::within(r, tol)) return;
     out.bad += std::max<int64_t>(1, static_cast<int64_t>(r.bad));
-    char text[160];
-    std::snprintf(text, sizeof text, "%s%s rel_l2 %.2e bad %zu (worst %.2f x its bound at element %zu)",
-                  out.failure.empty() ? "" : ", ", label, r.rel_l2, r.bad, r.worst_excess, r.worst_at);
-    out.failure += text;
+    // Rows of the slice: query head of the group x position for o and dq, key position for dk and dv.
+    out.failure += (out.failure.empty() ? "" : ", ") + attention::describe(label, r, static_cast<size_t>(s.head_dim));
   };
   account("o", t.o, static_cast<size_t>(kv_head) * group * qn, o, 0);
   if (backward) {

@@ -302,6 +302,12 @@ TEST(Compare, ReportsErrors) {
   EXPECT_DOUBLE_EQ(wrong.max_abs, 0.5);
   EXPECT_NEAR(wrong.rel_l2, 0.5 / std::sqrt(5.0), 1e-12);
   EXPECT_FALSE(within(wrong, 1e-4));
+  // The message names the bad element by row and column of a tensor two wide: element 1 is row 0, column 1.
+  const std::string line = describe("dv", wrong, 2);
+  EXPECT_NE(line.find("dv rel_l2 "), std::string::npos) << line;
+  EXPECT_NE(line.find("bad 1 (worst "), std::string::npos) << line;
+  EXPECT_NE(line.find(" x its bound at row 0, column 1)"), std::string::npos) << line;
+  EXPECT_EQ(describe("o", exact, 2), "o rel_l2 0.00e+00 bad 0");
 
   // Against an all-zero reference only the floor can tell rounding noise from an error.
   const std::vector<double> zeros{0.0, 0.0, 0.0};
