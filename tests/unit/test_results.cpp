@@ -186,6 +186,50 @@ TEST(Results, ReaderCutsColumnsToTheRowsOfTheLastCompleteAppend) {
   EXPECT_EQ(shortest.column("case").ints.size(), 3u);
 }
 
+// Columns grow by chunks of 256 rows; past 64 chunks HDF5 splits a column's chunk index. A table that has crossed
+// it, appended in pieces that straddle chunk edges, reads back every value, and an append cut after one column
+// still leaves the rows before it.
+TEST(Results, ColumnsPastManyChunksReadBackAndSurviveACutAppend) {
+  TempDir dir;
+  std::string path = dir.file("r.h5");
+  std::string run_id = "run-long";
+  constexpr int kAppends = 70, kRowsPerAppend = 301;  // 21,070 rows: 83 chunks, no append on a chunk edge
+  {
+    ResultsWriter w(path, run_id, {});
+    for (int a = 0; a < kAppends; ++a) {
+      Table t("samples");
+      t.add_column("case", ColumnKind::int64, "1");
+      t.add_column("time", ColumnKind::float64, "s");
+      t.add_column("label", ColumnKind::string, "");
+      for (int i = 0; i < kRowsPerAppend; ++i) {
+        const int row = a * kRowsPerAppend + i;
+        t.set("case", row).set("time", 0.25 * row).set("label", "r" + std::to_string(row));
+        t.end_row();
+      }
+      w.append(t);
+    }
+  }
+  {
+    h5::Handle file = h5::open_file(path, true);
+    h5::Handle table = h5::open_group(h5::open_group(h5::open_group(file, schema::kRunsGroup), run_id), "samples");
+    h5::append_column(table, "case", std::vector<int64_t>(kRowsPerAppend, -1));
+  }
+  Table t = ResultsReader(path).table(run_id, "samples");
+  constexpr std::size_t kRows = std::size_t{kAppends} * kRowsPerAppend;
+  ASSERT_EQ(t.rows(), kRows);
+  const auto& cases = t.column("case").ints;
+  const auto& times = t.column("time").reals;
+  const auto& labels = t.column("label").texts;
+  ASSERT_EQ(cases.size(), kRows);
+  ASSERT_EQ(times.size(), kRows);
+  ASSERT_EQ(labels.size(), kRows);
+  std::size_t wrong = 0;
+  for (std::size_t row = 0; row < kRows; ++row)
+    wrong += cases[row] != static_cast<int64_t>(row) || times[row] != 0.25 * static_cast<double>(row) ||
+             labels[row] != "r" + std::to_string(row);
+  EXPECT_EQ(wrong, 0u);
+}
+
 // A job killed after the last column of an append but before the `rows` attribute leaves every column equally
 // long and longer than `rows`: the columns agree, yet the rows past `rows` belong to an append that did not end.
 TEST(Results, ReaderTakesTheRowsAttributeOverColumnsThatAgree) {
