@@ -459,11 +459,14 @@ class Calibrator {
     fit_tier(GroupKind::intra_node, s.intra_node, base ? &base->intra_node : nullptr);
     fit_tier(GroupKind::inter_node, s.inter_node, base ? &base->inter_node : nullptr);
     keep_base_collectives();
-    // A ring's per-step latency across many nodes is not measurable on the few nodes a calibration runs on.
+    // A ring's per-step latency across many nodes is not measurable on the few nodes a calibration runs on. Its
+    // steps inside a node depend on the host's CPU (NCCL's network post overhead): the base's hosts are assumed.
     if (base && base->ring_latency) {
       s.ring_latency = *base->ring_latency;
       s.ring_latency->source = based(s.ring_latency->source);
-      report.push_back("ring latency: " + from_base);
+      for (auto& [name, p] : s.ring_latency->protocols)
+        for (Quantity* q : {&p.base, &p.intra_step, &p.inter_step}) *q = based_quantity(*q);
+      report.push_back("ring latency: " + from_base + " (its hosts' CPU assumed)");
     }
     fit_contention();
     fit_overlap();

@@ -262,12 +262,17 @@ const CollectiveModel* System::find_collective(coll::Operation op, const std::st
 double RingLatency::seconds(double bus_bytes, double bandwidth, int ranks, int nodes) const {
   const double inter_steps = std::max(nodes - 1, 0);
   const double intra_steps = std::max(ranks - 1 - static_cast<int>(inter_steps), 0);
+  const bool one_per_node = nodes >= ranks;
   double fastest = std::numeric_limits<double>::infinity();
-  for (const auto& [name, p] : protocols)
+  for (const auto& [name, p] : protocols) {
+    const double factor = one_per_node ? p.bandwidth_factor_one_per_node : p.bandwidth_factor;
     fastest = std::min(fastest, p.base.value + intra_steps * p.intra_step.value + inter_steps * p.inter_step.value +
-                                    bus_bytes / (p.bandwidth_factor * bandwidth));
+                                    bus_bytes / (factor * bandwidth));
+  }
   return fastest;
 }
+
+bool runs_as_library_ring(const std::string& algorithm) { return algorithm == "library" || algorithm == "ring"; }
 
 double System::collective_seconds(coll::Operation op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
                                   int per_node) const {
@@ -282,7 +287,7 @@ double System::collective_seconds(coll::Operation op, const std::string& algorit
   const double tiers = across.latency.value + bus_bytes / bandwidth;
   // NCCL runs these two as rings only (its tree is for allreduce, whose latency grows with log2 of the nodes).
   const bool ring_only = op == coll::Operation::allgather || op == coll::Operation::reduce_scatter;
-  if (!ring_latency || !ring_only) return tiers;
+  if (!ring_latency || !ring_only || !runs_as_library_ring(algorithm)) return tiers;
   const int nodes = one_per_node ? ranks : (ranks + per_node - 1) / per_node;
   return std::max(tiers, ring_latency->seconds(bus_bytes, bandwidth, ranks, nodes));
 }
@@ -463,6 +468,8 @@ std::optional<std::string> find_problem(const System& system) {
       if (auto p = check_non_negative(f + ".intra_step", protocol.intra_step)) return p;
       if (auto p = check_non_negative(f + ".inter_step", protocol.inter_step)) return p;
       if (auto p = check_fraction(f + ".bandwidth_factor", protocol.bandwidth_factor)) return p;
+      if (auto p = check_fraction(f + ".bandwidth_factor_one_per_node", protocol.bandwidth_factor_one_per_node))
+        return p;
     }
   }
   std::set<std::tuple<coll::Operation, std::string, GroupKind, int>> seen;

@@ -213,6 +213,8 @@ struct RingProtocol {
   Quantity intra_step;          // s per step inside a node
   Quantity inter_step;          // s per step between nodes
   double bandwidth_factor = 1;  // in (0, 1]
+  // With one rank per node every rank sends and receives through its NIC itself (NCCL: LL128 at 0.7, not 0.92).
+  double bandwidth_factor_one_per_node = 1;  // in (0, 1]
 };
 
 // Why a ring all-gather or reduce-scatter slows with its size although its bytes per link do not: every rank's
@@ -226,6 +228,10 @@ struct RingLatency {
   double seconds(double bus_bytes, double bandwidth, int ranks, int nodes) const;
 };
 
+// The algorithms a description's ring latency models: the library's own (NCCL's rings) and Strata's ring. Strata's
+// hierarchical and HO-Ring algorithms take other paths, and a fitted model has its latency in its fit.
+bool runs_as_library_ring(const std::string& algorithm);
+
 struct System {
   int version = kSystemFormatVersion;
   std::string name;
@@ -233,7 +239,7 @@ struct System {
   Device device;
   NetworkTier intra_node;
   NetworkTier inter_node;
-  // Absent: a collective's latency is its tier's, whatever the group's size. Present: an all-gather or
+  // Absent: a collective's latency is its tier's, whatever the group's size. Present: a ring all-gather or
   // reduce-scatter across nodes without a fitted model takes at least the ring's time (RingLatency).
   std::optional<RingLatency> ring_latency;
   // Fitted per collective, algorithm and group kind; a collective without one takes its tier's model.
@@ -253,7 +259,8 @@ struct System {
   // with `per_node` members on each node crosses nodes on all their NICs at once, as NCCL's rings and trees do on
   // rail-optimised nodes: latency of the inter-node tier + S x bus_factor / min(intra-node bandwidth, per_node x
   // inter-node bandwidth) (with one member per node, the inter-node tier's own model). An all-gather or
-  // reduce-scatter across nodes takes at least `ring_latency`'s time at that bandwidth (ranks / per_node nodes).
+  // reduce-scatter across nodes on a ring (runs_as_library_ring) takes at least `ring_latency`'s time at that
+  // bandwidth, on ceil(ranks / per_node) nodes (the node count of an even group; per_node is the fewest members).
   double collective_seconds(coll::Operation op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
                             int per_node = 1) const;
   const CollectiveModel* find_collective(coll::Operation op, const std::string& algorithm, GroupKind kind,

@@ -41,7 +41,8 @@ ordered_json ring_latency_to_json(const project::RingLatency& ring) {
     protocols[name] = {{"base", quantity_to_json(p.base)},
                        {"intra_step", quantity_to_json(p.intra_step)},
                        {"inter_step", quantity_to_json(p.inter_step)},
-                       {"bandwidth_factor", p.bandwidth_factor}};
+                       {"bandwidth_factor", p.bandwidth_factor},
+                       {"bandwidth_factor_one_per_node", p.bandwidth_factor_one_per_node}};
   ordered_json out = {{"protocols", protocols}};
   if (!ring.source.empty()) out["source"] = ring.source;
   return out;
@@ -322,10 +323,13 @@ class Reader {
       if (name.starts_with("_")) continue;
       const std::string f = field + ".protocols." + name;
       if (!protocol.is_object()) fail(f, "must be a JSON object");
-      only_keys(protocol, f, {"base", "intra_step", "inter_step", "bandwidth_factor"});
-      ring.protocols[name] = {quantity(protocol, "base", f + ".base"), quantity(protocol, "intra_step", f + ".intra_step"),
-                              quantity(protocol, "inter_step", f + ".inter_step"),
-                              number(protocol, "bandwidth_factor", f + ".bandwidth_factor", 1, false)};
+      only_keys(protocol, f, {"base", "intra_step", "inter_step", "bandwidth_factor", "bandwidth_factor_one_per_node"});
+      project::RingProtocol p{quantity(protocol, "base", f + ".base"), quantity(protocol, "intra_step", f + ".intra_step"),
+                              quantity(protocol, "inter_step", f + ".inter_step")};
+      p.bandwidth_factor = number(protocol, "bandwidth_factor", f + ".bandwidth_factor", 1, false);
+      p.bandwidth_factor_one_per_node = number(protocol, "bandwidth_factor_one_per_node",
+                                               f + ".bandwidth_factor_one_per_node", p.bandwidth_factor, false);
+      ring.protocols[name] = p;
     }
     return ring;
   }
