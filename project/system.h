@@ -17,8 +17,8 @@
 namespace strata::project {
 
 // Version 2 adds measured GEMM and attention points, attention efficiency curves, fitted collective models per
-// algorithm and group kind, the contention of concurrent groups and the communication slowdown; version 1
-// files are read as version 2 descriptions without them.
+// algorithm and group kind, the contention of concurrent groups, the communication slowdown and the library's ring
+// latency; version 1 files are read as version 2 descriptions without them.
 inline constexpr int kSystemFormatVersion = 2;
 
 // A figure with its relative spread (0.1: the true value is believed within +-10%) and where it came from.
