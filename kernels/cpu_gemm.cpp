@@ -5,11 +5,14 @@
 #include <omp.h>
 
 #include <stdexcept>
+#include <type_traits>
 
 #include "kernels/blas.h"
+#include "kernels/layers.h"
 
 #ifdef STRATA_HAVE_ONEDNN
 #include <dnnl.h>
+#include <dnnl.hpp>
 #endif
 
 namespace strata::cpu_gemm {
@@ -43,7 +46,63 @@ void require(Backend backend) {
   if (!available(backend)) throw std::invalid_argument("CPU GEMM backend " + name(backend) + " is not built");
 }
 
+using layers::BFloat16;
+
+// An operand as stored (rows, cols) with leading dimension ld, rounded to bf16 into contiguous scratch (ld = cols)
+// that lives as long as the thread and only grows.
+template <typename Out, int Slot>
+const Out* rounded(const float* x, int64_t rows, int64_t cols, int64_t ld) {
+  static thread_local std::vector<Out> scratch;
+  const auto count = static_cast<std::size_t>(rows * cols);
+  if (scratch.size() < count) scratch.resize(count);
+  Out* out = scratch.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const BFloat16 bits = layers::to_bf16(x[r * ld + c]);
+      if constexpr (std::is_same_v<Out, float>) out[r * cols + c] = layers::to_float(bits);
+      else out[r * cols + c] = bits;
+    }
+  return out;
+}
+
+#ifdef STRATA_HAVE_ONEDNN
+// oneDNN's matmul: C (M, N) fp32 = alpha op(A) op(B) + beta C, A and B contiguous bf16 as stored (op(A) (M, K):
+// A is (K, M) when transposed).
+void onednn_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const BFloat16* a,
+                 const BFloat16* b, float beta, float* c, int64_t ldc) {
+  using dnnl::memory;
+  static thread_local const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static thread_local dnnl::stream stream(engine);
+  const memory::desc a_md({m, k}, memory::data_type::bf16, trans_a ? memory::dims{1, m} : memory::dims{k, 1});
+  const memory::desc b_md({k, n}, memory::data_type::bf16, trans_b ? memory::dims{1, k} : memory::dims{n, 1});
+  const memory::desc c_md({m, n}, memory::data_type::f32, memory::dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops sum;
+    sum.append_sum(beta);
+    attr.set_post_ops(sum);
+  }
+  // oneDNN keeps created primitives in its own cache, so a shape seen before costs a lookup.
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+  dnnl::matmul(pd).execute(stream, {{DNNL_ARG_SRC, memory(a_md, engine, const_cast<BFloat16*>(a))},
+                                    {DNNL_ARG_WEIGHTS, memory(b_md, engine, const_cast<BFloat16*>(b))},
+                                    {DNNL_ARG_DST, memory(c_md, engine, c)}});
+  stream.wait();
+}
+#endif
+
 }  // namespace
+
+std::string name(Precision precision) {
+  switch (precision) {
+    case Precision::fp32: return "fp32";
+    case Precision::bf16: return "bf16";
+    case Precision::bf16_rounded: return "bf16_rounded";
+  }
+  return "?";
+}
 
 std::string name(Backend backend) { return backend == Backend::onednn ? "onednn" : "openblas"; }
 
@@ -107,6 +166,50 @@ void sgemm(Backend backend, bool trans_a, bool trans_b, int64_t m, int64_t n, in
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+void gemm(const Math& math, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (math.precision == Precision::fp32) return sgemm(math.library, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  require(math.library);
+  const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k, b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  if (math.precision == Precision::bf16_rounded) {
+    const float* a16 = rounded<float, 0>(a, a_rows, a_cols, lda);
+    const float* b16 = rounded<float, 1>(b, b_rows, b_cols, ldb);
+    return sgemm(math.library, trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, c, ldc);
+  }
+  if (math.library != Backend::onednn)
+    throw std::invalid_argument("bf16 GEMMs run on oneDNN only, not on " + name(math.library));
+#ifdef STRATA_HAVE_ONEDNN
+  const BFloat16* a16 = rounded<BFloat16, 0>(a, a_rows, a_cols, lda);
+  const BFloat16* b16 = rounded<BFloat16, 1>(b, b_rows, b_cols, ldb);
+  try {
+    onednn_bf16(trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c, ldc);
+  } catch (const dnnl::error& e) {
+    throw std::runtime_error(std::string("oneDNN bf16 matmul failed at ") + __FILE__ + ":" + std::to_string(__LINE__) +
+                             ": " + e.what() + " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+  }
+#endif
+}
+
+std::string bf16_refusal(const CpuFeatures& cpu) {
+#ifndef STRATA_HAVE_ONEDNN
+  (void)cpu;
+  return "this build has no oneDNN, which runs Strata's bf16 GEMMs on the CPU";
+#else
+  if (!cpu.avx512_bf16 && !cpu.amx_bf16)
+    return "this CPU (" + cpu.model_name + "; " + cpu.flags_text() +
+           ") has no AVX-512 BF16 or AMX unit, which oneDNN's bf16 GEMMs need";
+  try {
+    const float one[4] = {1, 1, 1, 1};
+    float out[4] = {};
+    gemm({Backend::onednn, Precision::bf16}, false, false, 2, 2, 2, 1.0f, one, 2, one, 2, 0.0f, out, 2);
+  } catch (const std::exception&) {
+    return library(Backend::onednn) + " cannot create a bf16 GEMM on this CPU (its kernels: " + kernel(Backend::onednn) +
+           "; ONEDNN_MAX_CPU_ISA may hold it below AVX-512 BF16)";
+  }
+  return "";
+#endif
 }
 
 void dgemm(Backend backend, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,

@@ -16,7 +16,7 @@ void check(const Dims& d) {
 
 }  // namespace
 
-void forward(cpu_gemm::Backend library, const Dims& d, float* y, const float* x, const float* weight, const float* bias) {
+void forward(const cpu_gemm::Math& math, const Dims& d, float* y, const float* x, const float* weight, const float* bias) {
   check(d);
   const int64_t n = d.rows, c = d.in_channels, oc = d.out_channels;
   if (bias) {
@@ -24,21 +24,21 @@ void forward(cpu_gemm::Backend library, const Dims& d, float* y, const float* x,
     for (int64_t i = 0; i < n; ++i)
       for (int64_t o = 0; o < oc; ++o) y[i * oc + o] = bias[o];
   }
-  cpu_gemm::sgemm(library, false, true, n, oc, c, 1.0f, x, c, weight, c, bias ? 1.0f : 0.0f, y, oc);
+  cpu_gemm::gemm(math, false, true, n, oc, c, 1.0f, x, c, weight, c, bias ? 1.0f : 0.0f, y, oc);
 }
 
-void backward_input(cpu_gemm::Backend library, const Dims& d, float* dx, const float* dy, const float* weight,
+void backward_input(const cpu_gemm::Math& math, const Dims& d, float* dx, const float* dy, const float* weight,
                     bool accumulate) {
   check(d);
   const int64_t n = d.rows, c = d.in_channels, oc = d.out_channels;
-  cpu_gemm::sgemm(library, false, false, n, c, oc, 1.0f, dy, oc, weight, c, accumulate ? 1.0f : 0.0f, dx, c);
+  cpu_gemm::gemm(math, false, false, n, c, oc, 1.0f, dy, oc, weight, c, accumulate ? 1.0f : 0.0f, dx, c);
 }
 
-void backward_weight(cpu_gemm::Backend library, const Dims& d, float* dweight, float* dbias, const float* dy,
+void backward_weight(const cpu_gemm::Math& math, const Dims& d, float* dweight, float* dbias, const float* dy,
                      const float* x, bool accumulate) {
   check(d);
   const int64_t n = d.rows, c = d.in_channels, oc = d.out_channels;
-  cpu_gemm::sgemm(library, true, false, oc, c, n, 1.0f, dy, oc, x, c, accumulate ? 1.0f : 0.0f, dweight, c);
+  cpu_gemm::gemm(math, true, false, oc, c, n, 1.0f, dy, oc, x, c, accumulate ? 1.0f : 0.0f, dweight, c);
   if (!dbias) return;
   // Summed per output channel across rows, the rows in order, so the result does not depend on threads.
   if (!accumulate)

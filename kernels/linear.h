@@ -1,5 +1,5 @@
-// A transformer's linear layer as three GEMMs on caller buffers, on the CPU GEMM library of the caller's
-// choice (cpu_gemm.h), in the layouts llm.c and PyTorch's nn.Linear use. N rows (tokens), C input channels,
+// A transformer's linear layer as three GEMMs on caller buffers, on the CPU GEMM library and in the precision of
+// the caller's choice (cpu_gemm.h: fp32, or bf16 operands with fp32 sums), in the layouts llm.c and PyTorch's nn.Linear use. N rows (tokens), C input channels,
 // OC output channels; weights are stored (OC, C), row-major.
 //
 //   forward          y  (N, OC)  = x (N, C) W^T + b
@@ -23,10 +23,10 @@ struct Dims {
   double flops() const { return 2.0 * static_cast<double>(rows) * static_cast<double>(in_channels) * static_cast<double>(out_channels); }
 };
 
-void forward(cpu_gemm::Backend library, const Dims& d, float* y, const float* x, const float* weight, const float* bias);
-void backward_input(cpu_gemm::Backend library, const Dims& d, float* dx, const float* dy, const float* weight,
+void forward(const cpu_gemm::Math& math, const Dims& d, float* y, const float* x, const float* weight, const float* bias);
+void backward_input(const cpu_gemm::Math& math, const Dims& d, float* dx, const float* dy, const float* weight,
                     bool accumulate);
-void backward_weight(cpu_gemm::Backend library, const Dims& d, float* dweight, float* dbias, const float* dy,
+void backward_weight(const cpu_gemm::Math& math, const Dims& d, float* dweight, float* dbias, const float* dy,
                      const float* x, bool accumulate);
 
 }  // namespace strata::linear

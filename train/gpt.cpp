@@ -427,19 +427,19 @@ void GptCpu::compute(const char* what, double elements, const Run& run) const {
 void GptCpu::linear_forward(const char* what, const linear::Dims& d, float* y, const float* x, const float* w,
                             const float* b) const {
   if (runtime_.tracer) runtime_.tracer->gemm(what, d.rows, d.out_channels, d.in_channels);
-  else linear::forward(runtime_.library, d, y, x, w, b);
+  else linear::forward({runtime_.library, runtime_.precision}, d, y, x, w, b);
 }
 
 void GptCpu::linear_backward_input(const char* what, const linear::Dims& d, float* dx, const float* dy, const float* w,
                                    bool accumulate) const {
   if (runtime_.tracer) runtime_.tracer->gemm(what, d.rows, d.in_channels, d.out_channels);
-  else linear::backward_input(runtime_.library, d, dx, dy, w, accumulate);
+  else linear::backward_input({runtime_.library, runtime_.precision}, d, dx, dy, w, accumulate);
 }
 
 void GptCpu::linear_backward_weight(const char* what, const linear::Dims& d, float* dw, float* db, const float* dy,
                                     const float* x, bool accumulate) const {
   if (runtime_.tracer) runtime_.tracer->gemm(what, d.out_channels, d.in_channels, d.rows);
-  else linear::backward_weight(runtime_.library, d, dw, db, dy, x, accumulate);
+  else linear::backward_weight({runtime_.library, runtime_.precision}, d, dw, db, dy, x, accumulate);
 }
 
 void GptCpu::attention_pass(const char* what, bool backward, const LayerView& x, float* d_out, float* dq, float* dk,

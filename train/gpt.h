@@ -1,6 +1,7 @@
-// A GPT-2-style decoder trained on the CPU in fp32, written as llm.c writes it: token + learned position
-// embeddings, pre-LayerNorm blocks of causal (grouped-query) attention and a GELU MLP, a final LayerNorm and
-// an LM head tied to the token table; one function per pass, reading as the model reads.
+// A GPT-2-style decoder trained on the CPU in fp32 (its GEMMs optionally in bf16: CpuRuntime), written as llm.c
+// writes it: token + learned position embeddings, pre-LayerNorm blocks of causal (grouped-query) attention and a
+// GELU MLP, a final LayerNorm and an LM head tied to the token table; one function per pass, reading as the model
+// reads.
 //
 // Parameters and gradients live in flat buffers owned by the caller, laid out by ParameterLayout: the
 // embeddings, then each layer's tensors together, then the final norm, so a layer is one contiguous range
@@ -120,6 +121,10 @@ struct CpuRuntime {
   int threads = 1;
   // A traced model (trace.h) records each kernel call here instead of running it, and holds addresses, not memory.
   Tracer* tracer = nullptr;
+  // The linear layers' GEMMs (QKV, attention output, MLP, LM head): fp32, or bf16 operands summed in fp32, as
+  // mixed-precision training runs them; every other op, the attention core included, and every stored tensor
+  // (parameters, gradients, activations, the optimizer's moments) stay fp32.
+  cpu_gemm::Precision precision = cpu_gemm::Precision::fp32;
 };
 
 // Where each unit's parameters and gradients are: unit u of ParameterLayout::units() (0 the embeddings, 1..L

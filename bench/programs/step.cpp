@@ -8,7 +8,8 @@
 // rank sent per tier and to other stages against the formulas (train/step_formulas.h).
 //
 // MFU convention: model FLOPs 6 N + 6 L h s per token (llm.c's count, causal attention as half), over the step
-// time (median over timed steps of the per-step maximum over ranks) and the measured FP32 peak of every rank.
+// time (median over timed steps of the per-step maximum over ranks) and the measured FP32 peak of every rank (its
+// measured bf16 dot-product peak with --dtype bf16; the tensor cores' dense bf16 peak on GPUs).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +27,8 @@
 #include "bench/cases/step_config.h"
 #include "bench/harness/token_file.h"
 #include "collectives/process_group.h"
+#include "kernels/cpu_features.h"
+#include "kernels/cpu_gemm.h"
 #include "train/data.h"
 #include "bench/cases/recompute_policy.h"
 #include "train/memory.h"
@@ -52,6 +55,7 @@ struct Options : StepFlags {
   int threads = 1;
   std::string library = "auto";
   std::string backend = "cpu";
+  std::string dtype = "auto";
   double memory_limit_gib = 0;
   int timeline_steps = 1;
   std::string recompute_solver = "heuristic", recompute_policy;
@@ -360,6 +364,8 @@ void add_step_options(Cli& cli, Options& o, HarnessOptions& h) {
   cli.choice("library", 0, "CPU GEMM library (auto: the faster one measured on this machine)", o.library,
              {"auto", "openblas", "onednn"});
   cli.choice("backend", 0, "where the step runs", o.backend, {"cpu", "cuda"});
+  cli.choice("dtype", 0, "the GEMMs' arithmetic: fp32, or bf16 operands summed in fp32 with fp32 master weights (auto: "
+             "fp32 on the CPU, bf16 on GPUs, whose step is bf16 only)", o.dtype, {"auto", "fp32", "bf16"});
   cli.option("memory-limit", 0, "GiB a rank may hold (0: the node's available memory over its ranks)", o.memory_limit_gib, 0.0);
   cli.option("timeline-steps", 0, "timed steps whose timeline is recorded", o.timeline_steps, 0);
   add_grid_flags(cli, o);
@@ -384,11 +390,18 @@ void check_options(const Options& o, HarnessOptions& h) {
   if (o.data != "synthetic" && o.data != "repeat") h.inputs.push_back({"--data", o.data, ""});
   h.inputs.push_back({"--recompute-policy", o.recompute_policy, ""});
   check_output_is_no_input(h);
+  if (o.backend == "cuda" && o.dtype == "fp32")
+    throw UsageError("--dtype fp32 --backend cuda: the GPU step is mixed precision only (bf16 compute, fp32 master weights)");
 #ifndef STRATA_HAVE_CUDA
   if (o.backend == "cuda")
     throw UsageError("--backend cuda: this build has no GPU step (built without CUDA: STRATA_CUDA=OFF, or no nvcc, "
                      "cuBLASLt or NCCL found)");
 #endif
+  if (o.backend == "cpu" && o.dtype == "bf16") {
+    if (o.library == "openblas") throw UsageError("--dtype bf16 --library openblas: OpenBLAS has no bf16 GEMM (use onednn or auto)");
+    if (const std::string why = cpu_gemm::bf16_refusal(detect_cpu_features()); !why.empty())
+      throw UsageError("--dtype bf16: " + why + "; the step runs in fp32 here (--dtype fp32)");
+  }
   if (o.threads > 1 && h.blas_threads > 1)
     throw UsageError("--threads and --blas-threads both above 1 would oversubscribe the cores");
   if (o.min_lr > o.lr) {
@@ -410,7 +423,9 @@ TrainConfig step_config(const StepPlan& plan, const Options& o, const HarnessOpt
   config.max_grad_norm = static_cast<float>(o.max_grad_norm);
   config.seed = static_cast<uint64_t>(o.seed);
   config.runtime.threads = o.threads;
-  config.runtime.library = o.library == "onednn" ? cpu_gemm::Backend::onednn : cpu_gemm::Backend::openblas;
+  const bool bf16 = o.backend == "cpu" && o.dtype == "bf16";
+  config.runtime.library = o.library == "onednn" || bf16 ? cpu_gemm::Backend::onednn : cpu_gemm::Backend::openblas;
+  config.runtime.precision = bf16 ? cpu_gemm::Precision::bf16 : cpu_gemm::Precision::fp32;
   return config;
 }
 
@@ -790,7 +805,7 @@ int run_step(int argc, char** argv) {
   h.warmup = 1, h.iters = 5;
   Options o;
   Cli cli("strata-step", "A GPT model trained for real under data-parallel strategies (DP, ZeRO, PaRO), one case per "
-                         "strategy. MFU: 6N + 6Lhs model FLOPs per token over the measured FP32 peak.");
+                         "strategy. MFU: 6N + 6Lhs model FLOPs per token over the measured FP32 (or bf16) peak.");
   add_step_options(cli, o, h);
   if (!cli.parse(argc, argv)) return 0;
   o.micro_batch_given = cli.given("micro-batch"), o.accumulation_given = cli.given("accumulation");
@@ -832,14 +847,15 @@ int run_step(int argc, char** argv) {
   check_policy(job, cases, step_plan.modes);
 
   Run run("strata-step", argc, argv, h, cli.resolved_json(), on_gpu ? "cuda" : "cpu");
-  if (o.library == "auto") config.runtime.library = run.context().machine.description.default_gemm;
+  const bool cpu_bf16 = config.runtime.precision == cpu_gemm::Precision::bf16;
+  if (o.library == "auto" && !cpu_bf16) config.runtime.library = run.context().machine.description.default_gemm;
   StepRecorder recorder(run);
   run.set_case_count(static_cast<int>(cases.size()));
   Rates rates;
   rates.tokens_per_step = static_cast<double>(global_rows) * o.seq;
   rates.flop_per_rank = model_flops_per_token(model, o.seq) * rates.tokens_per_step / world;
-  const PeakFigure& fp32 = run.context().machine.description.fp32;
-  rates.peak = fp32.per_rank(o.threads), rates.peak_text = peak_source(fp32, o.threads);
+  const PeakFigure& cpu_peak = cpu_bf16 ? run.context().machine.description.bf16 : run.context().machine.description.fp32;
+  rates.peak = cpu_peak.per_rank(o.threads), rates.peak_text = (cpu_bf16 ? "bf16 " : "") + peak_source(cpu_peak, o.threads);
 #ifdef STRATA_HAVE_CUDA
   if (on_gpu) {
     const gemm::GpuPeak gpu = gemm::gpu_peak(nccl->device(), gemm::DType::bf16);
@@ -850,10 +866,11 @@ int run_step(int argc, char** argv) {
   declare_step_columns(run, axes);
   if (run.is_root()) {
     std::printf("# strata-step: %s (%s parameters, %s trainable), %d rank(s): tp %d x dp %d as %d group(s) of %d, micro-batch %d x seq %d, "
-                "%d micro-batch(es), global batch %lld rows (%s tokens); comm %s, overlap %s\n",
+                "%d micro-batch(es), global batch %lld rows (%s tokens); comm %s, overlap %s; GEMMs %s\n",
                 model.name.c_str(), format_si(psi).c_str(), format_si(psi_trainable).c_str(), world, shape.tp, shape.n, shape.g, shape.m,
                 config.micro_batch, o.seq, o.accumulation, static_cast<long long>(global_rows),
-                format_si(rates.tokens_per_step).c_str(), o.comm_algo.c_str(), o.overlap.c_str());
+                format_si(rates.tokens_per_step).c_str(), o.comm_algo.c_str(), o.overlap.c_str(),
+                on_gpu ? "bf16 (cuBLASLt)" : (cpu_gemm::name(config.runtime.precision) + " (" + cpu_gemm::name(config.runtime.library) + ")").c_str());
     std::printf("# MFU: 6N + 6Lhs model FLOPs per token over %s per rank (%s)\n", format_si(rates.peak).c_str(),
                 rates.peak_text.c_str());
     std::fflush(stdout);

@@ -241,6 +241,8 @@ def test_a_token_file_trains(tmp_path):
     (["--pp", "2", "--recompute", "overlap", "--recompute-policy", "/nonexistent/policy.json"], "cannot open"),
     (["--sp"], "--sp needs --tp 2 or more"),
     (["--tp", "2", "--heads", "1", "--kv-heads", "1"], "does not divide the layers"),
+    (["--dtype", "fp32", "--backend", "cuda"], "the GPU step is mixed precision only"),
+    (["--dtype", "bf16", "--library", "openblas"], "OpenBLAS has no bf16 GEMM"),
 ])
 def test_bad_input_exits_2_and_leaves_the_file(tmp_path, args, message):
     out = tmp_path / "keep.h5"
@@ -251,6 +253,27 @@ def test_bad_input_exits_2_and_leaves_the_file(tmp_path, args, message):
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr, result.stderr
     assert digest(str(out)) == before
+
+
+def cpu_has_bf16_units() -> bool:
+    with open("/proc/cpuinfo") as info:
+        flags = info.read().split()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def test_bf16_gemms_train_where_the_cpu_has_the_units_and_are_refused_elsewhere(tmp_path):
+    out = tmp_path / "bf16.h5"
+    result = mpirun(2, [program("strata-step"), *TINY, "--dtype", "bf16", "--data", "repeat", "-w", "0", "-n", "3",
+                        "--output", str(out)], cwd=str(tmp_path))
+    if not cpu_has_bf16_units():
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "--dtype bf16: this CPU" in result.stderr and "no AVX-512 BF16 or AMX unit" in result.stderr
+        assert not out.exists()
+        return
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "GEMMs bf16 (onednn)" in result.stdout and "bf16 " in result.stdout
+    losses = [float(line.split("loss ")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("NNN step ")]
+    assert len(losses) == 3 and all(np.isfinite(losses)), result.stdout
 
 
 def test_a_token_beyond_the_vocabulary_is_named(tmp_path):

@@ -2,11 +2,14 @@
 // against central finite differences of the loss, and a learnable task on which the loss really falls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <cstdlib>
 #include <random>
 
+#include "kernels/cpu_features.h"
+#include "kernels/cpu_gemm.h"
 #include "kernels/layers.h"
 #include "train/gpt.h"
 #include "train/step_formulas.h"
@@ -156,6 +159,64 @@ TEST(GptCpu, RecomputationTrainsTheSameAndHoldsWhatItsFormulaSays) {
   EXPECT_LT(bytes[2], bytes[0]);
   for (const char* text : {"none", "full", "selective"}) EXPECT_STREQ(name(*parse_recompute(text)), text);
   EXPECT_FALSE(parse_recompute("overlapped").has_value());
+}
+
+// The linear layers' GEMMs in bf16 (operands rounded to bf16, sums in fp32) against the fp32 model on the same
+// parameters and tokens. Tolerance, derived as test_gpt_cuda.cpp derives the GPU step's: each rounding to bf16 is
+// off by at most u = 2^-8 relative (8 significant bits); the forward path rounds k = 8 L + 2 tensors (per layer
+// the four GEMMs' inputs and weights, then the final norm's output and the token table) and backward as many
+// gradients; independent roundings add up as a random walk, sqrt(k) u. The loss moves far less than its logits
+// (under 0.1 of an operand perturbation) and each parameter gradient at most about 4.3 times it (relative L2 of
+// the tensor), so the loss is held to sqrt(k) u and each gradient tensor to 8 sqrt(k) u: for L = 2 (k = 18),
+// 1.7 % and 13 %. A wrong transpose, leading dimension or beta moves them by order one. Both the reference
+// rounding (any CPU) and oneDNN's bf16 kernels (where the CPU has them) are held to it.
+TEST(GptCpu, Bf16GemmsStayWithinTheirRoundingOfTheFp32Model) {
+  const uint64_t seed = test_seed();
+  const ModelConfig m = small_model();
+  const int B = 2, T = 7;
+  const ParameterLayout layout(m);
+  std::vector<float> params(layout.total());
+  init_parameters(m, layout, params.data(), seed, 0.3f);
+  std::mt19937_64 random(seed);
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (auto& t : tokens) t = static_cast<int32_t>(random() % m.vocab);
+  for (auto& t : targets) t = static_cast<int32_t>(random() % m.vocab);
+  auto run = [&](cpu_gemm::Math math, std::vector<float>& grads) {
+    GptCpu model(m, B, T, {math.library, 1, nullptr, math.precision});
+    grads.assign(layout.total(), 0.0f);
+    const double loss = model.forward(params.data(), tokens.data(), targets.data());
+    model.backward(params.data(), grads.data(), static_cast<float>(B * T));
+    return loss;
+  };
+  std::vector<float> want;
+  const double want_loss = run({cpu_gemm::Backend::openblas}, want);
+  const double u = 0x1.0p-8, k = 8 * m.layers + 2;
+  std::vector<cpu_gemm::Math> maths = {{cpu_gemm::Backend::openblas, cpu_gemm::Precision::bf16_rounded}};
+  if (cpu_gemm::bf16_refusal(detect_cpu_features()).empty()) maths.push_back({cpu_gemm::Backend::onednn, cpu_gemm::Precision::bf16});
+  else std::printf("[ skipped  ] oneDNN bf16: %s\n", cpu_gemm::bf16_refusal(detect_cpu_features()).c_str());
+  for (const cpu_gemm::Math& math : maths) {
+    const std::string what = cpu_gemm::name(math.precision);
+    std::vector<float> got;
+    const double loss = run(math, got);
+    EXPECT_NE(loss, want_loss) << what << ": the GEMMs were not rounded to bf16";
+    EXPECT_NEAR(loss, want_loss, std::sqrt(k) * u * want_loss) << what;
+    std::vector<Slice> tensors = {layout.wte(), layout.wpe(), layout.lnf_w(), layout.lnf_b()};
+    for (int l = 0; l < m.layers; ++l)
+      for (int t = 0; t < kLayerTensors; ++t) tensors.push_back(layout.tensor(l, static_cast<LayerTensor>(t)));
+    double worst = 0;
+    for (const Slice& tensor : tensors) {
+      double diff = 0, norm = 0;
+      for (std::size_t i = tensor.offset; i < tensor.end(); ++i) {
+        diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+        norm += static_cast<double>(want[i]) * want[i];
+      }
+      ASSERT_GT(norm, 0) << what << " tensor at " << tensor.offset;
+      worst = std::max(worst, std::sqrt(diff / norm));
+      EXPECT_LE(std::sqrt(diff / norm), 8 * std::sqrt(k) * u) << what << " gradient tensor at " << tensor.offset;
+    }
+    std::printf("[ bf16     ] %s: loss %.3g relative to fp32 (bound %.3g), worst gradient tensor %.3g (bound %.3g)\n",
+                what.c_str(), std::abs(loss - want_loss) / want_loss, std::sqrt(k) * u, worst, 8 * std::sqrt(k) * u);
+  }
 }
 
 // Partial training: only the last layer and the final norm train. Their gradients equal those of the full

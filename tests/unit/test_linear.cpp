@@ -1,10 +1,14 @@
 // The linear layer's three GEMMs on every CPU GEMM library: against a float64 product, accumulation, and
-// the backward passes against central finite differences of the forward.
+// the backward passes against central finite differences of the forward. The GEMM in bf16 (operands rounded to
+// bf16, fp32 sums): against the float64 product of the rounded operands, in every transposition.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
+#include "kernels/cpu_features.h"
+#include "kernels/layers.h"
 #include "kernels/linear.h"
 
 namespace strata::linear {
@@ -113,6 +117,140 @@ TEST(Linear, BackwardMatchesFiniteDifferences) {
 TEST(Linear, RejectsEmptyDims) {
   float x = 0;
   EXPECT_THROW(forward(cpu_gemm::Backend::openblas, Dims{0, 1, 1}, &x, &x, &x, nullptr), std::invalid_argument);
+}
+
+// ---- bf16 GEMMs -------------------------------------------------------------------------------------------
+// Both bf16 precisions multiply the operands rounded to bf16, and a product of two bf16 values is exact in fp32,
+// so they differ from the float64 product of the rounded operands only by their fp32 sums: at most
+// (k + 2) 2^-24 (|alpha| sum |a||b| + |beta c|) for k terms, held here with a factor 2 of margin for a library's
+// blocking. From the fp32 GEMM they differ by the rounding of the operands, at most (2 u + u^2) sum |a||b| with
+// u = 2^-8 (bf16 keeps 8 significant bits), and they must differ from it somewhere (the rounding happened).
+struct Bf16Case {
+  int64_t m = 13, n = 11, k = 37;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+  int64_t pad = 3;  // leading dimensions past the stored rows' width
+  int64_t a_cols() const { return trans_a ? m : k; }
+  int64_t b_cols() const { return trans_b ? k : n; }
+  int64_t lda() const { return a_cols() + pad; }
+  int64_t ldb() const { return b_cols() + pad; }
+  int64_t ldc() const { return n + pad; }
+  std::string text() const {
+    return std::string(trans_a ? "T" : "N") + (trans_b ? "T" : "N") + " alpha " + std::to_string(alpha) + " beta " +
+           std::to_string(beta);
+  }
+};
+
+double as_bf16(float x) { return layers::to_float(layers::to_bf16(x)); }
+
+// Runs `math` on random operands of `t` and checks it against both float64 products.
+void check_bf16_gemm(const cpu_gemm::Math& math, const Bf16Case& t) {
+  std::mt19937 random(7);
+  const std::vector<float> a = random_values(static_cast<std::size_t>((t.trans_a ? t.k : t.m) * t.lda()), random);
+  const std::vector<float> b = random_values(static_cast<std::size_t>((t.trans_b ? t.n : t.k) * t.ldb()), random);
+  const std::vector<float> c0 = random_values(static_cast<std::size_t>(t.m * t.ldc()), random);
+  std::vector<float> c = c0;
+  cpu_gemm::gemm(math, t.trans_a, t.trans_b, t.m, t.n, t.k, t.alpha, a.data(), t.lda(), b.data(), t.ldb(), t.beta, c.data(),
+                 t.ldc());
+  auto a_at = [&](int64_t i, int64_t l) { return a[static_cast<std::size_t>(t.trans_a ? l * t.lda() + i : i * t.lda() + l)]; };
+  auto b_at = [&](int64_t l, int64_t j) { return b[static_cast<std::size_t>(t.trans_b ? j * t.ldb() + l : l * t.ldb() + j)]; };
+  const double u = 0x1.0p-8, fp32_unit = 0x1.0p-24;
+  bool differs_from_fp32 = false;
+  for (int64_t i = 0; i < t.m; ++i)
+    for (int64_t j = 0; j < t.n; ++j) {
+      double rounded = 0, exact = 0, magnitude = 0;
+      for (int64_t l = 0; l < t.k; ++l) {
+        rounded += as_bf16(a_at(i, l)) * as_bf16(b_at(l, j));
+        exact += static_cast<double>(a_at(i, l)) * b_at(l, j);
+        magnitude += std::abs(static_cast<double>(a_at(i, l)) * b_at(l, j));
+      }
+      const std::size_t at = static_cast<std::size_t>(i * t.ldc() + j);
+      const double prior = static_cast<double>(t.beta) * c0[at];
+      const double sums_bound = 2.0 * static_cast<double>(t.k + 2) * fp32_unit * (std::abs(t.alpha) * magnitude * (1 + 2 * u) + std::abs(prior));
+      ASSERT_NEAR(c[at], t.alpha * rounded + prior, sums_bound) << cpu_gemm::name(math.precision) << " " << t.text() << " at " << i << "," << j;
+      ASSERT_NEAR(c[at], t.alpha * exact + prior, (2 * u + u * u) * std::abs(t.alpha) * magnitude + sums_bound);
+      differs_from_fp32 = differs_from_fp32 || std::abs(c[at] - (t.alpha * exact + prior)) > sums_bound;
+    }
+  EXPECT_TRUE(differs_from_fp32) << "the operands were not rounded to bf16: " << t.text();
+  for (int64_t i = 0; i < t.m; ++i)  // past each row's n columns C is not touched
+    for (int64_t j = t.n; j < t.ldc(); ++j) ASSERT_EQ(c[static_cast<std::size_t>(i * t.ldc() + j)], c0[static_cast<std::size_t>(i * t.ldc() + j)]);
+}
+
+void check_every_transposition(const cpu_gemm::Math& math) {
+  for (bool trans_a : {false, true})
+    for (bool trans_b : {false, true})
+      for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 1.0f}}) {
+        Bf16Case t;
+        t.trans_a = trans_a, t.trans_b = trans_b, t.alpha = alpha, t.beta = beta;
+        check_bf16_gemm(math, t);
+      }
+}
+
+TEST(CpuGemmBf16, RoundedOperandsOnEveryLibraryGiveTheirExactProducts) {
+  for (auto library : cpu_gemm::available_backends()) check_every_transposition({library, cpu_gemm::Precision::bf16_rounded});
+}
+
+TEST(CpuGemmBf16, OneDnnBf16GivesTheSameProducts) {
+  if (const std::string why = cpu_gemm::bf16_refusal(detect_cpu_features()); !why.empty()) GTEST_SKIP() << why;
+  check_every_transposition({cpu_gemm::Backend::onednn, cpu_gemm::Precision::bf16});
+}
+
+// The layer's three GEMMs in bf16_rounded are its fp32 GEMMs on operands rounded first, bit for bit (the same
+// library call on the same values), and differ from them on the operands as they are.
+TEST(Linear, Bf16RoundsEveryOperandOfItsThreeGemms) {
+  for (auto library : cpu_gemm::available_backends()) {
+    const cpu_gemm::Math bf16{library, cpu_gemm::Precision::bf16_rounded};
+    Case t, r;  // r: t's operands rounded to bf16 (the bias stays fp32)
+    for (auto* v : {&r.x, &r.w, &r.dy})
+      for (float& value : *v) value = static_cast<float>(as_bf16(value));
+    const Dims& d = t.d;
+    const auto size = [](int64_t a, int64_t b) { return static_cast<std::size_t>(a * b); };
+    std::vector<float> y(size(d.rows, d.out_channels)), y_want = y, y_fp32 = y;
+    forward(bf16, d, y.data(), t.x.data(), t.w.data(), t.b.data());
+    forward(library, d, y_want.data(), r.x.data(), r.w.data(), t.b.data());
+    forward(library, d, y_fp32.data(), t.x.data(), t.w.data(), t.b.data());
+    std::vector<float> dx(size(d.rows, d.in_channels), 1.0f), dx_want = dx, dx_fp32 = dx;
+    backward_input(bf16, d, dx.data(), t.dy.data(), t.w.data(), true);
+    backward_input(library, d, dx_want.data(), r.dy.data(), r.w.data(), true);
+    backward_input(library, d, dx_fp32.data(), t.dy.data(), t.w.data(), true);
+    std::vector<float> dw(size(d.out_channels, d.in_channels)), dw_want = dw, dw_fp32 = dw, db(size(d.out_channels, 1)), db_want = db;
+    backward_weight(bf16, d, dw.data(), db.data(), t.dy.data(), t.x.data(), false);
+    backward_weight(library, d, dw_want.data(), db_want.data(), t.dy.data(), t.x.data(), false);  // the bias gradient stays fp32
+    EXPECT_EQ(db, db_want);
+    backward_weight(library, d, dw_want.data(), nullptr, r.dy.data(), r.x.data(), false);
+    backward_weight(library, d, dw_fp32.data(), nullptr, t.dy.data(), t.x.data(), false);
+    EXPECT_EQ(y, y_want) << cpu_gemm::name(library);
+    EXPECT_EQ(dx, dx_want) << cpu_gemm::name(library);
+    EXPECT_EQ(dw, dw_want) << cpu_gemm::name(library);
+    EXPECT_NE(y, y_fp32);
+    EXPECT_NE(dx, dx_fp32);
+    EXPECT_NE(dw, dw_fp32);
+  }
+}
+
+TEST(CpuGemmBf16, RefusesWhereItCannotRun) {
+  float x[4] = {1, 2, 3, 4}, y[4] = {};
+  EXPECT_THROW(cpu_gemm::gemm({cpu_gemm::Backend::openblas, cpu_gemm::Precision::bf16}, false, false, 2, 2, 2, 1.0f, x, 2, x,
+                              2, 0.0f, y, 2),
+               std::invalid_argument);
+  CpuFeatures zen3;
+  zen3.vendor = "AuthenticAMD", zen3.model_name = "AMD EPYC 7763", zen3.family = 0x19, zen3.avx2 = zen3.fma = true;
+  const std::string why = cpu_gemm::bf16_refusal(zen3);
+  EXPECT_FALSE(why.empty());
+  if (cpu_gemm::available(cpu_gemm::Backend::onednn)) {
+    EXPECT_NE(why.find("no AVX-512 BF16 or AMX"), std::string::npos) << why;
+  }
+  // A CPU that claims the units but whose oneDNN cannot run bf16 (this one, where it has none) is refused by the probe.
+  const CpuFeatures here = detect_cpu_features();
+  if (!here.avx512_bf16 && !here.amx_bf16) {
+    CpuFeatures claimed = here;
+    claimed.avx512_bf16 = true;
+    const std::string probe = cpu_gemm::bf16_refusal(claimed);
+    // oneDNN emulates bf16 on AVX-512 without the dot product, so only a CPU below AVX-512 refuses for sure.
+    if (cpu_gemm::available(cpu_gemm::Backend::onednn) && !here.avx512_core()) {
+      EXPECT_NE(probe.find("cannot create a bf16 GEMM"), std::string::npos) << probe;
+    }
+  }
 }
 
 }  // namespace
