@@ -3,7 +3,7 @@
 // and the hooks, and the device memory it counts. Two models: the tiny preset (head dimension 16, so the unfused
 // cuBLASLt attention) and a small custom one with grouped-query heads of dimension 64 (Strata's flash kernels).
 //
-// Tolerance. bf16 keeps 8 significant bits, so each rounding to bf16 is off by at most u = 2^-9 relative. The
+// Tolerance. bf16 keeps 8 significant bits, so each rounding to bf16 is off by at most u = 2^-8 relative. The
 // forward path stores k = 3 + 10 L bf16 tensors one after another (the embedding output; per layer ln1, qkv, the
 // attention output, its projection, x_mid, ln2, fc, gelu, fc_proj and the layer output; the final norm and the
 // logits), and the backward as many gradients of them. Independent roundings add up as a random walk:
@@ -11,7 +11,7 @@
 // (GptCpu with every operand perturbed by e relative moves the loss by under 0.1 e), so the loss is held to
 // sqrt(k) u relative. The same experiment moves every parameter gradient by at most 4.3 e (relative L2 of the
 // tensor), so each gradient tensor is held to 8 sqrt(k) u relative L2: the measured response with a factor 2 of
-// margin. For L = 2 (k = 23) that is 0.94% on the loss and 7.5% on gradients: a wrong index, mask, transpose or
+// margin. For L = 2 (k = 23) that is 1.9% on the loss and 15% on gradients: a wrong index, mask, transpose or
 // a missed accumulation moves them by order one.
 #include <gtest/gtest.h>
 
@@ -35,7 +35,7 @@ using gpu_test::DeviceArray;
 using gpu_test::TestStream;
 using layers::BFloat16;
 
-constexpr double kBf16Unit = 0x1.0p-9;
+constexpr double kBf16Unit = 0x1.0p-8;
 int forward_roundings(const ModelConfig& m) { return 3 + 10 * m.layers; }
 double loss_tolerance(const ModelConfig& m) { return std::sqrt(forward_roundings(m)) * kBf16Unit; }
 double gradient_tolerance(const ModelConfig& m) { return 8.0 * std::sqrt(forward_roundings(m)) * kBf16Unit; }

@@ -1,7 +1,7 @@
 // The GPU training-step layers (kernels/layers_cuda.h) against the float64 reference of the CPU build, for fp32
 // and bf16 activations. bf16 inputs are drawn, rounded to bf16, and the reference computes from exactly those
-// values, so the tolerance covers only what the kernel rounds: bf16 outputs carry 2^-9 relative rounding
-// (8e-3 leaves room for a few roundings); fp32 kernels differ from float64 by a few ulps of fp32.
+// values, so the tolerance covers only what the kernel rounds: a bf16 output carries up to 2^-8 relative rounding
+// (8 significant bits; 8e-3 covers two such roundings); fp32 kernels differ from float64 by a few ulps of fp32.
 #include <gtest/gtest.h>
 
 #include <algorithm>
