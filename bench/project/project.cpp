@@ -591,7 +591,7 @@ int validate(int argc, char** argv) {
              system_path);
   cli.option("published", 0, "instead of STEPFILEs: a set of published training steps (project/published/steps.json, or by name: steps), "
              "each row predicted on the description of its GPU", published.file);
-  cli.option("systems", 0, "with --published: GPU=FILE,... descriptions instead of the set's own", published.systems);
+  cli.option("systems", 0, "with --published: GPU=FILE,... descriptions instead of the set's own (GPU: a row's, e.g. H100-80GB, or a generation: A100, H100)", published.systems);
   cli.choice("part", 0, "with --published: the rows to predict", published.part, {"all", "calibration", "held-out"});
   cli.option("only", 0, "with --published: these rows (ids, comma-separated)", published.only);
   cli.flag("bench", 0, "with --published: judge the held-out errors against their targets (exit 3 when missed)",

@@ -173,8 +173,10 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   return row;
 }
 
-// GPU name -> description file: the set's own map (paths relative to the set's folder), then --systems.
-std::map<std::string, std::string> system_files(const json& set, const std::string& file, const std::string& overrides) {
+// GPU name -> description file: the set's own map (paths relative to the set's folder), then --systems, whose
+// names are a row's GPU ("H100-80GB") or a generation ("H100": every row of it) and must name one of the rows'.
+std::map<std::string, std::string> system_files(const json& set, const std::string& file, const std::string& overrides,
+                                                const std::vector<Row>& rows) {
   std::map<std::string, std::string> files;
   if (set.contains("systems")) {
     if (!set["systems"].is_object()) throw UsageError("published set " + file + ": \"systems\" must map GPU names to files");
@@ -189,7 +191,16 @@ std::map<std::string, std::string> system_files(const json& set, const std::stri
       const std::size_t equals = item.find('=');
       if (equals == std::string::npos || equals == 0 || equals + 1 == item.size())
         throw UsageError("--systems: expected GPU=FILE, got '" + item + "'");
-      files[item.substr(0, equals)] = item.substr(equals + 1);
+      const std::string gpu = item.substr(0, equals);
+      std::set<std::string> known;
+      for (const Row& row : rows) known.insert(row.gpu), known.insert(row.generation);
+      if (!known.count(gpu)) {
+        std::string names;
+        for (const std::string& name : known) names += (names.empty() ? "" : ", ") + name;
+        throw UsageError("--systems: no row of " + file + " runs on '" + gpu + "' (its GPUs and generations: " + names + ")");
+      }
+      for (const Row& row : rows)
+        if (row.gpu == gpu || row.generation == gpu) files[row.gpu] = item.substr(equals + 1);
     }
   return files;
 }
@@ -246,8 +257,6 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
   if (!set.contains("version") || set["version"] != 1) throw UsageError("published set " + o.file + ": \"version\" must be 1");
   if (!set.contains("rows") || !set["rows"].is_array() || set["rows"].empty())
     throw UsageError("published set " + o.file + ": \"rows\" must be a non-empty array");
-  const std::map<std::string, std::string> files = system_files(set, o.file, o.systems);
-
   std::vector<Row> rows;
   std::set<std::string> ids;
   for (std::size_t i = 0; i < set["rows"].size(); ++i) {
@@ -255,6 +264,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     if (!ids.insert(row.id).second) throw UsageError("published set " + o.file + ": row id " + row.id + " is there twice");
     rows.push_back(std::move(row));
   }
+  const std::map<std::string, std::string> files = system_files(set, o.file, o.systems, rows);
   std::set<std::string> only;
   if (!o.only.empty())
     for (const std::string& id : split_list(o.only, "--only")) {

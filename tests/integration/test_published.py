@@ -149,6 +149,31 @@ def test_flags_that_belong_to_one_form_are_refused_with_the_other(tmp_path):
     assert result.returncode == 2 and "--published" in result.stderr
 
 
+def test_systems_replace_a_gpus_or_a_generations_description_and_refuse_a_gpu_no_row_has(tmp_path):
+    path = write_set(tmp_path / "set.json", [row("a", "held-out")])
+    slower = json.load(open(A100))
+    for tier in ("intra_node", "inter_node"):
+        slower["network"][tier]["bandwidth"]["value"] /= 10
+    slow_file = tmp_path / "slow.json"
+    slow_file.write_text(json.dumps(slower))
+
+    def step(*args) -> float:
+        out = tmp_path / f"{len(list(tmp_path.glob('*.h5')))}.h5"
+        result = validate(tmp_path, "--published", path, *args, "-O", str(out), "-q")
+        assert result.returncode == 0, result.stderr
+        with h5py.File(out, "r") as f:
+            (run,) = f["runs"].values()
+            return float(run["published_validation"]["step_time_predicted"][0])
+
+    own = step()
+    by_gpu, by_generation = step("--systems", f"A100-80GB-SXM={slow_file}"), step("--systems", f"A100={slow_file}")
+    assert by_gpu > own and by_generation == by_gpu
+    result = validate(tmp_path, "--published", path, "--systems", f"A10={slow_file}", "-O", str(tmp_path / "x.h5"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--systems: no row of" in result.stderr and "'A10'" in result.stderr and "A100-80GB-SXM" in result.stderr
+    assert not (tmp_path / "x.h5").exists()
+
+
 def test_the_shipped_set_reads_whole_with_both_generations_in_both_parts():
     with open(SHIPPED) as handle:
         document = json.load(handle)
