@@ -38,7 +38,7 @@ void scale_tier(NetworkTier& tier, int direction) {
 }
 
 // The phase component a compute op's time, or a wait counted in its phase, adds to.
-double* phase_component(StepComponents& c, const std::string& phase) {
+double* phase_component(StepComponents& c, std::string_view phase) {
   if (phase == "forward") return &c.forward_s;
   if (phase == "backward") return &c.backward_s;
   if (phase == "recompute_window") return &c.recompute_window_s;
@@ -53,7 +53,7 @@ void add_wait(StepComponents& c, const train::StepTrace& trace, const train::Tra
     case WaitKind::data_parallel: break;
     case WaitKind::in_phase:
       // A recomputation's scalar waits do not occur; a wait issued in one counts in backward, as its time does.
-      *phase_component(c, op.phase == "recompute" ? "backward" : op.phase) += seconds;
+      *phase_component(c, op.phase == "recompute" ? std::string_view("backward") : op.phase) += seconds;
       return;
   }
   c.comm_exposed_s += seconds;

@@ -17,6 +17,7 @@
 
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "project/predict.h"
@@ -58,7 +59,7 @@ struct PredictedStep {
   int fits = -1;               // 1: the memory per rank (all categories) is within it; 0: above it; -1: no capacity
   std::string stage_layers;    // layers of each stage, comma-separated
   std::map<int, std::string> streams;  // the simulated streams' names, for a Chrome trace
-  std::vector<std::string> phases;     // per interval of the timeline: its op's phase
+  std::vector<std::string_view> phases;  // per interval of the timeline: its op's phase (TraceOp::phase)
 };
 
 // Throws std::invalid_argument for a configuration the step refuses on the grid (a strategy on uneven groups, a

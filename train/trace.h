@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collectives/operation.h"
@@ -23,8 +24,8 @@ struct TraceOp {
   // The step's phase the op was issued in, as strata-step times its phases: "forward", "backward", "recompute" (on
   // demand, inside a backward), "recompute_window" (overlap: in a wait for another stage), "optimizer" (from the
   // gradient norm to the zeroed gradients), or "" (outside them: transfers' copies, the tied table's and the loss's
-  // reductions, the waits at the end of the passes).
-  std::string phase;
+  // reductions, the waits at the end of the passes). A name with static storage: millions of ops share a handful.
+  std::string_view phase;
   std::vector<int> depends_on;  // earlier ops of the same rank that must end before this one starts
   // The parameter unit (embeddings 0, layers 1..L, final norm L + 1) whose forward or backward pass issued the op,
   // or whose update or post-update gather it is; -1 outside them.

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collectives/process_group.h"
@@ -52,9 +53,9 @@ class Tracer : public coll::GroupTrace {
   // Names the next operation of a group (before the call), or an operation already recorded.
   void name_next(std::string name) { next_name_ = std::move(name); }
   void rename(int op, std::string name) { ops_.at(static_cast<std::size_t>(op)).name = std::move(name); }
-  // The phase every op recorded from now on is issued in (TraceOp::phase).
-  void set_phase(std::string phase) { phase_ = std::move(phase); }
-  const std::string& phase() const { return phase_; }
+  // The phase every op recorded from now on is issued in (TraceOp::phase): a name with static storage (a literal).
+  void set_phase(std::string_view phase) { phase_ = phase; }
+  std::string_view phase() const { return phase_; }
   // The parameter unit every op recorded from now on belongs to (TraceOp::unit); -1: none.
   void set_unit(int unit) { unit_ = unit; }
 
@@ -73,7 +74,7 @@ class Tracer : public coll::GroupTrace {
   int last_compute_ = -1, last_operation_ = -1;
   std::vector<int> waited_;  // completed since the last compute op
   std::string next_name_;
-  std::string phase_;
+  std::string_view phase_;
   int unit_ = -1;
 };
 

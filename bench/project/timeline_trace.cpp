@@ -7,7 +7,7 @@
 namespace strata {
 
 nlohmann::json timeline_to_chrome_trace(const project::Timeline& timeline, const std::map<int, std::string>& stream_names,
-                                        const std::vector<std::string>& phases) {
+                                        const std::vector<std::string_view>& phases) {
   nlohmann::json events = nlohmann::json::array();
   std::set<int> ranks;
   std::set<std::pair<int, int>> streams;
@@ -30,7 +30,7 @@ nlohmann::json timeline_to_chrome_trace(const project::Timeline& timeline, const
     nlohmann::json event = {{"ph", "X"}, {"name", interval.name}, {"cat", project::op_kind_name(interval.kind)},
                             {"pid", interval.rank}, {"tid", interval.stream}, {"ts", interval.start * 1e6},
                             {"dur", (interval.end - interval.start) * 1e6}};
-    if (k < phases.size() && !phases[k].empty()) event["args"] = {{"phase", phases[k]}};
+    if (k < phases.size() && !phases[k].empty()) event["args"] = {{"phase", std::string(phases[k])}};
     events.push_back(std::move(event));
   }
   return {{"traceEvents", events},

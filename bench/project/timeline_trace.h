@@ -4,6 +4,9 @@
 #pragma once
 
 #include <map>
+#include <string>
+#include <string_view>
+#include <vector>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -15,6 +18,6 @@ namespace strata {
 // `stream_names`: a thread's name per stream (default: "compute", "stream N"); `phases`: one per interval (in the
 // timeline's order), shown as the event's "phase" argument.
 nlohmann::json timeline_to_chrome_trace(const project::Timeline& timeline, const std::map<int, std::string>& stream_names = {},
-                                        const std::vector<std::string>& phases = {});
+                                        const std::vector<std::string_view>& phases = {});
 
 }  // namespace strata

@@ -214,7 +214,7 @@ TEST(Predict, TracedStepsCarryPhasesAndTheirComponentsAddUp) {
   const train::StepTrace trace = train::trace_step(c, {2, 2, 2}, {4, "tp,pp,dp", {}});
   std::map<std::string, int> phases;
   for (const train::TraceRank& r : trace.ranks)
-    for (const train::TraceOp& op : r.ops) ++phases[op.phase];
+    for (const train::TraceOp& op : r.ops) ++phases[std::string(op.phase)];
   EXPECT_GT(phases["forward"], 0);
   EXPECT_GT(phases["backward"], 0);
   EXPECT_GT(phases["recompute"], 0);
@@ -224,7 +224,7 @@ TEST(Predict, TracedStepsCarryPhasesAndTheirComponentsAddUp) {
     // input and weight gradients of each), and the head's two on the last stage; the forward's four, and the head's.
     std::map<std::string, int> gemms;
     for (const train::TraceOp& op : r.ops) {
-      if (op.kind == train::TraceOpKind::gemm) ++gemms[op.phase];
+      if (op.kind == train::TraceOpKind::gemm) ++gemms[std::string(op.phase)];
       if (op.name == "adamw") {
         EXPECT_EQ(op.phase, "optimizer");
       }
