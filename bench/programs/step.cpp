@@ -322,6 +322,8 @@ Axes step_axes(const std::vector<Strategy>& plan, const std::vector<Recompute>& 
       .add("trainable_parameters", std::vector<double>{r.psi_trainable}, "1", "Ψ'")
       .add("trainable", text(r.o.trainable)).add("comm_algo", text(r.o.comm_algo))
       .add("overlap", one(r.config.overlap ? 1 : 0)).add("data", text(r.o.data))
+      .add("dtype", text(r.on_gpu ? "bf16" : cpu_gemm::name(r.config.runtime.precision)),
+           "the GEMMs' arithmetic: fp32, or bf16 (operands rounded to bf16, sums in fp32, fp32 master weights)")
       .add("recompute", mode_names, "what backward computes again: none, full (each layer), selective (the attention core), "
            "overlap (a placement's ops, in the waits for other stages or on demand)");
   return axes;

@@ -129,6 +129,7 @@ def test_flop_and_mfu_are_the_model_flops(four_ranks):
         per_layer = 2 * 2 * h + (qkv * h + qkv) + (h * h + h) + (mlp * h + mlp) + (h * mlp + h)
         parameters = vocab * h + TINY_MAX_SEQ * h + layers * per_layer + 2 * h
         assert row["parameters"] == parameters, row["strategy"]
+        assert row["dtype"] == "fp32", row["strategy"]  # the peak is the FP32 one
         ranks = int(row["dp"] * row["tp"] * row["pp"])
         assert ranks == 4
         tokens = int(row["global_batch"]) * seq
