@@ -34,6 +34,8 @@ die() { printf '[gpu-bundle] error: %s\n' "$*" >&2; exit 1; }
 
 programs=(strata-gemm strata-attention strata-collective strata-step strata-elementwise strata-project)
 gpu_tests=(strata-gpu-tests strata-nccl-groups-gpu-tests strata-trainer-gpu-tests)
+# The CPU's bf16 GEMMs need AVX-512 BF16 or AMX, which the GPU machine's host CPU may have and CI's does not.
+gpu_tests+=(strata-unit-tests)
 
 # ---- the build ------------------------------------------------------------------------------------------
 if [ "$do_build" = 1 ]; then

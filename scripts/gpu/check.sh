@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
 done
 [[ "$budget" =~ ^[0-9]+$ ]] || { echo "check.sh: --budget '$budget' is not a number of seconds" >&2; exit 2; }
 # Every part, in the order it runs; part() refuses a name that is not here.
-part_names=(cpu-smoke gpu-tests nccl-groups-tests trainer-tests gemm gemm-pytorch attention attention-pytorch
+part_names=(cpu-smoke cpu-bf16 cpu-bf16-step gpu-tests nccl-groups-tests trainer-tests gemm gemm-pytorch attention attention-pytorch
             step-gpt2-124m step-gpt2-124m-pytorch-eager step-gpt2-124m-pytorch-compile
             step-gpt2-350m step-gpt2-350m-pytorch-eager step-gpt2-350m-pytorch-compile collective-nccl memcheck)
 only_patterns=()
@@ -184,6 +184,11 @@ part() {
 common=(--output "$results" -q)
 # The bundle itself, on the CPU: launcher, MPI, HDF5 and BLAS as the GPU parts use them.
 part cpu-smoke 90 "${launch[@]}" "$bin/strata-gemm" --shapes 256x256x256 -d fp32 -w 1 -n 3 "${common[@]}"
+# The CPU step's bf16 GEMMs, on this host's CPU: checked where it has AVX-512 BF16 or AMX (the tests skip and say
+# why elsewhere), and its one-core step beside PyTorch's CPU autocast (strata-step's reason where it refuses).
+part cpu-bf16 60 "$bin/strata-unit-tests" --gtest_filter='CpuGemmBf16.*:GptCpu.Bf16*:Linear.*'
+part cpu-bf16-step 120 python3 "$root/scripts/bench/step_vs_pytorch.py" --build "$bin" --pairs bf16 --rounds 1 --steps 3 \
+  --report-only
 part gpu-tests 240 "$bin/strata-gpu-tests"
 part nccl-groups-tests 90 "${launch[@]}" "$bin/strata-nccl-groups-gpu-tests"
 part trainer-tests 120 "${launch[@]}" "$bin/strata-trainer-gpu-tests"

@@ -128,6 +128,8 @@ def test_the_dry_run_starts_every_part_with_the_hosts_own_copies_hidden(bundle, 
     summary = json.loads((check_out / "summary.json").read_text())
     status = {p["part"]: p["status"] for p in summary["parts"]}
     assert status.pop("cpu-smoke") == "ok", log[-4000:]
+    assert status.pop("cpu-bf16") == "ok", log[-4000:]  # run, or skipped with the reason, on this host's CPU
+    assert status.pop("cpu-bf16-step") == "ok", log[-4000:]
     assert status.pop("memcheck") in ("skipped", "no device")
     expected = {"gpu-tests", "nccl-groups-tests", "trainer-tests", "gemm", "gemm-pytorch", "attention",
                 "attention-pytorch", "collective-nccl"}
