@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <type_traits>
 
@@ -56,7 +57,9 @@ const Out* rounded(const float* x, int64_t rows, int64_t cols, int64_t ld) {
   const auto count = static_cast<std::size_t>(rows * cols);
   if (scratch.size() < count) scratch.resize(count);
   Out* out = scratch.data();
-#pragma omp parallel for schedule(static)
+  // Threads only where there is enough to share: a thread's start costs about as much as rounding 64 K elements.
+  const bool parallel = count >= (std::size_t{1} << 16);
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const BFloat16 bits = layers::to_bf16(x[r * ld + c]);
@@ -84,7 +87,8 @@ void onednn_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, fl
     sum.append_sum(beta);
     attr.set_post_ops(sum);
   }
-  // oneDNN keeps created primitives in its own cache, so a shape seen before costs a lookup.
+  // oneDNN caches the primitive (its kernels' code) per shape; the descriptor is made per call, tens of
+  // microseconds against the milliseconds of a layer's GEMM.
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
   dnnl::matmul(pd).execute(stream, {{DNNL_ARG_SRC, memory(a_md, engine, const_cast<BFloat16*>(a))},
                                     {DNNL_ARG_WEIGHTS, memory(b_md, engine, const_cast<BFloat16*>(b))},
@@ -176,7 +180,9 @@ void gemm(const Math& math, bool trans_a, bool trans_b, int64_t m, int64_t n, in
   if (math.precision == Precision::bf16_rounded) {
     const float* a16 = rounded<float, 0>(a, a_rows, a_cols, lda);
     const float* b16 = rounded<float, 1>(b, b_rows, b_cols, ldb);
-    return sgemm(math.library, trans_a, trans_b, m, n, k, alpha, a16, a_cols, b16, b_cols, beta, c, ldc);
+    // BLAS wants leading dimensions of at least 1, also for an empty operand.
+    return sgemm(math.library, trans_a, trans_b, m, n, k, alpha, a16, std::max<int64_t>(1, a_cols), b16,
+                 std::max<int64_t>(1, b_cols), beta, c, ldc);
   }
   if (math.library != Backend::onednn)
     throw std::invalid_argument("bf16 GEMMs run on oneDNN only, not on " + name(math.library));
@@ -200,13 +206,19 @@ std::string bf16_refusal(const CpuFeatures& cpu) {
   if (!cpu.avx512_bf16 && !cpu.amx_bf16)
     return "this CPU (" + cpu.model_name + "; " + cpu.flags_text() +
            ") has no AVX-512 BF16 or AMX unit, which oneDNN's bf16 GEMMs need";
+  // The ISAs are bit sets, each holding the ones below it.
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const auto needed = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
+  if ((isa & needed) != needed)
+    return library(Backend::onednn) + " runs " + kernel(Backend::onednn) + " kernels here, below avx512_core_bf16 " +
+           "(as ONEDNN_MAX_CPU_ISA may set), where its bf16 GEMMs would be emulated or refused";
   try {
     const float one[4] = {1, 1, 1, 1};
     float out[4] = {};
     gemm({Backend::onednn, Precision::bf16}, false, false, 2, 2, 2, 1.0f, one, 2, one, 2, 0.0f, out, 2);
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     return library(Backend::onednn) + " cannot create a bf16 GEMM on this CPU (its kernels: " + kernel(Backend::onednn) +
-           "; ONEDNN_MAX_CPU_ISA may hold it below AVX-512 BF16)";
+           "): " + e.what();
   }
   return "";
 #endif

@@ -52,13 +52,14 @@ void set_threads(int threads);
 // the library reports a failure.
 void sgemm(Backend backend, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
-// sgemm in `math`'s precision: operands and result fp32 whatever the precision. bf16 needs oneDNN (the library
-// must be onednn) and a CPU bf16_refusal accepts: std::invalid_argument otherwise.
+// sgemm in `math`'s precision: operands and result fp32 whatever the precision. bf16 needs oneDNN as the library
+// (std::invalid_argument otherwise) and a CPU bf16_refusal accepts: elsewhere oneDNN refuses the matmul
+// (std::runtime_error) or emulates it; the caller asks bf16_refusal first.
 void gemm(const Math& math, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 // Why bf16 GEMMs cannot run here on `cpu`, for a message; empty where they can: oneDNN is built, the CPU has
-// AVX-512 BF16 or AMX (without them oneDNN either refuses bf16 or emulates it far below the fp32 rate), and
-// oneDNN creates a bf16 matmul.
+// AVX-512 BF16 or AMX, oneDNN's kernels may use them (ONEDNN_MAX_CPU_ISA can hold them below: without those
+// units oneDNN refuses bf16 or emulates it far below the fp32 rate), and oneDNN creates a bf16 matmul.
 std::string bf16_refusal(const CpuFeatures& cpu);
 void dgemm(Backend backend, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
            const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc);

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace strata::layers {
@@ -163,9 +164,26 @@ struct BFloat16 {
   std::uint16_t bits = 0;
 };
 static_assert(sizeof(BFloat16) == 2);
-// Round to nearest, ties to even; NaN stays NaN (quietened, sign kept); overflow rounds to infinity.
-BFloat16 to_bf16(float x);
-float to_float(BFloat16 x);
+// Round to nearest, ties to even; NaN stays NaN (quietened, sign kept); overflow rounds to infinity. Inline: the
+// CPU's bf16 GEMMs round every operand element through it. memcpy, not std::bit_cast: nvcc compiles this header as
+// C++17.
+inline BFloat16 to_bf16(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    // NaN: truncation could clear every payload bit left and make it infinity; set the quiet bit instead.
+    return BFloat16{static_cast<std::uint16_t>((bits >> 16) | 0x0040u)};
+  }
+  // Round to nearest, ties to even: add just under half an ulp of bf16, plus one when the kept part is odd.
+  const std::uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return BFloat16{static_cast<std::uint16_t>((bits + rounding) >> 16)};
+}
+inline float to_float(BFloat16 x) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(x.bits) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
 void cast_to_bf16(BFloat16* out, const float* inp, std::size_t n, const CpuOptions& options);
 void cast_to_float(float* out, const BFloat16* inp, std::size_t n, const CpuOptions& options);
 

@@ -520,19 +520,6 @@ float clip_scale(double norm, float max_norm) {
 
 // ---- bf16 ----------------------------------------------------------------------------------------------
 
-BFloat16 to_bf16(float x) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {
-    // NaN: truncation could clear every payload bit left and make it infinity; set the quiet bit instead.
-    return BFloat16{static_cast<std::uint16_t>((bits >> 16) | 0x0040u)};
-  }
-  // Round to nearest, ties to even: add just under half an ulp of bf16, plus one when the kept part is odd.
-  const std::uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return BFloat16{static_cast<std::uint16_t>((bits + rounding) >> 16)};
-}
-
-float to_float(BFloat16 x) { return std::bit_cast<float>(static_cast<std::uint32_t>(x.bits) << 16); }
-
 void cast_to_bf16(BFloat16* out, const float* inp, std::size_t n, const CpuOptions& options) {
   require_options(options);
   const long count = static_cast<long>(n);

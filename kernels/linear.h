@@ -1,6 +1,6 @@
 // A transformer's linear layer as three GEMMs on caller buffers, on the CPU GEMM library and in the precision of
-// the caller's choice (cpu_gemm.h: fp32, or bf16 operands with fp32 sums), in the layouts llm.c and PyTorch's nn.Linear use. N rows (tokens), C input channels,
-// OC output channels; weights are stored (OC, C), row-major.
+// the caller's choice (cpu_gemm.h: fp32, or bf16 operands with fp32 sums), in the layouts llm.c and PyTorch's
+// nn.Linear use. N rows (tokens), C input channels, OC output channels; weights are stored (OC, C), row-major.
 //
 //   forward          y  (N, OC)  = x (N, C) W^T + b
 //   input gradient   dx (N, C)  (+)= dy (N, OC) W

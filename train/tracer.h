@@ -53,8 +53,8 @@ class Tracer : public coll::GroupTrace {
   // Names the next operation of a group (before the call), or an operation already recorded.
   void name_next(std::string name) { next_name_ = std::move(name); }
   void rename(int op, std::string name) { ops_.at(static_cast<std::size_t>(op)).name = std::move(name); }
-  // The phase every op recorded from now on is issued in (TraceOp::phase): a name with static storage (a literal).
-  void set_phase(std::string_view phase) { phase_ = phase; }
+  // The phase every op recorded from now on is issued in (TraceOp::phase): a literal, which outlives the trace.
+  void set_phase(const char* phase) { phase_ = phase; }
   std::string_view phase() const { return phase_; }
   // The parameter unit every op recorded from now on belongs to (TraceOp::unit); -1: none.
   void set_unit(int unit) { unit_ = unit; }

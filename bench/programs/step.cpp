@@ -858,6 +858,11 @@ int run_step(int argc, char** argv) {
   rates.flop_per_rank = model_flops_per_token(model, o.seq) * rates.tokens_per_step / world;
   const PeakFigure& cpu_peak = cpu_bf16 ? run.context().machine.description.bf16 : run.context().machine.description.fp32;
   rates.peak = cpu_peak.per_rank(o.threads), rates.peak_text = (cpu_bf16 ? "bf16 " : "") + peak_source(cpu_peak, o.threads);
+  if (cpu_bf16 && detect_cpu_features().amx_bf16) {
+    // oneDNN runs its bf16 GEMMs on AMX tiles there, several times the dot product's measured peak: no MFU rather
+    // than one above 1.
+    rates.peak = 0, rates.peak_text = "n/a: oneDNN's bf16 GEMMs run on AMX tiles, whose peak Strata does not measure";
+  }
 #ifdef STRATA_HAVE_CUDA
   if (on_gpu) {
     const gemm::GpuPeak gpu = gemm::gpu_peak(nccl->device(), gemm::DType::bf16);

@@ -174,7 +174,8 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
 }
 
 // GPU name -> description file: the set's own map (paths relative to the set's folder), then --systems, whose
-// names are a row's GPU ("H100-80GB") or a generation ("H100": every row of it) and must name one of the rows'.
+// names are a row's GPU ("H100-80GB") or a generation ("H100": every row of it) and must name one of the rows';
+// a GPU's own entry wins over its generation's, whatever their order.
 std::map<std::string, std::string> system_files(const json& set, const std::string& file, const std::string& overrides,
                                                 const std::vector<Row>& rows) {
   std::map<std::string, std::string> files;
@@ -186,22 +187,25 @@ std::map<std::string, std::string> system_files(const json& set, const std::stri
       files[gpu] = (p.is_absolute() ? p : fs::path(file).parent_path() / p).lexically_normal().string();
     }
   }
-  if (!overrides.empty())
-    for (const std::string& item : split_list(overrides, "--systems")) {
-      const std::size_t equals = item.find('=');
-      if (equals == std::string::npos || equals == 0 || equals + 1 == item.size())
-        throw UsageError("--systems: expected GPU=FILE, got '" + item + "'");
-      const std::string gpu = item.substr(0, equals);
-      std::set<std::string> known;
-      for (const Row& row : rows) known.insert(row.gpu), known.insert(row.generation);
-      if (!known.count(gpu)) {
-        std::string names;
-        for (const std::string& name : known) names += (names.empty() ? "" : ", ") + name;
-        throw UsageError("--systems: no row of " + file + " runs on '" + gpu + "' (its GPUs and generations: " + names + ")");
-      }
-      for (const Row& row : rows)
-        if (row.gpu == gpu || row.generation == gpu) files[row.gpu] = item.substr(equals + 1);
+  if (overrides.empty()) return files;
+  std::set<std::string> known;
+  for (const Row& row : rows) known.insert(row.gpu), known.insert(row.generation);
+  std::map<std::string, std::string> given;  // GPU or generation -> file
+  for (const std::string& item : split_list(overrides, "--systems")) {
+    const std::size_t equals = item.find('=');
+    if (equals == std::string::npos || equals == 0 || equals + 1 == item.size())
+      throw UsageError("--systems: expected GPU=FILE, got '" + item + "'");
+    const std::string gpu = item.substr(0, equals);
+    if (!known.count(gpu)) {
+      std::string names;
+      for (const std::string& name : known) names += (names.empty() ? "" : ", ") + name;
+      throw UsageError("--systems: no row of " + file + " runs on '" + gpu + "' (its GPUs and generations: " + names + ")");
     }
+    given[gpu] = item.substr(equals + 1);
+  }
+  for (const Row& row : rows)
+    if (auto own = given.find(row.gpu); own != given.end()) files[row.gpu] = own->second;
+    else if (auto generation = given.find(row.generation); generation != given.end()) files[row.gpu] = generation->second;
   return files;
 }
 

@@ -4,11 +4,9 @@
 #pragma once
 
 #include <map>
-#include <string>
-#include <string_view>
-#include <vector>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "project/simulate.h"

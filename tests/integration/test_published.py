@@ -168,6 +168,7 @@ def test_systems_replace_a_gpus_or_a_generations_description_and_refuse_a_gpu_no
     own = step()
     by_gpu, by_generation = step("--systems", f"A100-80GB-SXM={slow_file}"), step("--systems", f"A100={slow_file}")
     assert by_gpu > own and by_generation == by_gpu
+    assert step("--systems", f"A100-80GB-SXM={A100},A100={slow_file}") == own  # the GPU's own entry wins
     result = validate(tmp_path, "--published", path, "--systems", f"A10={slow_file}", "-O", str(tmp_path / "x.h5"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--systems: no row of" in result.stderr and "'A10'" in result.stderr and "A100-80GB-SXM" in result.stderr
