@@ -71,6 +71,23 @@ ModelConfig small_model() {
   return m;
 }
 
+// Parameters of `m` with a larger spread than GPT-2's (gradients stand well above the loss's rounding) and `rows`
+// random tokens and targets, all from `seed`.
+struct Problem {
+  std::vector<float> params;
+  std::vector<int32_t> tokens, targets;
+};
+Problem random_problem(const ModelConfig& m, int rows, uint64_t seed) {
+  Problem p;
+  p.params.resize(ParameterLayout(m).total());
+  init_parameters(m, ParameterLayout(m), p.params.data(), seed, 0.3f);
+  std::mt19937_64 random(seed);
+  p.tokens.resize(static_cast<std::size_t>(rows)), p.targets.resize(static_cast<std::size_t>(rows));
+  for (auto& t : p.tokens) t = static_cast<int32_t>(random() % m.vocab);
+  for (auto& t : p.targets) t = static_cast<int32_t>(random() % m.vocab);
+  return p;
+}
+
 TEST(GptCpu, GradientsMatchFiniteDifferences) {
   const uint64_t seed = test_seed();
   const ModelConfig m = small_model();
@@ -124,12 +141,7 @@ TEST(GptCpu, RecomputationTrainsTheSameAndHoldsWhatItsFormulaSays) {
   const ModelConfig m = small_model();
   const int B = 2, T = 7;
   const ParameterLayout layout(m);
-  std::vector<float> params(layout.total());
-  init_parameters(m, layout, params.data(), seed, 0.3f);
-  std::mt19937_64 random(seed);
-  std::vector<int32_t> tokens(B * T), targets(B * T);
-  for (auto& t : tokens) t = static_cast<int32_t>(random() % m.vocab);
-  for (auto& t : targets) t = static_cast<int32_t>(random() % m.vocab);
+  const auto [params, tokens, targets] = random_problem(m, B * T, seed);
   double kept_loss = 0;
   std::vector<float> kept_grads;
   std::vector<double> bytes;
@@ -175,12 +187,7 @@ TEST(GptCpu, Bf16GemmsStayWithinTheirRoundingOfTheFp32Model) {
   const ModelConfig m = small_model();
   const int B = 2, T = 7;
   const ParameterLayout layout(m);
-  std::vector<float> params(layout.total());
-  init_parameters(m, layout, params.data(), seed, 0.3f);
-  std::mt19937_64 random(seed);
-  std::vector<int32_t> tokens(B * T), targets(B * T);
-  for (auto& t : tokens) t = static_cast<int32_t>(random() % m.vocab);
-  for (auto& t : targets) t = static_cast<int32_t>(random() % m.vocab);
+  const auto [params, tokens, targets] = random_problem(m, B * T, seed);
   auto run = [&](cpu_gemm::Math math, std::vector<float>& grads) {
     GptCpu model(m, B, T, {math.library, 1, nullptr, math.precision});
     grads.assign(layout.total(), 0.0f);
