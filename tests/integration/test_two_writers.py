@@ -15,8 +15,10 @@ from conftest import ROOT, digest, mpi_env, mpirun, program, run_single
 from result_files import Holder, gemm_file, one_error_line, script, wait_for_progress
 
 H100 = os.path.join(ROOT, "project", "systems", "h100-sxm-ndr400.json")
-# Enough cases that the first run is still writing when the second starts.
-LONG = ["--square", ",".join(["512"] * 30), "-n", "3", "-w", "0"]
+# Enough work that the first run is still writing when the second starts and after the second's 1 s wait ends:
+# 30 cases of 1024^3 (about 3 s on a 2-core VM, more when loaded; 512^3 finished within the wait on a fast one).
+LONG_SIZE = "1024"
+LONG = ["--square", ",".join([LONG_SIZE] * 30), "-n", "4", "-w", "0"]
 SHORT = ["--shapes", "8x8x8", "-n", "1", "-w", "0"]
 
 
@@ -53,7 +55,7 @@ def test_second_writer_waits_for_the_first_then_appends(tmp_path):
     runs = sr.read_runs(str(out)).sort_values("end_utc")
     assert list(runs["status"]) == ["ok", "ok", "ok"]
     # The second run was written after the first had ended: its end is the last, and its only case is whole.
-    long_run = runs[runs["config_json"].str.contains("512")]
+    long_run = runs[runs["config_json"].str.contains(LONG_SIZE)]
     assert len(long_run) == 1 and runs["end_utc"].iloc[-1] > long_run["end_utc"].iloc[0]
     summary = sr.read_table(str(out), "summary")
     assert sorted(summary.groupby("run_id").size()) == [1, 1, 30]
