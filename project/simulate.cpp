@@ -138,8 +138,17 @@ namespace simulator_detail {
 
 enum class Status : std::uint8_t { waiting, reached, running, done };
 
+// What a collective's duration needs of its group, looked up once: a step reaches its groups' collectives often.
+struct GroupFacts {
+  const Group* group = nullptr;
+  int traced_members = 0;
+  GroupKind kind{};
+  int per_node = 0;  // its fewest members on a node
+};
+
 struct CollectiveInstance {
   std::vector<std::pair<int, int>> reached;  // (traced rank index, op index)
+  const GroupFacts* facts = nullptr;
 };
 
 struct Channel {  // the sends of one (from, to) pair, matched in order with the recvs
@@ -160,6 +169,8 @@ struct OpState {  // packed: a step's ops are many, and the simulation walks the
   int pending = 0;       // the ops it depends on that have not ended
   int peer_index = -1;   // send: the traced index of the receiving rank
   unsigned stamp = 0;    // event queue: the version of its pending end event
+  int dependencies = 0;  // the ops it depends on: `pending` before a run
+  OpKind kind = OpKind::timed;  // the op's, here so that reaching a compute op reads no more than this state
   Status status = Status::waiting;
   bool compute = false;
 };
@@ -220,7 +231,7 @@ class Simulator {
       for (size_t i = 0; i < rs.ops.size(); ++i) {
         OpState& s = rs.ops[i];
         s.status = Status::waiting;
-        s.pending = static_cast<int>(g.ops[i].depends_on.size());
+        s.pending = s.dependencies;
         s.since = 0;
         if (s.compute) s.remaining = alone_seconds(g, static_cast<int>(i));
       }
@@ -284,9 +295,7 @@ class Simulator {
   std::unordered_map<int, const Group*> groups_;
   std::vector<RankState> state_;
   std::unordered_map<int, std::vector<CollectiveInstance>> collectives_;  // group -> by sequence
-  std::map<int, int> traced_members_;                                     // group -> traced members
-  std::unordered_map<int, GroupKind> kinds_;                              // group -> its kind
-  std::unordered_map<int, int> per_node_;                                 // group -> its fewest members on a node
+  std::map<int, GroupFacts> facts_;                                       // group -> what its collectives need
   std::map<std::pair<int, int>, Channel> channels_;                 // (from rank, to rank)
   std::vector<std::pair<size_t, int>> running_;                     // (traced rank index, op)
   std::vector<std::pair<size_t, int>> ending_, still_running_;      // complete_at's, kept between events
@@ -315,11 +324,9 @@ class Simulator {
         refuse("group " + std::to_string(group.id) + " must list distinct non-negative ranks");
       int traced = 0;
       for (int rank : group.ranks) traced += rank_index_.count(rank) ? 1 : 0;
-      traced_members_[group.id] = traced;
       std::vector<int> nodes;
       for (int rank : group.ranks) nodes.push_back(rank / system_->device.devices_per_node);
-      kinds_[group.id] = group_kind_of(nodes);
-      per_node_[group.id] = members_per_node(nodes);
+      facts_[group.id] = {&group, traced, group_kind_of(nodes), members_per_node(nodes)};
     }
   }
 
@@ -334,8 +341,6 @@ class Simulator {
   bool same_node(int a, int b) const {
     return a / system_->device.devices_per_node == b / system_->device.devices_per_node;
   }
-
-  GroupKind kind_of(const Group& group) const { return kinds_.at(group.id); }
 
   void index_ops() {
     // (group) -> the collectives of each traced member in order, to check they match across the group.
@@ -363,7 +368,8 @@ class Simulator {
           if (d < 0 || d >= oi) refuse(where(g, oi) + " depends on op " + std::to_string(d) + ", not an earlier op");
           s.dependents[static_cast<size_t>(filled[static_cast<size_t>(d)]++)] = oi;
         }
-        s.ops[i].pending = static_cast<int>(op.depends_on.size());
+        s.ops[i].pending = s.ops[i].dependencies = static_cast<int>(op.depends_on.size());
+        s.ops[i].kind = op.kind;
         const auto [queue, added] = queue_of_stream.emplace(op.stream, static_cast<int>(s.queues.size()));
         if (added) s.queues.push_back({op.stream, {}, 0});
         s.queues[static_cast<size_t>(queue->second)].ops.push_back(oi);
@@ -403,6 +409,7 @@ class Simulator {
         OpState& st = state_[r].ops[i];
         if (op.kind == OpKind::collective) {
           st.instance = &collectives_.at(op.group).at(static_cast<size_t>(st.sequence));
+          st.instance->facts = &facts_.at(op.group);
         } else if (op.kind == OpKind::send) {
           st.channel = &channels_.at({g.rank, op.peer});
           st.peer_index = rank_index_.at(op.peer);
@@ -417,7 +424,7 @@ class Simulator {
     for (const auto& [group, members] : by_group) {
       const auto& [first_rank, first_ops] = members.front();
       const RankGraph& a = workload_.ranks[static_cast<size_t>(first_rank)];
-      if (static_cast<int>(members.size()) != traced_members_[group])
+      if (static_cast<int>(members.size()) != facts_[group].traced_members)
         refuse("group " + std::to_string(group) + ": rank " + std::to_string(a.rank) +
                " has collectives on it, some other traced member has none");
       for (const auto& [rank, ops] : members) {
@@ -534,14 +541,12 @@ class Simulator {
   }
 
   void reach(size_t r, int i, double now) {
-    const RankGraph& g = workload_.ranks[r];
-    const Op& op = g.ops[static_cast<size_t>(i)];
     OpState& s = state_[r].ops[static_cast<size_t>(i)];
     OpTiming& t = timeline_.ops[r][static_cast<size_t>(i)];
     t.reached = now;
     t.start = now;
     s.status = Status::reached;
-    if (is_compute(op.kind)) {
+    if (s.compute) {
       s.status = Status::running;
       if (s.remaining == 0) {
         mark_done(r, i, now);
@@ -552,16 +557,17 @@ class Simulator {
       } else {
         running_.emplace_back(r, i);
       }
-    } else if (op.kind == OpKind::collective) {
+    } else if (s.kind == OpKind::collective) {
       CollectiveInstance& instance = *s.instance;
       instance.reached.emplace_back(static_cast<int>(r), i);
-      if (static_cast<int>(instance.reached.size()) == traced_members_.at(op.group)) {
-        const Group& group = *groups_.at(op.group);
-        const double duration = system_->collective_seconds(op.collective, op.algorithm, kind_of(group), op.bytes,
-                                                           static_cast<int>(group.ranks.size()), per_node_.at(group.id));
+      const GroupFacts& facts = *instance.facts;
+      if (static_cast<int>(instance.reached.size()) == facts.traced_members) {
+        const Op& op = workload_.ranks[r].ops[static_cast<size_t>(i)];
+        const double duration = system_->collective_seconds(op.collective, op.algorithm, facts.kind, op.bytes,
+                                                           static_cast<int>(facts.group->ranks.size()), facts.per_node);
         for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
       }
-    } else if (op.kind == OpKind::send) {
+    } else if (s.kind == OpKind::send) {
       Channel& channel = *s.channel;
       const auto q = static_cast<size_t>(s.sequence);
       channel.send_start[q] = now;

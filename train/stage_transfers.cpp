@@ -30,6 +30,8 @@ void StageTransfers::send_copy(TrackedBuffer<float> copy, std::size_t floats, in
   Transfer t = started(pp_.send(data, floats, DataType::float32, to_stage % pp_.size()), std::move(what), floats, std::move(copy));
   stats.sent_bytes += t.bytes;
   ++stats.sends;
+  // A traced send reads nothing: its copy (addresses only) goes back at once, so a traced step reserves one.
+  if (tracer_) give_back_(t.buffer);
   sends_.push_back(std::move(t));
 }
 
@@ -54,6 +56,7 @@ void StageTransfers::complete(Transfer& t) {
 }
 
 void StageTransfers::progress() {
+  if (tracer_) return;  // a traced send completes only when waited for (Tracer::complete): none to find done
   for (std::size_t i = 0; i < sends_.size();) {
     if (!sends_[i].work.test()) {
       ++i;
@@ -68,7 +71,7 @@ void StageTransfers::progress() {
 void StageTransfers::drain() {
   while (!sends_.empty()) {  // taken out first: waiting tests the others, and drops those that are done
     Transfer t = std::move(sends_.front());
-    sends_.erase(sends_.begin());
+    sends_.pop_front();
     complete(t);
     give_back_(t.buffer);
   }

@@ -3,6 +3,7 @@
 // the pipeline's figures (waits, busy time, bytes sent).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -54,7 +55,7 @@ class StageTransfers {
   StepComm& comms_;
   Tracer* tracer_;
   std::function<void(TrackedBuffer<float>&)> give_back_;
-  std::vector<Transfer> sends_;  // kept, in flight
+  std::deque<Transfer> sends_;  // kept, in flight
   int in_flight_ = 0;
   double busy_since_ = 0;
 };

@@ -4,16 +4,16 @@
 #include <algorithm>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 namespace strata::train {
 
 int TraceGroups::id(const coll::Group& group) {
-  auto key = std::make_pair(group.name(), group.world_ranks());
-  const auto found = index_.find(key);
+  const auto found = index_.find(std::tie(group.name(), group.world_ranks()));  // no copy: every collective asks
   if (found != index_.end()) return found->second;
   const int id = static_cast<int>(groups_.size());
   groups_.push_back({group.name(), group.world_ranks()});
-  index_.emplace(std::move(key), id);
+  index_.emplace(std::make_tuple(group.name(), group.world_ranks()), id);
   return id;
 }
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "collectives/process_group.h"
@@ -29,7 +30,7 @@ class TraceGroups {
   std::size_t ops_hint = 0;
 
  private:
-  std::map<std::pair<std::string, std::vector<int>>, int> index_;
+  std::map<std::tuple<std::string, std::vector<int>>, int, std::less<>> index_;  // (role, members) -> id
   std::vector<TraceGroup> groups_;
 };
 
