@@ -140,7 +140,7 @@ Timeline CompactRuns::expand(Timeline compact, const std::vector<double>& shape_
           case train::TraceOpKind::send: kind = OpKind::send, stream = communication_stream(t.group); break;
           case train::TraceOpKind::recv: kind = OpKind::recv, stream = communication_stream(groups + t.group); break;
         }
-        out.intervals.push_back({trace_.ranks[r].rank, stream, t.name, kind, mine[i].start, mine[i].end});
+        out.intervals.push_back({trace_.ranks[r].rank, stream, std::string(t.name), kind, mine[i].start, mine[i].end});
       }
     }
   }

@@ -768,7 +768,8 @@ class Simulator {
     std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.time < b.time; });
     Breakdown b;
     int compute_running = 0;
-    std::multiset<std::pair<double, int>> communication_running;  // (start, group): the first is exposed
+    // (start, group), in order: the first is exposed. A few at a time, so a sorted vector.
+    std::vector<std::pair<double, int>> communication_running;
     double last = 0;
     auto account = [&](double until) {
       const double span = until - last;
@@ -783,8 +784,13 @@ class Simulator {
       for (; e < edges.size() && edges[e].time == last; ++e) {
         const Edge& x = edges[e];
         if (x.compute) compute_running += x.opens ? 1 : -1;
-        else if (x.opens) communication_running.insert({x.start, x.group});
-        else communication_running.erase(communication_running.find({x.start, x.group}));
+        else if (x.opens) {
+          const std::pair<double, int> key{x.start, x.group};
+          communication_running.insert(std::upper_bound(communication_running.begin(), communication_running.end(), key), key);
+        } else {
+          communication_running.erase(std::lower_bound(communication_running.begin(), communication_running.end(),
+                                                       std::pair<double, int>{x.start, x.group}));
+        }
       }
     }
     account(timeline_.step_s);

@@ -153,7 +153,7 @@ double Device::elementwise_seconds(double bytes) const {
   return bytes / (memory_bandwidth.value * memory_efficiency.value);
 }
 
-double Device::elementwise_seconds(const std::string& op_name, double bytes) const {
+double Device::elementwise_seconds(std::string_view op_name, double bytes) const {
   if (bytes <= 0) return 0;
   if (const auto kernel = elementwise_kernels.find(elementwise_kernel_of(op_name)); kernel != elementwise_kernels.end())
     return launch_gap() + bytes / kernel->second.value;
@@ -161,8 +161,8 @@ double Device::elementwise_seconds(const std::string& op_name, double bytes) con
   return launch_gap() + elementwise_seconds(bytes);
 }
 
-std::string elementwise_kernel_of(const std::string& op_name) {
-  static const std::map<std::string, std::string> kernels = {
+std::string_view elementwise_kernel_of(std::string_view op_name) {
+  static const std::map<std::string_view, std::string_view> kernels = {
       {"ln1", "layernorm_forward"},          {"ln2", "layernorm_forward"},
       {"lnf", "layernorm_forward"},          {"norm backward", "layernorm_backward"},
       {"gelu", "gelu_forward"},              {"gelu backward", "gelu_backward"},
@@ -187,15 +187,19 @@ std::optional<coll::Operation> collective_from_name(const std::string& name) {
   return op && *op != coll::Operation::sendrecv ? op : std::nullopt;
 }
 
-LatencyBandwidth NetworkTier::model(coll::Operation op) const {
+const Quantity& NetworkTier::latency_of(coll::Operation op) const {
   const auto it = collectives.find(op);
-  return it != collectives.end() ? it->second : LatencyBandwidth{latency, bandwidth};
+  return it != collectives.end() ? it->second.latency : latency;
+}
+
+const Quantity& NetworkTier::bandwidth_of(coll::Operation op) const {
+  const auto it = collectives.find(op);
+  return it != collectives.end() ? it->second.bandwidth : bandwidth;
 }
 
 double NetworkTier::collective_seconds(coll::Operation op, double bytes, int ranks) const {
   if (ranks <= 1) return 0;  // a group of one moves nothing
-  const LatencyBandwidth m = model(op);
-  return m.latency.value + bytes * coll::bus_factor(op, ranks) / m.bandwidth.value;
+  return latency_of(op).value + bytes * coll::bus_factor(op, ranks) / bandwidth_of(op).value;
 }
 
 double NetworkTier::transfer_seconds(double bytes) const { return latency.value + bytes / bandwidth.value; }
@@ -245,7 +249,7 @@ double CollectiveModel::seconds(double bytes, int group_ranks) const {
   return ranges.back().model.latency.value + x / ranges.back().model.bandwidth.value;
 }
 
-const CollectiveModel* System::find_collective(coll::Operation op, const std::string& algorithm, GroupKind kind,
+const CollectiveModel* System::find_collective(coll::Operation op, std::string_view algorithm, GroupKind kind,
                                                int ranks) const {
   const CollectiveModel* best = nullptr;
   double best_distance = 0;
@@ -272,19 +276,18 @@ double RingLatency::seconds(double bus_bytes, double bandwidth, int ranks, int n
   return fastest;
 }
 
-bool runs_as_library_ring(const std::string& algorithm) { return algorithm == "library" || algorithm == "ring"; }
+bool runs_as_library_ring(std::string_view algorithm) { return algorithm == "library" || algorithm == "ring"; }
 
-double System::collective_seconds(coll::Operation op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
+double System::collective_seconds(coll::Operation op, std::string_view algorithm, GroupKind kind, double bytes, int ranks,
                                   int per_node) const {
   if (ranks <= 1) return 0;
   if (const CollectiveModel* m = find_collective(op, algorithm, kind, ranks)) return m->seconds(bytes, ranks);
   if (kind == GroupKind::intra_node) return intra_node.collective_seconds(op, bytes, ranks);
-  const LatencyBandwidth across = inter_node.model(op);
+  const double across = inter_node.bandwidth_of(op).value;
   const bool one_per_node = kind == GroupKind::inter_node || per_node <= 1;
-  const double bandwidth =
-      one_per_node ? across.bandwidth.value : std::min(intra_node.model(op).bandwidth.value, per_node * across.bandwidth.value);
+  const double bandwidth = one_per_node ? across : std::min(intra_node.bandwidth_of(op).value, per_node * across);
   const double bus_bytes = bytes * coll::bus_factor(op, ranks);
-  const double tiers = across.latency.value + bus_bytes / bandwidth;
+  const double tiers = inter_node.latency_of(op).value + bus_bytes / bandwidth;
   // NCCL runs these two as rings only (its tree is for allreduce, whose latency grows with log2 of the nodes).
   const bool ring_only = op == coll::Operation::allgather || op == coll::Operation::reduce_scatter;
   if (!ring_latency || !ring_only || !runs_as_library_ring(algorithm)) return tiers;

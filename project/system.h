@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collectives/operation.h"
@@ -98,7 +99,7 @@ struct Device {
   std::optional<Quantity> memory_capacity;     // B of device memory (spec sheet); absent: not described
   // B/s the training step's elementwise kernels reach, by kernel (elementwise_kernel_of), and over every measured
   // kernel together (their bytes over their seconds); optional, measured by strata-elementwise at the step's shapes.
-  std::map<std::string, Quantity> elementwise_kernels;
+  std::map<std::string, Quantity, std::less<>> elementwise_kernels;
   std::optional<Quantity> elementwise_bandwidth;
   // Seconds between two kernels queued back to back (the launch gap), added to each GEMM, attention and traced
   // elementwise kernel; absent: none.
@@ -114,7 +115,7 @@ struct Device {
   double elementwise_seconds(double bytes) const;
   // A traced elementwise op: its kernel's measured rate; a kernel not measured, the measured kernels' rate
   // together; a description without them, elementwise_seconds(bytes); with the kernel overhead.
-  double elementwise_seconds(const std::string& op_name, double bytes) const;
+  double elementwise_seconds(std::string_view op_name, double bytes) const;
   // The kernel overhead's seconds (0 when the description has none).
   double launch_gap() const { return kernel_overhead ? kernel_overhead->value : 0; }
   // One kernel's own time, without the launch gap.
@@ -128,7 +129,7 @@ struct Device {
 // heads" and "split head grads": "permute_heads"; "bias": "add_bias"; "accumulate grads": "accumulate"; "gelu",
 // "gelu backward", "residual", "copy", "adamw"), as strata-elementwise names it; "" for the step's other elementwise
 // ops (embedding, positions, cross-entropy, zeroing, the gradient norm).
-std::string elementwise_kernel_of(const std::string& op_name);
+std::string_view elementwise_kernel_of(std::string_view op_name);
 
 // The collectives a description models: the operations of collectives/operation.h's vocabulary but sendrecv (a
 // description's point-to-point is its tiers' latency and bandwidth), by their names there. Their bytes through each
@@ -151,7 +152,9 @@ struct NetworkTier {
   std::map<coll::Operation, LatencyBandwidth> collectives;
   std::string source;  // how the tier was described: spec sheet, measured, emulated on one machine, not measured
 
-  LatencyBandwidth model(coll::Operation op) const;
+  // Of `op` on this tier: its own model's where it has one, else the tier's (references: a prediction asks often).
+  const Quantity& latency_of(coll::Operation op) const;
+  const Quantity& bandwidth_of(coll::Operation op) const;
   double collective_seconds(coll::Operation op, double bytes, int ranks) const;
   double transfer_seconds(double bytes) const;
 };
@@ -230,7 +233,7 @@ struct RingLatency {
 
 // The algorithms a description's ring latency models: the library's own (NCCL's rings) and Strata's ring. Strata's
 // hierarchical and HO-Ring algorithms take other paths, and a fitted model has its latency in its fit.
-bool runs_as_library_ring(const std::string& algorithm);
+bool runs_as_library_ring(std::string_view algorithm);
 
 struct System {
   int version = kSystemFormatVersion;
@@ -261,9 +264,9 @@ struct System {
   // inter-node bandwidth) (with one member per node, the inter-node tier's own model). An all-gather or
   // reduce-scatter across nodes on a ring (runs_as_library_ring) takes at least `ring_latency`'s time at that
   // bandwidth, on ceil(ranks / per_node) nodes (the node count of an even group; per_node is the fewest members).
-  double collective_seconds(coll::Operation op, const std::string& algorithm, GroupKind kind, double bytes, int ranks,
+  double collective_seconds(coll::Operation op, std::string_view algorithm, GroupKind kind, double bytes, int ranks,
                             int per_node = 1) const;
-  const CollectiveModel* find_collective(coll::Operation op, const std::string& algorithm, GroupKind kind,
+  const CollectiveModel* find_collective(coll::Operation op, std::string_view algorithm, GroupKind kind,
                                          int ranks) const;
 };
 

@@ -5,7 +5,7 @@
 
 namespace strata::project {
 
-const std::string& costed_algorithm(const train::StepTrace& trace, const train::TraceOp& op,
+std::string_view costed_algorithm(const train::StepTrace& trace, const train::TraceOp& op,
                                     const WorkloadOptions& options) {
   if (options.sharding_algorithm.empty() || op.kind != train::TraceOpKind::collective) return op.algorithm;
   if (op.collective != coll::Operation::allgather && op.collective != coll::Operation::reduce_scatter)
@@ -33,24 +33,24 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
   const int groups = static_cast<int>(trace.groups.size());
   Op op;
   switch (t.kind) {
-    case train::TraceOpKind::gemm: op = gemm_op(t.name, t.m, t.n, t.k, options.dtype); break;
+    case train::TraceOpKind::gemm: op = gemm_op(std::string(t.name), t.m, t.n, t.k, options.dtype); break;
     case train::TraceOpKind::attention:
-      op = attention_op(t.name, t.batch, t.heads, t.seq_q, t.seq_kv, t.head_dim, t.causal, t.backward, options.dtype);
+      op = attention_op(std::string(t.name), t.batch, t.heads, t.seq_q, t.seq_kv, t.head_dim, t.causal, t.backward, options.dtype);
       op.unfused = options.attention == "unfused";
       break;
-    case train::TraceOpKind::elementwise: op = elementwise_op(t.name, t.elements * options.element_bytes); break;
+    case train::TraceOpKind::elementwise: op = elementwise_op(std::string(t.name), t.elements * options.element_bytes); break;
     case train::TraceOpKind::collective: {
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
-      op = collective_op(t.name, t.collective, t.group, collective_bytes(t, size, options.element_bytes));
+      op = collective_op(std::string(t.name), t.collective, t.group, collective_bytes(t, size, options.element_bytes));
       op.algorithm = costed_algorithm(trace, t, options);
       break;
     }
     case train::TraceOpKind::send:
-      op = send_op(t.name, t.peer, t.count * element_bytes_of(t, options.element_bytes), communication_stream(t.group));
+      op = send_op(std::string(t.name), t.peer, t.count * element_bytes_of(t, options.element_bytes), communication_stream(t.group));
       break;
     case train::TraceOpKind::recv:
       // A rank's receives run on a stream of their own beside its sends' (both are the pp group's transfers).
-      op = recv_op(t.name, t.peer, t.count * element_bytes_of(t, options.element_bytes),
+      op = recv_op(std::string(t.name), t.peer, t.count * element_bytes_of(t, options.element_bytes),
                    communication_stream(groups + t.group));
       break;
   }

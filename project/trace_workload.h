@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "project/simulate.h"
 #include "train/trace.h"
@@ -31,7 +32,7 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& op, const Wo
 
 // The algorithm a traced collective is costed under: options.sharding_algorithm for a data-parallel group's allgather
 // or reduce-scatter where it is set, else the traced one.
-const std::string& costed_algorithm(const train::StepTrace& trace, const train::TraceOp& op,
+std::string_view costed_algorithm(const train::StepTrace& trace, const train::TraceOp& op,
                                     const WorkloadOptions& options);
 // GEMM, attention and elementwise ops run on the compute stream; the rest communicate.
 bool is_compute(train::TraceOpKind kind);

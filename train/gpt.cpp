@@ -364,30 +364,30 @@ GptCpu::GptCpu(const ModelConfig& model, int batch, int seq, CpuRuntime runtime,
 }
 
 void GptCpu::tp_reduce_scatter(float* full, std::size_t width, const char* what) {
-  const double start = host_seconds();
+  const double start = timing_tensor_parallel() ? host_seconds() : 0;
   if (runtime_.tracer) runtime_.tracer->name_next(what);
   coll::Work work = tp_->reduce_scatter(coll::Algo::library, full, my_rows(full, width), rows_here_ * width, coll::DataType::float32,
                       coll::RedOp::sum, coll::Waiting::at_once);
   finish(work);
-  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, host_seconds(), rows_here_ * width * tp_->size() * sizeof(float));
+  if (timing_tensor_parallel()) hooks_->tensor_parallel_comm(what, start, host_seconds(), rows_here_ * width * tp_->size() * sizeof(float));
 }
 
 void GptCpu::tp_allgather(float* full, std::size_t width, const char* what) {
-  const double start = host_seconds();
+  const double start = timing_tensor_parallel() ? host_seconds() : 0;
   if (runtime_.tracer) runtime_.tracer->name_next(what);
   coll::Work work = tp_->allgather(coll::Algo::library, my_rows(full, width), full, rows_here_ * width, coll::DataType::float32,
                  coll::Waiting::at_once);
   finish(work);
-  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, host_seconds(), rows_here_ * width * tp_->size() * sizeof(float));
+  if (timing_tensor_parallel()) hooks_->tensor_parallel_comm(what, start, host_seconds(), rows_here_ * width * tp_->size() * sizeof(float));
 }
 
 void GptCpu::tp_allreduce(float* data, std::size_t count, const char* what, coll::RedOp op) {
   if (!tp_) return;
-  const double start = host_seconds();
+  const double start = timing_tensor_parallel() ? host_seconds() : 0;
   if (runtime_.tracer) runtime_.tracer->name_next(what);
   coll::Work work = tp_->allreduce(coll::Algo::library, data, data, count, coll::DataType::float32, op, coll::Waiting::at_once);
   finish(work);
-  if (hooks_ && hooks_->tensor_parallel_comm) hooks_->tensor_parallel_comm(what, start, host_seconds(), count * sizeof(float));
+  if (timing_tensor_parallel()) hooks_->tensor_parallel_comm(what, start, host_seconds(), count * sizeof(float));
 }
 
 void GptCpu::finish(coll::Work& work) const {

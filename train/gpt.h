@@ -278,6 +278,7 @@ class GptCpu {
   // Waits for a tensor-parallel collective (a traced one completes when told).
   void finish(coll::Work& work) const;
   const LayerHooks* hooks_ = nullptr;  // of the pass running, for tp_allreduce's report
+  bool timing_tensor_parallel() const { return hooks_ && hooks_->tensor_parallel_comm; }
   bool tensor_parallel() const { return tp_ != nullptr; }
   int local(int l) const { return l - stage_.first_layer; }  // index of layer l within the stage
 

@@ -5,7 +5,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <utility>
+#include <vector>
 
 namespace strata::train {
 
@@ -89,14 +92,56 @@ void tracked_free(MemoryCategory category, void* memory, std::size_t bytes) {
   counters().current[static_cast<std::size_t>(category)] -= bytes;
 }
 
+namespace {
+
+// Released reservations kept for the next of their size: traced steps (a search traces thousands) reserve the same
+// sizes again and again, and a reservation is a system call each way. Inaccessible, so reuse exposes nothing.
+class ReservationCache {
+ public:
+  void* take(std::size_t bytes) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (std::size_t i = kept_.size(); i-- > 0;)
+      if (kept_[i].second == bytes) {
+        void* memory = kept_[i].first;
+        kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+        return memory;
+      }
+    return nullptr;
+  }
+  void keep(void* memory, std::size_t bytes) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (kept_.size() == kKept) {
+      munmap(kept_.front().first, kept_.front().second);
+      kept_.erase(kept_.begin());
+    }
+    kept_.emplace_back(memory, bytes);
+  }
+
+ private:
+  static constexpr std::size_t kKept = 256;
+  std::mutex mutex_;
+  std::vector<std::pair<void*, std::size_t>> kept_;
+};
+
+// Never destroyed: a buffer may be released during the program's exit, after function statics are gone.
+ReservationCache& reservations() {
+  static ReservationCache& cache = *new ReservationCache;
+  return cache;
+}
+
+}  // namespace
+
 void* reserve_address_space(std::size_t bytes) {
   if (bytes == 0) return nullptr;
+  if (void* kept = reservations().take(bytes)) return kept;
   void* memory = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (memory == MAP_FAILED) throw std::bad_alloc();
   return memory;
 }
 
-void release_address_space(void* memory, std::size_t bytes) { munmap(memory, bytes); }
+void release_address_space(void* memory, std::size_t bytes) {
+  if (memory) reservations().keep(memory, bytes);
+}
 
 void count_device_allocation(MemoryCategory category, std::size_t bytes) { add(device_counters(), category, bytes); }
 void count_device_free(MemoryCategory category, std::size_t bytes) {

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "collectives/operation.h"
@@ -20,7 +22,9 @@ enum class TraceOpKind { gemm, attention, elementwise, collective, send, recv };
 
 struct TraceOp {
   TraceOpKind kind = TraceOpKind::elementwise;
-  std::string name;
+  // A literal (a compute op's, as the model names it) or one of the trace's kept names (StepTrace::names): a
+  // step's millions of ops share a few thousand names.
+  std::string_view name;
   // The step's phase the op was issued in, as strata-step times its phases: "forward", "backward", "recompute" (on
   // demand, inside a backward), "recompute_window" (overlap: in a wait for another stage), "optimizer" (from the
   // gradient norm to the zeroed gradients), or "" (outside them: transfers' copies, the tied table's and the loss's
@@ -43,7 +47,7 @@ struct TraceOp {
   coll::Operation collective = coll::Operation::allreduce;  // allreduce, allgather, reduce_scatter or broadcast
   double count = 0;
   int element_bytes = 4;
-  std::string algorithm;
+  std::string_view algorithm;  // coll::name's
   int peer = -1;
   bool blocking = false;  // the rank waits for it right after starting it
 };
@@ -65,6 +69,9 @@ struct StepTrace {
   int ranks_per_node = 1;
   std::string dtype = "fp32";  // of the GEMMs and attention calls
   int element_bytes = 4;       // of activations in elementwise kernels
+  // The names the ops' views hold that are not literals (a collective's or transfer's, with its micro-batch), each
+  // once; shared by copies of the trace.
+  std::shared_ptr<const std::unordered_set<std::string>> names;
 };
 
 }  // namespace strata::train

@@ -9,9 +9,14 @@
 namespace strata::train {
 
 int TraceGroups::id(const coll::Group& group) {
-  const auto found = index_.find(std::tie(group.name(), group.world_ranks()));  // no copy: every collective asks
-  if (found != index_.end()) return found->second;
-  const int id = static_cast<int>(groups_.size());
+  // Every collective asks: the group asked last first (a layer's collectives share theirs), then the index, no copies.
+  if (last_ >= 0) {
+    const TraceGroup& last = groups_[static_cast<std::size_t>(last_)];
+    if (last.role == group.name() && last.ranks == group.world_ranks()) return last_;
+  }
+  const auto found = index_.find(std::tie(group.name(), group.world_ranks()));
+  if (found != index_.end()) return last_ = found->second;
+  const int id = last_ = static_cast<int>(groups_.size());
   groups_.push_back({group.name(), group.world_ranks()});
   index_.emplace(std::make_tuple(group.name(), group.world_ranks()), id);
   return id;
@@ -34,24 +39,24 @@ int Tracer::add(TraceOp op) {
   return index;
 }
 
-void Tracer::gemm(std::string name, std::int64_t m, std::int64_t n, std::int64_t k) {
+void Tracer::gemm(const char* name, std::int64_t m, std::int64_t n, std::int64_t k) {
   TraceOp op;
-  op.kind = TraceOpKind::gemm, op.name = std::move(name), op.m = m, op.n = n, op.k = k;
+  op.kind = TraceOpKind::gemm, op.name = name, op.m = m, op.n = n, op.k = k;
   add(std::move(op));
 }
 
-void Tracer::attention(std::string name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
+void Tracer::attention(const char* name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
                        std::int64_t head_dim, bool causal, bool backward) {
   TraceOp op;
-  op.kind = TraceOpKind::attention, op.name = std::move(name);
+  op.kind = TraceOpKind::attention, op.name = name;
   op.batch = batch, op.heads = heads, op.seq_q = seq_q, op.seq_kv = seq_kv, op.head_dim = head_dim;
   op.causal = causal, op.backward = backward;
   add(std::move(op));
 }
 
-void Tracer::elementwise(std::string name, double elements) {
+void Tracer::elementwise(const char* name, double elements) {
   TraceOp op;
-  op.kind = TraceOpKind::elementwise, op.name = std::move(name), op.elements = elements;
+  op.kind = TraceOpKind::elementwise, op.name = name, op.elements = elements;
   add(std::move(op));
 }
 
@@ -83,7 +88,7 @@ coll::Work Tracer::collective(const coll::Group& group, coll::Operation operatio
     case coll::Operation::broadcast: op.collective = operation; break;
     default: throw std::invalid_argument("a traced step runs no " + std::string(coll::name(operation)));
   }
-  op.name = next_name_.empty() ? group.name() + " " + std::string(coll::name(operation)) : std::exchange(next_name_, {});
+  op.name = groups_.keep(next_name_.empty() ? group.name() + " " + std::string(coll::name(operation)) : std::exchange(next_name_, {}));
   const int index = add(std::move(op));
   return pending(&done_[static_cast<std::size_t>(index)]);
 }
@@ -93,7 +98,7 @@ coll::Work Tracer::point_to_point(const coll::Group& group, bool send, int peer,
   op.kind = send ? TraceOpKind::send : TraceOpKind::recv, op.group = groups_.id(group);
   op.peer = group.world_ranks().at(static_cast<std::size_t>(peer));
   op.count = static_cast<double>(count), op.element_bytes = static_cast<int>(coll::size_of(dtype));
-  op.name = next_name_.empty() ? std::string(send ? "send" : "recv") : std::exchange(next_name_, {});
+  op.name = next_name_.empty() ? std::string_view(send ? "send" : "recv") : groups_.keep(std::exchange(next_name_, {}));
   const int index = add(std::move(op));
   return pending(&done_[static_cast<std::size_t>(index)]);
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <unordered_set>
 #include <vector>
 
 #include "collectives/process_group.h"
@@ -28,20 +29,25 @@ class TraceGroups {
   const std::vector<TraceGroup>& all() const { return groups_; }
   // The most ops one tracer of these groups took: the next reserves as many (a step's ranks trace alike).
   std::size_t ops_hint = 0;
+  // A name kept for as long as the trace that takes `names` lives (TraceOp::name views it).
+  std::string_view keep(std::string name) { return *names->insert(std::move(name)).first; }
+  std::shared_ptr<std::unordered_set<std::string>> names = std::make_shared<std::unordered_set<std::string>>();
 
  private:
   std::map<std::tuple<std::string, std::vector<int>>, int, std::less<>> index_;  // (role, members) -> id
   std::vector<TraceGroup> groups_;
+  int last_ = -1;
 };
 
 class Tracer : public coll::GroupTrace {
  public:
   explicit Tracer(TraceGroups& groups) : groups_(groups) { ops_.reserve(groups.ops_hint); }
 
-  void gemm(std::string name, std::int64_t m, std::int64_t n, std::int64_t k);
-  void attention(std::string name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
+  // Compute ops, named by literals (which outlive the trace).
+  void gemm(const char* name, std::int64_t m, std::int64_t n, std::int64_t k);
+  void attention(const char* name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
                  std::int64_t head_dim, bool causal, bool backward);
-  void elementwise(std::string name, double elements);
+  void elementwise(const char* name, double elements);
 
   coll::Work collective(const coll::Group& group, coll::Operation operation, coll::Algo algo, std::size_t count,
                         coll::DataType dtype) override;
@@ -53,7 +59,7 @@ class Tracer : public coll::GroupTrace {
   void complete(int op);
   // Names the next operation of a group (before the call), or an operation already recorded.
   void name_next(std::string name) { next_name_ = std::move(name); }
-  void rename(int op, std::string name) { ops_.at(static_cast<std::size_t>(op)).name = std::move(name); }
+  void rename(int op, std::string name) { ops_.at(static_cast<std::size_t>(op)).name = groups_.keep(std::move(name)); }
   // The phase every op recorded from now on is issued in (TraceOp::phase): a literal, which outlives the trace.
   void set_phase(const char* phase) { phase_ = phase; }
   std::string_view phase() const { return phase_; }

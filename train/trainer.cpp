@@ -597,9 +597,10 @@ struct Trainer::Impl {
     }
     s.pointers.params.assign(units.size(), nullptr);
     s.pointers.grads.assign(units.size(), nullptr);
-    s.window_hooks.tensor_parallel_comm = [this, &stats](const char* what, double start, double end, std::size_t bytes) {
-      tensor_parallel_comm(stats, what, start, end, bytes);
-    };
+    if (!tracer)  // a traced step runs nothing to time: no clock read per op
+      s.window_hooks.tensor_parallel_comm = [this, &stats](const char* what, double start, double end, std::size_t bytes) {
+        tensor_parallel_comm(stats, what, start, end, bytes);
+      };
     if (!actions.empty()) receiving = receive_for(0);
   }
 
@@ -678,9 +679,10 @@ struct Trainer::Impl {
       comms.at_hook();
     };
     hooks.tensor_parallel_comm = s.window_hooks.tensor_parallel_comm;
-    hooks.forward_op = [&s, &plan, ch](int layer, LayerOp op, double seconds) {
-      s.stats.forward_op_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)][static_cast<std::size_t>(op)] += seconds;
-    };
+    if (!tracer)
+      hooks.forward_op = [&s, &plan, ch](int layer, LayerOp op, double seconds) {
+        s.stats.forward_op_seconds[ch][static_cast<std::size_t>(layer - plan.first_layer)][static_cast<std::size_t>(op)] += seconds;
+      };
     // As every compute phase, without the waits inside it (the tensor-parallel collectives of the layer's forward).
     hooks.before_recompute = [this, &s](int) {
       s.recompute_start = host_seconds(), s.recompute_exposed_start = comms.exposed;
@@ -957,6 +959,7 @@ StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, con
     trace.ranks.push_back({rank, grid.tp * grid.dp, tracer.take()});
   }
   trace.groups = groups.all();
+  trace.names = groups.names;
   if (options.tp_comm_overlap) overlap_tensor_parallel_communication(trace);
   if (options.overlap_param_gather) overlap_parameter_gathers(trace);
   return trace;

@@ -68,9 +68,9 @@ TEST(ElementwiseKernels, BytesAreTheElementsTheStepsTraceCounts) {
     std::map<std::string, bool> one_layer_seen = {{"adamw", false}};
     for (const train::TraceOp& op : trace.ranks.at(0).ops) {
       if (op.kind != train::TraceOpKind::elementwise) continue;
-      const std::string kernel = project::elementwise_kernel_of(op.name);
+      const std::string kernel(project::elementwise_kernel_of(op.name));
       if (kernel.empty()) continue;
-      seen.insert(op.name);
+      seen.insert(std::string(op.name));
       const double want = elementwise::traced_elements(kernel, shape);
       // One update per unit: the layers' and the tables'.
       if (one_layer_seen.count(kernel)) one_layer_seen[kernel] = one_layer_seen[kernel] || op.elements == want;

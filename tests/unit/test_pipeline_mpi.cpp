@@ -161,7 +161,7 @@ TEST(Pipeline, TheTraceHoldsWhatTheStepRuns) {
       for (const TraceOp& op : rank.ops)
         if (op.kind != TraceOpKind::gemm && op.kind != TraceOpKind::attention && op.kind != TraceOpKind::elementwise &&
             op.name != "allreduce norm" && op.name != "allreduce loss" && op.name != "allreduce embedding grads")
-          ++traced[op.name];
+          ++traced[std::string(op.name)];
       EXPECT_EQ(traced, ran) << what << ": rank " << me;
     }
   }

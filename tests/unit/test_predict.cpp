@@ -131,8 +131,8 @@ TEST(Predict, WaitsFollowStrataStepsAccounting) {
   EXPECT_CLOSE(tp.comm_exposed_s, tp.comm_tp_s);
   EXPECT_CLOSE(tp.exposed_by_role.at("tp"), tp.comm_tp_s);
   EXPECT_EQ(tp.pipeline_wait_s, 0);
-  EXPECT_EQ(wait_kind(train::StepTrace{{{"dp_by_piece", {0, 1}}}, {}, 1, "fp32", 4}, allreduce(0, 1, {})), WaitKind::data_parallel);
-  EXPECT_EQ(wait_role(train::StepTrace{{{"dp_by_piece", {0, 1}}}, {}, 1, "fp32", 4}, allreduce(0, 1, {})), "dp");
+  EXPECT_EQ(wait_kind(train::StepTrace{{{"dp_by_piece", {0, 1}}}, {}, 1, "fp32", 4, {}}, allreduce(0, 1, {})), WaitKind::data_parallel);
+  EXPECT_EQ(wait_role(train::StepTrace{{{"dp_by_piece", {0, 1}}}, {}, 1, "fp32", 4, {}}, allreduce(0, 1, {})), "dp");
 }
 
 // Two stages, one micro-batch: stage 0's forward, its output to stage 1, stage 1's forward and backward, the gradient

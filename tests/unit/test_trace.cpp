@@ -105,7 +105,7 @@ TEST(Trace, ASequenceParallelReduceScatterIsTheWholeActivation) {
       const project::Op& predicted = workload.ranks[0].ops[i];
       EXPECT_EQ(predicted.collective, coll::Operation::reduce_scatter) << op.name;
       EXPECT_EQ(predicted.bytes, activation * element_bytes) << op.name << ", " << element_bytes << " B elements";
-      ++seen[op.name];
+      ++seen[std::string(op.name)];
     }
     // Each layer's two row-parallel outputs, every micro-batch.
     EXPECT_EQ(seen["reduce-scatter attention out"], c.accumulation * c.model.layers);
