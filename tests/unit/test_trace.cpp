@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
+#include <fstream>
 #include <map>
+#include <set>
+#include <sstream>
 
 #include "project/trace_workload.h"
 #include "train/step_formulas.h"
@@ -130,6 +134,64 @@ TEST(Trace, ThousandsOfRanksTraceOnOneRankPerStage) {
   int weight = 0;
   for (const TraceRank& r : trace.ranks) weight += r.weight;
   EXPECT_EQ(weight, 10240);
+}
+
+// An op's name outlives the trace it came from: a copy holds the names its views read (the sanitizer build reads
+// them after the original is gone).
+TEST(Trace, NamesLiveAsLongAsAnyCopyOfTheTrace) {
+  TrainConfig c = small_config();
+  c.schedule = Schedule::one_f_one_b;
+  StepTrace copy;
+  std::set<std::string> names;
+  {
+    const StepTrace trace = trace_step(c, {2, 2, 2}, {4, "tp,pp,dp", {}});
+    copy = trace;
+    for (const TraceRank& rank : trace.ranks)
+      for (const TraceOp& op : rank.ops) names.insert(std::string(op.name));
+  }
+  std::set<std::string> read_after;
+  for (const TraceRank& rank : copy.ranks)
+    for (const TraceOp& op : rank.ops) read_after.insert(std::string(op.name));
+  EXPECT_EQ(read_after, names);
+  EXPECT_TRUE(names.count("send activations mb 0 stage 0")) << "a transfer's name, made for it";
+}
+
+// The permissions of the mapping that holds `address` in /proc/self/maps ("---p": reserved, no access).
+std::string permissions_at(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  for (std::string line; std::getline(maps, line);) {
+    std::istringstream fields(line);
+    std::string range, permissions;
+    fields >> range >> permissions;
+    const std::size_t dash = range.find('-');
+    const std::uintptr_t begin = std::stoull(range.substr(0, dash), nullptr, 16);
+    const std::uintptr_t end = std::stoull(range.substr(dash + 1), nullptr, 16);
+    if (begin <= at && at < end) return permissions;
+  }
+  return "unmapped";
+}
+
+// A traced step's buffers are addresses only: a released reservation stays reserved (inaccessible) and is handed
+// to the next reservation of its size, once.
+TEST(Trace, AddressSpaceReservationsAreReusedBySizeAndStayInaccessible) {
+  const std::size_t floats = 3 * 1024 * 1023;  // a size nothing else here reserves
+  TrackedBuffer<float> first(MemoryCategory::workspace, floats, Backing::address_space);
+  const float* address = first.data();
+  EXPECT_EQ(permissions_at(address), "---p");
+  first.release();
+  EXPECT_EQ(permissions_at(address), "---p") << "kept for the next reservation of its size";
+  TrackedBuffer<float> again(MemoryCategory::workspace, floats, Backing::address_space);
+  EXPECT_EQ(again.data(), address);
+  EXPECT_EQ(permissions_at(again.data()), "---p");
+  TrackedBuffer<float> beside(MemoryCategory::workspace, floats, Backing::address_space);
+  EXPECT_NE(beside.data(), again.data());
+  TrackedBuffer<float> other(MemoryCategory::workspace, floats + 1024, Backing::address_space);
+  EXPECT_NE(other.data(), address);
+  const float* larger = other.data();
+  other.release();
+  TrackedBuffer<float> smaller(MemoryCategory::workspace, floats, Backing::address_space);
+  EXPECT_NE(smaller.data(), larger) << "a larger reservation handed to a smaller request";
 }
 
 }  // namespace
