@@ -159,7 +159,7 @@ struct Channel {  // the sends of one (from, to) pair, matched in order with the
   bool same_node = false;
 };
 
-struct OpState {  // packed: a step's ops are many, and the simulation walks them all
+struct OpState {  // one cache line: a step's ops are many, and the simulation walks them all
   double remaining = 0;  // compute: alone-seconds of work left
   double since = 0;      // compute (event queue): `remaining` holds as of this time
   CollectiveInstance* instance = nullptr;  // collective: its instance across the group

@@ -95,7 +95,9 @@ void tracked_free(MemoryCategory category, void* memory, std::size_t bytes) {
 namespace {
 
 // Released reservations kept for the next of their size: traced steps (a search traces thousands) reserve the same
-// sizes again and again, and a reservation is a system call each way. Inaccessible, so reuse exposes nothing.
+// sizes again and again, and a reservation is a system call each way. Inaccessible, so reuse exposes nothing. A
+// traced rank of a large model reserves hundreds of GB, so what is kept is bounded in bytes too: the address space
+// is 128 TiB.
 class ReservationCache {
  public:
   void* take(std::size_t bytes) {
@@ -104,23 +106,34 @@ class ReservationCache {
       if (kept_[i].second == bytes) {
         void* memory = kept_[i].first;
         kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
+        kept_bytes_ -= bytes;
         return memory;
       }
     return nullptr;
   }
   void keep(void* memory, std::size_t bytes) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (kept_.size() == kKept) {
-      munmap(kept_.front().first, kept_.front().second);
-      kept_.erase(kept_.begin());
-    }
     kept_.emplace_back(memory, bytes);
+    kept_bytes_ += bytes;
+    while (kept_.size() > kMostKept || kept_bytes_ > kMostBytes) drop_oldest();
+  }
+  // Unmaps everything kept (a reservation failed: the address space may be full of it).
+  void clear() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    while (!kept_.empty()) drop_oldest();
   }
 
  private:
-  static constexpr std::size_t kKept = 256;
+  static constexpr std::size_t kMostKept = 256;
+  static constexpr std::size_t kMostBytes = std::size_t{8} << 40;  // 8 TiB
+  void drop_oldest() {
+    munmap(kept_.front().first, kept_.front().second);
+    kept_bytes_ -= kept_.front().second;
+    kept_.erase(kept_.begin());
+  }
   std::mutex mutex_;
   std::vector<std::pair<void*, std::size_t>> kept_;
+  std::size_t kept_bytes_ = 0;
 };
 
 // Never destroyed: a buffer may be released during the program's exit, after function statics are gone.
@@ -134,7 +147,12 @@ ReservationCache& reservations() {
 void* reserve_address_space(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   if (void* kept = reservations().take(bytes)) return kept;
-  void* memory = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  auto reserve = [bytes] { return mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0); };
+  void* memory = reserve();
+  if (memory == MAP_FAILED) {
+    reservations().clear();
+    memory = reserve();
+  }
   if (memory == MAP_FAILED) throw std::bad_alloc();
   return memory;
 }

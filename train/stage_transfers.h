@@ -23,7 +23,7 @@ class StageTransfers {
     coll::Work work;
     std::string what;
     double bytes = 0, start = 0;
-    TrackedBuffer<float> buffer;  // a send's copy, handed back when done
+    TrackedBuffer<float> buffer;  // a send's copy, handed back when done (traced: at once, as nothing reads it)
     int trace_op = -1;            // traced: the operation in the trace
   };
   // pp: the pipeline group (stage s runs on its rank s % size). comms: progressed while waiting, and the waits added
@@ -40,7 +40,7 @@ class StageTransfers {
   void send_copy(TrackedBuffer<float> copy, std::size_t floats, int to_stage, std::string what);
   // Waits for a transfer, progressing everything in flight (the time is the pipeline's wait, exposed), and records it.
   void complete(Transfer& t);
-  // Tests the kept sends; those done hand their copies back.
+  // Tests the kept sends; those done hand their copies back. Traced: nothing (a traced send ends when waited for).
   void progress();
   // Every kept send done.
   void drain();

@@ -43,7 +43,7 @@ class Tracer : public coll::GroupTrace {
  public:
   explicit Tracer(TraceGroups& groups) : groups_(groups) { ops_.reserve(groups.ops_hint); }
 
-  // Compute ops, named by literals (which outlive the trace).
+  // Compute ops, named by string literals only: the op keeps a view of the name, which must outlive the trace.
   void gemm(const char* name, std::int64_t m, std::int64_t n, std::int64_t k);
   void attention(const char* name, std::int64_t batch, std::int64_t heads, std::int64_t seq_q, std::int64_t seq_kv,
                  std::int64_t head_dim, bool causal, bool backward);

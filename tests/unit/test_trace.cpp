@@ -194,5 +194,20 @@ TEST(Trace, AddressSpaceReservationsAreReusedBySizeAndStayInaccessible) {
   EXPECT_NE(smaller.data(), larger) << "a larger reservation handed to a smaller request";
 }
 
+// What is kept is bounded in bytes (8 TiB; the address space is 128 TiB): past it, the oldest is unmapped.
+TEST(Trace, KeptReservationsAreBoundedInBytes) {
+  const std::size_t floats = (std::size_t{5} << 40) / sizeof(float);  // 5 TiB of addresses, no memory
+  TrackedBuffer<float> older(MemoryCategory::workspace, floats, Backing::address_space);
+  TrackedBuffer<float> newer(MemoryCategory::workspace, floats, Backing::address_space);
+  const float* older_address = older.data();
+  const float* newer_address = newer.data();
+  older.release();
+  newer.release();
+  EXPECT_EQ(permissions_at(newer_address), "---p");
+  EXPECT_NE(permissions_at(older_address), "---p") << "10 TiB kept";
+  TrackedBuffer<float> again(MemoryCategory::workspace, floats, Backing::address_space);
+  EXPECT_EQ(again.data(), newer_address);
+}
+
 }  // namespace
 }  // namespace strata::train
