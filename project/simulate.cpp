@@ -292,7 +292,6 @@ class Simulator {
   std::vector<Event> deferred_;
   double current_ = 0;  // the instant being simulated (event queue): rates change from here on
   std::unordered_map<int, int> rank_index_;  // rank -> traced index
-  std::unordered_map<int, const Group*> groups_;
   std::vector<RankState> state_;
   std::unordered_map<int, std::vector<CollectiveInstance>> collectives_;  // group -> by sequence
   std::map<int, GroupFacts> facts_;                                       // group -> what its collectives need
@@ -318,7 +317,7 @@ class Simulator {
 
   void index_groups() {
     for (const Group& group : workload_.groups) {
-      if (!groups_.emplace(group.id, &group).second) refuse("group " + std::to_string(group.id) + " is given twice");
+      if (facts_.count(group.id)) refuse("group " + std::to_string(group.id) + " is given twice");
       std::set<int> members(group.ranks.begin(), group.ranks.end());
       if (members.empty() || members.size() != group.ranks.size() || *members.begin() < 0)
         refuse("group " + std::to_string(group.id) + " must list distinct non-negative ranks");
@@ -378,9 +377,9 @@ class Simulator {
         if (is_compute(op.kind)) {
           s.ops[i].remaining = alone_seconds(g, oi);
         } else if (op.kind == OpKind::collective) {
-          const auto group = groups_.find(op.group);
-          if (group == groups_.end()) refuse(where(g, oi) + " names group " + std::to_string(op.group) + ", unknown");
-          const auto& members = group->second->ranks;
+          const auto group = facts_.find(op.group);
+          if (group == facts_.end()) refuse(where(g, oi) + " names group " + std::to_string(op.group) + ", unknown");
+          const auto& members = group->second.group->ranks;
           if (std::find(members.begin(), members.end(), g.rank) == members.end())
             refuse(where(g, oi) + " is on group " + std::to_string(op.group) + ", which rank " +
                    std::to_string(g.rank) + " is not a member of");

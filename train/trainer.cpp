@@ -597,7 +597,7 @@ struct Trainer::Impl {
     }
     s.pointers.params.assign(units.size(), nullptr);
     s.pointers.grads.assign(units.size(), nullptr);
-    if (!tracer)  // a traced step runs nothing to time: no clock read per op
+    if (!tracer)  // a traced step runs nothing to time: no clock read per layer op or tensor-parallel collective
       s.window_hooks.tensor_parallel_comm = [this, &stats](const char* what, double start, double end, std::size_t bytes) {
         tensor_parallel_comm(stats, what, start, end, bytes);
       };
