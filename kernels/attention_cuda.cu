@@ -207,6 +207,110 @@ using layout::kFwdKeys;
 using layout::kFwdRows;
 using layout::kThreads;
 
+template <int N>
+__device__ __forceinline__ void zero_fragments(float (&f)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) f[i][0] = f[i][1] = f[i][2] = f[i][3] = 0.0f;
+}
+
+// Rows g and g+8 of a warp's 16 x D fp32 accumulators, times a per-row factor, to its 16 rows of shared memory
+// (row stride LD), so they can leave as 16-byte stores.
+template <typename T, int D, int LD>
+__device__ __forceinline__ void stage_warp_rows(T* smem, const float (&acc)[D / 8][4], float scale_g, float scale_g8,
+                                                int g, int t) {
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    *reinterpret_cast<uint32_t*>(smem + g * LD + i * 8 + 2 * t) = pack2<T>(acc[i][0] * scale_g, acc[i][1] * scale_g);
+    *reinterpret_cast<uint32_t*>(smem + (g + 8) * LD + i * 8 + 2 * t) =
+        pack2<T>(acc[i][2] * scale_g8, acc[i][3] * scale_g8);
+  }
+}
+
+// --- forward: one warp's 16 query rows against one tile of Bc keys ---
+
+// S (16 x Bc) = Q K^T; K rows are B's columns, so plain ldmatrix of K gives B fragments.
+template <typename T, int D, int Bc, int LD>
+__device__ __forceinline__ void forward_scores(float (&s)[Bc / 8][4], const uint32_t (&qf)[D / 16][4], const T* cK,
+                                               layout::Element across) {
+  zero_fragments(s);
+#pragma unroll
+  for (int kt = 0; kt < D / 16; ++kt) {
+#pragma unroll
+    for (int nt2 = 0; nt2 < Bc / 16; ++nt2) {
+      uint32_t kb[4];  // b0, b1 of key tile 2*nt2, then of 2*nt2+1
+      ldmatrix_x4(kb, cK + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
+      mma_16816<T>(s[2 * nt2], qf[kt], kb[0], kb[1]);
+      mma_16816<T>(s[2 * nt2 + 1], qf[kt], kb[2], kb[3]);
+    }
+  }
+}
+
+// The online softmax's step for one tile: mask (sequence end, causal), move to the log2 domain, raise the
+// running max, turn S into P = exp2(s - max) in place, and rescale the running sum and the O accumulator.
+template <int D, int Bc>
+__device__ __forceinline__ void online_softmax(float (&s)[Bc / 8][4], float (&acc)[D / 8][4], float (&row_max)[2],
+                                               float (&row_sum)[2], const FlashParams& p, int kv0,
+                                               const int (&row)[2], int t) {
+  // Masked scores become -inf so exp2 gives 0.
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < Bc / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kv0 + nt * 8 + 2 * t + (e & 1);
+      const bool visible = key < p.seq_kv && (!p.causal || key <= row[e >> 1] + p.causal_offset);
+      s[nt][e] = visible ? s[nt][e] * p.scale_log2 : -INFINITY;
+      tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
+    }
+  }
+  float rescale[2], shift[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));  // the 4 lanes of a quad share a row
+    // A row that has seen no key yet keeps max -inf; shifting by 0 then avoids (-inf) - (-inf).
+    shift[r] = new_max == -INFINITY ? 0.0f : new_max;
+    rescale[r] = exp2f(row_max[r] - shift[r]);
+    row_max[r] = new_max;
+  }
+  float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int nt = 0; nt < Bc / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nt][e] = exp2f(s[nt][e] - shift[e >> 1]);
+      tile_sum[e >> 1] += s[nt][e];
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * rescale[r] + tile_sum[r];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) {
+    acc[i][0] *= rescale[0];
+    acc[i][1] *= rescale[0];
+    acc[i][2] *= rescale[1];
+    acc[i][3] *= rescale[1];
+  }
+}
+
+// O += P V. The C layout of two adjacent 8-key tiles of P is the A layout of one 16-key slice, so P stays in
+// registers; V's rows are the reduction dimension, hence ldmatrix.trans.
+template <typename T, int D, int Bc, int LD>
+__device__ __forceinline__ void accumulate_pv(float (&acc)[D / 8][4], const float (&s)[Bc / 8][4], const T* cV,
+                                              layout::Element down) {
+#pragma unroll
+  for (int kt = 0; kt < Bc / 16; ++kt) {
+    uint32_t pa[4];
+    a_from_accumulators<T>(pa, s[2 * kt], s[2 * kt + 1]);
+#pragma unroll
+    for (int dt2 = 0; dt2 < D / 16; ++dt2) {
+      uint32_t vb[4];  // b0, b1 of D tile 2*dt2, then of 2*dt2+1
+      ldmatrix_x4_trans(vb, cV + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
+      mma_16816<T>(acc[2 * dt2], pa, vb[0], vb[1]);
+      mma_16816<T>(acc[2 * dt2 + 1], pa, vb[2], vb[3]);
+    }
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) {
   constexpr int Br = kFwdRows, Bc = kFwdKeys, LD = D + 8;
@@ -254,8 +358,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
     ldmatrix_x4(qf[kt], sQ + (warp * 16 + down.row) * LD + kt * 16 + down.col);
 
   float acc[D / 8][4];  // O rows g and g+8 of this warp, unnormalised
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  zero_fragments(acc);
   float row_max[2] = {-INFINITY, -INFINITY};  // running max of the log2-domain scores, rows g and g+8
   float row_sum[2] = {0.0f, 0.0f};            // this thread's share of the running sum of exp2(s - max)
   const int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -270,78 +373,10 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
       load_tile_async<T, D, LD>(sV + (buf ^ 1) * Bc * LD, v + static_cast<size_t>(next) * D, Bc, p.seq_kv - next);
       cp_async_commit();
     }
-
-    // S (16 x Bc per warp) = Q K^T; K rows are B's columns, so plain ldmatrix of K gives B fragments.
-    float s[Bc / 8][4];
-#pragma unroll
-    for (int i = 0; i < Bc / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
-    for (int kt = 0; kt < D / 16; ++kt) {
-#pragma unroll
-      for (int nt2 = 0; nt2 < Bc / 16; ++nt2) {
-        uint32_t kb[4];  // b0, b1 of key tile 2*nt2, then of 2*nt2+1
-        ldmatrix_x4(kb, cK + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
-        mma_16816<T>(s[2 * nt2], qf[kt], kb[0], kb[1]);
-        mma_16816<T>(s[2 * nt2 + 1], qf[kt], kb[2], kb[3]);
-      }
-    }
-
-    // Mask (sequence end, causal) and move to the log2 domain; masked scores become -inf so exp2 gives 0.
-    const int kv0 = j * Bc;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < Bc / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = kv0 + nt * 8 + 2 * t + (e & 1);
-        const bool visible = key < p.seq_kv && (!p.causal || key <= row[e >> 1] + p.causal_offset);
-        s[nt][e] = visible ? s[nt][e] * p.scale_log2 : -INFINITY;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], s[nt][e]);
-      }
-    }
-    float rescale[2], shift[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));  // the 4 lanes of a quad share a row
-      // A row that has seen no key yet keeps max -inf; shifting by 0 then avoids (-inf) - (-inf).
-      shift[r] = new_max == -INFINITY ? 0.0f : new_max;
-      rescale[r] = exp2f(row_max[r] - shift[r]);
-      row_max[r] = new_max;
-    }
-    float tile_sum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int nt = 0; nt < Bc / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - shift[e >> 1]);
-        tile_sum[e >> 1] += s[nt][e];
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * rescale[r] + tile_sum[r];
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      acc[i][0] *= rescale[0];
-      acc[i][1] *= rescale[0];
-      acc[i][2] *= rescale[1];
-      acc[i][3] *= rescale[1];
-    }
-
-    // O += P V. The C layout of two adjacent 8-key tiles of P is the A layout of one 16-key slice, so P
-    // stays in registers; V's rows are the reduction dimension, hence ldmatrix.trans.
-#pragma unroll
-    for (int kt = 0; kt < Bc / 16; ++kt) {
-      uint32_t pa[4];
-      a_from_accumulators<T>(pa, s[2 * kt], s[2 * kt + 1]);
-#pragma unroll
-      for (int dt2 = 0; dt2 < D / 16; ++dt2) {
-        uint32_t vb[4];  // b0, b1 of D tile 2*dt2, then of 2*dt2+1
-        ldmatrix_x4_trans(vb, cV + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
-        mma_16816<T>(acc[2 * dt2], pa, vb[0], vb[1]);
-        mma_16816<T>(acc[2 * dt2 + 1], pa, vb[2], vb[3]);
-      }
-    }
-
+    float s[Bc / 8][4];  // this warp's 16 x Bc scores, then probabilities
+    forward_scores<T, D, Bc, LD>(s, qf, cK, across);
+    online_softmax<D, Bc>(s, acc, row_max, row_sum, p, j * Bc, row, t);
+    accumulate_pv<T, D, Bc, LD>(acc, s, cV, down);
     if (j + 1 < n_blocks) cp_async_wait_all();
     __syncthreads();  // next tile landed for everyone; this tile's buffer may be overwritten
   }
@@ -355,12 +390,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
   }
   // Stage through this warp's own rows of sQ (only this warp ever read them) for 16-byte global stores.
   T* sO = sQ + warp * 16 * LD;
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    *reinterpret_cast<uint32_t*>(sO + g * LD + i * 8 + 2 * t) = pack2<T>(acc[i][0] * inv[0], acc[i][1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(sO + (g + 8) * LD + i * 8 + 2 * t) =
-        pack2<T>(acc[i][2] * inv[1], acc[i][3] * inv[1]);
-  }
+  stage_warp_rows<T, D, LD>(sO, acc, inv[0], inv[1], g, t);
   __syncwarp();
   const int warp_row0 = q0 + warp * 16;
   store_warp_rows<T, D, LD>(static_cast<T*>(p.o) + (static_cast<size_t>(bh) * p.seq_q + warp_row0) * D, sO,
@@ -371,6 +401,127 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(FlashParams p) 
       if (row[r] < p.seq_q)
         p.lse[static_cast<size_t>(bh) * p.seq_q + row[r]] =
             row_sum[r] > 0.0f ? (row_max[r] + log2f(row_sum[r])) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+// --- backward: one warp's 16 keys against one staged query tile of Br rows ---
+
+// S^T = K Q^T and dP^T = V dO^T (16 keys x Br queries): K and V rows are A, and the Q / dO rows are B's columns.
+template <typename T, int D, int Br, int LD>
+__device__ __forceinline__ void backward_scores(float (&st)[Br / 8][4], float (&dpt)[Br / 8][4], const T* sK,
+                                                const T* sV, const T* cQ, const T* cdO, int warp,
+                                                layout::Element down, layout::Element across) {
+  zero_fragments(st);
+  zero_fragments(dpt);
+#pragma unroll
+  for (int kt = 0; kt < D / 16; ++kt) {
+    uint32_t ka[4], va[4];
+    ldmatrix_x4(ka, sK + (warp * 16 + down.row) * LD + kt * 16 + down.col);
+    ldmatrix_x4(va, sV + (warp * 16 + down.row) * LD + kt * 16 + down.col);
+#pragma unroll
+    for (int nt2 = 0; nt2 < Br / 16; ++nt2) {
+      uint32_t qb[4], ob[4];
+      ldmatrix_x4(qb, cQ + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
+      ldmatrix_x4(ob, cdO + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
+      mma_16816<T>(st[2 * nt2], ka, qb[0], qb[1]);
+      mma_16816<T>(st[2 * nt2 + 1], ka, qb[2], qb[3]);
+      mma_16816<T>(dpt[2 * nt2], va, ob[0], ob[1]);
+      mma_16816<T>(dpt[2 * nt2 + 1], va, ob[2], ob[3]);
+    }
+  }
+}
+
+// P^T = exp(scale S^T - lse) recomputed from the forward's lse, in place of S^T; dS^T = P^T (dP^T - delta) in
+// place of dP^T. Masked pairs (sequence ends, causal) are 0 in both, so they add nothing to dV, dK or dQ.
+template <int Br>
+__device__ __forceinline__ void backward_softmax(float (&st)[Br / 8][4], float (&dpt)[Br / 8][4], const float* cLse,
+                                                 const float* cDelta, const FlashParams& p, int r0,
+                                                 const int (&key)[2], int t) {
+#pragma unroll
+  for (int nt = 0; nt < Br / 8; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = nt * 8 + 2 * t + (e & 1);  // query within the tile
+      const int query = r0 + col, kv = key[e >> 1];
+      const bool visible = kv < p.seq_kv && query < p.seq_q && (!p.causal || kv <= query + p.causal_offset);
+      const float prob = visible ? exp2f(st[nt][e] * p.scale_log2 - cLse[col]) : 0.0f;
+      st[nt][e] = prob;
+      dpt[nt][e] = prob * (dpt[nt][e] - cDelta[col]);
+    }
+  }
+}
+
+// dV += P^T dO and dK += dS^T Q: P^T and dS^T become A fragments in registers (as P in the forward), the query
+// rows of dO and Q are the reduction dimension, hence ldmatrix.trans.
+template <typename T, int D, int Br, int LD>
+__device__ __forceinline__ void accumulate_dv_dk(float (&dv)[D / 8][4], float (&dk)[D / 8][4],
+                                                 const float (&pt)[Br / 8][4], const float (&dst)[Br / 8][4],
+                                                 const T* cQ, const T* cdO, layout::Element down) {
+#pragma unroll
+  for (int kt = 0; kt < Br / 16; ++kt) {
+    uint32_t pa[4];
+    a_from_accumulators<T>(pa, pt[2 * kt], pt[2 * kt + 1]);
+    uint32_t da[4];
+    a_from_accumulators<T>(da, dst[2 * kt], dst[2 * kt + 1]);
+#pragma unroll
+    for (int dt2 = 0; dt2 < D / 16; ++dt2) {
+      uint32_t ob[4], qb[4];
+      ldmatrix_x4_trans(ob, cdO + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
+      ldmatrix_x4_trans(qb, cQ + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
+      mma_16816<T>(dv[2 * dt2], pa, ob[0], ob[1]);
+      mma_16816<T>(dv[2 * dt2 + 1], pa, ob[2], ob[3]);
+      mma_16816<T>(dk[2 * dt2], da, qb[0], qb[1]);
+      mma_16816<T>(dk[2 * dt2 + 1], da, qb[2], qb[3]);
+    }
+  }
+}
+
+// dQ (Br x D) += dS (Br x Bc) K (Bc x D) for the query tile at row r0 of head bh. dQ needs whole rows of dS
+// across the four warps' keys: each warp shares its dS^T rows (keys x queries) through sdS, rounded exactly as
+// the dK product saw them; then the warps split Br/16 row tiles x column ranges. dS is stored transposed, so
+// its A fragments come from ldmatrix.trans; K's rows are the reduction dimension. Other key blocks add to the
+// same dQ rows: fp32 atomics.
+template <typename T, int D, int Br, int Bc, int LD, int LDS>
+__device__ __forceinline__ void accumulate_dq(T* sdS, const float (&dst)[Br / 8][4], const T* sK,
+                                              const FlashParams& p, int bh, int r0, int warp, int g, int t,
+                                              layout::Element down, layout::Element across) {
+#pragma unroll
+  for (int nt = 0; nt < Br / 8; ++nt) {
+    *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * LDS + nt * 8 + 2 * t) = pack2<T>(dst[nt][0], dst[nt][1]);
+    *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * LDS + nt * 8 + 2 * t) =
+        pack2<T>(dst[nt][2], dst[nt][3]);
+  }
+  __syncthreads();
+
+  constexpr int kRowTiles = Br / 16;
+  constexpr int kCols = layout::bwd_dq_cols(D);  // columns of dQ per warp: 64 in both configurations
+  const int mt = warp % kRowTiles, c0 = (warp / kRowTiles) * kCols;
+  float dq[kCols / 8][4];
+  zero_fragments(dq);
+#pragma unroll
+  for (int kt = 0; kt < Bc / 16; ++kt) {
+    uint32_t sa[4];
+    ldmatrix_x4_trans(sa, sdS + (kt * 16 + across.row) * LDS + mt * 16 + across.col);
+#pragma unroll
+    for (int dt2 = 0; dt2 < kCols / 16; ++dt2) {
+      uint32_t kb[4];
+      ldmatrix_x4_trans(kb, sK + (kt * 16 + down.row) * LD + c0 + dt2 * 16 + down.col);
+      mma_16816<T>(dq[2 * dt2], sa, kb[0], kb[1]);
+      mma_16816<T>(dq[2 * dt2 + 1], sa, kb[2], kb[3]);
+    }
+  }
+  const int dq_row = r0 + mt * 16 + g;
+  float* dqa = p.dq_accum + (static_cast<size_t>(bh) * p.seq_q + dq_row) * D + c0 + 2 * t;
+#pragma unroll
+  for (int i = 0; i < kCols / 8; ++i) {
+    if (dq_row < p.seq_q) {
+      atomicAdd(dqa + i * 8, dq[i][0]);
+      atomicAdd(dqa + i * 8 + 1, dq[i][1]);
+    }
+    if (dq_row + 8 < p.seq_q) {
+      atomicAdd(dqa + 8 * D + i * 8, dq[i][2]);
+      atomicAdd(dqa + 8 * D + i * 8 + 1, dq[i][3]);
     }
   }
 }
@@ -434,11 +585,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
   __syncthreads();
 
   float dk[D / 8][4], dv[D / 8][4];  // rows g and g+8 of this warp's 16 keys
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
-    dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
-  }
+  zero_fragments(dk);
+  zero_fragments(dv);
   const int key[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
 
   for (int it = 0; it < steps; ++it) {
@@ -451,114 +599,12 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
     const int r0 = (q_tile_begin + it % q_tiles) * Br;
     const T* cQ = sQ + buf * Br * LD;
     const T* cdO = sdO + buf * Br * LD;
-    const float* cLse = sLse + buf * Br;
-    const float* cDelta = sDelta + buf * Br;
 
-    // S^T = K Q^T and dP^T = V dO^T (16 keys x Br queries per warp): K and V rows are A, and the Q / dO rows
-    // are B's columns.
-    float st[Br / 8][4], dpt[Br / 8][4];
-#pragma unroll
-    for (int i = 0; i < Br / 8; ++i) {
-      st[i][0] = st[i][1] = st[i][2] = st[i][3] = 0.0f;
-      dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.0f;
-    }
-#pragma unroll
-    for (int kt = 0; kt < D / 16; ++kt) {
-      uint32_t ka[4], va[4];
-      ldmatrix_x4(ka, sK + (warp * 16 + down.row) * LD + kt * 16 + down.col);
-      ldmatrix_x4(va, sV + (warp * 16 + down.row) * LD + kt * 16 + down.col);
-#pragma unroll
-      for (int nt2 = 0; nt2 < Br / 16; ++nt2) {
-        uint32_t qb[4], ob[4];
-        ldmatrix_x4(qb, cQ + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
-        ldmatrix_x4(ob, cdO + (nt2 * 16 + across.row) * LD + kt * 16 + across.col);
-        mma_16816<T>(st[2 * nt2], ka, qb[0], qb[1]);
-        mma_16816<T>(st[2 * nt2 + 1], ka, qb[2], qb[3]);
-        mma_16816<T>(dpt[2 * nt2], va, ob[0], ob[1]);
-        mma_16816<T>(dpt[2 * nt2 + 1], va, ob[2], ob[3]);
-      }
-    }
-
-    // P^T = exp(scale S^T - lse) recomputed from the forward's lse; dS^T = P^T (dP^T - delta). Masked pairs
-    // (sequence ends, causal) are 0 in both, so they add nothing to dV, dK or dQ.
-#pragma unroll
-    for (int nt = 0; nt < Br / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = nt * 8 + 2 * t + (e & 1);  // query within the tile
-        const int query = r0 + col, kv = key[e >> 1];
-        const bool visible =
-            kv < p.seq_kv && query < p.seq_q && (!p.causal || kv <= query + p.causal_offset);
-        const float prob = visible ? exp2f(st[nt][e] * p.scale_log2 - cLse[col]) : 0.0f;
-        st[nt][e] = prob;
-        dpt[nt][e] = prob * (dpt[nt][e] - cDelta[col]);
-      }
-    }
-
-    // dV += P^T dO and dK += dS^T Q: P^T and dS^T become A fragments in registers (as P in the forward),
-    // the query rows of dO and Q are the reduction dimension, hence ldmatrix.trans.
-#pragma unroll
-    for (int kt = 0; kt < Br / 16; ++kt) {
-      uint32_t pa[4];
-      a_from_accumulators<T>(pa, st[2 * kt], st[2 * kt + 1]);
-      uint32_t da[4];
-      a_from_accumulators<T>(da, dpt[2 * kt], dpt[2 * kt + 1]);
-#pragma unroll
-      for (int dt2 = 0; dt2 < D / 16; ++dt2) {
-        uint32_t ob[4], qb[4];
-        ldmatrix_x4_trans(ob, cdO + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
-        ldmatrix_x4_trans(qb, cQ + (kt * 16 + down.row) * LD + dt2 * 16 + down.col);
-        mma_16816<T>(dv[2 * dt2], pa, ob[0], ob[1]);
-        mma_16816<T>(dv[2 * dt2 + 1], pa, ob[2], ob[3]);
-        mma_16816<T>(dk[2 * dt2], da, qb[0], qb[1]);
-        mma_16816<T>(dk[2 * dt2 + 1], da, qb[2], qb[3]);
-      }
-    }
-
-    // dQ needs whole rows of dS across the four warps' keys: share dS^T (keys x queries) through shared
-    // memory, rounded exactly as the dK product saw it.
-#pragma unroll
-    for (int nt = 0; nt < Br / 8; ++nt) {
-      *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g) * LDS + nt * 8 + 2 * t) = pack2<T>(dpt[nt][0], dpt[nt][1]);
-      *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8) * LDS + nt * 8 + 2 * t) =
-          pack2<T>(dpt[nt][2], dpt[nt][3]);
-    }
-    __syncthreads();
-
-    // dQ (Br x D) += dS (Br x Bc) K (Bc x D), split over the warps as 16-row tiles x column ranges. dS is
-    // stored transposed, so its A fragments come from ldmatrix.trans; K's rows are the reduction dimension.
-    constexpr int kRowTiles = Br / 16;
-    constexpr int kCols = layout::bwd_dq_cols(D);  // columns of dQ per warp: 64 in both configurations
-    const int mt = warp % kRowTiles, c0 = (warp / kRowTiles) * kCols;
-    float dq[kCols / 8][4];
-#pragma unroll
-    for (int i = 0; i < kCols / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
-#pragma unroll
-    for (int kt = 0; kt < Bc / 16; ++kt) {
-      uint32_t sa[4];
-      ldmatrix_x4_trans(sa, sdS + (kt * 16 + across.row) * LDS + mt * 16 + across.col);
-#pragma unroll
-      for (int dt2 = 0; dt2 < kCols / 16; ++dt2) {
-        uint32_t kb[4];
-        ldmatrix_x4_trans(kb, sK + (kt * 16 + down.row) * LD + c0 + dt2 * 16 + down.col);
-        mma_16816<T>(dq[2 * dt2], sa, kb[0], kb[1]);
-        mma_16816<T>(dq[2 * dt2 + 1], sa, kb[2], kb[3]);
-      }
-    }
-    // Other key blocks (and, across launches, nothing else) add to the same dQ rows: fp32 atomics.
-    const int dq_row = r0 + mt * 16 + g;
-    float* dqa = p.dq_accum + (static_cast<size_t>(bh) * p.seq_q + dq_row) * D + c0 + 2 * t;
-#pragma unroll
-    for (int i = 0; i < kCols / 8; ++i) {
-      if (dq_row < p.seq_q) {
-        atomicAdd(dqa + i * 8, dq[i][0]);
-        atomicAdd(dqa + i * 8 + 1, dq[i][1]);
-      }
-      if (dq_row + 8 < p.seq_q) {
-        atomicAdd(dqa + 8 * D + i * 8, dq[i][2]);
-        atomicAdd(dqa + 8 * D + i * 8 + 1, dq[i][3]);
-      }
-    }
+    float st[Br / 8][4], dpt[Br / 8][4];  // S^T then P^T; dP^T then dS^T
+    backward_scores<T, D, Br, LD>(st, dpt, sK, sV, cQ, cdO, warp, down, across);
+    backward_softmax<Br>(st, dpt, sLse + buf * Br, sDelta + buf * Br, p, r0, key, t);
+    accumulate_dv_dk<T, D, Br, LD>(dv, dk, st, dpt, cQ, cdO, down);
+    accumulate_dq<T, D, Br, Bc, LD, LDS>(sdS, dpt, sK, p, bh, r0, warp, g, t, down, across);
 
     if (it + 1 < steps) cp_async_wait_all();
     __syncthreads();  // next step landed for everyone; sdS and this step's buffers may be overwritten
@@ -568,14 +614,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kernel(FlashParams p)
   // sV (every warp has passed the last __syncthreads, so no one reads them any more) for 16-byte stores.
   T* sdK = sK + warp * 16 * LD;
   T* sdV = sV + warp * 16 * LD;
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) {
-    *reinterpret_cast<uint32_t*>(sdK + g * LD + i * 8 + 2 * t) = pack2<T>(dk[i][0] * p.scale, dk[i][1] * p.scale);
-    *reinterpret_cast<uint32_t*>(sdK + (g + 8) * LD + i * 8 + 2 * t) =
-        pack2<T>(dk[i][2] * p.scale, dk[i][3] * p.scale);
-    *reinterpret_cast<uint32_t*>(sdV + g * LD + i * 8 + 2 * t) = pack2<T>(dv[i][0], dv[i][1]);
-    *reinterpret_cast<uint32_t*>(sdV + (g + 8) * LD + i * 8 + 2 * t) = pack2<T>(dv[i][2], dv[i][3]);
-  }
+  stage_warp_rows<T, D, LD>(sdK, dk, p.scale, p.scale, g, t);
+  stage_warp_rows<T, D, LD>(sdV, dv, 1.0f, 1.0f, g, t);
   __syncwarp();
   const int warp_key0 = k0 + warp * 16;
   const size_t out_offset = (static_cast<size_t>(bkv) * p.seq_kv + warp_key0) * D;
