@@ -698,8 +698,13 @@ def search_section(paths: list[str]) -> str:
     return "\n".join(text)
 
 
+# The report's sections by the name bench/programs.txt gives a program's section ("-": none). A case section draws
+# the program's cases; strata-project's runs have none (predictions and validations of their own), so its section
+# reads the files itself.
 SECTIONS = {"gemm": gemm_section, "collective": collective_section, "attention": attention_section,
             "step": step_section}
+FILE_SECTIONS = {"project": project_section}
+SECTION_NAMES = (*SECTIONS, *FILE_SECTIONS)
 
 
 def registered_sections() -> dict[str, str]:
@@ -710,7 +715,7 @@ def registered_sections() -> dict[str, str]:
                         "programs.txt")
     sections = {}
     if not os.path.isfile(path):
-        return {f"strata-{name}": name for name in [*SECTIONS, "project"]}
+        return {f"strata-{name}": name for name in SECTION_NAMES}
     with open(path) as registry:
         for line in registry:
             if line.strip() and not line.lstrip().startswith("#"):
@@ -758,8 +763,9 @@ def main(argv: list[str]) -> int:
     registry = registered_sections()
     present = list(dict.fromkeys(runs["benchmark"]))
     for benchmark in [b for b in registry if b in present] + [b for b in present if b not in registry]:
-        if registry.get(benchmark) == "project":  # no cases: predictions and validations of their own
-            text, files = project_section(args.files, out_dir)
+        file_section = FILE_SECTIONS.get(registry.get(benchmark, "-"))
+        if file_section:
+            text, files = file_section(args.files, out_dir)
             sections.append(text)
             plots += files
             continue

@@ -1,4 +1,4 @@
-"""Dependencies point down: bench -> train -> kernels, collectives; bench -> project (which may use train);
+"""Dependencies point down: bench -> project -> train -> kernels, collectives (bench may also use train directly);
 results stands alone; inside bench/, harness <- cases <- project <- programs, targets. Every #include of every
 source under the lower layers is checked against what its layer may use, and so are the libraries each layer's CMake
 targets link."""

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 from conftest import BUILD, ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from strata_analysis.report import SECTION_NAMES  # noqa: E402  (the report's sections, one list)
 
 
 def registry() -> list[list[str]]:
@@ -23,7 +27,7 @@ def test_every_registered_program_has_sources_and_is_built():
         for source in sources.split():
             assert os.path.isfile(os.path.join(ROOT, source)), f"{name}: {source} does not exist"
         assert os.access(os.path.join(BUILD, name), os.X_OK), f"{name} is registered but not built"
-        assert report in ("gemm", "collective", "attention", "step", "project", "-"), f"{name}: unknown report section {report}"
+        assert report in (*SECTION_NAMES, "-"), f"{name}: unknown report section {report} (strata-report draws {SECTION_NAMES})"
 
 
 def suite_runs(kind: str, np: int | None = None) -> list[str]:
