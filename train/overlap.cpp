@@ -122,6 +122,24 @@ void apply_placement(const OverlapProblem& problem, const Placement& placement, 
   });
 }
 
+std::vector<TrainConfig> placed_rank_configs(const TrainConfig& config, const coll::GridShape& grid,
+                                             const std::function<Placement(const PlacementProblem&)>& placement_of) {
+  const bool sp = config.sequence_parallel && grid.tp > 1;
+  std::vector<TrainConfig> configs;
+  for (int rank = 0; rank < grid.pp; ++rank) {
+    TrainConfig c = config;
+    recompute_everything(c, grid.pp);
+    StepProfile profile;
+    profile.receive_waits.assign(pipeline_actions(c.schedule, {grid.pp, c.accumulation, c.virtual_stages}, rank).size(), 0.0);
+    for (const StagePlan& plan : rank_stages(c, grid.pp, rank))
+      profile.forward_op_seconds.emplace_back(static_cast<std::size_t>(plan.layers), std::array<double, kLayerOps>{});
+    const OverlapProblem problem = overlap_problem(c, grid.pp, rank, grid.tp, sp, profile);
+    apply_placement(problem, placement_of(problem.problem), grid.pp, rank, c);
+    configs.push_back(std::move(c));
+  }
+  return configs;
+}
+
 Placement agree(coll::ProcessGroups& groups, const Placement& placement) {
   std::vector<int32_t> flat;
   for (const OpPlacement& p : placement) flat.push_back(static_cast<int32_t>(p.mode)), flat.push_back(p.window);

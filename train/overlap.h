@@ -19,6 +19,7 @@
 // can hold more than the placement counted.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "collectives/process_group.h"
@@ -58,6 +59,12 @@ OverlapProblem overlap_problem(const TrainConfig& config, int pp, int pp_rank, i
 // The configuration that runs `placement` on pipeline rank `pp_rank`: recompute overlap, the kept ops of its
 // stages (every other stage's entries all recomputed), and the recomputations in windows.
 void apply_placement(const OverlapProblem& problem, const Placement& placement, int pp, int pp_rank, TrainConfig& config);
+
+// Each pipeline rank's configuration under a stored placement (as strata-step stores it with an overlap case, and a
+// prediction of that case reads it): the rank's ops and windows rebuilt from `config` and `grid` alone (no measured
+// times: they matter only to a solver), then `placement_of` the rank's problem applied.
+std::vector<TrainConfig> placed_rank_configs(const TrainConfig& config, const coll::GridShape& grid,
+                                             const std::function<Placement(const PlacementProblem&)>& placement_of);
 
 // The placement of the stage's first rank (tensor- and data-parallel coordinate 0) on every rank of the stage:
 // recomputations in windows run collectives (tensor-parallel ones inside the ops, the gathers of sharded

@@ -53,29 +53,20 @@ std::vector<TrainConfig> overlap_configs(const TrainConfig& config, const coll::
                                          const std::string& source) {
   if (!policy.is_object() || !policy.contains("placement") || !policy["placement"].is_array())
     throw UsageError("recompute policy " + source + ": \"placement\" must be an array");
-  const bool sp = config.sequence_parallel && grid.tp > 1;
-  std::vector<TrainConfig> configs;
   std::size_t claimed = 0;
-  for (int rank = 0; rank < grid.pp; ++rank) {
-    TrainConfig c = config;
-    recompute_everything(c, grid.pp);
-    // The ops and windows are the schedule's and the stages' (their times only matter to a solver).
-    StepProfile profile;
-    profile.receive_waits.assign(pipeline_actions(c.schedule, {grid.pp, c.accumulation, c.virtual_stages}, rank).size(), 0.0);
-    for (const StagePlan& plan : rank_stages(c, grid.pp, rank))
-      profile.forward_op_seconds.emplace_back(static_cast<std::size_t>(plan.layers), std::array<double, kLayerOps>{});
-    const OverlapProblem problem = overlap_problem(c, grid.pp, rank, grid.tp, sp, profile);
+  // Each rank's problem takes the policy's entries that name its ops (and any malformed entry, for its message).
+  auto placement_of = [&](const PlacementProblem& problem) {
     std::set<std::string> mine;
-    for (const RecomputableOp& op : problem.problem.ops) mine.insert(op.name);
+    for (const RecomputableOp& op : problem.ops) mine.insert(op.name);
     nlohmann::json own = policy;
     own["placement"] = nlohmann::json::array();
     for (const nlohmann::json& entry : policy["placement"])
       if (!entry.is_object() || !entry.contains("op") || !entry["op"].is_string() || mine.count(entry["op"].get<std::string>()))
         own["placement"].push_back(entry);
     claimed += own["placement"].size();
-    apply_placement(problem, placement_from_json(problem.problem, own, source), grid.pp, rank, c);
-    configs.push_back(std::move(c));
-  }
+    return placement_from_json(problem, own, source);
+  };
+  std::vector<TrainConfig> configs = placed_rank_configs(config, grid, placement_of);
   if (claimed != policy["placement"].size())
     throw UsageError("recompute policy " + source + ": " + std::to_string(policy["placement"].size() - claimed) +
                      " entries name no op of this configuration");

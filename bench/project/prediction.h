@@ -30,8 +30,8 @@ project::StepCase first_step_case(const StepPlan& plan, const StepFlags& flags, 
 void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag);
 
 // Each pipeline rank's configuration under a stored placement (a strata-recompute-policy document, as strata-step
-// stores it with an overlap case): the rank's ops and windows rebuilt from the configuration, the policy's entries
-// of its ops applied (train::apply_placement). `source` names the policy in messages (UsageError).
+// stores it with an overlap case): train::placed_rank_configs with, for each rank, the policy's entries that name its
+// ops. `source` names the policy in messages (UsageError).
 std::vector<train::TrainConfig> overlap_configs(const train::TrainConfig& config, const coll::GridShape& grid,
                                                 const nlohmann::json& policy, const std::string& source);
 

@@ -259,6 +259,13 @@ def test_predict_takes_a_stored_placement_and_agrees_with_validate(measured, tmp
     _, validated, _ = read_table(str(v), "validation")
     at = validated["label"].index("NNN recompute overlap")
     assert predicted["step_time"][0] == pytest.approx(validated["step_time_predicted"][at], rel=1e-12)
+    # An entry naming no op of any pipeline rank is refused, naming the count.
+    stray = json.loads(policy)
+    stray["placement"].append({"op": "L99.mlp_up", "mode": "keep"})
+    (tmp_path / "stray.json").write_text(json.dumps(stray))
+    result = project(["predict", "--system", system, *args, "--recompute", "overlap", "--recompute-policy",
+                      str(tmp_path / "stray.json"), "-q"], folder)
+    assert result.returncode == 2 and "1 entries name no op of this configuration" in result.stderr, result.stderr
     # Without the placement the mode is refused; "all" leaves it out.
     all_modes = tmp_path / "all.h5"
     result = project(["predict", "--system", system, *args, "--recompute", "all", "-O", str(all_modes), "-q"], folder)
