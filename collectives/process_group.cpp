@@ -563,6 +563,18 @@ std::vector<std::string> parse_grid_order(const std::string& text) {
   return order;
 }
 
+std::array<int, 3> grid_strides(const GridShape& grid, const std::vector<std::string>& order) {
+  const std::array<int, 3> sizes{grid.tp, grid.pp, grid.dp};
+  std::array<int, 3> stride{1, 1, 1};
+  int next = 1;
+  for (const std::string& name : order) {
+    const std::size_t d = name == "tp" ? 0 : name == "pp" ? 1 : 2;
+    stride[d] = next;
+    next *= sizes[d];
+  }
+  return stride;
+}
+
 namespace {
 
 // Where every world rank sits in the grid, without MPI: both constructors build the groups from this, so a
@@ -570,14 +582,8 @@ namespace {
 struct GridPlaces {
   std::array<int, 3> sizes{}, stride{1, 1, 1};
 
-  GridPlaces(const GridShape& grid, const std::vector<std::string>& order) : sizes{grid.tp, grid.pp, grid.dp} {
-    int next = 1;
-    for (const std::string& name : order) {
-      const std::size_t d = name == "tp" ? 0 : name == "pp" ? 1 : 2;
-      stride[d] = next;
-      next *= sizes[d];
-    }
-  }
+  GridPlaces(const GridShape& grid, const std::vector<std::string>& order)
+      : sizes{grid.tp, grid.pp, grid.dp}, stride(grid_strides(grid, order)) {}
   int index(int rank, std::size_t d) const { return rank / stride[d] % sizes[d]; }
   // The world ranks that differ from `rank` in coordinate d only, in that coordinate's order.
   std::vector<int> dimension(int rank, std::size_t d) const {

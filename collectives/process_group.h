@@ -17,6 +17,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -234,6 +235,9 @@ class Group {
 // The order of the grid dimensions, fastest varying first: world rank = i0 + n0 * (i1 + n1 * i2).
 // "tp,pp,dp" (default), or any permutation; std::invalid_argument otherwise.
 std::vector<std::string> parse_grid_order(const std::string& text);
+// The world-rank stride of each grid coordinate (tp, pp, dp) under `order` (parse_grid_order's): a rank's world rank is
+// the sum of its coordinates times their strides, as ProcessGroups places ranks.
+std::array<int, 3> grid_strides(const GridShape& grid, const std::vector<std::string>& order);
 
 class ProcessGroups {
  public:

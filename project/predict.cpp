@@ -189,38 +189,57 @@ Prediction predict(const System& system, const train::StepTrace& trace, const Wo
     throw std::invalid_argument("the system's device has no " + options.dtype + " compute");
   System nodes = system;
   nodes.device.devices_per_node = std::max(1, trace.ranks_per_node);
-  const System low = spread_end(nodes, -1), high = spread_end(nodes, +1);
+  System low, high;  // the spreads' ends, for the interval
+  if (how.interval) low = spread_end(nodes, -1), high = spread_end(nodes, +1);
   Prediction p;
   std::optional<CompactRuns> runs;
   std::vector<double> nominal, faster, slower;
   if (!how.exact) {
-    runs.emplace(trace, options);
-    nominal = runs->shape_seconds(nodes), faster = runs->shape_seconds(low), slower = runs->shape_seconds(high);
+    runs.emplace(trace, options, /*within_phases=*/how.phases);
+    nominal = runs->shape_seconds(nodes);
+    if (how.interval) faster = runs->shape_seconds(low), slower = runs->shape_seconds(high);
   }
   // A distinct op with no valid alone-time (possible only in a workload with no compute too) goes the reference's way,
   // which names the op it refuses.
-  const bool valid = runs && runs->has_valid(nominal) && runs->has_valid(faster) && runs->has_valid(slower);
+  const bool valid = runs && runs->has_valid(nominal) && (!how.interval || (runs->has_valid(faster) && runs->has_valid(slower)));
   if (!valid) {
     const Workload workload = workload_of(trace, options);
     const SimulateOptions reference{SimulateMethod::scan, how.intervals, true};
     const SimulateOptions step_only{SimulateMethod::scan, false, false};
     p.timeline = simulate(nodes, workload, reference);
-    p.step_s = p.timeline.step_s;
+    p.step_s = p.step_low_s = p.step_high_s = p.timeline.step_s;
+    for (const RankGraph& rank : workload.ranks) p.simulated_operations += rank.ops.size();
     // A schedule's order may change between the corners; the interval holds the nominal step either way.
-    p.step_low_s = std::min(p.step_s, simulate(low, workload, step_only).step_s);
-    p.step_high_s = std::max(p.step_s, simulate(high, workload, step_only).step_s);
+    if (how.interval) {
+      p.step_low_s = std::min(p.step_s, simulate(low, workload, step_only).step_s);
+      p.step_high_s = std::max(p.step_s, simulate(high, workload, step_only).step_s);
+    }
+  } else if (!how.phases && !how.interval) {
+    // One simulation and nothing spread back over the traced ops: the compacted workload is moved out and the runs
+    // freed before it is simulated (the search's evaluation; its memory is reused for the simulator's).
+    const Workload compacted = std::move(*runs).take_workload(nominal);
+    runs.reset();
+    for (const RankGraph& rank : compacted.ranks) p.simulated_operations += rank.ops.size();
+    p.timeline = simulate(nodes, compacted, {SimulateMethod::event_queue, false, true});
+    p.step_s = p.step_low_s = p.step_high_s = p.timeline.step_s;
   } else {
     const SimulateOptions with_breakdown{SimulateMethod::event_queue, false, true};
     const SimulateOptions step_only{SimulateMethod::event_queue, false, false};
     // Indexed once; each run reads the durations the workload holds then.
-    Simulation simulation(nodes, runs->workload(nominal));
-    p.timeline = runs->expand(simulation.run(nodes, with_breakdown), nominal, how.intervals);
-    p.step_s = p.timeline.step_s;
-    runs->workload(faster);
-    p.step_low_s = std::min(p.step_s, simulation.run(low, step_only).step_s);
-    runs->workload(slower);
-    p.step_high_s = std::max(p.step_s, simulation.run(high, step_only).step_s);
+    const Workload& compacted = runs->workload(nominal);
+    for (const RankGraph& rank : compacted.ranks) p.simulated_operations += rank.ops.size();
+    Simulation simulation(nodes, compacted);
+    Timeline compact = simulation.run(nodes, with_breakdown);
+    p.timeline = how.phases ? runs->expand(std::move(compact), nominal, how.intervals) : std::move(compact);
+    p.step_s = p.step_low_s = p.step_high_s = p.timeline.step_s;
+    if (how.interval) {
+      runs->workload(faster);
+      p.step_low_s = std::min(p.step_s, simulation.run(low, step_only).step_s);
+      runs->workload(slower);
+      p.step_high_s = std::max(p.step_s, simulation.run(high, step_only).step_s);
+    }
   }
+  if (!how.phases) return p;
   for (std::size_t r = 0; r < trace.ranks.size(); ++r) p.ranks.push_back(components_of(trace, p.timeline, r));
   p.mean = mean_components(trace, p.ranks);
   return p;

@@ -72,8 +72,9 @@ struct Prediction {
   double step_s = 0;       // the last op's end over all ranks
   double step_low_s = 0;   // on spread_end(system, -1)
   double step_high_s = 0;  // on spread_end(system, +1)
-  StepComponents mean;     // mean_components at the nominal figures
-  std::vector<StepComponents> ranks;  // per traced rank
+  StepComponents mean;     // mean_components at the nominal figures (PredictOptions::phases)
+  std::vector<StepComponents> ranks;  // per traced rank (PredictOptions::phases)
+  std::size_t simulated_operations = 0;  // of the workload simulated (after compaction)
 };
 
 struct PredictOptions {
@@ -86,6 +87,12 @@ struct PredictOptions {
   // whose rate changed midway differ (they are where its share of the run's alone-time puts them).
   bool exact = false;
   bool intervals = true;  // fill timeline.intervals (a Chrome trace of the timeline)
+  // Simulate the description's spreads' ends too (step_low_s, step_high_s); without: both are step_s.
+  bool interval = true;
+  // The per-phase components (mean, ranks) and the timeline per traced op. Without: runs of compute ops may cross
+  // phases (fewer operations, the same step, compute, idle and exposed communication: timeline.mean), and the
+  // timeline's ops are the compacted workload's (the search's evaluation). Only without `exact`.
+  bool phases = true;
 };
 
 // Simulates `trace` on `system` whose devices_per_node is taken as the trace's ranks_per_node (the traced job's

@@ -1,8 +1,6 @@
 // The search over training configurations and PaRO's rule beside it (see search.h).
 #include "project/search.h"
 
-#include "project/compact_runs.h"
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -71,12 +69,6 @@ int element_bytes_for(const std::string& dtype) {
 
 WorkloadOptions workload_options(const std::string& dtype) { return {dtype, element_bytes_for(dtype)}; }
 
-std::string role_of(const train::StepTrace& trace, int group) {
-  if (group == kPointToPoint) return "pp";
-  if (group < 0 || group >= static_cast<int>(trace.groups.size())) return "?";
-  return trace.groups[static_cast<std::size_t>(group)].role;
-}
-
 // Whether GPipe and 1F1B list the same passes in the same order on every pipeline rank (one micro-batch).
 bool same_order(int stages, int micro_batches) {
   for (int r = 0; r < stages; ++r)
@@ -139,63 +131,56 @@ train::TrainConfig train_config(const SearchSpace& space, const Candidate& k) {
 
 train::DataParallelShape data_parallel_layout(const Candidate& k, int devices_per_node, int devices, int pp_rank) {
   const int per_node = std::max(1, std::min(devices_per_node, devices));
-  train::DataParallelShape s;
-  s.n = k.dp, s.tp = k.tp, s.pp = k.pp, s.pp_rank = pp_rank;
-  // Grid order tp, pp, dp: data-parallel rank d of this pipeline rank is world rank pp_rank tp + d tp pp.
-  auto node_of = [&](int d) { return (pp_rank * k.tp + d * k.tp * k.pp) / per_node; };
-  std::map<int, int> on_node;
-  for (int d = 0; d < k.dp; ++d) ++on_node[node_of(d)];
-  const int m = on_node.begin()->second;
-  for (const auto& [node, count] : on_node)
-    if (count != m)
-      throw std::invalid_argument("the " + std::to_string(k.dp) + " data-parallel ranks spread unevenly over the nodes of " +
-                                  std::to_string(per_node) + " devices (tp x pp = " + std::to_string(k.tp * k.pp) + ")");
-  s.m = m, s.g = static_cast<int>(on_node.size());
-  s.dp_hop_crosses_nodes = k.dp > 1 && node_of(0) != node_of(1);
+  const train::DataParallelShape s = train::stage_data_parallel_shape({k.tp, k.pp, k.dp}, per_node, "tp,pp,dp", pp_rank);
+  if (!s.even)
+    throw std::invalid_argument("the " + std::to_string(k.dp) + " data-parallel ranks spread unevenly over the nodes of " +
+                                std::to_string(per_node) + " devices (tp x pp = " + std::to_string(k.tp * k.pp) + ")");
   return s;
 }
 
-RankMemory memory_per_rank(const SearchSpace& space, const Candidate& k, int devices_per_node) {
-  const train::TrainConfig config = train_config(space, k);
-  const bool mixed = mixed_precision(space.dtype);
+namespace {
+
+// Of the pipeline ranks' memory, the rank whose total is largest.
+RankMemory largest_total(const std::vector<train::MemoryUse>& ranks) {
   RankMemory best;
   double most = -1;
-  for (int r = 0; r < k.pp; ++r) {
-    const train::DataParallelShape shape = data_parallel_layout(k, devices_per_node, space.devices, r);
-    // A 16-bit step is a GPU's, held as predict holds it (train/gpu_memory.h, flash attention); fp32 the executor's.
-    const RankMemory here{mixed ? train::gpu_memory_estimate(config, shape) : train::memory_estimate(config, shape), r};
-    if (here.total() > most) most = here.total(), best = here;
-  }
+  for (std::size_t r = 0; r < ranks.size(); ++r)
+    if (ranks[r].total() > most) most = ranks[r].total(), best = {ranks[r], static_cast<int>(r)};
   return best;
 }
 
-Workload compact_workload(const System& system, const train::StepTrace& trace, const WorkloadOptions& options) {
-  CompactRuns runs(trace, options, /*within_phases=*/false);
-  const std::vector<double> seconds = runs.shape_seconds(system);
-  // An op the simulator refuses goes the reference's way, which names it.
-  if (!CompactRuns::has_valid(seconds)) return workload_of(trace, options);
-  return std::move(runs).take_workload(seconds);
+}  // namespace
+
+StepCase step_case(const SearchSpace& space, const Candidate& k, int devices_per_node) {
+  StepCase step;
+  step.config = train_config(space, k);
+  step.grid = {k.tp, k.pp, k.dp};
+  step.trace = {devices_per_node, "tp,pp,dp", {}};
+  step.workload = workload_options(space.dtype);
+  return step;
+}
+
+RankMemory memory_per_rank(const SearchSpace& space, const Candidate& k, int devices_per_node) {
+  for (int r = 0; r < k.pp; ++r) (void)data_parallel_layout(k, devices_per_node, space.devices, r);  // refuses uneven
+  return largest_total(pipeline_rank_memory(step_case(space, k, devices_per_node)));
 }
 
 Evaluation evaluate(const System& system, const SearchSpace& space, const Candidate& k) {
   Evaluation e;
   e.candidate = k;
-  const train::TrainConfig config = train_config(space, k);
-  const train::StepTrace trace =
-      train::trace_step(config, {k.tp, k.pp, k.dp}, {system.device.devices_per_node, "tp,pp,dp", {}});
-  const Workload workload = compact_workload(system, trace, workload_options(space.dtype));
-  for (const train::TraceRank& r : trace.ranks) e.operations += r.ops.size();
-  for (const RankGraph& r : workload.ranks) e.simulated_operations += r.ops.size();
-  SimulateOptions how;
-  how.intervals = false;  // the breakdown's means only
-  const Timeline timeline = simulate(system, workload, how);
-  e.step_s = timeline.step_s;
-  e.compute_s = timeline.mean.compute_s;
-  e.idle_s = timeline.mean.idle_s;
-  for (const auto& [group, seconds] : timeline.mean.exposed_communication_s) e.exposed_s[role_of(trace, group)] += seconds;
-  e.memory = memory_per_rank(space, k, system.device.devices_per_node);
-  const Throughput rates = throughput(config, {k.tp, k.pp, k.dp}, e.step_s, system.device.compute.at(space.dtype).peak_flops.value);
-  e.tokens_per_s = rates.tokens_per_s, e.mfu = rates.mfu;
+  for (int r = 0; r < k.pp; ++r) (void)data_parallel_layout(k, system.device.devices_per_node, space.devices, r);
+  StepCase step = step_case(space, k, system.device.devices_per_node);
+  // The step and its breakdown's means only: no interval, runs across phases.
+  step.predict.intervals = false, step.predict.interval = false, step.predict.phases = false;
+  const PredictedStep p = predict_step(step, system);
+  e.step_s = p.prediction.step_s;
+  e.compute_s = p.prediction.timeline.mean.compute_s;
+  e.idle_s = p.prediction.timeline.mean.idle_s;
+  for (const auto& [group, seconds] : p.prediction.timeline.mean.exposed_communication_s)
+    e.exposed_s[group == kPointToPoint ? "pp" : p.group_roles.at(static_cast<std::size_t>(group))] += seconds;
+  e.memory = largest_total(p.rank_memory);
+  e.tokens_per_s = p.tokens_per_s, e.mfu = p.mfu;
+  e.operations = p.traced_operations, e.simulated_operations = p.prediction.simulated_operations;
   return e;
 }
 

@@ -15,12 +15,14 @@
 //   recompute none, full, selective. Overlapped recomputation needs a measured placement (train/overlap.h) and is
 //        not searched.
 //   strategy each runnable one (train::runnable_strategies; a named one train::refusal_reason refuses is refused)
-// Memory: for every pipeline rank, the largest counted, as strata-project predict counts it: for a 16-bit dtype
-// (bf16, fp16, fp8) a GPU step in mixed precision (train::gpu_memory_estimate: model states at
-// train::kMixedPrecisionStates, 2, 2 and 12 bytes per parameter; Korthikanti et al.'s activations with flash
-// attention), for fp32 the CPU executor's accounting (train::memory_estimate).
-// Each configuration that fits is traced (train::trace_step), its operation graph compacted (compact_workload,
-// below: the same predicted timeline from fewer operations) and simulated (project::simulate).
+// Memory: of the pipeline ranks, the one whose total is largest, each counted as strata-project predict counts it
+// (project::pipeline_rank_memory): for a 16-bit dtype (bf16, fp16, fp8) a GPU step in mixed precision
+// (train::gpu_memory_estimate: model states at train::kMixedPrecisionStates, 2, 2 and 12 bytes per parameter;
+// Korthikanti et al.'s activations with flash attention), for fp32 the CPU executor's accounting
+// (train::memory_estimate).
+// Each configuration that fits is predicted as strata-project predict predicts a step (project::predict_step: traced,
+// compacted, simulated), without the interval and with runs of compute ops across phases (PredictOptions: the same
+// step, compute, idle and exposed communication from fewer operations).
 //
 // Pruning (exact): configurations are taken in order of a lower bound on their step time, and one is traced only
 // while its bound is below the k-th best step found so far; once the next bound reaches it, no configuration left
@@ -53,6 +55,7 @@
 
 #include "project/paro_rule.h"
 #include "project/simulate.h"
+#include "project/step_prediction.h"
 #include "project/trace_workload.h"
 #include "train/gpu_memory.h"
 #include "train/step_formulas.h"
@@ -98,9 +101,8 @@ struct Candidate {
 train::TrainConfig train_config(const SearchSpace& space, const Candidate& candidate);
 
 // Where the data-parallel group of pipeline rank `pp_rank` sits: n ranks in g groups (nodes) of m, as the executor
-// lays them out (grid order tp, pp, dp; min(devices per node, N) ranks per node). std::invalid_argument when its
-// ranks spread unevenly over the nodes they use. Arithmetic, for the search's speed (it is asked for every
-// candidate); a unit test holds it to the executor's groups (train::stage_data_parallel_shape).
+// lays them out (grid order tp, pp, dp; min(devices per node, N) ranks per node; train::stage_data_parallel_shape).
+// std::invalid_argument when its ranks spread unevenly over the nodes they use.
 train::DataParallelShape data_parallel_layout(const Candidate& candidate, int devices_per_node, int devices, int pp_rank);
 
 // The memory of the pipeline rank that needs the most, under the search's convention (above), and its total.
@@ -112,16 +114,10 @@ struct RankMemory {
   }
 };
 bool mixed_precision(const std::string& dtype);
+// The candidate as a step to predict (step_prediction.h): its configuration, grid (order tp, pp, dp) and workload.
+StepCase step_case(const SearchSpace& space, const Candidate& candidate, int devices_per_node);
+// Of pipeline_rank_memory's ranks, the one with the largest total; std::invalid_argument on an uneven layout.
 RankMemory memory_per_rank(const SearchSpace& space, const Candidate& candidate, int devices_per_node);
-
-// A traced step as a workload with the same predicted timeline and breakdown as workload_of(trace, options) gives,
-// from fewer operations: each run of consecutive compute operations of a rank becomes one timed operation of their
-// summed alone-times (compute_seconds on `system`) when nothing but the next of them depends on an operation of
-// the run and the run's later operations depend on compute operations only. Communication is untouched. The
-// compute stream runs the run's work back to back either way, and the overlap slowdown acts on a rank's running
-// compute, whichever operation it belongs to, so the timeline's compute, communication and idle time are the same
-// (tested against workload_of). The runs are predict's (project/compact_runs.h), across phases.
-Workload compact_workload(const System& system, const train::StepTrace& trace, const WorkloadOptions& options);
 
 struct Evaluation {
   Candidate candidate;
@@ -136,11 +132,11 @@ struct Evaluation {
   // whatever trains) over the step time and the peak of every device in the search's dtype.
   double tokens_per_s = 0, mfu = 0;
   double lower_bound_s = 0;
-  std::size_t operations = 0, simulated_operations = 0;  // traced, and after compact_workload
+  std::size_t operations = 0, simulated_operations = 0;  // traced, and after compaction
 };
 
-// Traces, compacts and simulates one candidate (its memory computed too, not checked). std::invalid_argument when
-// the executor refuses it.
+// One candidate's predicted step (project::predict_step, as above; its memory computed too, not checked).
+// std::invalid_argument when the executor refuses it or its data-parallel ranks spread unevenly over the nodes.
 Evaluation evaluate(const System& system, const SearchSpace& space, const Candidate& candidate);
 
 // The strategy that runs the same step on a data-parallel layout of g groups of m ranks, with no more memory:

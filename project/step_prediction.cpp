@@ -24,16 +24,10 @@ const TrainConfig& config_of(const StepCase& step, int stage) {
                                                   : step.trace.pipeline_rank_configs.at(static_cast<std::size_t>(stage));
 }
 
-// What each rank holds, per category, the largest over the pipeline ranks: the CPU step's formulas for 4-byte
-// elements, a GPU step's in mixed precision for 2-byte ones.
-MemoryUse memory_per_rank(const StepCase& step) {
+// The largest of each category over the pipeline ranks.
+MemoryUse largest_per_category(const std::vector<MemoryUse>& ranks) {
   MemoryUse most;
-  const int per_node = static_cast<int>(std::min<long long>(step.trace.ranks_per_node, step.grid.size()));
-  for (int stage = 0; stage < step.grid.pp; ++stage) {
-    const DataParallelShape shape = stage_data_parallel_shape(step.grid, per_node, step.trace.grid_order, stage);
-    const MemoryUse m = step.workload.element_bytes == 4
-                            ? memory_estimate(config_of(step, stage), shape)
-                            : gpu_memory_estimate(config_of(step, stage), shape, gpu_layout(step.workload));
+  for (const MemoryUse& m : ranks) {
     most.params = std::max(most.params, m.params), most.grads = std::max(most.grads, m.grads);
     most.optimizer = std::max(most.optimizer, m.optimizer), most.activations = std::max(most.activations, m.activations);
     most.workspace = std::max(most.workspace, m.workspace), most.comm_buffers = std::max(most.comm_buffers, m.comm_buffers);
@@ -61,6 +55,18 @@ std::string join_ints(const std::vector<int>& values) {
 }
 
 }  // namespace
+
+std::vector<MemoryUse> pipeline_rank_memory(const StepCase& step) {
+  std::vector<MemoryUse> ranks;
+  const int per_node = static_cast<int>(std::min<long long>(step.trace.ranks_per_node, step.grid.size()));
+  for (int stage = 0; stage < step.grid.pp; ++stage) {
+    const DataParallelShape shape = stage_data_parallel_shape(step.grid, per_node, step.trace.grid_order, stage);
+    ranks.push_back(step.workload.element_bytes >= 4
+                        ? memory_estimate(config_of(step, stage), shape)
+                        : gpu_memory_estimate(config_of(step, stage), shape, gpu_layout(step.workload)));
+  }
+  return ranks;
+}
 
 Throughput throughput(const TrainConfig& c, const coll::GridShape& grid, double step_s, double peak) {
   Throughput t;
@@ -99,7 +105,8 @@ PredictedStep predict_step(const StepCase& step, const System& system) {
       recompute_flops_per_token_of(step) * out.tokens_per_step / static_cast<double>(step.grid.size());
   out.hfu = step_s > 0 && out.peak_per_rank > 0
                 ? (out.flop_per_rank + out.recompute_flop_per_rank) / (step_s * out.peak_per_rank) : 0;
-  out.memory = memory_per_rank(step);
+  out.rank_memory = pipeline_rank_memory(step);
+  out.memory = largest_per_category(out.rank_memory);
   if (system.device.memory_capacity) {
     out.memory_capacity = system.device.memory_capacity->value;
     out.fits = out.memory.total() <= out.memory_capacity ? 1 : 0;
@@ -113,10 +120,13 @@ PredictedStep predict_step(const StepCase& step, const System& system) {
     const std::string what = group.role + " (" + std::to_string(group.ranks.size()) + " ranks)";
     out.streams[communication_stream(g)] = what;
     out.streams[communication_stream(groups + g)] = "receives " + what;
+    out.group_roles.push_back(group.role);
   }
+  for (const TraceRank& rank : trace.ranks) out.traced_operations += rank.ops.size();
   // The simulator lists the intervals rank by rank, op by op.
-  for (const TraceRank& rank : trace.ranks)
-    for (const TraceOp& op : rank.ops) out.phases.push_back(op.phase);
+  if (step.predict.intervals)
+    for (const TraceRank& rank : trace.ranks)
+      for (const TraceOp& op : rank.ops) out.phases.push_back(op.phase);
   return out;
 }
 

@@ -1,14 +1,14 @@
 // A training configuration's step predicted on a system description: the step traced (train::trace_step),
 // simulated (predict.h), and read as strata-step reads a measured one: tokens/s and MFU with their conventions, memory
 // per rank by category. The one path from a configuration to a prediction: strata-project predict and validate call
-// it, and the search (search.h) shares its throughput.
+// it, and so does the search (search.h) for each configuration it simulates.
 //
 // Conventions:
 // - MFU: model FLOPs 6N + 6Lhs per token (llm.c's count, causal attention as half; train::model_flops_per_token)
 //   x tokens of the global batch / (predicted step x the description's dense peak of the workload's dtype x ranks);
 //   HFU adds the recomputed FLOPs (train::recompute_flops_per_token).
-// - Memory per rank (the largest over the pipeline ranks, per category): train::memory_estimate, the CPU step's
-//   fp32 formulas, for element_bytes 4. For 2-byte elements, a GPU step in mixed precision
+// - Memory per rank (the largest over the pipeline ranks, per category; pipeline_rank_memory): train::memory_estimate,
+//   the CPU step's fp32 formulas, for element_bytes 4 or more. For 2-byte elements, a GPU step in mixed precision
 //   (train::gpu_memory_estimate): model states at docs/strategies.md's mixed-precision count
 //   (train::kMixedPrecisionStates: 2 B parameters, 2 B gradients, 12 B optimizer states per element) and Korthikanti
 //   et al.'s activations for the workload's attention (flash: no s^2 scores). A step fits when the total is within
@@ -55,12 +55,21 @@ struct PredictedStep {
   double peak_per_rank = 0;                               // the description's peak of the workload's dtype
   double tokens_per_s = 0, mfu = 0, hfu = 0;
   train::MemoryUse memory;     // per rank: the largest over the pipeline ranks, per category
+  std::vector<train::MemoryUse> rank_memory;  // per pipeline rank (pipeline_rank_memory)
   double memory_capacity = 0;  // B per device: the description's device.memory_capacity; 0 when it gives none
   int fits = -1;               // 1: the memory per rank (all categories) is within it; 0: above it; -1: no capacity
   std::string stage_layers;    // layers of each stage, comma-separated
+  std::size_t traced_operations = 0;   // over the traced ranks (prediction.simulated_operations: after compaction)
+  std::vector<std::string> group_roles;  // per traced group (TraceGroup::role), as the timeline numbers them
   std::map<int, std::string> streams;  // the simulated streams' names, for a Chrome trace
-  std::vector<std::string_view> phases;  // per interval of the timeline: its op's phase (TraceOp::phase)
+  std::vector<std::string_view> phases;  // with intervals: per interval of the timeline, its op's phase (TraceOp::phase)
 };
+
+// What each pipeline rank holds, per category, in stage order (each stage's data-parallel group placed as the trace
+// places it, train::stage_data_parallel_shape): the executor's fp32 formulas (train::memory_estimate) for elements of
+// 4 bytes or more, a GPU step's in mixed precision (train::gpu_memory_estimate, the workload's gpu_layout) for
+// narrower ones. predict_step reports the largest of each category; the search, the rank with the largest total.
+std::vector<train::MemoryUse> pipeline_rank_memory(const StepCase& step);
 
 // Throws std::invalid_argument for a configuration the step refuses on the grid (a strategy on uneven groups, a
 // model that does not divide) or a description the simulator refuses.

@@ -2,11 +2,11 @@
 #include "train/step_formulas.h"
 
 #include <algorithm>
-#include <vector>
+#include <array>
 #include <stdexcept>
+#include <vector>
 
 #include "train/gpt.h"
-#include "train/tracer.h"
 
 namespace strata::train {
 
@@ -24,11 +24,23 @@ DataParallelShape data_parallel_shape(coll::ProcessGroups& groups) {
 
 DataParallelShape stage_data_parallel_shape(const coll::GridShape& grid, int ranks_per_node, const std::string& order,
                                             int stage) {
-  TraceGroups probe_groups, groups;
-  Tracer probe(probe_groups), tracer(groups);
-  const coll::ProcessGroups places(grid, ranks_per_node, order, 0, probe);
-  coll::ProcessGroups traced(grid, ranks_per_node, order, places.world_rank_of(0, stage, 0), tracer);
-  return data_parallel_shape(traced);
+  if (ranks_per_node < 1) throw std::invalid_argument("ranks per node must be at least 1");
+  const std::array<int, 3> stride = coll::grid_strides(grid, coll::parse_grid_order(order));
+  // Data-parallel rank d of this stage's first tensor-parallel rank.
+  auto node_of = [&](int d) { return (stage * stride[1] + d * stride[2]) / ranks_per_node; };
+  DataParallelShape s;
+  s.n = grid.dp, s.tp = grid.tp, s.pp = grid.pp, s.pp_rank = stage;
+  // The group's ranks run through the nodes in order: count them node by node.
+  std::vector<int> per_node;
+  for (int d = 0, last = -1; d < grid.dp; ++d) {
+    const int node = node_of(d);
+    if (node != last) per_node.push_back(0), last = node;
+    ++per_node.back();
+  }
+  s.m = per_node.front(), s.g = static_cast<int>(per_node.size());
+  s.even = std::all_of(per_node.begin(), per_node.end(), [&](int count) { return count == s.m; });
+  s.dp_hop_crosses_nodes = grid.dp > 1 && node_of(0) != node_of(1);
+  return s;
 }
 
 namespace {

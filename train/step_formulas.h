@@ -24,10 +24,13 @@ struct DataParallelShape {
   int tp = 1;  // the tensor-parallel degree: each data-parallel rank holds a shard of the model
   int pp = 1, pp_rank = 0;  // the pipeline: each data-parallel group runs the stages of one pipeline rank
   bool dp_hop_crosses_nodes = false;
+  bool even = true;  // every node the group uses holds m of its ranks (PaRO's intra and inter groups need it)
 };
 DataParallelShape data_parallel_shape(coll::ProcessGroups& groups);
 // The layout of pipeline rank `stage`'s first rank (tp 0, dp 0) in a job of `grid` on nodes of `ranks_per_node`, the
-// grid laid out in `order` (coll::ProcessGroups); the groups are placed as trace mode places them: no MPI is called.
+// grid laid out in `order` as coll::ProcessGroups lays it out (rank r on node r / ranks_per_node): what
+// data_parallel_shape reads from those groups, worked out arithmetically (no groups are built: the search asks it of
+// every candidate; a unit test holds the two equal).
 DataParallelShape stage_data_parallel_shape(const coll::GridShape& grid, int ranks_per_node, const std::string& order,
                                             int stage);
 

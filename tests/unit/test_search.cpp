@@ -10,15 +10,18 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 
 #include <unistd.h>
 
 #include "bench/project/system_json.h"
+#include "collectives/process_group.h"
 #include "project/paro_rule.h"
 #include "project/search.h"
 #include "train/step_formulas.h"
+#include "train/tracer.h"
 
 namespace strata::project {
 namespace {
@@ -102,13 +105,16 @@ TEST(Search, CompactedWorkloadPredictsTheSameStepFromFewerOperations) {
     const std::string what = coll::format_grid(k.grid) + " " + k.strategy + " " + train::name(k.schedule);
     const train::StepTrace trace = train::trace_step(c, k.grid, {4, "tp,pp,dp", {}});
     for (const WorkloadOptions& options : {WorkloadOptions{"fp32", 4}, WorkloadOptions{"bf16", 2}}) {
-      const Workload plain = workload_of(trace, options), compact = compact_workload(system, trace, options);
-      std::size_t plain_ops = 0, compact_ops = 0;
-      for (const RankGraph& r : plain.ranks) plain_ops += r.ops.size();
-      for (const RankGraph& r : compact.ranks) compact_ops += r.ops.size();
-      EXPECT_LT(compact_ops, plain_ops * 3 / 4) << what;
-      const Timeline a = simulate(system, plain), b = simulate(system, compact);
+      // The reference (every traced op) against the search's evaluation (runs across phases, no interval).
+      const Prediction exact = predict(system, trace, options, {true, false});
+      PredictOptions search_way{false, false};
+      search_way.interval = false, search_way.phases = false;
+      const Prediction fast = predict(system, trace, options, search_way);
+      EXPECT_LT(fast.simulated_operations, exact.simulated_operations * 3 / 4) << what;
+      const Timeline &a = exact.timeline, &b = fast.timeline;
       EXPECT_LE(relative(b.step_s, a.step_s), 1e-12) << what << ": " << b.step_s << " against " << a.step_s;
+      EXPECT_EQ(fast.step_low_s, fast.step_s) << what;
+      EXPECT_EQ(fast.step_high_s, fast.step_s) << what;
       EXPECT_LE(relative(b.mean.compute_s, a.mean.compute_s), 1e-12) << what;
       EXPECT_NEAR(b.mean.idle_s, a.mean.idle_s, 1e-12 * a.step_s) << what;
       ASSERT_EQ(a.mean.exposed_communication_s.size(), b.mean.exposed_communication_s.size()) << what;
@@ -249,41 +255,44 @@ TEST(Search, DataParallelLayoutFollowsTheGrid) {
   EXPECT_THROW(data_parallel_layout(c, 8, 24, 0), std::invalid_argument);
 }
 
-// The search's layout is arithmetic, for speed; the executor's groups are the reference. Grids of tp 1, 2, 4, 8,
-// pp 1, 2, 4 and dp 1, 2, 3, 4, 8 (up to 64 ranks) on nodes of 1, 2, 4 and 8 whose data-parallel ranks spread
-// evenly: the same shape from both.
+// The layout of a stage's data-parallel group is worked out arithmetically; the executor's groups (built in trace
+// mode, as a job of that grid places them) are the reference. Grids of tp 1, 2, 4, 8, pp 1, 2, 4 and dp 1, 2, 3, 4, 8
+// (up to 64 ranks) in four grid orders on nodes of 1, 2, 4 and 8 ranks: the same shape from both, evenness included.
 TEST(Search, DataParallelLayoutIsTheExecutorsGroups) {
-  int compared = 0;
-  for (int per_node : {1, 2, 4, 8})
-    for (int tp : {1, 2, 4, 8})
-      for (int pp : {1, 2, 4})
-        for (int dp : {1, 2, 3, 4, 8}) {
-          if (tp * pp * dp > 64 || tp > per_node) continue;
-          Candidate c;
-          c.tp = tp, c.pp = pp, c.dp = dp;
-          for (int r = 0; r < pp; ++r) {
-            train::DataParallelShape fast;
-            try {
-              fast = data_parallel_layout(c, per_node, tp * pp * dp, r);
-            } catch (const std::invalid_argument&) {
-              continue;  // uneven: the executor refuses such a job too
+  int compared = 0, uneven = 0;
+  for (const std::string order : {"tp,pp,dp", "dp,tp,pp", "pp,dp,tp", "tp,dp,pp"})
+    for (int per_node : {1, 2, 4, 8})
+      for (int tp : {1, 2, 4, 8})
+        for (int pp : {1, 2, 4})
+          for (int dp : {1, 2, 3, 4, 8}) {
+            const int ranks = tp * pp * dp;
+            if (ranks > 64 || ranks % per_node != 0) continue;  // a traced job needs whole nodes
+            for (int r = 0; r < pp; ++r) {
+              train::TraceGroups probe_groups, traced_groups;
+              train::Tracer probe(probe_groups), tracer(traced_groups);
+              const coll::ProcessGroups places({tp, pp, dp}, per_node, order, 0, probe);
+              coll::ProcessGroups groups({tp, pp, dp}, per_node, order, places.world_rank_of(0, r, 0), tracer);
+              const train::DataParallelShape reference = train::data_parallel_shape(groups);
+              std::map<int, int> on_node;
+              for (int node : groups.dp().node_of_rank()) ++on_node[node];
+              const bool even = std::all_of(on_node.begin(), on_node.end(),
+                                            [&](const auto& entry) { return entry.second == on_node.begin()->second; });
+              const train::DataParallelShape s = train::stage_data_parallel_shape({tp, pp, dp}, per_node, order, r);
+              SCOPED_TRACE(order + ": tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
+                           " on nodes of " + std::to_string(per_node) + ", pipeline rank " + std::to_string(r));
+              EXPECT_EQ(s.n, reference.n);
+              EXPECT_EQ(s.m, reference.m);
+              EXPECT_EQ(s.g, reference.g);
+              EXPECT_EQ(s.tp, reference.tp);
+              EXPECT_EQ(s.pp, reference.pp);
+              EXPECT_EQ(s.pp_rank, reference.pp_rank);
+              EXPECT_EQ(s.dp_hop_crosses_nodes, reference.dp_hop_crosses_nodes);
+              EXPECT_EQ(s.even, even);
+              ++compared, uneven += !even;
             }
-            const int ranks = tp * pp * dp, on_node = std::min(per_node, ranks);  // a job smaller than a node: on one
-            if (ranks % on_node != 0) continue;                                    // the executor needs whole nodes
-            const train::DataParallelShape groups = train::stage_data_parallel_shape({tp, pp, dp}, on_node, "tp,pp,dp", r);
-            SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) + " on nodes of " +
-                         std::to_string(per_node) + ", pipeline rank " + std::to_string(r));
-            EXPECT_EQ(fast.n, groups.n);
-            EXPECT_EQ(fast.m, groups.m);
-            EXPECT_EQ(fast.g, groups.g);
-            EXPECT_EQ(fast.tp, groups.tp);
-            EXPECT_EQ(fast.pp, groups.pp);
-            EXPECT_EQ(fast.pp_rank, groups.pp_rank);
-            EXPECT_EQ(fast.dp_hop_crosses_nodes, groups.dp_hop_crosses_nodes);
-            ++compared;
           }
-        }
-  EXPECT_GT(compared, 100);
+  EXPECT_GT(compared, 400);
+  EXPECT_GT(uneven, 10);
 }
 
 // ---- ranking and pruning ----
