@@ -1,8 +1,9 @@
 // A traced step's runs of compute ops compacted into single timed ops: the structure built once per trace, the
 // alone-times filled per system. Identical shapes are costed once. predict runs it three times (the description and
-// the ends of its spreads) and spreads each run's time back over its ops (expand); the search simulates it once
-// per candidate. A run never crosses an op something else depends on, or an op that depends on communication (nor,
-// for predict, a phase: forward, backward, recompute, optimizer), so the compacted step has the traced step's timing.
+// the ends of its spreads) and spreads each run's time back over its ops (expand); without the interval and the
+// phases (the search's evaluation) it simulates it once. A run never crosses an op something else depends on, or an
+// op that depends on communication (nor, within phases, a phase: forward, backward, recompute, optimizer), so the
+// compacted step has the traced step's timing.
 #pragma once
 
 #include <algorithm>

@@ -89,9 +89,10 @@ struct PredictOptions {
   bool intervals = true;  // fill timeline.intervals (a Chrome trace of the timeline)
   // Simulate the description's spreads' ends too (step_low_s, step_high_s); without: both are step_s.
   bool interval = true;
-  // The per-phase components (mean, ranks) and the timeline per traced op. Without: runs of compute ops may cross
-  // phases (fewer operations, the same step, compute, idle and exposed communication: timeline.mean), and the
-  // timeline's ops are the compacted workload's (the search's evaluation). Only without `exact`.
+  // The per-phase components (mean, ranks) and the timeline per traced op (and its intervals). Without: runs of
+  // compute ops may cross phases (fewer operations, the same step, compute, idle and exposed communication:
+  // timeline.mean), the timeline's ops are the compacted workload's and it has no intervals (the search's
+  // evaluation); with `exact` there are no runs, and only the components are left out.
   bool phases = true;
 };
 

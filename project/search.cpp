@@ -140,6 +140,11 @@ train::DataParallelShape data_parallel_layout(const Candidate& k, int devices_pe
 
 namespace {
 
+// Every pipeline rank's data-parallel layout even (data_parallel_layout throws otherwise).
+void require_even_layout(const Candidate& k, int devices_per_node, int devices) {
+  for (int r = 0; r < k.pp; ++r) (void)data_parallel_layout(k, devices_per_node, devices, r);
+}
+
 // Of the pipeline ranks' memory, the rank whose total is largest.
 RankMemory largest_total(const std::vector<train::MemoryUse>& ranks) {
   RankMemory best;
@@ -161,14 +166,14 @@ StepCase step_case(const SearchSpace& space, const Candidate& k, int devices_per
 }
 
 RankMemory memory_per_rank(const SearchSpace& space, const Candidate& k, int devices_per_node) {
-  for (int r = 0; r < k.pp; ++r) (void)data_parallel_layout(k, devices_per_node, space.devices, r);  // refuses uneven
+  require_even_layout(k, devices_per_node, space.devices);
   return largest_total(pipeline_rank_memory(step_case(space, k, devices_per_node)));
 }
 
 Evaluation evaluate(const System& system, const SearchSpace& space, const Candidate& k) {
   Evaluation e;
   e.candidate = k;
-  for (int r = 0; r < k.pp; ++r) (void)data_parallel_layout(k, system.device.devices_per_node, space.devices, r);
+  require_even_layout(k, system.device.devices_per_node, space.devices);
   StepCase step = step_case(space, k, system.device.devices_per_node);
   // The step and its breakdown's means only: no interval, runs across phases.
   step.predict.intervals = false, step.predict.interval = false, step.predict.phases = false;
@@ -176,8 +181,10 @@ Evaluation evaluate(const System& system, const SearchSpace& space, const Candid
   e.step_s = p.prediction.step_s;
   e.compute_s = p.prediction.timeline.mean.compute_s;
   e.idle_s = p.prediction.timeline.mean.idle_s;
-  for (const auto& [group, seconds] : p.prediction.timeline.mean.exposed_communication_s)
-    e.exposed_s[group == kPointToPoint ? "pp" : p.group_roles.at(static_cast<std::size_t>(group))] += seconds;
+  for (const auto& [group, seconds] : p.prediction.timeline.mean.exposed_communication_s) {
+    const bool traced = group >= 0 && group < static_cast<int>(p.group_roles.size());
+    e.exposed_s[group == kPointToPoint ? "pp" : traced ? p.group_roles[static_cast<std::size_t>(group)] : "?"] += seconds;
+  }
   e.memory = largest_total(p.rank_memory);
   e.tokens_per_s = p.tokens_per_s, e.mfu = p.mfu;
   e.operations = p.traced_operations, e.simulated_operations = p.prediction.simulated_operations;

@@ -124,7 +124,7 @@ PredictedStep predict_step(const StepCase& step, const System& system) {
   }
   for (const TraceRank& rank : trace.ranks) out.traced_operations += rank.ops.size();
   // The simulator lists the intervals rank by rank, op by op.
-  if (step.predict.intervals)
+  if (step.predict.intervals && step.predict.phases)
     for (const TraceRank& rank : trace.ranks)
       for (const TraceOp& op : rank.ops) out.phases.push_back(op.phase);
   return out;

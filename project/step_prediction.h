@@ -49,7 +49,7 @@ Throughput throughput(const train::TrainConfig& config, const coll::GridShape& g
 
 struct PredictedStep {
   Prediction prediction;
-  double trace_s = 0, simulate_s = 0;  // wall time of the trace, and of the simulations (nominal and both ends)
+  double trace_s = 0, simulate_s = 0;  // wall time of the trace, and of the simulations (nominal; both ends: interval)
   double tokens_per_step = 0;
   double flop_per_rank = 0, recompute_flop_per_rank = 0;  // model and recomputed FLOPs per rank per step
   double peak_per_rank = 0;                               // the description's peak of the workload's dtype
@@ -67,7 +67,7 @@ struct PredictedStep {
 
 // What each pipeline rank holds, per category, in stage order (each stage's data-parallel group placed as the trace
 // places it, train::stage_data_parallel_shape): the executor's fp32 formulas (train::memory_estimate) for elements of
-// 4 bytes or more, a GPU step's in mixed precision (train::gpu_memory_estimate, the workload's gpu_layout) for
+// 4 bytes or more (an fp64 step is counted at fp32's 4 bytes), a GPU step's in mixed precision (train::gpu_memory_estimate, the workload's gpu_layout) for
 // narrower ones. predict_step reports the largest of each category; the search, the rank with the largest total.
 std::vector<train::MemoryUse> pipeline_rank_memory(const StepCase& step);
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <stdexcept>
 #include <vector>
 
@@ -19,12 +20,19 @@ DataParallelShape data_parallel_shape(coll::ProcessGroups& groups) {
   const std::vector<int>& nodes = dp.node_of_rank();
   if (!nodes.empty() && s.n > 1)
     s.dp_hop_crosses_nodes = nodes[static_cast<std::size_t>(dp.rank())] != nodes[static_cast<std::size_t>((dp.rank() + 1) % s.n)];
+  std::map<int, int> on_node;
+  for (int node : nodes) ++on_node[node];
+  s.even = std::all_of(on_node.begin(), on_node.end(), [&](const auto& entry) { return entry.second == s.m; });
   return s;
 }
 
 DataParallelShape stage_data_parallel_shape(const coll::GridShape& grid, int ranks_per_node, const std::string& order,
                                             int stage) {
   if (ranks_per_node < 1) throw std::invalid_argument("ranks per node must be at least 1");
+  if (grid.tp < 1 || grid.pp < 1 || grid.dp < 1)
+    throw std::invalid_argument("grid " + coll::format_grid(grid) + ": every degree must be at least 1");
+  if (stage < 0 || stage >= grid.pp)
+    throw std::invalid_argument("pipeline rank " + std::to_string(stage) + " of " + std::to_string(grid.pp));
   const std::array<int, 3> stride = coll::grid_strides(grid, coll::parse_grid_order(order));
   // Data-parallel rank d of this stage's first tensor-parallel rank.
   auto node_of = [&](int d) { return (stage * stride[1] + d * stride[2]) / ranks_per_node; };

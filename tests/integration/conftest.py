@@ -37,6 +37,12 @@ def run_single(args: list[str], cwd: str, timeout: float = 120) -> subprocess.Co
     return subprocess.run(args, cwd=cwd, env=mpi_env(), capture_output=True, text=True, timeout=timeout)
 
 
+def registry() -> list[list[str]]:
+    """bench/programs.txt's lines: name | sources | report section | suite runs."""
+    with open(os.path.join(ROOT, "bench", "programs.txt")) as f:
+        return [[field.strip() for field in line.split("|")] for line in f if line.strip() and not line.startswith("#")]
+
+
 def digest(path: str) -> str:
     with open(path, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()

@@ -6,15 +6,10 @@ import os
 import subprocess
 import sys
 
-from conftest import BUILD, ROOT
+from conftest import BUILD, ROOT, registry
 
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from strata_analysis.report import SECTION_NAMES  # noqa: E402  (the report's sections, one list)
-
-
-def registry() -> list[list[str]]:
-    with open(os.path.join(ROOT, "bench", "programs.txt")) as f:
-        return [[field.strip() for field in line.split("|")] for line in f if line.strip() and not line.startswith("#")]
 
 
 def test_every_registered_program_has_sources_and_is_built():

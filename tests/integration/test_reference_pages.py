@@ -8,8 +8,7 @@ import re
 
 import pytest
 
-from conftest import BUILD, ROOT, run_single
-from test_programs_registry import registry
+from conftest import BUILD, ROOT, registry, run_single
 
 REFERENCE = os.path.join(ROOT, "docs", "reference")
 SHARED_PAGE = "harness.md"

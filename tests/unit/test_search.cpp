@@ -260,25 +260,25 @@ TEST(Search, DataParallelLayoutFollowsTheGrid) {
 // (up to 64 ranks) in four grid orders on nodes of 1, 2, 4 and 8 ranks: the same shape from both, evenness included.
 TEST(Search, DataParallelLayoutIsTheExecutorsGroups) {
   int compared = 0, uneven = 0;
-  for (const std::string order : {"tp,pp,dp", "dp,tp,pp", "pp,dp,tp", "tp,dp,pp"})
+  for (const char* order : {"tp,pp,dp", "dp,tp,pp", "pp,dp,tp", "tp,dp,pp"})
     for (int per_node : {1, 2, 4, 8})
       for (int tp : {1, 2, 4, 8})
         for (int pp : {1, 2, 4})
           for (int dp : {1, 2, 3, 4, 8}) {
-            const int ranks = tp * pp * dp;
-            if (ranks > 64 || ranks % per_node != 0) continue;  // a traced job needs whole nodes
+            const int ranks = tp * pp * dp, on_node = std::min(per_node, ranks);  // a job smaller than a node: on one
+            if (ranks > 64 || ranks % on_node != 0) continue;                    // a traced job needs whole nodes
             for (int r = 0; r < pp; ++r) {
               train::TraceGroups probe_groups, traced_groups;
               train::Tracer probe(probe_groups), tracer(traced_groups);
-              const coll::ProcessGroups places({tp, pp, dp}, per_node, order, 0, probe);
-              coll::ProcessGroups groups({tp, pp, dp}, per_node, order, places.world_rank_of(0, r, 0), tracer);
+              const coll::ProcessGroups places({tp, pp, dp}, on_node, order, 0, probe);
+              coll::ProcessGroups groups({tp, pp, dp}, on_node, order, places.world_rank_of(0, r, 0), tracer);
               const train::DataParallelShape reference = train::data_parallel_shape(groups);
-              std::map<int, int> on_node;
-              for (int node : groups.dp().node_of_rank()) ++on_node[node];
-              const bool even = std::all_of(on_node.begin(), on_node.end(),
-                                            [&](const auto& entry) { return entry.second == on_node.begin()->second; });
-              const train::DataParallelShape s = train::stage_data_parallel_shape({tp, pp, dp}, per_node, order, r);
-              SCOPED_TRACE(order + ": tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
+              std::map<int, int> on_nodes;
+              for (int node : groups.dp().node_of_rank()) ++on_nodes[node];
+              const bool even = std::all_of(on_nodes.begin(), on_nodes.end(),
+                                            [&](const auto& entry) { return entry.second == on_nodes.begin()->second; });
+              const train::DataParallelShape s = train::stage_data_parallel_shape({tp, pp, dp}, on_node, order, r);
+              SCOPED_TRACE(std::string(order) + ": tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
                            " on nodes of " + std::to_string(per_node) + ", pipeline rank " + std::to_string(r));
               EXPECT_EQ(s.n, reference.n);
               EXPECT_EQ(s.m, reference.m);
@@ -288,6 +288,7 @@ TEST(Search, DataParallelLayoutIsTheExecutorsGroups) {
               EXPECT_EQ(s.pp_rank, reference.pp_rank);
               EXPECT_EQ(s.dp_hop_crosses_nodes, reference.dp_hop_crosses_nodes);
               EXPECT_EQ(s.even, even);
+              EXPECT_EQ(reference.even, even);
               ++compared, uneven += !even;
             }
           }
