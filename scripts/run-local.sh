@@ -22,6 +22,7 @@ mkdir -p results/runs
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 output=${STRATA_OUTPUT:-results/runs/suite-$stamp.h5}
 system=${STRATA_SYSTEM:-results/runs/system-$stamp.json}
+validation=$(dirname "$output")/validation-$(basename "$output")  # a program never writes into a file it reads
 
 # Root-safe mpirun: Open MPI refuses root unless told; oversubscribe so np may exceed the slot count.
 mpirun_args=(--oversubscribe --bind-to none)
@@ -55,19 +56,21 @@ if [ "$gpus" -gt 0 ]; then
 fi
 
 # This machine's system description, fitted from the benchmark runs above (calibrate reads no step run); the latest
-# one also under a stable name. Then every strata-step case of the suite predicted on it (a strata-project run appended
-# to the suite's file), and the report of everything.
+# one also under a stable name. Then every strata-step case of the suite predicted on it (a strata-project run in
+# validation-<suite file> beside it), and the report of both.
 echo "[run-local] calibrating this machine's system description from $output" >&2
 if "$build/strata-project" calibrate "$output" -o "$system"; then
-  cp "$system" results/runs/system-latest.json
+  cp "$system" "${STRATA_SYSTEM_LATEST:-results/runs/system-latest.json}"
   echo "[run-local] system description: $system (also results/runs/system-latest.json)" >&2
   echo "[run-local] validating: the suite's strata-step cases predicted on $system" >&2
-  "$build/strata-project" validate "$output" --system "$system" -O "$output" ||
+  "$build/strata-project" validate "$output" --system "$system" -O "$validation" ||
     echo "[run-local] no validation (see above)" >&2
 else
   echo "[run-local] no system description written (see above)" >&2
 fi
 
 report_dir="${output%.h5}-report"
-scripts/strata-report "$output" --out "$report_dir"
-echo "[run-local] results: $output; report and plots: $report_dir/" >&2
+reported=("$output")
+[ -f "$validation" ] && reported+=("$validation")
+scripts/strata-report "${reported[@]}" --out "$report_dir"
+echo "[run-local] results: ${reported[*]}; report and plots: $report_dir/" >&2

@@ -1,0 +1,43 @@
+"""`make run`'s suite (scripts/run-local.sh) end to end on two ranks: the suite's result file, this machine's system
+description fitted from it, every strata-step case of the suite predicted on it in a validation file of its own (a
+program never writes into a file it reads), and the report of both with its validation section."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import h5py
+
+from conftest import BUILD, ROOT, mpi_env
+
+
+def step_cases(path: str) -> int:
+    with h5py.File(path, "r") as f:
+        return sum(int(g["cases"].attrs["rows"]) for g in f["runs"].values() if g.attrs["benchmark"] == "strata-step")
+
+
+def test_the_suite_calibrates_validates_every_step_case_and_reports_both(tmp_path):
+    output, system, latest = tmp_path / "suite.h5", tmp_path / "system.json", tmp_path / "latest.json"
+    env = mpi_env()
+    env.update(STRATA_BUILD_DIR=BUILD, STRATA_NP="2", STRATA_ITERS="2", STRATA_OUTPUT=str(output),
+               STRATA_SYSTEM=str(system), STRATA_SYSTEM_LATEST=str(latest))
+    result = subprocess.run([os.path.join(ROOT, "scripts", "run-local.sh")], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "no validation" not in result.stderr and "no system description" not in result.stderr, result.stderr[-3000:]
+    assert system.is_file() and latest.read_text() == system.read_text()
+    validation = tmp_path / "validation-suite.h5"
+    with h5py.File(validation, "r") as f:
+        tables = [g["validation"] for g in f["runs"].values() if "validation" in g]
+        assert len(tables) == 1
+        rows = int(tables[0].attrs["rows"])
+        measured = tables[0]["step_time_measured"][:rows]
+    cases = step_cases(str(output))
+    assert cases > 0 and rows == cases, f"{rows} validated of {cases} strata-step cases"
+    assert all(m > 0 for m in measured)
+    # The suite's file holds the benchmark runs only; the report reads both files.
+    with h5py.File(output, "r") as f:
+        assert all(g.attrs["benchmark"] != "strata-project" for g in f["runs"].values())
+    report = (tmp_path / "suite-report" / "report.md").read_text()
+    assert "### Validation: predicted against measured strata-step cases" in report
+    assert f"{cases} case(s): step-time error mean absolute" in report
