@@ -22,6 +22,7 @@ mkdir -p results/runs
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 output=${STRATA_OUTPUT:-results/runs/suite-$stamp.h5}
 system=${STRATA_SYSTEM:-results/runs/system-$stamp.json}
+latest=${STRATA_SYSTEM_LATEST:-results/runs/system-latest.json}
 validation=$(dirname "$output")/validation-$(basename "$output")  # a program never writes into a file it reads
 
 # Root-safe mpirun: Open MPI refuses root unless told; oversubscribe so np may exceed the slot count.
@@ -60,8 +61,8 @@ fi
 # validation-<suite file> beside it), and the report of both.
 echo "[run-local] calibrating this machine's system description from $output" >&2
 if "$build/strata-project" calibrate "$output" -o "$system"; then
-  cp "$system" "${STRATA_SYSTEM_LATEST:-results/runs/system-latest.json}"
-  echo "[run-local] system description: $system (also results/runs/system-latest.json)" >&2
+  cp "$system" "$latest"
+  echo "[run-local] system description: $system (also $latest)" >&2
   echo "[run-local] validating: the suite's strata-step cases predicted on $system" >&2
   "$build/strata-project" validate "$output" --system "$system" -O "$validation" ||
     echo "[run-local] no validation (see above)" >&2
