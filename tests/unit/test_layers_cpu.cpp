@@ -260,14 +260,26 @@ TEST(Gelu, ForwardAndBackwardMatchFloat64Reference) {
 }
 
 TEST(Gelu, FarTailsKeepTheirDigits) {
-  // Far below zero gelu(x) is a tiny negative number, far above it x itself.
-  for (const float x : {-12.0f, -9.0f, -6.0f, -3.0f, 0.0f, 1e-3f, 3.0f, 9.0f, 30.0f}) {
-    float out = 0.0f, grad = 0.0f;
-    const float one = 1.0f;
-    gelu_forward(&out, &x, 1, threads(1));
-    gelu_backward(&grad, &x, &one, 1, threads(1));
-    EXPECT_NEAR(out, ref::gelu(x), kFp32Tol * std::abs(ref::gelu(x)) + 1e-30) << "x=" << x;
-    EXPECT_NEAR(grad, ref::gelu_derivative(x), kFp32Tol * std::abs(ref::gelu_derivative(x)) + 1e-30) << "x=" << x;
+  // Far below zero gelu(x) is a tiny negative number, far above it x itself. Each point alone (the loop's scalar
+  // remainder) and repeated over 67 elements (its vector body, then a remainder).
+  const std::vector<float> points = {-100.0f, -12.0f, -9.0f, -6.0f, -3.0f, 0.0f, 1e-3f, 3.0f, 9.0f, 30.0f, 1e4f};
+  for (const std::size_t n : {std::size_t{1}, std::size_t{67}}) {
+    for (const float x : points) {
+      const std::vector<float> inp(n, x), ones(n, 1.0f);
+      std::vector<float> out(n), grad(n, 0.0f);
+      gelu_forward(out.data(), inp.data(), n, threads(1));
+      gelu_backward(grad.data(), inp.data(), ones.data(), n, threads(1));
+      for (std::size_t i = 0; i < n; ++i) {
+        EXPECT_NEAR(out[i], ref::gelu(x), kFp32Tol * std::abs(ref::gelu(x)) + 1e-30) << "x=" << x << " n=" << n;
+        EXPECT_NEAR(grad[i], ref::gelu_derivative(x), kFp32Tol * std::abs(ref::gelu_derivative(x)) + 1e-30)
+            << "x=" << x << " n=" << n;
+      }
+    }
+    const std::vector<float> nan(n, std::nanf("")), ones(n, 1.0f);
+    std::vector<float> out(n), grad(n, 0.0f);
+    gelu_forward(out.data(), nan.data(), n, threads(1));
+    gelu_backward(grad.data(), nan.data(), ones.data(), n, threads(1));
+    EXPECT_TRUE(std::isnan(out[n - 1]) && std::isnan(grad[n - 1])) << "NaN must propagate, n=" << n;
   }
 }
 
