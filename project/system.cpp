@@ -170,7 +170,9 @@ std::string_view elementwise_kernel_of(std::string_view op_name) {
       {"split heads", "permute_qkv"},        {"merge qkv", "permute_qkv"},
       {"merge heads", "permute_heads"},      {"split head grads", "permute_heads"},
       {"bias", "add_bias"},                  {"accumulate grads", "accumulate"},
-      {"adamw", "adamw"}};
+      {"adamw", "adamw"},                    {"squared norm", "squared_norm"},
+      {"cross-entropy", "cross_entropy_forward"}, {"cross-entropy backward", "cross_entropy_backward"},
+      {"logit max", "cross_entropy_row_max"},  {"sum of exponentials", "cross_entropy_row_sum_exp"}};
   const auto kernel = kernels.find(op_name);
   return kernel == kernels.end() ? "" : kernel->second;
 }

@@ -44,7 +44,10 @@ const std::vector<std::string>& kernel_names() {
   static const std::vector<std::string> names = {"layernorm_forward", "layernorm_backward", "gelu_forward",
                                                  "gelu_backward",     "residual_forward",   "copy",
                                                  "permute_qkv",       "permute_heads",      "add_bias",
-                                                 "accumulate",        "adamw"};
+                                                 "accumulate",        "adamw",
+                                                 "cross_entropy_forward", "cross_entropy_row_max",
+                                                 "cross_entropy_row_sum_exp", "cross_entropy_backward",
+                                                 "squared_norm"};
   return names;
 }
 
@@ -62,6 +65,13 @@ double traced_elements(const std::string& kernel, const LayerShape& s) {
   if (kernel == "add_bias") return 2 * R * C;  // the output read and written; the bias stays in cache
   if (kernel == "accumulate") return 3 * static_cast<double>(s.layer_parameters);
   if (kernel == "adamw") return 7 * static_cast<double>(s.layer_parameters);  // parameters, moments: read, written; gradient read
+  if (kernel == "squared_norm") return static_cast<double>(s.layer_parameters);
+  // The loss over this rank's vocabulary columns V: the logits read (and the gradient written), a few values per row.
+  const double V = static_cast<double>(s.vocab);
+  if (kernel == "cross_entropy_forward") return R * V + 4 * R;  // row max, sum, target logit and loss per row
+  if (kernel == "cross_entropy_row_max") return R * V + R;
+  if (kernel == "cross_entropy_row_sum_exp") return R * V + 2 * R;  // the row max read, the sum written
+  if (kernel == "cross_entropy_backward") return 2 * R * V;
   throw std::invalid_argument("unknown elementwise kernel '" + kernel + "'");
 }
 
@@ -72,6 +82,7 @@ Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed
                     F = static_cast<std::size_t>(shape.mlp), P = static_cast<std::size_t>(shape.layer_parameters);
   const std::size_t H = static_cast<std::size_t>(shape.heads), KVH = static_cast<std::size_t>(shape.kv_heads),
                     D = static_cast<std::size_t>(shape.head_dim);
+  const std::size_t V = static_cast<std::size_t>(shape.vocab);
   std::mt19937_64 rng(seed);
   auto buffer = [&](std::size_t n, float low = -1, float high = 1) {
     PageAlignedFloats p = page_aligned_floats(n);
@@ -103,11 +114,30 @@ Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed
     a_ = buffer(R * C), b_ = buffer(C), x_ = buffer(R * C);
   } else if (kernel_ == "accumulate") {  // x += a, x starting as b
     a_ = buffer(P), b_ = buffer(P), x_ = buffer(P);
+  } else if (kernel_ == "squared_norm") {  // sum of a's squares into x[0]
+    a_ = buffer(P), x_ = buffer(1);
+  } else if (kernel_.starts_with("cross_entropy")) {
+    // Logits a (R, V); outputs x (the kernel's first: losses, a row statistic, or the logits' gradient), y (losses,
+    // beside the gradient), and the row statistics b (max, sum of exponentials, target logit) as the forward leaves
+    // them for the kernels that read them.
+    targets_.resize(R);
+    std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(V) - 1);
+    for (std::size_t i = 0; i < R; ++i) targets_[i] = i % 5 == 4 ? -1 : token(rng);
+    a_ = buffer(R * V, -4, 4), b_ = buffer(3 * R);
+    PageAlignedFloats losses = page_aligned_floats(R);
+    layers::softmax_cross_entropy(losses.get(), nullptr, b_.get(), a_.get(), targets_.data(), 1.0f, vocab_slice(), options_);
+    if (kernel_ == "cross_entropy_forward") x_ = buffer(R), y_ = buffer(3 * R);
+    else if (kernel_ == "cross_entropy_backward") x_ = buffer(R * V), y_ = buffer(R);
+    else x_ = buffer(R);
   } else {  // adamw: parameters x, gradients a, moments y (first) and z (second, positive)
     x_ = buffer(P), a_ = buffer(P, -1e-2f, 1e-2f), y_ = buffer(P, -1e-3f, 1e-3f), z_ = buffer(P, 1e-6f, 1e-4f);
     x0_.assign(x_.get(), x_.get() + P);
     y0_.assign(y_.get(), y_.get() + P), z0_.assign(z_.get(), z_.get() + P);
   }
+}
+
+layers::VocabSlice Problem::vocab_slice() const {
+  return layers::whole_vocab(static_cast<std::size_t>(shape_.rows), static_cast<std::size_t>(shape_.vocab));
 }
 
 void Problem::run() {
@@ -136,6 +166,17 @@ void Problem::run() {
     layers::add_bias(x_.get(), b_.get(), R, C);
   else if (kernel_ == "accumulate")
     layers::accumulate(x_.get(), a_.get(), P, options_);
+  else if (kernel_ == "squared_norm")
+    x_[0] = static_cast<float>(layers::squared_norm(a_.get(), P, options_));
+  else if (kernel_ == "cross_entropy_forward")
+    layers::softmax_cross_entropy(x_.get(), nullptr, y_.get(), a_.get(), targets_.data(), 1.0f, vocab_slice(), options_);
+  else if (kernel_ == "cross_entropy_row_max")
+    layers::cross_entropy_row_max(x_.get(), a_.get(), vocab_slice(), options_);
+  else if (kernel_ == "cross_entropy_row_sum_exp")
+    layers::cross_entropy_row_sum_exp(x_.get(), a_.get(), b_.get(), vocab_slice(), options_);
+  else if (kernel_ == "cross_entropy_backward")
+    layers::cross_entropy_loss_and_grad(y_.get(), x_.get(), a_.get(), targets_.data(), b_.get(), b_.get() + R, b_.get() + 2 * R,
+                                        counted_normaliser(), vocab_slice(), options_);
   else
     layers::adamw_update(x_.get(), a_.get(), y_.get(), z_.get(), P, kAdamW, step_, 1.0f, options_);
 }
@@ -165,6 +206,13 @@ void Problem::prepare_check() {
     std::copy(a_.get(), a_.get() + R * C, x_.get());
   } else if (kernel_ == "accumulate") {  // accumulates onto b
     std::copy(b_.get(), b_.get() + static_cast<std::size_t>(shape_.layer_parameters), x_.get());
+  } else if (kernel_ == "squared_norm") {
+    x_[0] = nan;
+  } else if (kernel_.starts_with("cross_entropy")) {
+    const std::size_t V = static_cast<std::size_t>(shape_.vocab);
+    if (kernel_ == "cross_entropy_forward") std::fill(x_.get(), x_.get() + R, nan), std::fill(y_.get(), y_.get() + 3 * R, nan);
+    else if (kernel_ == "cross_entropy_backward") std::fill(x_.get(), x_.get() + R * V, nan), std::fill(y_.get(), y_.get() + R, nan);
+    else std::fill(x_.get(), x_.get() + R, nan);
   } else {
     std::copy(x0_.begin(), x0_.end(), x_.get()), std::copy(y0_.begin(), y0_.end(), y_.get());
     std::copy(z0_.begin(), z0_.end(), z_.get());
@@ -228,6 +276,33 @@ CheckResult Problem::check() const {
     std::vector<double> want(P);
     for (std::size_t i = 0; i < P; ++i) want[i] = static_cast<double>(b_[i]) + static_cast<double>(a_[i]);
     compare(r, x_.get(), want);
+  } else if (kernel_ == "squared_norm") {
+    double squares = 0;
+    for (std::size_t i = 0; i < P; ++i) squares += static_cast<double>(a_[i]) * static_cast<double>(a_[i]);
+    compare(r, x_.get(), {squares});
+  } else if (kernel_.starts_with("cross_entropy")) {
+    const std::size_t V = static_cast<std::size_t>(shape_.vocab);
+    // Each row's statistics in float64: its max, its sum of exponentials from the fp32 max the kernels read (b), the
+    // target's logit (0 for a row that does not count); the losses and gradient from the float64 reference.
+    std::vector<double> row_max(R), row_sum(R), target_logit(R), losses(R), dlogits(R * V);
+    for (std::size_t i = 0; i < R; ++i) {
+      const float* row = a_.get() + i * V;
+      row_max[i] = *std::max_element(row, row + V);
+      for (std::size_t c = 0; c < V; ++c) row_sum[i] += std::exp(static_cast<double>(row[c]) - b_[i]);
+      target_logit[i] = targets_[i] < 0 ? 0.0 : row[targets_[i]];
+    }
+    ref::cross_entropy(losses.data(), dlogits.data(), widen(a_.get(), R * V).data(), targets_.data(), R, V,
+                       counted_normaliser());
+    if (kernel_ == "cross_entropy_forward") {
+      compare(r, x_.get(), losses), compare(r, y_.get(), row_max), compare(r, y_.get() + R, row_sum);
+      compare(r, y_.get() + 2 * R, target_logit);
+    } else if (kernel_ == "cross_entropy_row_max") {
+      compare(r, x_.get(), row_max);
+    } else if (kernel_ == "cross_entropy_row_sum_exp") {
+      compare(r, x_.get(), row_sum);
+    } else {
+      compare(r, x_.get(), dlogits), compare(r, y_.get(), losses);
+    }
   } else {
     std::vector<double> params(x0_.begin(), x0_.end()), m(y0_.begin(), y0_.end()), v(z0_.begin(), z0_.end());
     ref::adamw_update(params.data(), widen(a_.get(), P).data(), m.data(), v.data(), P,

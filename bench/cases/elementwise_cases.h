@@ -19,14 +19,16 @@ namespace strata::elementwise {
 const std::vector<std::string>& kernel_names();
 
 // The shapes of one transformer layer's step on one rank: tokens (rows), the hidden width, the MLP width on this
-// rank, the parameters of one layer on this rank (what one AdamW call updates, and one gradient accumulation), and
-// the attention heads on this rank with their width.
+// rank, the parameters of one layer on this rank (what one AdamW call updates, one gradient accumulation and one
+// squared norm), the attention heads on this rank with their width, and the vocabulary columns of the logits on this
+// rank (the loss's kernels).
 struct LayerShape {
   std::int64_t rows = 0;
   std::int64_t channels = 0;
   std::int64_t mlp = 0;
   std::int64_t layer_parameters = 0;
   std::int64_t heads = 1, kv_heads = 1, head_dim = 1;
+  std::int64_t vocab = 1;
 };
 
 // The elements the step's trace counts for one call of `kernel` at `shape`; throws std::invalid_argument for an
@@ -60,8 +62,11 @@ class Problem {
   std::string kernel_;
   LayerShape shape_;
   layers::CpuOptions options_;
+  layers::VocabSlice vocab_slice() const;
+  float counted_normaliser() const { return static_cast<float>(layers::counted_targets(targets_.data(), targets_.size())); }
   // Inputs a, b, c (as the kernel needs them) and outputs x, y, z; page-aligned, allocated once.
   PageAlignedFloats a_, b_, c_, x_, y_, z_;
+  std::vector<std::int32_t> targets_;  // the loss's kernels: one per row, every fifth row not counted (-1)
   std::vector<float> x0_, y0_, z0_;  // AdamW's starting parameters and moments, restored before a check
   long step_ = 1;
 };

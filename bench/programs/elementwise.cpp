@@ -1,5 +1,6 @@
 // strata-elementwise: the CPU training step's elementwise kernels (layer norm, GELU, the residual add, copies, the
-// heads' layouts, biases, gradient accumulation, AdamW; kernels/layers.h) at the shapes a model's step calls them,
+// heads' layouts, biases, gradient accumulation, AdamW, the gradient's squared norm, the loss over the vocabulary;
+// kernels/layers.h) at the shapes a model's step calls them,
 // every rank at once. Bytes are the elements the step's trace counts for the same call, 4 bytes each; GB/s = bytes /
 // time. What a system description's per-kernel rates
 // are fitted from (strata-project calibrate), as the GEMM and attention points are from strata-gemm and
@@ -37,7 +38,7 @@ elementwise::LayerShape layer_shape(const train::ModelConfig& m, int64_t tokens,
   }
   const int64_t h = m.hidden, q = shard.qkv_channels(m), a = shard.attention_channels(m), f = shard.mlp;
   return {tokens, h, f, 4 * h + (q * h + q) + (a * h + h) + (f * h + f) + (h * f + h), shard.heads, shard.kv_heads,
-          m.head_dim()};
+          m.head_dim(), shard.vocab_rows};
 }
 
 Axes plan_cases(const ElementwiseOptions& o) {
@@ -53,7 +54,7 @@ Axes plan_cases(const ElementwiseOptions& o) {
       }
       kernels.push_back(name);
     }
-  std::vector<std::vector<AxisValue>> shapes;  // (model, rows, channels, mlp, layer parameters, heads, kv heads, width)
+  std::vector<std::vector<AxisValue>> shapes;  // (model, rows, channels, mlp, layer parameters, heads, kv heads, width, vocab)
   for (const std::string& name : split_list(o.presets, "--preset")) {
     train::ModelConfig model;
     try {
@@ -62,12 +63,12 @@ Axes plan_cases(const ElementwiseOptions& o) {
       throw UsageError(std::string("--preset: ") + e.what());
     }
     const elementwise::LayerShape s = layer_shape(model, o.tokens, o.tp);
-    shapes.push_back({name, s.rows, s.channels, s.mlp, s.layer_parameters, s.heads, s.kv_heads, s.head_dim});
+    shapes.push_back({name, s.rows, s.channels, s.mlp, s.layer_parameters, s.heads, s.kv_heads, s.head_dim, s.vocab});
   }
   Axes axes;
   axes.add("kernel", kernels)
       .add_zipped({{"model", ""}, {"rows", "1"}, {"channels", "1"}, {"mlp", "1"}, {"layer_parameters", "1"}, {"heads", "1"},
-                   {"kv_heads", "1"}, {"head_dim", "1"}}, shapes)
+                   {"kv_heads", "1"}, {"head_dim", "1"}, {"vocab", "1"}}, shapes)
       .add("tp", std::vector<int64_t>{o.tp})
       .add("threads", std::vector<int64_t>{o.threads});
   return axes;
@@ -103,7 +104,7 @@ int run_elementwise(int argc, char** argv) {
       .add_column("check_worst_ratio", ColumnKind::float64, "1",
                   "max over ranks and elements of |got - float64 reference| / tolerance (<= 1 passes)");
 
-  ConsoleTable table({{"kernel", 18}, {"model", 10}, {"rows", 6}, {"C", 6}, {"F", 6}, {"bytes", 10}, {"time(us)", 10},
+  ConsoleTable table({{"kernel", 26}, {"model", 10}, {"rows", 6}, {"C", 6}, {"F", 6}, {"bytes", 10}, {"time(us)", 10},
                       {"GB/s/rank", 10}, {"check", 6}});
   if (run.is_root()) {
     std::printf("# strata-elementwise: %d rank(s), %d kernel thread(s) per rank, tp %d, %lld tokens per rank\n",
@@ -119,7 +120,7 @@ int run_elementwise(int argc, char** argv) {
     const elementwise::LayerShape shape{point.integer("rows"),    point.integer("channels"),
                                         point.integer("mlp"),     point.integer("layer_parameters"),
                                         point.integer("heads"),   point.integer("kv_heads"),
-                                        point.integer("head_dim")};
+                                        point.integer("head_dim"), point.integer("vocab")};
     run.begin_case(kernel + " " + point.text("model"));
     const uint64_t seed = static_cast<uint64_t>(o.seed) * 1000003u + static_cast<uint64_t>(rank) * 7919u + index;
     elementwise::Problem problem(kernel, shape, seed, o.threads);

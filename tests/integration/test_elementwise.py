@@ -9,7 +9,8 @@ import strata_results as sr
 from conftest import digest, mpirun, program
 
 KERNELS = {"layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward", "residual_forward", "copy",
-           "permute_qkv", "permute_heads", "add_bias", "accumulate", "adamw"}
+           "permute_qkv", "permute_heads", "add_bias", "accumulate", "adamw", "squared_norm", "cross_entropy_forward",
+           "cross_entropy_row_max", "cross_entropy_row_sum_exp", "cross_entropy_backward"}
 
 
 def elementwise(args, tmp_path, name="e.h5"):
@@ -29,15 +30,20 @@ def test_every_kernel_checked_with_the_traces_bytes(tmp_path):
     assert data.loc["gelu_forward", "elements"] == 2 * rows * f
     assert data.loc["layernorm_backward", "elements"] == 4 * rows * c + 2 * rows
     assert data.loc["permute_qkv", "elements"] == 2 * rows * 3 * c  # q, k and v of 4 heads of 16
+    vocab = 256
+    assert data.loc["cross_entropy_forward", "elements"] == rows * vocab + 4 * rows
+    assert data.loc["cross_entropy_backward", "elements"] == 2 * rows * vocab
     assert (data["bytes"] == 4 * data["elements"]).all()
     assert data["bandwidth_rank"].to_numpy() == pytest.approx((data["bytes"] / data["time_rankmean_median"]).to_numpy())
 
 
-def test_tensor_parallel_shapes_split_the_mlp(tmp_path):
-    result, out = elementwise(["--preset", "tiny", "--tokens", "32", "--tp", "2", "-k", "gelu_backward,adamw"], tmp_path)
+def test_tensor_parallel_shapes_split_the_mlp_and_the_vocabulary(tmp_path):
+    result, out = elementwise(["--preset", "tiny", "--tokens", "32", "--tp", "2", "-k",
+                               "gelu_backward,adamw,cross_entropy_row_sum_exp"], tmp_path)
     assert result.returncode == 0, result.stderr
     data = sr.read_cases_with_summary(str(out), "strata-elementwise").set_index("kernel")
     assert data.loc["gelu_backward", "elements"] == 4 * 32 * 128
+    assert data.loc["cross_entropy_row_sum_exp", "elements"] == 32 * 128 + 2 * 32  # half the vocabulary's 256 columns
     h, q, a, f = 64, 3 * 64 // 2, 64 // 2, 256 // 2  # one of two ranks' heads and MLP columns
     assert data.loc["adamw", "elements"] == 7 * (4 * h + (q * h + q) + (a * h + h) + (f * h + f) + (h * f + h))
 

@@ -18,18 +18,20 @@
 namespace strata {
 namespace {
 
-elementwise::LayerShape small_shape() { return {8, 16, 32, 3000, 4, 2, 4}; }
+elementwise::LayerShape small_shape() { return {10, 16, 32, 3000, 4, 2, 4, 37}; }
 
 TEST(ElementwiseKernels, EachChecksAgainstFloat64AndACorruptOutputFails) {
   // Every output element is checked: the statistics and parameter gradients beside the main output, the three
-  // tensors of a QKV split, AdamW's parameters and both moments.
+  // tensors of a QKV split, AdamW's parameters and both moments, the loss's row statistics beside the losses, the
+  // losses beside the logits' gradient.
   const elementwise::LayerShape s = small_shape();
-  const std::int64_t R = s.rows, C = s.channels, F = s.mlp, P = s.layer_parameters, D = s.head_dim;
+  const std::int64_t R = s.rows, C = s.channels, F = s.mlp, P = s.layer_parameters, D = s.head_dim, V = s.vocab;
   const std::map<std::string, std::int64_t> outputs = {
       {"layernorm_forward", R * C + 2 * R}, {"layernorm_backward", R * C + 2 * C}, {"gelu_forward", R * F},
       {"gelu_backward", R * F}, {"residual_forward", R * C}, {"copy", R * C},
       {"permute_qkv", R * (s.heads + 2 * s.kv_heads) * D}, {"permute_heads", R * s.heads * D}, {"add_bias", R * C},
-      {"accumulate", P}, {"adamw", 3 * P}};
+      {"accumulate", P}, {"adamw", 3 * P}, {"squared_norm", 1}, {"cross_entropy_forward", 4 * R},
+      {"cross_entropy_row_max", R}, {"cross_entropy_row_sum_exp", R}, {"cross_entropy_backward", R * V + R}};
   ASSERT_EQ(outputs.size(), elementwise::kernel_names().size());
   for (const std::string& kernel : elementwise::kernel_names()) {
     elementwise::Problem problem(kernel, s, 7, 1);
@@ -63,9 +65,9 @@ TEST(ElementwiseKernels, BytesAreTheElementsTheStepsTraceCounts) {
     const std::int64_t h = c.model.hidden, q = shard.qkv_channels(c.model), a = shard.attention_channels(c.model);
     const std::int64_t f = shard.mlp;
     const elementwise::LayerShape shape{c.micro_batch * c.seq, h, f, 4 * h + (q * h + q) + (a * h + h) + (f * h + f) + (h * f + h),
-                                        shard.heads, shard.kv_heads, c.model.head_dim()};
+                                        shard.heads, shard.kv_heads, c.model.head_dim(), shard.vocab_rows};
     std::set<std::string> seen;
-    std::map<std::string, bool> one_layer_seen = {{"adamw", false}};
+    std::map<std::string, bool> one_layer_seen = {{"adamw", false}, {"squared_norm", false}};
     for (const train::TraceOp& op : trace.ranks.at(0).ops) {
       if (op.kind != train::TraceOpKind::elementwise) continue;
       const std::string kernel(project::elementwise_kernel_of(op.name));
@@ -79,7 +81,11 @@ TEST(ElementwiseKernels, BytesAreTheElementsTheStepsTraceCounts) {
     for (const auto& [kernel, seen_once] : one_layer_seen)
       EXPECT_TRUE(seen_once) << "tp " << tp << ": no " << kernel << " over one layer's parameters";
     for (const char* name : {"ln1", "ln2", "lnf", "norm backward", "gelu", "gelu backward", "residual", "copy", "split heads",
-                             "merge qkv", "merge heads", "split head grads", "adamw"})
+                             "merge qkv", "merge heads", "split head grads", "adamw", "squared norm", "cross-entropy backward"})
+      EXPECT_TRUE(seen.count(name)) << "tp " << tp << ": the step traces no op named '" << name << "'";
+    // The loss: fused over the whole vocabulary on one rank, in pieces combined over the group under tensor parallelism.
+    for (const char* name : tp == 1 ? std::vector<const char*>{"cross-entropy"}
+                                    : std::vector<const char*>{"logit max", "sum of exponentials"})
       EXPECT_TRUE(seen.count(name)) << "tp " << tp << ": the step traces no op named '" << name << "'";
     // A row-parallel layer's bias is added after the sum of its partial outputs.
     if (tp > 1) {
