@@ -548,19 +548,34 @@ class Calibrator {
         continue;
       }
       ComputePeak& c = compute->second;
+      // One point per shape, as for GEMMs: the median of the runs that measured it.
+      using ShapeKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, bool>;
+      std::map<ShapeKey, std::vector<const AttentionMeasurement*>> by_shape;
+      for (const AttentionMeasurement* a : measured) {
+        const AttentionShape& h = a->shape;
+        by_shape[{h.batch, h.heads, h.kv_heads > 0 ? h.kv_heads : h.heads, h.seq_q, h.seq_kv, h.head_dim, h.causal}]
+            .push_back(a);
+      }
       std::vector<EfficiencyPoint> efficiencies;
       std::vector<double> point_spreads;
-      for (const AttentionMeasurement* a : measured) {
-        c.attention_points.push_back({a->shape, fitted(a->seconds, a->spread)});
+      for (const auto& [key_of_shape, runs] : by_shape) {
+        std::vector<double> times, spreads;
+        for (const AttentionMeasurement* a : runs) times.push_back(a->seconds), spreads.push_back(a->spread);
+        const double seconds = median_of(times);
+        const double between = runs.size() > 1 ? (*std::max_element(times.begin(), times.end()) -
+                                                  *std::min_element(times.begin(), times.end())) / (2 * seconds)
+                                               : 0;
+        const AttentionShape& shape = runs.front()->shape;
+        c.attention_points.push_back({shape, fitted(seconds, std::max(median_of(spreads), between))});
         point_spreads.push_back(c.attention_points.back().seconds.relative_spread);
-        efficiencies.push_back({a->shape.flops(), a->shape.flops() / (c.peak_flops.value * a->seconds)});
+        efficiencies.push_back({shape.flops(), shape.flops() / (c.peak_flops.value * seconds)});
       }
       const EfficiencyCurve curve = fit_efficiency(efficiencies,
-          "fitted: median efficiency per quarter decade of FLOPs of the " + std::to_string(measured.size()) + " " + pass +
+          "fitted: median efficiency per quarter decade of FLOPs of the " + std::to_string(by_shape.size()) + " " + pass +
           " attention_points (strata-attention flash, flash-attention FLOPs, " + input.provenance + ")",
           median_of(point_spreads));
       c.attention_efficiency[pass] = curve;
-      report.push_back("attention " + dtype + " " + pass + ": " + std::to_string(measured.size()) + " points, curve of " +
+      report.push_back("attention " + dtype + " " + pass + ": " + std::to_string(by_shape.size()) + " shapes, curve of " +
                        std::to_string(curve.points.size()) + " points from efficiency " +
                        format("%.3f", curve.points.front().efficiency) + " to " +
                        format("%.3f", curve.points.back().efficiency) + ", residual " + percent(curve.relative_spread));

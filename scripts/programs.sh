@@ -1,13 +1,16 @@
 # Sourced by the launch scripts: the suite runs of bench/programs.txt.
-#   strata_suite_runs ROOT cpu|gpu [NP]   prints "name<TAB>arguments" for each suite run of that kind; runs marked
-#                                         "even:" (two pipeline stages) only when NP is even or not given
+#   strata_suite_runs ROOT cpu|gpu [NP] [all|once|repeated]
+#                                         prints "name<TAB>arguments" for each suite run of that kind; runs marked
+#                                         "even:" (two pipeline stages) only when NP is even or not given; "repeated":
+#                                         only the runs marked "repeat:" (make run repeats them in passes), "once":
+#                                         only the others; "all" (the default): every run, each once
 #   strata_suite_programs ROOT       prints the names of the programs that have suite runs
 #   strata_args_variable NAME        the environment variable that replaces NAME's runs (strata-gemm -> STRATA_GEMM_ARGS)
 
 strata_trim() { local s=$1; s=${s#"${s%%[![:space:]]*}"}; printf '%s' "${s%"${s##*[![:space:]]}"}"; }
 
 strata_suite_runs() {
-  local root=$1 kind=$2 np=${3:-} name sources report runs run
+  local root=$1 kind=$2 np=${3:-} which=${4:-all} name sources report runs run repeat
   local -a list
   while IFS='|' read -r name sources report runs; do
     name=$(strata_trim "$name")
@@ -17,6 +20,13 @@ strata_suite_runs() {
     IFS=';' read -r -a list <<<"$runs"
     for run in "${list[@]}"; do
       run=$(strata_trim "$run")
+      repeat=0
+      if [[ $run == repeat:* ]]; then
+        repeat=1
+        run=$(strata_trim "${run#repeat:}")
+      fi
+      [[ $which == once && $repeat == 1 ]] && continue
+      [[ $which == repeated && $repeat == 0 ]] && continue
       if [[ $run == even:* ]]; then
         [[ -n $np && $((np % 2)) -ne 0 ]] && continue
         run=$(strata_trim "${run#even:}")

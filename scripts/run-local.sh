@@ -6,6 +6,8 @@
 #   STRATA_NP         ranks [cores, or GPUs]
 #   STRATA_OUTPUT     results file [results/runs/suite-<UTC time>.h5]
 #   STRATA_ITERS      timed iterations per case [10]
+#   STRATA_PASSES     passes over the runs bench/programs.txt marks "repeat:" (the steps and the kernels at their
+#                     shapes), after the other runs [3]
 #   STRATA_MPIRUN     mpirun command [mpirun]
 #   STRATA_SYSTEM     this machine's system description, fitted from the suite [results/runs/system-<UTC time>.json]
 set -euo pipefail
@@ -18,6 +20,8 @@ gpus=0
 if command -v nvidia-smi >/dev/null 2>&1; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
 np=${STRATA_NP:-$([ "$gpus" -gt 0 ] && echo "$gpus" || echo "$cores")}
 iters=${STRATA_ITERS:-10}
+passes=${STRATA_PASSES:-3}
+[[ $passes =~ ^[1-9][0-9]*$ ]] || { echo "run-local: STRATA_PASSES must be a whole number >= 1, not '$passes'" >&2; exit 2; }
 mkdir -p results/runs
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 output=${STRATA_OUTPUT:-results/runs/suite-$stamp.h5}
@@ -35,18 +39,29 @@ common=(--output "$output" --iters "$iters" --max-time 5)
 
 echo "[run-local] $np rank(s) on $(hostname) ($cores cores, $gpus GPUs) -> $output" >&2
 # The suite runs of bench/programs.txt; GPU runs only where there are GPUs (exit code 2 means this build has no
-# CUDA: say so and go on with what ran).
+# CUDA: say so and go on with what ran). The runs marked "repeat:" come last, in passes: the steps and the kernels
+# they are predicted from, each measured by several processes over the same minutes (calibrate takes the median of a
+# kernel's runs, validate of a step's).
 . scripts/programs.sh
-mapfile -t cpu_runs < <(strata_suite_runs . cpu "$np")
-for run in "${cpu_runs[@]}"; do
-  IFS=$'\t' read -r name args <<<"$run"
-  read -r -a argv <<<"$args"
-  "${mpirun[@]}" "$build/$name" "${argv[@]}" "${common[@]}"
-done
+run_suite() {
+  local run name args
+  for run in "$@"; do
+    IFS=$'\t' read -r name args <<<"$run"
+    read -r -a argv <<<"$args"
+    "${mpirun[@]}" "$build/$name" "${argv[@]}" "${common[@]}"
+  done
+}
+mapfile -t once_runs < <(strata_suite_runs . cpu "$np" once)
+mapfile -t repeated_runs < <(strata_suite_runs . cpu "$np" repeated)
+run_suite "${once_runs[@]}"
 # The contention of concurrent groups (strata-project calibrate) needs TP and DP groups of two or more ranks each.
 if [ "$gpus" -eq 0 ] && [ "$np" -ge 4 ] && [ $((np % 2)) -eq 0 ]; then
   "${mpirun[@]}" "$build/strata-collective" --grid "tp=2,dp=$((np / 2))" --mixed -a ring -b 64K -e 4M -f 4 "${common[@]}"
 fi
+for ((pass = 1; pass <= passes; pass++)); do
+  echo "[run-local] pass $pass of $passes: the steps and the kernels at their shapes" >&2
+  run_suite "${repeated_runs[@]}"
+done
 if [ "$gpus" -gt 0 ]; then
   mapfile -t gpu_runs < <(strata_suite_runs . gpu "$np")
   for run in "${gpu_runs[@]}"; do

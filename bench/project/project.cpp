@@ -23,6 +23,7 @@
 #include "bench/project/published.h"
 #include "bench/harness/json_file.h"
 #include "bench/project/calibration_input.h"
+#include "bench/harness/buffers.h"
 #include "bench/harness/check.h"
 #include "bench/harness/cli.h"
 #include "bench/harness/harness.h"
@@ -409,10 +410,11 @@ const Column& column_of(const Table& table, const std::string& name, const std::
 }
 
 struct MeasuredCase {
-  std::string file, run_id;
+  std::string file, run_id;  // the first run of the command that measured the case
   int64_t step_case = 0;
   double step_s = 0;
   std::map<std::string, double> phases;
+  int runs = 1;  // runs of the same command whose median step_s and phases are
 };
 
 // A measured strata-step case as a step to predict: the run's plan with the case's strategy, recomputation, stages
@@ -453,7 +455,10 @@ project::StepCase step_case_of(const Table& cases, std::size_t r, const StepPlan
 }
 
 // The cases of every strata-step run with status ok in the files, as steps to predict beside their measured step
-// and phases; `notes` names the runs skipped.
+// and phases; `notes` names the runs skipped. Runs of the same command (its flags but the output file, on as many
+// ranks and nodes: make run's passes, a job's repeats) measured the same cases in separate processes: each case is
+// predicted once and held to the median over those runs of its step and of each phase. A process's memory layout and
+// the machine's minute move a small step by 10-30 % on a shared VM; the median of a few processes is steadier.
 struct MeasuredSteps {
   std::vector<project::StepCase> steps;
   std::vector<MeasuredCase> measured;
@@ -462,6 +467,9 @@ struct MeasuredSteps {
 
 MeasuredSteps read_measured_steps(const std::vector<std::string>& files, bool exact) {
   MeasuredSteps out;
+  std::map<std::string, std::size_t> case_of_command;  // the command and case, as below, to its index in out
+  std::vector<std::vector<double>> step_runs;          // per case: each run's step, then each run's phases
+  std::vector<std::map<std::string, std::vector<double>>> phase_runs;
   for (const std::string& path : files) {
     const ResultsReader reader(path);
     std::size_t found = 0;
@@ -474,7 +482,10 @@ MeasuredSteps read_measured_steps(const std::vector<std::string>& files, bool ex
         out.notes.push_back(where + ": status " + (status.empty() ? "missing" : status) + ": skipped");
         continue;
       }
-      StepFlags f = step_flags_of(attrs.count("config_json") ? attrs.at("config_json") : "{}", where);
+      const std::string config_json = attrs.count("config_json") ? attrs.at("config_json") : "{}";
+      StepFlags f = step_flags_of(config_json, where);
+      nlohmann::json command = nlohmann::json::parse(config_json);  // parsed by step_flags_of already
+      command.erase("output");
       const int world = to_int(attrs.count("n_ranks") ? attrs.at("n_ranks") : "");
       const int run_nodes = to_int(attrs.count("n_nodes") ? attrs.at("n_nodes") : "");
       if (world < 1 || run_nodes < 1) throw BadResultsFile(where + ": no n_ranks or n_nodes attribute");
@@ -494,17 +505,29 @@ MeasuredSteps read_measured_steps(const std::vector<std::string>& files, bool ex
         const auto row = summary_row.find(index);
         if (row == summary_row.end()) continue;  // a case cut short: no summary
         const std::string case_where = where + " case " + std::to_string(index);
-        out.steps.push_back(step_case_of(cases, r, plan, f, world, run_nodes, exact, at_cases, case_where));
-        MeasuredCase m{path, id, index, column_of(summary, "time_rankmax_median", at_summary).reals.at(row->second), {}};
+        const std::string key = command.dump() + " ranks " + std::to_string(world) + " nodes " + std::to_string(run_nodes) +
+                                " case " + std::to_string(index);
+        auto [at, first] = case_of_command.emplace(key, out.steps.size());
+        if (first) {
+          out.steps.push_back(step_case_of(cases, r, plan, f, world, run_nodes, exact, at_cases, case_where));
+          out.measured.push_back(MeasuredCase{path, id, index, 0, {}, 0});
+          step_runs.emplace_back(), phase_runs.emplace_back();
+        }
+        const std::size_t c = at->second;
+        ++out.measured[c].runs;
+        step_runs[c].push_back(column_of(summary, "time_rankmax_median", at_summary).reals.at(row->second));
         for (const std::string& name : project::step_components())
-          m.phases[name] = column_of(summary, "phase_" + name, at_summary).reals.at(row->second);
-        out.measured.push_back(std::move(m));
+          phase_runs[c][name].push_back(column_of(summary, "phase_" + name, at_summary).reals.at(row->second));
         ++found;
       }
     }
     if (found == 0)
       throw UsageError(path + " holds no strata-step case of a run with status ok: nothing to validate (validate reads "
                        "strata-step runs; calibrate reads the benchmarks)");
+  }
+  for (std::size_t c = 0; c < out.measured.size(); ++c) {
+    out.measured[c].step_s = median_of(step_runs[c]);
+    for (const auto& [name, values] : phase_runs[c]) out.measured[c].phases[name] = median_of(values);
   }
   return out;
 }
@@ -516,18 +539,21 @@ Table validation_table() {
   validation.add_column("case", K::int64, "1", "the prediction's index in this run's prediction table")
       .add_column("step_file", K::string, "", "the file of the strata-step run").add_column("step_run", K::string, "", "its run id")
       .add_column("step_case", K::int64, "1", "the case in the strata-step run")
+      .add_column("step_runs", K::int64, "1", "runs of the same strata-step command measuring the case (step_run the first)")
       .add_column("label", K::string, "")
       .add_column("ranks", K::int64, "1").add_column("tp", K::int64, "1").add_column("pp", K::int64, "1")
       .add_column("dp", K::int64, "1").add_column("strategy", K::string, "").add_column("recompute", K::string, "")
       .add_column("schedule", K::string, "")
-      .add_column("step_time_measured", K::float64, "s", "median over timed steps of the per-step max over ranks")
+      .add_column("step_time_measured", K::float64, "s", "median over timed steps of the per-step max over ranks; over "
+                  "step_runs runs, the median of theirs")
       .add_column("step_time_predicted", K::float64, "s", "simulated: the last op's end over all ranks")
       .add_column("step_time_low", K::float64, "s", "at the faster end of the description's spreads")
       .add_column("step_time_high", K::float64, "s", "at the slower end of the description's spreads")
       .add_column("step_time_error", K::float64, "1", "predicted / measured - 1")
       .add_column("within_interval", K::int64, "1", "1: the measured step lies in [low, high]");
   for (const std::string& name : project::step_components())
-    validation.add_column("phase_" + name + "_measured", K::float64, "s", "median over timed steps, mean over ranks")
+    validation.add_column("phase_" + name + "_measured", K::float64, "s", "median over timed steps, mean over ranks (over "
+                          "step_runs runs, the median of theirs)")
         .add_column("phase_" + name + "_predicted", K::float64, "s", "simulated, mean over ranks")
         .add_column("phase_" + name + "_error", K::float64, "1", "(predicted - measured) / the measured step");
   return validation;
@@ -537,7 +563,7 @@ void add_validation_row(Table& validation, std::size_t i, const project::StepCas
                         const MeasuredCase& m) {
   const double error = p.prediction.step_s / m.step_s - 1;
   validation.set("case", static_cast<int64_t>(i)).set("step_file", m.file).set("step_run", m.run_id).set("step_case", m.step_case)
-      .set("label", s.label).set("ranks", static_cast<int64_t>(s.grid.size())).set("tp", s.grid.tp).set("pp", s.grid.pp)
+      .set("step_runs", static_cast<int64_t>(m.runs)).set("label", s.label).set("ranks", static_cast<int64_t>(s.grid.size())).set("tp", s.grid.tp).set("pp", s.grid.pp)
       .set("dp", s.grid.dp).set("strategy", s.config.strategy.name()).set("recompute", train::name(s.config.recompute))
       .set("schedule", train::name(s.config.schedule))
       .set("step_time_measured", m.step_s).set("step_time_predicted", p.prediction.step_s)
@@ -555,10 +581,13 @@ void add_validation_row(Table& validation, std::size_t i, const project::StepCas
 // The validation as a Markdown table: per case the measured and predicted step with its interval and error, and
 // each phase's error as a share of the measured step.
 void print_validation(const MeasuredSteps& in, const std::vector<project::PredictedStep>& predicted) {
+  int most_runs = 1;
+  for (const MeasuredCase& m : in.measured) most_runs = std::max(most_runs, m.runs);
   std::printf("# measured: median over timed steps of the per-step max over ranks; phases: median over steps, mean over "
-              "ranks. error: predicted / measured - 1; phase errors: (predicted - measured) / measured step, in %%\n");
-  std::string header = "| case | ranks | tp x pp x dp | strategy | measured | predicted [interval] | error |";
-  std::string rule = "|---|---|---|---|---|---|---|";
+              "ranks%s. error: predicted / measured - 1; phase errors: (predicted - measured) / measured step, in %%\n",
+              most_runs > 1 ? "; a case measured by several runs of its command: the median over them (runs column)" : "");
+  std::string header = "| case | ranks | tp x pp x dp | strategy | runs | measured | predicted [interval] | error |";
+  std::string rule = "|---|---|---|---|---|---|---|---|";
   for (const std::string& name : project::step_components()) header += " " + name + " |", rule += "---|";
   std::printf("%s\n%s\n", header.c_str(), rule.c_str());
   for (std::size_t i = 0; i < in.steps.size(); ++i) {
@@ -568,7 +597,7 @@ void print_validation(const MeasuredSteps& in, const std::vector<project::Predic
     std::string row = "| " + std::to_string(i) + " | " + std::to_string(s.grid.size()) + " | " + std::to_string(s.grid.tp) +
                       " x " + std::to_string(s.grid.pp) + " x " + std::to_string(s.grid.dp) + " | " + s.label +
                       (s.grid.pp > 1 ? " " + std::string(train::name(s.config.schedule)) : "") + " | " +
-                      duration(m.step_s) + " | " + duration(p.prediction.step_s) + " [" + duration(p.prediction.step_low_s) +
+                      std::to_string(m.runs) + " | " + duration(m.step_s) + " | " + duration(p.prediction.step_s) + " [" + duration(p.prediction.step_low_s) +
                       ", " + duration(p.prediction.step_high_s) + "] | " +
                       format_fixed(100 * (p.prediction.step_s / m.step_s - 1), 1) + "% |";
     for (const std::string& name : project::step_components())

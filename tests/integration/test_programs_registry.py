@@ -25,27 +25,39 @@ def test_every_registered_program_has_sources_and_is_built():
         assert report in (*SECTION_NAMES, "-"), f"{name}: unknown report section {report} (strata-report draws {SECTION_NAMES})"
 
 
-def suite_runs(kind: str, np: int | None = None) -> list[str]:
-    script = f'. "{ROOT}/scripts/programs.sh"; strata_suite_runs "{ROOT}" {kind} {np or ""}'
+def suite_runs(kind: str, np: int | None = None, which: str = "") -> list[str]:
+    script = f'. "{ROOT}/scripts/programs.sh"; strata_suite_runs "{ROOT}" {kind} "{np or ""}" {which}'
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.splitlines()
 
 
 def test_launch_scripts_read_the_suite_runs_of_the_registry():
-    expected = {(kind, np): [] for kind in ("cpu", "gpu") for np in (None, 2, 3)}
+    expected = {(kind, np, which): [] for kind in ("cpu", "gpu") for np in (None, 2, 3)
+                for which in ("all", "once", "repeated")}
     for name, _, _, runs in registry():
         if runs == "-":
             continue
         for run in runs.split(";"):
             run = run.strip()
+            repeat = run.startswith("repeat:")  # a run make run repeats in each pass
+            run = run[7:].strip() if repeat else run
             even = run.startswith("even:")  # a run for an even number of ranks: left out at an odd count
             run = run[5:].strip() if even else run
             kind = "gpu" if run.startswith("gpu:") else "cpu"
             run = run[4:].strip() if kind == "gpu" else run
             for np in (None, 2, 3):
                 if not (even and np == 3):
-                    expected[kind, np].append(f"{name}\t{run}")
-    for (kind, np), runs in expected.items():
-        assert suite_runs(kind, np) == runs, (kind, np)
+                    for which in ("all", "repeated" if repeat else "once"):
+                        expected[kind, np, which].append(f"{name}\t{run}")
+    for (kind, np, which), runs in expected.items():
+        assert suite_runs(kind, np, which) == runs, (kind, np, which)
+        if which == "all":
+            assert suite_runs(kind, np) == runs, (kind, np)
+    # The steps and the kernels at their shapes repeat; the general sweeps run once.
+    repeated = expected["cpu", None, "repeated"]
+    assert sum(line.startswith("strata-step\t") for line in repeated) == 4
+    assert any(line.startswith("strata-gemm\t") and "--preset tiny" in line for line in repeated)
+    assert any(line.startswith("strata-gemm\t") and "--square" in line for line in expected["cpu", None, "once"])
+    expected = {(kind, np): runs for (kind, np, which), runs in expected.items() if which == "all"}
     expected_cpu = expected["cpu", None]
     assert any(line.startswith("strata-step\t") and "--pp 2" in line for line in expected_cpu)
     assert len(expected["cpu", 3]) < len(expected_cpu)

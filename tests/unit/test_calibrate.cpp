@@ -154,6 +154,25 @@ TEST(CalibrateFits, EfficiencyCurveAndBootstrap) {
   EXPECT_EQ(again.low, m.low);  // seeded: the same interval every time
 }
 
+TEST(CalibrateFits, AShapeMeasuredBySeveralRunsIsOnePointAtTheirMedian) {
+  // make run's passes measure the steps' GEMM and attention shapes three times each: one point per shape, at the
+  // median of the three (a lookup takes a shape's first point, so three points would mean the first run alone).
+  CalibrationInput input;
+  input.peaks["fp32"] = {1e11, 0, "test"};
+  for (double seconds : {3e-4, 1e-4, 2e-4}) {
+    input.gemm.push_back({"fp32", 256, 192, 64, seconds, 0.01});
+    AttentionShape shape{4, 4, 4, 64, 64, 16, true, false};
+    input.attention.push_back({"fp32", shape, seconds / 10, 0.01});
+  }
+  const Calibration c = calibrate(input, nullptr, "");
+  const ComputePeak& fp32 = c.system.device.compute.at("fp32");
+  ASSERT_EQ(fp32.gemm_points.size(), 1u);
+  EXPECT_DOUBLE_EQ(fp32.gemm_points[0].seconds.value, 2e-4);
+  ASSERT_EQ(fp32.attention_points.size(), 1u);
+  EXPECT_DOUBLE_EQ(fp32.attention_points[0].seconds.value, 2e-5);
+  EXPECT_DOUBLE_EQ(fp32.attention_points[0].seconds.relative_spread, 0.5);  // (max - min) / (2 median)
+}
+
 TEST(CalibrateFits, OverlapFasterThanAloneIsNoise) {
   // Slowdowns below 1 on every case: the median (0.95 - 1) is noise; s is 0 and its source says so.
   CalibrationInput input;
