@@ -71,6 +71,17 @@ Quantity fitted(double value, double spread, std::string source = "") {
   return {significant(value, 5), significant(spread, 3), std::move(source)};
 }
 
+// One point of a shape measured by several runs (make run's passes): their median time, its spread the larger of the
+// runs' median spread and half their range over the median.
+template <typename Measurement>
+Quantity median_over_runs(const std::vector<const Measurement*>& runs) {
+  std::vector<double> times, spreads;
+  for (const Measurement* m : runs) times.push_back(m->seconds), spreads.push_back(m->spread);
+  const double seconds = median_of(times);
+  const auto [low, high] = std::minmax_element(times.begin(), times.end());
+  return fitted(seconds, std::max(median_of(spreads), (*high - *low) / (2 * seconds)));
+}
+
 // Relative standard error, 0 where the value is 0 (a bound that binds carries no spread of its own).
 double relative(double se, double value) { return value > 0 ? se / value : 0; }
 
@@ -505,14 +516,8 @@ class Calibrator {
       std::vector<double> point_spreads;
       double lowest = 1e300, highest = 0;
       for (const auto& [shape, cases] : by_shape) {
-        std::vector<double> times, spreads;
-        for (const GemmMeasurement* g : cases) times.push_back(g->seconds), spreads.push_back(g->spread);
-        const double seconds = median_of(times);
-        const double between = cases.size() > 1 ? (*std::max_element(times.begin(), times.end()) -
-                                                   *std::min_element(times.begin(), times.end())) / (2 * seconds)
-                                                : 0;
-        GemmPoint p{std::get<0>(shape), std::get<1>(shape), std::get<2>(shape),
-                    fitted(seconds, std::max(median_of(spreads), between))};
+        GemmPoint p{std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), median_over_runs(cases)};
+        const double seconds = p.seconds.value;
         point_spreads.push_back(p.seconds.relative_spread);
         const double efficiency = p.flops() / (c.peak_flops.value * seconds);
         lowest = std::min(lowest, efficiency), highest = std::max(highest, efficiency);
@@ -559,14 +564,9 @@ class Calibrator {
       std::vector<EfficiencyPoint> efficiencies;
       std::vector<double> point_spreads;
       for (const auto& [key_of_shape, runs] : by_shape) {
-        std::vector<double> times, spreads;
-        for (const AttentionMeasurement* a : runs) times.push_back(a->seconds), spreads.push_back(a->spread);
-        const double seconds = median_of(times);
-        const double between = runs.size() > 1 ? (*std::max_element(times.begin(), times.end()) -
-                                                  *std::min_element(times.begin(), times.end())) / (2 * seconds)
-                                               : 0;
         const AttentionShape& shape = runs.front()->shape;
-        c.attention_points.push_back({shape, fitted(seconds, std::max(median_of(spreads), between))});
+        c.attention_points.push_back({shape, median_over_runs(runs)});
+        const double seconds = c.attention_points.back().seconds.value;
         point_spreads.push_back(c.attention_points.back().seconds.relative_spread);
         efficiencies.push_back({shape.flops(), shape.flops() / (c.peak_flops.value * seconds)});
       }
@@ -625,7 +625,8 @@ class Calibrator {
 
   // The step's elementwise kernels at its shapes: each kernel's bytes over its seconds (every shape measured), and all
   // of them together for the step's elementwise ops no kernel of them runs. Without them the memory figures above
-  // time every elementwise op.
+  // time every elementwise op. The loss's kernels stay out of the rate together: an exponential per logit bounds
+  // them, not memory, and the ops timed at that rate (zeroing, copies of the embedding, the positions) are memory's.
   void fit_elementwise() {
     if (!input.elementwise.empty()) {
       std::map<std::string, std::pair<double, double>> sums;  // kernel -> (bytes, seconds)
@@ -634,6 +635,7 @@ class Calibrator {
       for (const ElementwiseMeasurement& e : input.elementwise) {
         sums[e.kernel].first += e.bytes, sums[e.kernel].second += e.seconds;
         spreads[e.kernel] = std::max(spreads[e.kernel], e.spread);
+        if (e.kernel.starts_with("cross_entropy")) continue;
         bytes += e.bytes, seconds += e.seconds, widest = std::max(widest, e.spread);
       }
       std::string rates;
@@ -641,7 +643,9 @@ class Calibrator {
         s.device.elementwise_kernels[kernel] = fitted(sum.first / sum.second, spreads[kernel], "measured: strata-elementwise");
         rates += (rates.empty() ? "" : ", ") + kernel + " " + si(sum.first / sum.second, "B/s");
       }
-      s.device.elementwise_bandwidth = fitted(bytes / seconds, widest, "measured: strata-elementwise, every kernel's bytes over their seconds");
+      if (seconds > 0)
+        s.device.elementwise_bandwidth = fitted(bytes / seconds, widest,
+                                                "measured: strata-elementwise, every kernel's bytes over their seconds but the loss's");
       report.push_back("elementwise kernels: " + rates + "; together " + si(bytes / seconds, "B/s"));
     }
   }

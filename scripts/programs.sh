@@ -10,8 +10,9 @@
 strata_trim() { local s=$1; s=${s#"${s%%[![:space:]]*}"}; printf '%s' "${s%"${s##*[![:space:]]}"}"; }
 
 strata_suite_runs() {
-  local root=$1 kind=$2 np=${3:-} which=${4:-all} name sources report runs run repeat
+  local root=$1 kind=$2 np=${3:-} which=${4:-all} name sources report runs run repeat even
   local -a list
+  case $which in all | once | repeated) ;; *) echo "strata_suite_runs: unknown selection '$which' (all, once, repeated)" >&2; return 2 ;; esac
   while IFS='|' read -r name sources report runs; do
     name=$(strata_trim "$name")
     [[ -z $name || $name == \#* ]] && continue
@@ -20,17 +21,14 @@ strata_suite_runs() {
     IFS=';' read -r -a list <<<"$runs"
     for run in "${list[@]}"; do
       run=$(strata_trim "$run")
-      repeat=0
-      if [[ $run == repeat:* ]]; then
-        repeat=1
-        run=$(strata_trim "${run#repeat:}")
-      fi
+      repeat=0 even=0
+      while [[ $run == repeat:* || $run == even:* ]]; do  # the markers, in either order
+        if [[ $run == repeat:* ]]; then repeat=1 run=$(strata_trim "${run#repeat:}"); fi
+        if [[ $run == even:* ]]; then even=1 run=$(strata_trim "${run#even:}"); fi
+      done
       [[ $which == once && $repeat == 1 ]] && continue
       [[ $which == repeated && $repeat == 0 ]] && continue
-      if [[ $run == even:* ]]; then
-        [[ -n $np && $((np % 2)) -ne 0 ]] && continue
-        run=$(strata_trim "${run#even:}")
-      fi
+      [[ $even == 1 && -n $np && $((np % 2)) -ne 0 ]] && continue
       if [[ $run == gpu:* ]]; then
         [ "$kind" = gpu ] && printf '%s\t%s\n' "$name" "$(strata_trim "${run#gpu:}")"
       else

@@ -117,9 +117,9 @@ Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed
   } else if (kernel_ == "squared_norm") {  // sum of a's squares into x[0]
     a_ = buffer(P), x_ = buffer(1);
   } else if (kernel_.starts_with("cross_entropy")) {
-    // Logits a (R, V); outputs x (the kernel's first: losses, a row statistic, or the logits' gradient), y (losses,
-    // beside the gradient), and the row statistics b (max, sum of exponentials, target logit) as the forward leaves
-    // them for the kernels that read them.
+    // Logits a (R, V); outputs x (the kernel's first: losses, a row statistic, or the logits' gradient, which the
+    // step writes over the logits: x starts as a copy of them), y (losses, beside the gradient), and the row statistics
+    // b (max, sum of exponentials, target logit) as the forward leaves them for the kernels that read them.
     targets_.resize(R);
     std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(V) - 1);
     for (std::size_t i = 0; i < R; ++i) targets_[i] = i % 5 == 4 ? -1 : token(rng);
@@ -127,7 +127,7 @@ Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed
     PageAlignedFloats losses = page_aligned_floats(R);
     layers::softmax_cross_entropy(losses.get(), nullptr, b_.get(), a_.get(), targets_.data(), 1.0f, vocab_slice(), options_);
     if (kernel_ == "cross_entropy_forward") x_ = buffer(R), y_ = buffer(3 * R);
-    else if (kernel_ == "cross_entropy_backward") x_ = buffer(R * V), y_ = buffer(R);
+    else if (kernel_ == "cross_entropy_backward") x_ = buffer(R * V), y_ = buffer(R), std::copy(a_.get(), a_.get() + R * V, x_.get());
     else x_ = buffer(R);
   } else {  // adamw: parameters x, gradients a, moments y (first) and z (second, positive)
     x_ = buffer(P), a_ = buffer(P, -1e-2f, 1e-2f), y_ = buffer(P, -1e-3f, 1e-3f), z_ = buffer(P, 1e-6f, 1e-4f);
@@ -175,7 +175,8 @@ void Problem::run() {
   else if (kernel_ == "cross_entropy_row_sum_exp")
     layers::cross_entropy_row_sum_exp(x_.get(), a_.get(), b_.get(), vocab_slice(), options_);
   else if (kernel_ == "cross_entropy_backward")
-    layers::cross_entropy_loss_and_grad(y_.get(), x_.get(), a_.get(), targets_.data(), b_.get(), b_.get() + R, b_.get() + 2 * R,
+    // In place, as the step: a timed run after the first reads the gradient as logits (finite, below the row max).
+    layers::cross_entropy_loss_and_grad(y_.get(), x_.get(), x_.get(), targets_.data(), b_.get(), b_.get() + R, b_.get() + 2 * R,
                                         counted_normaliser(), vocab_slice(), options_);
   else
     layers::adamw_update(x_.get(), a_.get(), y_.get(), z_.get(), P, kAdamW, step_, 1.0f, options_);
@@ -211,7 +212,7 @@ void Problem::prepare_check() {
   } else if (kernel_.starts_with("cross_entropy")) {
     const std::size_t V = static_cast<std::size_t>(shape_.vocab);
     if (kernel_ == "cross_entropy_forward") std::fill(x_.get(), x_.get() + R, nan), std::fill(y_.get(), y_.get() + 3 * R, nan);
-    else if (kernel_ == "cross_entropy_backward") std::fill(x_.get(), x_.get() + R * V, nan), std::fill(y_.get(), y_.get() + R, nan);
+    else if (kernel_ == "cross_entropy_backward") std::copy(a_.get(), a_.get() + R * V, x_.get()), std::fill(y_.get(), y_.get() + R, nan);
     else std::fill(x_.get(), x_.get() + R, nan);
   } else {
     std::copy(x0_.begin(), x0_.end(), x_.get()), std::copy(y0_.begin(), y0_.end(), y_.get());
@@ -284,15 +285,16 @@ CheckResult Problem::check() const {
     const std::size_t V = static_cast<std::size_t>(shape_.vocab);
     // Each row's statistics in float64: its max, its sum of exponentials from the fp32 max the kernels read (b), the
     // target's logit (0 for a row that does not count); the losses and gradient from the float64 reference.
-    std::vector<double> row_max(R), row_sum(R), target_logit(R), losses(R), dlogits(R * V);
+    const bool gradient = kernel_ == "cross_entropy_backward";
+    std::vector<double> row_max(R), row_sum(R), target_logit(R), losses(R), dlogits(gradient ? R * V : 0);
     for (std::size_t i = 0; i < R; ++i) {
       const float* row = a_.get() + i * V;
       row_max[i] = *std::max_element(row, row + V);
       for (std::size_t c = 0; c < V; ++c) row_sum[i] += std::exp(static_cast<double>(row[c]) - b_[i]);
       target_logit[i] = targets_[i] < 0 ? 0.0 : row[targets_[i]];
     }
-    ref::cross_entropy(losses.data(), dlogits.data(), widen(a_.get(), R * V).data(), targets_.data(), R, V,
-                       counted_normaliser());
+    ref::cross_entropy(losses.data(), gradient ? dlogits.data() : nullptr, widen(a_.get(), R * V).data(), targets_.data(),
+                       R, V, counted_normaliser());
     if (kernel_ == "cross_entropy_forward") {
       compare(r, x_.get(), losses), compare(r, y_.get(), row_max), compare(r, y_.get() + R, row_sum);
       compare(r, y_.get() + 2 * R, target_logit);

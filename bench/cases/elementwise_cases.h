@@ -47,7 +47,7 @@ class Problem {
   Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed, int threads);
   void run();
   // Fresh outputs for one checked run: NaN where the kernel overwrites, zero where it accumulates, AdamW's state
-  // as it started.
+  // as it started, the logits where the loss's gradient overwrites them.
   void prepare_check();
   // Every output element of the run since prepare_check() against the float64 reference.
   CheckResult check() const;

@@ -169,6 +169,29 @@ def test_validate_measured_steps(measured, tmp_path):
     assert (tmp_path / "r" / "validation_phases.png").exists() and (tmp_path / "r" / "prediction_phases.png").exists()
 
 
+def test_runs_of_the_same_command_are_one_case_held_to_their_median(measured, tmp_path):
+    """make run's passes: the same strata-step command three times into one file is one validated case at the median
+    of the three runs' steps; the same command with other flags (here --iters) is a case of its own."""
+    folder, _, _, system = measured
+    steps = str(tmp_path / "repeated.h5")
+    tiny = ["--model", "tiny", "--seq", "32", "--micro-batch", "2", "--accumulation", "2", "--zero", "0", "--group-size", "1"]
+    for iters in ("3", "3", "3", "4"):
+        result = mpirun(2, [program("strata-step"), *tiny, "-n", iters, "-w", "1", "-q", "--output", steps], cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr[-2000:]
+    measured_steps = []
+    with h5py.File(steps, "r") as f:
+        for g in f["runs"].values():
+            if json.loads(g.attrs["config_json"])["iters"] == 3:
+                measured_steps.append(float(g["summary"]["time_rankmax_median"][0]))
+    out = tmp_path / "v.h5"
+    result = project(["validate", steps, "--system", system, "-O", str(out)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    _, rows, _ = read_table(str(out), "validation")
+    assert rows["step_runs"] == [3, 1]
+    assert rows["step_time_measured"][0] == pytest.approx(sorted(measured_steps)[1], rel=1e-12)
+    assert "| runs |" in result.stdout
+
+
 def untouched(tmp_path, name="kept.h5"):
     """A results file holding an earlier run, and its digest: a refused command must leave it byte for byte."""
     out = tmp_path / name
