@@ -643,10 +643,12 @@ class Calibrator {
         s.device.elementwise_kernels[kernel] = fitted(sum.first / sum.second, spreads[kernel], "measured: strata-elementwise");
         rates += (rates.empty() ? "" : ", ") + kernel + " " + si(sum.first / sum.second, "B/s");
       }
-      if (seconds > 0)
+      if (seconds > 0) {
         s.device.elementwise_bandwidth = fitted(bytes / seconds, widest,
                                                 "measured: strata-elementwise, every kernel's bytes over their seconds but the loss's");
-      report.push_back("elementwise kernels: " + rates + "; together " + si(bytes / seconds, "B/s"));
+        rates += "; together " + si(bytes / seconds, "B/s");
+      }
+      report.push_back("elementwise kernels: " + rates);
     }
   }
 

@@ -44,7 +44,7 @@ echo "[run-local] $np rank(s) on $(hostname) ($cores cores, $gpus GPUs) -> $outp
 # kernel's runs, validate of a step's).
 . scripts/programs.sh
 run_suite() {
-  local run name args
+  local run name args argv
   for run in "$@"; do
     IFS=$'\t' read -r name args <<<"$run"
     read -r -a argv <<<"$args"

@@ -63,10 +63,10 @@ class Problem {
   LayerShape shape_;
   layers::CpuOptions options_;
   layers::VocabSlice vocab_slice() const;
-  float counted_normaliser() const { return static_cast<float>(layers::counted_targets(targets_.data(), targets_.size())); }
   // Inputs a, b, c (as the kernel needs them) and outputs x, y, z; page-aligned, allocated once.
   PageAlignedFloats a_, b_, c_, x_, y_, z_;
   std::vector<std::int32_t> targets_;  // the loss's kernels: one per row, every fifth row not counted (-1)
+  float normaliser_ = 1;                // the loss's kernels: the rows that count, worked out once as the step does
   std::vector<float> x0_, y0_, z0_;  // AdamW's starting parameters and moments, restored before a check
   long step_ = 1;
 };

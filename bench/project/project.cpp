@@ -414,7 +414,7 @@ struct MeasuredCase {
   int64_t step_case = 0;
   double step_s = 0;
   std::map<std::string, double> phases;
-  int runs = 1;  // runs of the same command whose median step_s and phases are
+  int runs = 1;  // runs of the same command whose median step_s and phases are (the first's file and id above)
 };
 
 // A measured strata-step case as a step to predict: the run's plan with the case's strategy, recomputation, stages
@@ -468,8 +468,8 @@ struct MeasuredSteps {
 MeasuredSteps read_measured_steps(const std::vector<std::string>& files, bool exact) {
   MeasuredSteps out;
   std::map<std::string, std::size_t> case_of_command;  // the command and case, as below, to its index in out
-  std::vector<std::vector<double>> step_runs;          // per case: each run's step, then each run's phases
-  std::vector<std::map<std::string, std::vector<double>>> phase_runs;
+  std::vector<std::vector<double>> step_runs;          // per case: each run's step
+  std::vector<std::map<std::string, std::vector<double>>> phase_runs;  // per case and phase: each run's
   for (const std::string& path : files) {
     const ResultsReader reader(path);
     std::size_t found = 0;
@@ -510,11 +510,10 @@ MeasuredSteps read_measured_steps(const std::vector<std::string>& files, bool ex
         auto [at, first] = case_of_command.emplace(key, out.steps.size());
         if (first) {
           out.steps.push_back(step_case_of(cases, r, plan, f, world, run_nodes, exact, at_cases, case_where));
-          out.measured.push_back(MeasuredCase{path, id, index, 0, {}, 0});
+          out.measured.push_back(MeasuredCase{path, id, index, 0, {}, 1});
           step_runs.emplace_back(), phase_runs.emplace_back();
         }
         const std::size_t c = at->second;
-        ++out.measured[c].runs;
         step_runs[c].push_back(column_of(summary, "time_rankmax_median", at_summary).reals.at(row->second));
         for (const std::string& name : project::step_components())
           phase_runs[c][name].push_back(column_of(summary, "phase_" + name, at_summary).reals.at(row->second));
@@ -526,6 +525,7 @@ MeasuredSteps read_measured_steps(const std::vector<std::string>& files, bool ex
                        "strata-step runs; calibrate reads the benchmarks)");
   }
   for (std::size_t c = 0; c < out.measured.size(); ++c) {
+    out.measured[c].runs = static_cast<int>(step_runs[c].size());
     out.measured[c].step_s = median_of(step_runs[c]);
     for (const auto& [name, values] : phase_runs[c]) out.measured[c].phases[name] = median_of(values);
   }
