@@ -415,6 +415,20 @@ SizeSeries series_of(const std::vector<std::pair<double, double>>& bytes_seconds
   return series;
 }
 
+// A collective's measured sizes: per size, the median over its runs, spread half their range relative to it.
+std::vector<CollectivePoint> measured_points(const std::vector<std::pair<double, double>>& bytes_seconds) {
+  std::map<double, std::vector<double>> by_size;
+  for (const auto& [bytes, seconds] : bytes_seconds)
+    if (bytes > 0 && seconds > 0) by_size[bytes].push_back(seconds);
+  std::vector<CollectivePoint> points;
+  for (const auto& [bytes, times] : by_size) {
+    const double median = median_of(times);
+    const auto [low, high] = std::minmax_element(times.begin(), times.end());
+    points.push_back({bytes, fitted(median, (*high - *low) / (2 * median))});
+  }
+  return points;
+}
+
 std::string range_text(const SizeRange& r, double lower) {
   std::string span = std::isinf(r.up_to_bytes) ? "> " + bytes_text(lower) : "<= " + bytes_text(r.up_to_bytes);
   if (lower == 0 && std::isinf(r.up_to_bytes)) span = "all sizes";
@@ -488,7 +502,7 @@ class Calibrator {
   }
 
  private:
-  using Key = std::tuple<coll::Operation, std::string, GroupKind, int>;
+  using Key = std::tuple<coll::Operation, std::string, GroupKind, int, bool>;  // ..., ranks, blocking
 
   std::string based(const std::string& source) const { return source.empty() ? from_base : from_base + " (" + source + ")"; }
   Quantity based_quantity(Quantity q) const {
@@ -656,14 +670,14 @@ class Calibrator {
   void fit_collectives() {
     std::map<Key, std::vector<std::pair<double, double>>> by_key;
     for (const CollectiveMeasurement& m : input.collectives) {
-      const Key key{m.op, m.algorithm, m.group, m.ranks};
+      const Key key{m.op, m.algorithm, m.group, m.ranks, m.blocking};
       by_key[key].emplace_back(m.bytes, m.seconds);
       emulated[key] = emulated[key] || (m.emulated && m.group != GroupKind::intra_node);
     }
     for (const auto& [key, points] : by_key) {
-      const auto& [op, algorithm, group, ranks] = key;
+      const auto& [op, algorithm, group, ranks, blocking] = key;
       const std::string name = std::string(coll::name(op)) + " " + algorithm + " " + group_kind_name(group) +
-                               " n=" + std::to_string(ranks);
+                               " n=" + std::to_string(ranks) + (blocking ? " blocking" : "");
       const SizeSeries series = series_of(points, coll::bus_factor(op, ranks));
       if (series.bytes.size() < 3) {
         report.push_back(name + ": " + std::to_string(series.bytes.size()) + " size(s), fewer than 3: not fitted");
@@ -671,9 +685,12 @@ class Calibrator {
       }
       const std::string source =
           "fitted: strata-collective, " + std::to_string(series.bytes.size()) + " sizes " + bytes_text(series.bytes.front()) +
-          " to " + bytes_text(series.bytes.back()) + ", medians of the per-iteration max over ranks (" + input.provenance +
+          " to " + bytes_text(series.bytes.back()) + (blocking ? " timed one call at a time (--mode blocking)" : "") +
+          ", medians of the per-iteration max over ranks (" + input.provenance +
           ")" + (emulated.at(key) ? "; nodes emulated on one machine (--ranks-per-node): shared memory, not a network" : "");
       s.collectives.push_back(fit_collective(op, algorithm, group, ranks, series, source));
+      s.collectives.back().blocking = blocking;
+      s.collectives.back().points = measured_points(points);
       report.push_back(name + ": " + model_text(s.collectives.back()));
     }
   }
@@ -707,18 +724,21 @@ class Calibrator {
     }
     // Without point-to-point sizes: the tier's ring figures from its best-covered fitted allreduce (ring first).
     const CollectiveModel* best = nullptr;
-    for (const char* algorithm : {"ring", "library"})
+    for (const bool blocking : {false, true}) {  // the tier's bandwidth is a stream's: pipelined sizes first
+      for (const char* algorithm : {"ring", "library"})
+        for (const CollectiveModel& m : s.collectives)
+          if (!best && m.group == kind && m.blocking == blocking && m.op == coll::Operation::allreduce && m.algorithm == algorithm)
+            best = &m;
       for (const CollectiveModel& m : s.collectives)
-        if (!best && m.group == kind && m.op == coll::Operation::allreduce && m.algorithm == algorithm) best = &m;
-    for (const CollectiveModel& m : s.collectives)
-      if (!best && m.group == kind) best = &m;
+        if (!best && m.group == kind && m.blocking == blocking) best = &m;
+    }
     if (best) {
       const bool chunked = best->form == CollectiveForm::chunked;
       tier.latency = chunked ? best->chunked.latency : best->ranges.front().model.latency;
       tier.bandwidth = chunked ? best->chunked.bandwidth : best->ranges.back().model.bandwidth;
       const std::string source = std::string("from the fitted ") + std::string(coll::name(best->op)) + " " + best->algorithm +
-                                 " (busbw is a ring's link bandwidth)" + (emulated.count({best->op, best->algorithm, kind, best->ranks}) &&
-                                 emulated.at({best->op, best->algorithm, kind, best->ranks}) ? "; emulated nodes" : "");
+                                 " (busbw is a ring's link bandwidth)" + (emulated.count({best->op, best->algorithm, kind, best->ranks, best->blocking}) &&
+                                 emulated.at({best->op, best->algorithm, kind, best->ranks, best->blocking}) ? "; emulated nodes" : "");
       tier.latency.source = source;
       tier.bandwidth.source = source;
       tier.source = "measured";
@@ -746,7 +766,8 @@ class Calibrator {
     if (base)
       for (const CollectiveModel& m : base->collectives) {
         const bool measured = std::any_of(s.collectives.begin(), s.collectives.end(), [&m](const CollectiveModel& f) {
-          return f.op == m.op && f.algorithm == m.algorithm && f.group == m.group && f.ranks == m.ranks;
+          return f.op == m.op && f.algorithm == m.algorithm && f.group == m.group && f.ranks == m.ranks &&
+                 f.blocking == m.blocking;
         });
         if (measured) continue;
         CollectiveModel kept = m;

@@ -114,6 +114,7 @@ struct CollectiveMeasurement {
   double bytes = 0;    // S (nccl-tests)
   double seconds = 0;  // median over iterations of the per-iteration max over ranks
   bool emulated = false;  // the nodes were emulated on one machine (--ranks-per-node)
+  bool blocking = false;  // timed one call at a time (strata-collective --mode blocking); else pipelined
 };
 
 // A ring neighbour exchange (strata-collective's sendrecv): every rank sends S to one peer and receives S, so its

@@ -159,6 +159,7 @@ Op CompactRuns::communication_op(const train::StepTrace& trace, const train::Tra
     op.bytes = collective_bytes(t, size, options.element_bytes);
     op.stream = communication_stream(t.group);
     op.algorithm = costed_algorithm(trace, t, options);
+    op.blocking = t.blocking;
   } else {
     op.peer = t.peer;
     op.bytes = t.count * element_bytes_of(t, options.element_bytes);

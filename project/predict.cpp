@@ -178,6 +178,7 @@ System spread_end(const System& system, int direction) {
     model.chunked.latency.value *= f;
     model.chunked.per_chunk.value *= f;
     model.chunked.bandwidth.value /= f;
+    for (CollectivePoint& p : model.points) scale_time(p.seconds, direction);
   }
   scale_time(s.overlap_slowdown, direction);
   return s;

@@ -563,7 +563,8 @@ class Simulator {
       if (static_cast<int>(instance.reached.size()) == facts.traced_members) {
         const Op& op = workload_.ranks[r].ops[static_cast<size_t>(i)];
         const double duration = system_->collective_seconds(op.collective, op.algorithm, facts.kind, op.bytes,
-                                                           static_cast<int>(facts.group->ranks.size()), facts.per_node);
+                                                           static_cast<int>(facts.group->ranks.size()), facts.per_node,
+                                                           op.blocking);
         for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
       }
     } else if (s.kind == OpKind::send) {

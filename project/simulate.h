@@ -12,7 +12,8 @@
 //   * memory efficiency).
 // - A collective is matched across its group by (group id, sequence number of the collective on that group in
 //   each member's list). It starts when the last traced member reaches it and ends at the same time on every
-//   member: the system's model of that operation and algorithm for the group's kind (all n members on one node
+//   member: the system's model of that operation and algorithm (its blocking-mode model first for an op the rank
+//   waits for alone, Op::blocking) for the group's kind (all n members on one node
 //   (rank / devices_per_node): intra_node; one per node: inter_node; else hierarchical), else alpha + S *
 //   coll::bus_factor(n) / beta on the intra-node tier when all share a node, else on the inter-node tier
 //   (System::collective_seconds). Members that are not traced are stood for by a traced rank
@@ -70,6 +71,9 @@ struct Op {
   coll::Operation collective = coll::Operation::allreduce;
   std::string algorithm = "ring";  // as strata-collective names it; the system's model of it, else its tier's ring
   int group = -1;  // collective
+  // collective: the rank waits for it alone, right after starting it; timed by the system's blocking-mode model of
+  // the operation where it has one (System::collective_seconds).
+  bool blocking = false;
   int peer = -1;   // send: destination rank; recv: source rank
 };
 

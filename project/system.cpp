@@ -241,6 +241,14 @@ const char* collective_form_name(CollectiveForm form) {
 
 double CollectiveModel::seconds(double bytes, int group_ranks) const {
   if (group_ranks <= 1) return 0;  // a group of one moves nothing
+  if (group_ranks == ranks && !points.empty() && bytes >= points.front().bytes && bytes <= points.back().bytes) {
+    const auto above = std::lower_bound(points.begin(), points.end(), bytes,
+                                        [](const CollectivePoint& p, double b) { return p.bytes < b; });
+    if (above->bytes == bytes) return above->seconds.value;
+    const CollectivePoint& below = *std::prev(above);
+    const double t = std::log(bytes / below.bytes) / std::log(above->bytes / below.bytes);
+    return below.seconds.value * std::pow(above->seconds.value / below.seconds.value, t);
+  }
   const double x = bytes * coll::bus_factor(op, group_ranks);
   if (form == CollectiveForm::chunked)
     return chunked.latency.value + std::ceil(x / chunked.chunk_bytes) * chunked.per_chunk.value +
@@ -252,17 +260,22 @@ double CollectiveModel::seconds(double bytes, int group_ranks) const {
 }
 
 const CollectiveModel* System::find_collective(coll::Operation op, std::string_view algorithm, GroupKind kind,
-                                               int ranks) const {
-  const CollectiveModel* best = nullptr;
-  double best_distance = 0;
-  for (const CollectiveModel& m : collectives) {
-    if (m.op != op || m.algorithm != algorithm || m.group != kind) continue;
-    // Nearest measured group size in log terms; of two equally near, the larger.
-    const double distance = std::abs(std::log(static_cast<double>(m.ranks)) - std::log(std::max(1, ranks)));
-    if (!best || distance < best_distance - 1e-12 || (distance <= best_distance + 1e-12 && m.ranks > best->ranks))
-      best = &m, best_distance = distance;
-  }
-  return best;
+                                               int ranks, bool blocking) const {
+  auto nearest = [&](bool mode) {
+    const CollectiveModel* best = nullptr;
+    double best_distance = 0;
+    for (const CollectiveModel& m : collectives) {
+      if (m.op != op || m.algorithm != algorithm || m.group != kind || m.blocking != mode) continue;
+      // Nearest measured group size in log terms; of two equally near, the larger.
+      const double distance = std::abs(std::log(static_cast<double>(m.ranks)) - std::log(std::max(1, ranks)));
+      if (!best || distance < best_distance - 1e-12 || (distance <= best_distance + 1e-12 && m.ranks > best->ranks))
+        best = &m, best_distance = distance;
+    }
+    return best;
+  };
+  if (blocking)
+    if (const CollectiveModel* m = nearest(true)) return m;
+  return nearest(false);
 }
 
 double RingLatency::seconds(double bus_bytes, double bandwidth, int ranks, int nodes) const {
@@ -281,9 +294,9 @@ double RingLatency::seconds(double bus_bytes, double bandwidth, int ranks, int n
 bool runs_as_library_ring(std::string_view algorithm) { return algorithm == "library" || algorithm == "ring"; }
 
 double System::collective_seconds(coll::Operation op, std::string_view algorithm, GroupKind kind, double bytes, int ranks,
-                                  int per_node) const {
+                                  int per_node, bool blocking) const {
   if (ranks <= 1) return 0;
-  if (const CollectiveModel* m = find_collective(op, algorithm, kind, ranks)) return m->seconds(bytes, ranks);
+  if (const CollectiveModel* m = find_collective(op, algorithm, kind, ranks, blocking)) return m->seconds(bytes, ranks);
   if (kind == GroupKind::intra_node) return intra_node.collective_seconds(op, bytes, ranks);
   const double across = inter_node.bandwidth_of(op).value;
   const bool one_per_node = kind == GroupKind::inter_node || per_node <= 1;
@@ -422,6 +435,13 @@ std::optional<std::string> check_collective(const std::string& field, const Coll
   }
   for (const auto& [form, residual] : m.compared)
     if (auto p = check_residual(field + ".compared." + form, residual)) return p;
+  for (size_t i = 0; i < m.points.size(); ++i) {
+    const std::string f = field + ".points[" + std::to_string(i) + "]";
+    const CollectivePoint& point = m.points[i];
+    if (!std::isfinite(point.bytes) || point.bytes <= 0) return f + ".bytes must be positive (got " + number(point.bytes) + ")";
+    if (i > 0 && point.bytes <= m.points[i - 1].bytes) return f + ".bytes must exceed the previous point's";
+    if (auto p = check_positive(f + ".seconds", point.seconds)) return p;
+  }
   return std::nullopt;
 }
 
@@ -477,14 +497,15 @@ std::optional<std::string> find_problem(const System& system) {
         return p;
     }
   }
-  std::set<std::tuple<coll::Operation, std::string, GroupKind, int>> seen;
+  std::set<std::tuple<coll::Operation, std::string, GroupKind, int, bool>> seen;
   for (size_t i = 0; i < system.collectives.size(); ++i) {
     const CollectiveModel& m = system.collectives[i];
     const std::string f = "collectives[" + std::to_string(i) + "]";
     if (auto p = check_collective(f, m)) return p;
-    if (!seen.emplace(m.op, m.algorithm, m.group, m.ranks).second)
-      return f + " repeats an earlier entry's operation, algorithm, group and ranks (" + std::string(coll::name(m.op)) + ", " +
-             m.algorithm + ", " + group_kind_name(m.group) + ", " + std::to_string(m.ranks) + ")";
+    if (!seen.emplace(m.op, m.algorithm, m.group, m.ranks, m.blocking).second)
+      return f + " repeats an earlier entry's operation, algorithm, group, ranks and mode (" + std::string(coll::name(m.op)) +
+             ", " + m.algorithm + ", " + group_kind_name(m.group) + ", " + std::to_string(m.ranks) + ", " +
+             (m.blocking ? "blocking" : "pipelined") + ")";
   }
   if (system.collective_contention)
     if (auto p = check_non_negative("collective_contention", *system.collective_contention)) return p;

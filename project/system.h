@@ -189,6 +189,12 @@ struct ChunkedModel {
   int sizes = 0;
 };
 
+// One measured size of a collective: the median time of one call over the runs that timed it, and their spread.
+struct CollectivePoint {
+  double bytes = 0;  // S (nccl-tests)
+  Quantity seconds;
+};
+
 enum class CollectiveForm { latency_bandwidth, chunked };
 const char* collective_form_name(CollectiveForm form);
 
@@ -198,10 +204,18 @@ struct CollectiveModel {
   std::string algorithm;  // as strata-collective names it: library, ring, hierarchical, horing, shm, ...
   GroupKind group = GroupKind::intra_node;
   int ranks = 0;          // the group size it was measured at; other sizes scale through the bus factor
+  // How its sizes were timed (strata-collective --mode): false, pipelined (back-to-back calls, nccl-tests: what
+  // overlapped and queued collectives see); true, blocking (one call between barriers, OSU: what a rank that waits
+  // for a collective alone between its compute ops sees).
+  bool blocking = false;
   CollectiveForm form = CollectiveForm::latency_bandwidth;
   std::vector<SizeRange> ranges;  // latency_bandwidth: by increasing up_to_bytes, the last unbounded
   ChunkedModel chunked;           // chunked
   std::map<std::string, double> compared;  // each form's relative residual on the same sizes, the kept one included
+  // The measured sizes, by increasing bytes. A call of the measured group size between the first and the last takes
+  // their time, interpolated in log time over log bytes between two sizes, as GEMMs take their measured shapes' (a
+  // fit over a range of sizes misses single sizes by its residual); other calls take the fitted form.
+  std::vector<CollectivePoint> points;
   std::string source;
 
   double seconds(double bytes, int ranks) const;
@@ -264,10 +278,12 @@ struct System {
   // inter-node bandwidth) (with one member per node, the inter-node tier's own model). An all-gather or
   // reduce-scatter across nodes on a ring (runs_as_library_ring) takes at least `ring_latency`'s time at that
   // bandwidth, on ceil(ranks / per_node) nodes (the node count of an even group; per_node is the fewest members).
+  // `blocking`: the caller waits for it alone (simulate.h's Op::blocking); a blocking-mode model of the operation is
+  // taken first, then a pipelined one. A call that is not blocking takes pipelined models only.
   double collective_seconds(coll::Operation op, std::string_view algorithm, GroupKind kind, double bytes, int ranks,
-                            int per_node = 1) const;
-  const CollectiveModel* find_collective(coll::Operation op, std::string_view algorithm, GroupKind kind,
-                                         int ranks) const;
+                            int per_node = 1, bool blocking = false) const;
+  const CollectiveModel* find_collective(coll::Operation op, std::string_view algorithm, GroupKind kind, int ranks,
+                                         bool blocking = false) const;
 };
 
 // The first problem with a description (missing, negative, non-finite or out-of-range values), named by its

@@ -43,6 +43,7 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
       op = collective_op(std::string(t.name), t.collective, t.group, collective_bytes(t, size, options.element_bytes));
       op.algorithm = costed_algorithm(trace, t, options);
+      op.blocking = t.blocking;
       break;
     }
     case train::TraceOpKind::send:

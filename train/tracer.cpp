@@ -108,6 +108,9 @@ void Tracer::complete(int op) {
   if (done_[static_cast<std::size_t>(op)]) return;
   done_[static_cast<std::size_t>(op)] = true;
   waited_.push_back(op);
+  // Waited for with nothing recorded since it started: the rank waits for it alone (a blocking collective).
+  TraceOp& waited = ops_[static_cast<std::size_t>(op)];
+  if (waited.kind == TraceOpKind::collective && op == static_cast<int>(ops_.size()) - 1) waited.blocking = true;
 }
 
 namespace {
@@ -153,6 +156,7 @@ int overlap_tensor_parallel_communication(StepTrace& trace) {
         std::vector<int>& waits = ops[static_cast<std::size_t>(reader)].depends_on;
         waits.erase(std::remove(waits.begin(), waits.end(), i), waits.end());
         add_dependency(ops[static_cast<std::size_t>(after)], i);
+        op.blocking = false;
         ++moved;
       } else if (op.collective == coll::Operation::reduce_scatter) {
         // The GEMM whose output it reduces: the collective starts when the GEMM could.
@@ -167,6 +171,7 @@ int overlap_tensor_parallel_communication(StepTrace& trace) {
         std::sort(waits.begin(), waits.end());
         waits.erase(std::unique(waits.begin(), waits.end()), waits.end());
         op.depends_on = std::move(waits);
+        op.blocking = false;
         ++moved;
       }
     }
@@ -217,6 +222,7 @@ int overlap_parameter_gathers(StepTrace& trace) {
       std::vector<int>& waits = moved_ops[static_cast<std::size_t>(reader->second)].depends_on;
       waits.push_back(static_cast<int>(g));
       std::sort(waits.begin(), waits.end());
+      moved_ops[g].blocking = false;  // it runs beside the forward ops before its reader now
       ++moved;
     }
     ops = std::move(moved_ops);

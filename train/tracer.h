@@ -55,7 +55,8 @@ class Tracer : public coll::GroupTrace {
 
   // The most recent operation recorded (collective, send or receive): the one a group call just made.
   int last_operation() const { return last_operation_; }
-  // The executor waits for operation `op`: it completes (its Work tests done), and the next compute op depends on it.
+  // The executor waits for operation `op`: it completes (its Work tests done), and the next compute op depends on it;
+  // a collective waited for before any other op was recorded is marked blocking.
   void complete(int op);
   // Names the next operation of a group (before the call), or an operation already recorded.
   void name_next(std::string name) { next_name_ = std::move(name); }

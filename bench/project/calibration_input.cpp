@@ -311,7 +311,7 @@ class Collector {
       if (operation == "sendrecv") {
         transfers_[{kind, mode}].push_back({kind, bytes, seconds, emulated});
       } else if (auto op = project::collective_from_name(operation)) {
-        collectives_[{*op, algorithm, kind, ranks}][mode].push_back({*op, algorithm, kind, ranks, bytes, seconds, emulated});
+        out_.input.collectives.push_back({*op, algorithm, kind, ranks, bytes, seconds, emulated, mode == "blocking"});
       } else {
         continue;
       }
@@ -346,17 +346,9 @@ class Collector {
     else out_.notes.push_back(run.where() + ": no overlapped case with both slowdowns");
   }
 
-  // Where runs disagree on the mode of one collective, the mode with more cases (blocking on a tie).
+  // A collective timed in both modes is fitted in each (a model per mode); a tier's point-to-point transfers in the
+  // mode with more sizes (blocking on a tie).
   void finish() {
-    for (auto& [key, by_mode] : collectives_) {
-      const auto chosen = std::max_element(by_mode.begin(), by_mode.end(), [](const auto& a, const auto& b) {
-        return a.second.size() < b.second.size() || (a.second.size() == b.second.size() && b.first == "blocking");
-      });
-      for (const auto& m : chosen->second) out_.input.collectives.push_back(m);
-      if (by_mode.size() > 1)
-        out_.notes.push_back(std::string(coll::name(std::get<0>(key))) + " " + std::get<1>(key) +
-                             ": timed in more than one mode; the " + chosen->first + " cases are fitted");
-    }
     std::map<GroupKind, std::map<std::string, std::vector<project::TransferMeasurement>>> transfers_by_kind;
     for (auto& [key, list] : transfers_) transfers_by_kind[key.first][key.second] = list;
     for (auto& [kind, by_mode] : transfers_by_kind) {
@@ -431,8 +423,6 @@ class Collector {
   std::map<std::string, std::string> peak_sources_;
   std::map<std::string, project::Quantity> gpu_peaks_;
   std::vector<std::pair<double, double>> memory_;  // per device: bandwidth, triad's fraction of it
-  std::map<std::tuple<coll::Operation, std::string, GroupKind, int>,
-           std::map<std::string, std::vector<project::CollectiveMeasurement>>> collectives_;
   std::map<std::pair<GroupKind, std::string>, std::vector<project::TransferMeasurement>> transfers_;
   std::map<std::string, int> used_;
 };

@@ -90,8 +90,9 @@ ordered_json compute_to_json(const project::ComputePeak& peak) {
 
 ordered_json collective_to_json(const project::CollectiveModel& m) {
   ordered_json out = {{"operation", std::string(coll::name(m.op))}, {"algorithm", m.algorithm},
-                      {"group", project::group_kind_name(m.group)}, {"ranks", m.ranks},
-                      {"form", project::collective_form_name(m.form)}};
+                      {"group", project::group_kind_name(m.group)}, {"ranks", m.ranks}};
+  if (m.blocking) out["mode"] = "blocking";
+  out["form"] = project::collective_form_name(m.form);
   if (m.form == project::CollectiveForm::chunked) {
     out["latency"] = quantity_to_json(m.chunked.latency);
     out["chunk_bytes"] = m.chunked.chunk_bytes;
@@ -111,6 +112,12 @@ ordered_json collective_to_json(const project::CollectiveModel& m) {
       ranges.push_back(range);
     }
     out["ranges"] = ranges;
+  }
+  if (!m.points.empty()) {
+    ordered_json points = ordered_json::array();
+    for (const auto& p : m.points)
+      points.push_back({{"bytes", p.bytes}, {"seconds", p.seconds.value}, {"spread", p.seconds.relative_spread}});
+    out["points"] = points;
   }
   if (!m.compared.empty()) {
     ordered_json compared = ordered_json::object();
@@ -353,7 +360,12 @@ class Reader {
     if (!form.empty() && form != "latency_bandwidth" && form != "chunked")
       fail(field + ".form", "must be latency_bandwidth or chunked (got " + form + ")");
     m.form = form == "chunked" ? project::CollectiveForm::chunked : project::CollectiveForm::latency_bandwidth;
-    const std::set<std::string> common = {"operation", "algorithm", "group", "ranks", "form", "compared", "source"};
+    const std::string mode = text(value, "mode", field + ".mode", false);
+    if (!mode.empty() && mode != "pipelined" && mode != "blocking")
+      fail(field + ".mode", "must be pipelined or blocking (got " + mode + ")");
+    m.blocking = mode == "blocking";
+    const std::set<std::string> common = {"operation", "algorithm", "group", "ranks", "mode", "form", "points", "compared",
+                                          "source"};
     std::set<std::string> allowed = common;
     if (m.form == project::CollectiveForm::chunked) {
       allowed.insert({"latency", "chunk_bytes", "per_chunk", "bandwidth", "residual", "sizes"});
@@ -379,6 +391,16 @@ class Reader {
         range.residual = number(r, "residual", f + ".residual", 0, false);
         range.sizes = static_cast<int>(integer(r, "sizes", f + ".sizes", false));
         m.ranges.push_back(range);
+      }
+    }
+    if (value.contains("points")) {
+      const json& points = array(value, "points", field + ".points");
+      for (size_t i = 0; i < points.size(); ++i) {
+        const std::string f = field + ".points[" + std::to_string(i) + "]";
+        const json& p = points[i];
+        if (!p.is_object()) fail(f, "must be a JSON object");
+        only_keys(p, f, {"bytes", "seconds", "spread"});
+        m.points.push_back({number(p, "bytes", f + ".bytes", 0, true), seconds(p, f)});
       }
     }
     if (value.contains("compared"))

@@ -269,6 +269,25 @@ TEST(CalibratedLookups, CollectivesTakeTheirRangeAndNearestGroupSizeElseTheTier)
   EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::hierarchical, 1e6, 2),
                    10e-6 + 1e6 / 10e9);
   EXPECT_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 1e6, 1), 0);
+  // Measured sizes first: a point's time, log-log between two points; outside them, or at another group size, the fit.
+  s.collectives[0].points = {{1024, {10e-6, 0, ""}}, {4096, {40e-6, 0, ""}}};
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 1024, 2), 10e-6);
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 4096, 2), 40e-6);
+  EXPECT_NEAR(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2048, 2), 20e-6, 1e-15);
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 8192, 2), 5e-6 + 8192 / 4e9);
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 512, 2), 1e-6 + 512 / 1e9);
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2048, 3),
+                   1e-6 + 2048 * (4.0 / 3) / 1e9);
+  // A blocking call takes a blocking-mode model of its operation first; a pipelined call never does.
+  CollectiveModel blocking = m;
+  blocking.blocking = true;
+  blocking.ranges = {{INFINITY, {{30e-6, 0, ""}, {1e9, 0, ""}}, 0, 3}};
+  s.collectives.push_back(blocking);
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 8192, 2, 1, true),
+                   30e-6 + 8192 / 1e9);
+  EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 8192, 2), 5e-6 + 8192 / 4e9);
+  EXPECT_EQ(s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 6, true)->ranks, 2);  // its mode first
+  EXPECT_FALSE(find_problem(s).has_value());  // the same operation in two modes is no repeat
   EXPECT_EQ(group_kind_of({0, 0, 0}), GroupKind::intra_node);
   EXPECT_EQ(group_kind_of({0, 1, 2}), GroupKind::inter_node);
   EXPECT_EQ(group_kind_of({0, 0, 1, 1}), GroupKind::hierarchical);
@@ -290,6 +309,7 @@ System full_system() {
   ranges.ranks = 8;
   ranges.ranges = {{1.0 / 3 * 1e5, {{1e-6, 0.1, ""}, {1e9, 0.2, ""}}, 0.04, 5}, {INFINITY, {{4e-6, 0.1, ""}, {8e9, 0.2, ""}}, 0.02, 6}};
   ranges.compared = {{"latency_bandwidth", 0.03}, {"chunked", 0.05}};
+  ranges.points = {{1e4, {2e-5, 0.05, ""}}, {1e5, {3e-5, 0.1, ""}}};
   ranges.source = "fitted";
   CollectiveModel chunked;
   chunked.op = coll::Operation::allgather;
@@ -297,6 +317,7 @@ System full_system() {
   chunked.group = GroupKind::inter_node;
   chunked.ranks = 2;
   chunked.form = CollectiveForm::chunked;
+  chunked.blocking = true;
   chunked.chunked = {{2e-6, 0.1, ""}, 262144, {4e-5, 0.02, ""}, {5e10, 0.1, ""}, 0.01, 12};
   s.collectives = {ranges, chunked};
   s.collective_contention = Quantity{0.15, 0.5, "measured"};
@@ -313,6 +334,10 @@ TEST(SystemJsonV2, RoundTripKeepsEveryNewField) {
   EXPECT_EQ(back.version, kSystemFormatVersion);
   EXPECT_EQ(back.collectives.size(), 2u);
   EXPECT_EQ(back.collectives[1].form, CollectiveForm::chunked);
+  EXPECT_TRUE(back.collectives[1].blocking);
+  EXPECT_FALSE(back.collectives[0].blocking);
+  ASSERT_EQ(back.collectives[0].points.size(), 2u);
+  EXPECT_EQ(back.collectives[0].points[1].seconds.relative_spread, 0.1);
   EXPECT_TRUE(std::isinf(back.collectives[0].ranges[1].up_to_bytes));
   EXPECT_EQ(back.device.compute.at("fp32").attention_points[0].shape.kv_heads, 2);
   EXPECT_TRUE(back.device.compute.at("fp32").attention_points[0].shape.backward);
@@ -371,6 +396,10 @@ TEST(SystemJsonV2, EveryValidationErrorNamesItsField) {
       {[](System& s) { s.collectives[0].algorithm.clear(); }, "collectives[0].algorithm"},
       {[](System& s) { s.collectives[0].ranks = 1; }, "collectives[0].ranks must be at least 2"},
       {[](System& s) { s.collectives[0].ranges.clear(); }, "collectives[0].ranges must hold"},
+      {[](System& s) { s.collectives[0].points[1].bytes = 1e4; }, "collectives[0].points[1].bytes must exceed"},
+      {[](System& s) { s.collectives[0].points[0].bytes = 0; }, "collectives[0].points[0].bytes must be positive"},
+      {[](System& s) { s.collectives[0].points[1].seconds.value = -1; }, "collectives[0].points[1].seconds must be positive"},
+      {[](System& s) { s.collectives.push_back(s.collectives[1]); }, "collectives[2] repeats an earlier entry's"},
       {[](System& s) { s.collectives[0].ranges[1].up_to_bytes = 1e9; }, "collectives[0].ranges[1].up_to_bytes must be absent"},
       {[](System& s) { s.collectives[0].ranges[0].up_to_bytes = INFINITY; }, "collectives[0].ranges[0].up_to_bytes must be positive"},
       {[](System& s) { s.collectives[0].ranges[0].model.bandwidth.value = -1e9; },
@@ -408,6 +437,15 @@ TEST(SystemJsonV2, EveryValidationErrorNamesItsField) {
     ADD_FAILURE() << "a fractional m was accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("device.compute.fp32.gemm_points[0].m: must be an integer"), std::string::npos)
+        << e.what();
+  }
+  doc = system_to_json(full_system());
+  doc["collectives"][1]["mode"] = "eager";
+  try {
+    system_from_json(doc, "<test>");
+    ADD_FAILURE() << "an unknown mode was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("collectives[1].mode: must be pipelined or blocking (got eager)"), std::string::npos)
         << e.what();
   }
 }
@@ -517,7 +555,8 @@ void add_collective_columns(Table& cases, Table& summary) {
       .add_column("slowdown_vs_alone", ColumnKind::float64, "1");
 }
 
-void write_collectives(FileBuilder& file, bool emulated) {
+// `slower`: every time that many times the regimes' (another mode's or another run's times of the same sizes).
+void write_collectives(FileBuilder& file, bool emulated, const char* mode = "pipelined", double slower = 1.0) {
   Table cases("cases"), summary("summary"), groups("groups");
   add_collective_columns(cases, summary);
   groups.add_column("case", ColumnKind::int64, "1").add_column("group", ColumnKind::int64, "1")
@@ -530,9 +569,9 @@ void write_collectives(FileBuilder& file, bool emulated) {
                                       : (emulated ? kInterSendrecv : kIntraSendrecv);
       cases.set("case", index).set("operation", op).set("algo", "ring").set("size_bytes", s).set("group_size", 2)
           .set("group_kind", "world").set("n_nodes", emulated ? 2 : 1).set("ranks_per_node", emulated ? 1 : 2)
-          .set("emulated_nodes", emulated ? 1 : 0).set("backend", "mpi").set("mode", "pipelined")
+          .set("emulated_nodes", emulated ? 1 : 0).set("backend", "mpi").set("mode", mode)
           .set("concurrent_with", "").set("grid", "").end_row();
-      summary.set("case", index).set("time_rankmax_median", regime_time(regimes, s, 1.0))
+      summary.set("case", index).set("time_rankmax_median", slower * regime_time(regimes, s, 1.0))
           .set("slowdown_vs_alone", NAN).end_row();
       groups.set("case", index).set("group", 0).set("world_ranks", "0,1").end_row();
       ++index;
@@ -660,6 +699,59 @@ TEST(CalibrateFiles, RecoversTheKnownParametersOfSyntheticRuns) {
   EXPECT_NE(report.find("allreduce ring intra_node n=2: latency-bandwidth"), std::string::npos) << report;
   EXPECT_NE(report.find("residual"), std::string::npos);
   EXPECT_NE(report.find("overlap slowdown s = 0.1500"), std::string::npos) << report;
+}
+
+TEST(CalibrateFiles, EachModeOfACollectiveIsAModelWithItsMeasuredSizes) {
+  TempDir dir;
+  const std::string path = dir.file("modes.h5");
+  FileBuilder file(path);
+  write_gemm(file);
+  write_collectives(file, false);               // pipelined
+  write_collectives(file, false, "blocking", 2);  // blocking, twice as slow: three runs, the median 2x
+  write_collectives(file, false, "blocking", 1.8);
+  write_collectives(file, false, "blocking", 2.4);
+  write_collectives(file, true);
+  write_interference(file);
+  const CalibrationFiles read = read_calibration_input({path}, "auto");
+  const Calibration c = calibrate(read.input, nullptr, "");
+  ASSERT_TRUE(c.missing.empty()) << c.missing.front();
+  const System& s = c.system;
+  ASSERT_FALSE(find_problem(s).has_value()) << *find_problem(s);
+  const CollectiveModel* pipelined = s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2);
+  const CollectiveModel* blocking = s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2, true);
+  ASSERT_NE(pipelined, nullptr);
+  ASSERT_NE(blocking, nullptr);
+  EXPECT_FALSE(pipelined->blocking);
+  EXPECT_TRUE(blocking->blocking);
+  EXPECT_NE(blocking->source.find("--mode blocking"), std::string::npos) << blocking->source;
+  // Each measured size is a point at the median over its runs (to the significant digits kept), half their range its
+  // spread.
+  ASSERT_EQ(blocking->points.size(), suite_sizes().size());
+  ASSERT_EQ(pipelined->points.size(), suite_sizes().size());
+  for (std::size_t i = 0; i < suite_sizes().size(); ++i) {
+    const double bytes = suite_sizes()[i];
+    const double alone = regime_time(kIntraAllreduce, bytes, 1.0);
+    EXPECT_EQ(blocking->points[i].bytes, bytes);
+    EXPECT_LT(relative_error(blocking->points[i].seconds.value, 2 * alone), 1e-3) << bytes;
+    EXPECT_NEAR(blocking->points[i].seconds.relative_spread, 0.15, 1e-3) << bytes;
+    EXPECT_LT(relative_error(pipelined->points[i].seconds.value, alone), 1e-3) << bytes;
+    EXPECT_EQ(pipelined->points[i].seconds.relative_spread, 0) << bytes;
+    // A blocking call takes the blocking model; any other the pipelined one.
+    EXPECT_LT(relative_error(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, bytes, 2, 1, true),
+                             2 * alone), 1e-3) << bytes;
+    EXPECT_LT(relative_error(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, bytes, 2), alone),
+              1e-3) << bytes;
+  }
+  // The tier without sendrecv in blocking mode still comes from its point-to-point sizes; the emulated inter-node
+  // allreduce, timed pipelined only, serves a blocking call too.
+  const CollectiveModel* inter = s.find_collective(coll::Operation::allreduce, "ring", GroupKind::inter_node, 2, true);
+  ASSERT_NE(inter, nullptr);
+  EXPECT_FALSE(inter->blocking);
+  // The description keeps both through its file.
+  const System back = system_from_json(nlohmann::json::parse(system_to_json(s).dump()), "<test>");
+  EXPECT_TRUE(back.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2, true)->blocking);
+  EXPECT_EQ(back.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2, true)->points.size(),
+            suite_sizes().size());
 }
 
 TEST(CalibrateFiles, AGpuGemmRunMakesTheDeviceTheGpuWhoseMemoryComesFromTheBase) {

@@ -117,6 +117,41 @@ TEST(Trace, ASequenceParallelReduceScatterIsTheWholeActivation) {
   }
 }
 
+// A collective the rank waits for right after starting it is blocking (timed by a description's blocking-mode model):
+// the tensor-parallel allreduces inside the passes and the loss's; the data-parallel reductions overlapped with
+// backward are not, but the one the rank starts last and waits for at once is; with overlap off, each is.
+TEST(Trace, CollectivesWaitedForAtOnceAreBlocking) {
+  TrainConfig c = small_config();
+  const StepTrace tp = trace_step(c, {2, 1, 1}, {4, "tp,pp,dp", {}});
+  int tp_total = 0;
+  for (const TraceOp& op : tp.ranks[0].ops) {
+    if (op.kind != TraceOpKind::collective) continue;
+    const bool tensor_parallel = tp.groups.at(static_cast<std::size_t>(op.group)).role == "tp";
+    if (!tensor_parallel) continue;
+    ++tp_total;
+    EXPECT_TRUE(op.blocking) << op.name;
+  }
+  EXPECT_GT(tp_total, 4 * c.accumulation * c.model.layers - 1);
+  // The simulator's ops carry it to the description's blocking-mode models.
+  const project::Workload workload = project::workload_of(tp, {"fp32", 4});
+  for (std::size_t i = 0; i < tp.ranks[0].ops.size(); ++i)
+    EXPECT_EQ(workload.ranks[0].ops[i].blocking, tp.ranks[0].ops[i].blocking) << i;
+
+  for (const bool overlap : {true, false}) {
+    c.overlap = overlap;
+    const StepTrace dp = trace_step(c, {1, 1, 2}, {4, "tp,pp,dp", {}});
+    int reductions = 0, blocking = 0;
+    for (const TraceOp& op : dp.ranks[0].ops) {
+      if (op.kind == TraceOpKind::collective && dp.groups.at(static_cast<std::size_t>(op.group)).role.starts_with("dp"))
+        ++reductions, blocking += op.blocking;
+    }
+    ASSERT_GT(reductions, 2) << "overlap " << overlap;
+    if (overlap) {
+      EXPECT_LT(blocking, reductions) << "overlapped reductions are not waited for at once";
+    }
+  }
+}
+
 // A grid of 10,240 ranks (tp 8, pp 16, dp 80) of GPT-3 175B, interleaved: one rank per stage traced, each standing
 // for 640; the trace takes seconds, not the 10,240 ranks' worth.
 TEST(Trace, ThousandsOfRanksTraceOnOneRankPerStage) {
