@@ -404,11 +404,17 @@ Quantity slowdown_quantity(const std::vector<double>& factors, const std::string
   return q;
 }
 
-// The measured times of one key, one per distinct size (the median where a size was measured more than once).
-SizeSeries series_of(const std::vector<std::pair<double, double>>& bytes_seconds, double factor) {
+// The measured times of one key by size (positive sizes and times only).
+std::map<double, std::vector<double>> times_by_size(const std::vector<std::pair<double, double>>& bytes_seconds) {
   std::map<double, std::vector<double>> by_size;
   for (const auto& [bytes, seconds] : bytes_seconds)
     if (bytes > 0 && seconds > 0) by_size[bytes].push_back(seconds);
+  return by_size;
+}
+
+// The measured times of one key, one per distinct size (the median where a size was measured more than once).
+SizeSeries series_of(const std::vector<std::pair<double, double>>& bytes_seconds, double factor) {
+  const auto by_size = times_by_size(bytes_seconds);
   SizeSeries series;
   series.bus_factor = factor;
   for (const auto& [bytes, times] : by_size) series.bytes.push_back(bytes), series.seconds.push_back(median_of(times));
@@ -417,11 +423,8 @@ SizeSeries series_of(const std::vector<std::pair<double, double>>& bytes_seconds
 
 // A collective's measured sizes: per size, the median over its runs, spread half their range relative to it.
 std::vector<CollectivePoint> measured_points(const std::vector<std::pair<double, double>>& bytes_seconds) {
-  std::map<double, std::vector<double>> by_size;
-  for (const auto& [bytes, seconds] : bytes_seconds)
-    if (bytes > 0 && seconds > 0) by_size[bytes].push_back(seconds);
   std::vector<CollectivePoint> points;
-  for (const auto& [bytes, times] : by_size) {
+  for (const auto& [bytes, times] : times_by_size(bytes_seconds)) {
     const double median = median_of(times);
     const auto [low, high] = std::minmax_element(times.begin(), times.end());
     points.push_back({bytes, fitted(median, (*high - *low) / (2 * median))});

@@ -6,8 +6,8 @@
 #   STRATA_NP         ranks [cores, or GPUs]
 #   STRATA_OUTPUT     results file [results/runs/suite-<UTC time>.h5]
 #   STRATA_ITERS      timed iterations per case [10]
-#   STRATA_PASSES     passes over the runs bench/programs.txt marks "repeat:" (the steps and the kernels at their
-#                     shapes), after the other runs [3]
+#   STRATA_PASSES     passes over the runs bench/programs.txt marks "repeat:" (the steps, and the kernels and
+#                     collectives at their shapes and sizes), after the other runs [3]
 #   STRATA_MPIRUN     mpirun command [mpirun]
 #   STRATA_SYSTEM     this machine's system description, fitted from the suite [results/runs/system-<UTC time>.json]
 set -euo pipefail
@@ -59,7 +59,7 @@ if [ "$gpus" -eq 0 ] && [ "$np" -ge 4 ] && [ $((np % 2)) -eq 0 ]; then
   "${mpirun[@]}" "$build/strata-collective" --grid "tp=2,dp=$((np / 2))" --mixed -a ring -b 64K -e 4M -f 4 "${common[@]}"
 fi
 for ((pass = 1; pass <= passes; pass++)); do
-  echo "[run-local] pass $pass of $passes: the steps and the kernels at their shapes" >&2
+  echo "[run-local] pass $pass of $passes: the steps, and the kernels and collectives at their shapes" >&2
   run_suite "${repeated_runs[@]}"
 done
 if [ "$gpus" -gt 0 ]; then

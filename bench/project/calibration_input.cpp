@@ -347,7 +347,7 @@ class Collector {
   }
 
   // A collective timed in both modes is fitted in each (a model per mode); a tier's point-to-point transfers in the
-  // mode with more sizes (blocking on a tie).
+  // mode with more cases (blocking on a tie).
   void finish() {
     std::map<GroupKind, std::map<std::string, std::vector<project::TransferMeasurement>>> transfers_by_kind;
     for (auto& [key, list] : transfers_) transfers_by_kind[key.first][key.second] = list;
