@@ -124,6 +124,10 @@ void permute_qkv(float* qkv, float* q, float* k, float* v, int B, int T, int NH,
 void permute_heads(float* heads, float* merged, int B, int T, int NH, int D, bool to_merged);
 // out (N, C) += bias (C): a row-parallel layer's bias, added once after the allreduce of its partial outputs.
 void add_bias(float* out, const float* bias, std::size_t rows, std::size_t channels);
+// A linear layer's bias outside its GEMM: y (N, C) = bias (C) in every row, before the GEMM adds x W^T (beta 1); and
+// dbias (C) (+)= the column sums of dy (N, C), rows in order, so the result does not depend on threads.
+void fill_bias(float* y, const float* bias, std::size_t rows, std::size_t channels);
+void bias_gradient(float* dbias, const float* dy, std::size_t rows, std::size_t channels, bool accumulate);
 
 // ---- AdamW ---------------------------------------------------------------------------------------------
 struct AdamWConfig {

@@ -451,6 +451,16 @@ void add_bias(float* out, const float* bias, std::size_t rows, std::size_t chann
     for (std::size_t c = 0; c < channels; ++c) out[i * channels + c] += bias[c];
 }
 
+void fill_bias(float* y, const float* bias, std::size_t rows, std::size_t channels) {
+  for (std::size_t i = 0; i < rows; ++i) std::memcpy(y + i * channels, bias, channels * sizeof(float));
+}
+
+void bias_gradient(float* dbias, const float* dy, std::size_t rows, std::size_t channels, bool accumulate) {
+  if (!accumulate) std::fill(dbias, dbias + channels, 0.0f);
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t c = 0; c < channels; ++c) dbias[c] += dy[i * channels + c];
+}
+
 // ---- AdamW ---------------------------------------------------------------------------------------------
 
 std::string validate(const AdamWConfig& c) {

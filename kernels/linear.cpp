@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/layers.h"
+
 namespace strata::linear {
 
 namespace {
@@ -19,11 +21,8 @@ void check(const Dims& d) {
 void forward(const cpu_gemm::Math& math, const Dims& d, float* y, const float* x, const float* weight, const float* bias) {
   check(d);
   const int64_t n = d.rows, c = d.in_channels, oc = d.out_channels;
-  if (bias) {
-    // y starts as the bias of each row, and the GEMM adds x W^T to it (beta = 1).
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t o = 0; o < oc; ++o) y[i * oc + o] = bias[o];
-  }
+  // y starts as the bias of each row, and the GEMM adds x W^T to it (beta = 1).
+  if (bias) layers::fill_bias(y, bias, static_cast<std::size_t>(n), static_cast<std::size_t>(oc));
   cpu_gemm::gemm(math, false, true, n, oc, c, 1.0f, x, c, weight, c, bias ? 1.0f : 0.0f, y, oc);
 }
 
@@ -39,12 +38,7 @@ void backward_weight(const cpu_gemm::Math& math, const Dims& d, float* dweight, 
   check(d);
   const int64_t n = d.rows, c = d.in_channels, oc = d.out_channels;
   cpu_gemm::gemm(math, true, false, oc, c, n, 1.0f, dy, oc, x, c, accumulate ? 1.0f : 0.0f, dweight, c);
-  if (!dbias) return;
-  // Summed per output channel across rows, the rows in order, so the result does not depend on threads.
-  if (!accumulate)
-    for (int64_t o = 0; o < oc; ++o) dbias[o] = 0.0f;
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t o = 0; o < oc; ++o) dbias[o] += dy[i * oc + o];
+  if (dbias) layers::bias_gradient(dbias, dy, static_cast<std::size_t>(n), static_cast<std::size_t>(oc), accumulate);
 }
 
 }  // namespace strata::linear

@@ -421,13 +421,24 @@ SizeSeries series_of(const std::vector<std::pair<double, double>>& bytes_seconds
   return series;
 }
 
-// A collective's measured sizes: per size, the median over its runs, spread half their range relative to it.
-std::vector<CollectivePoint> measured_points(const std::vector<std::pair<double, double>>& bytes_seconds) {
+// The relative residual of a collective's fit at `bytes` (its range's, or the chunked form's).
+double residual_at(const CollectiveModel& m, double bytes) {
+  if (m.form == CollectiveForm::chunked) return m.chunked.residual;
+  for (const SizeRange& range : m.ranges)
+    if (bytes <= range.up_to_bytes) return range.residual;
+  return m.ranges.back().residual;
+}
+
+// A collective's measured sizes: per size, the median over its runs, spread half their range relative to it. A size
+// only one run timed has no spread of its own: it takes the fit's residual there.
+std::vector<CollectivePoint> measured_points(const std::vector<std::pair<double, double>>& bytes_seconds,
+                                             const CollectiveModel& fit) {
   std::vector<CollectivePoint> points;
   for (const auto& [bytes, times] : times_by_size(bytes_seconds)) {
     const double median = median_of(times);
     const auto [low, high] = std::minmax_element(times.begin(), times.end());
-    points.push_back({bytes, fitted(median, (*high - *low) / (2 * median))});
+    const double spread = times.size() > 1 ? (*high - *low) / (2 * median) : residual_at(fit, bytes);
+    points.push_back({bytes, fitted(median, spread)});
   }
   return points;
 }
@@ -481,6 +492,12 @@ class Calibrator {
     take_missing_compute();
     fit_memory();
     fit_elementwise();
+    // The GEMM library's epilogues are the base's (the GPU's cuBLASLt) unless the step's elementwise kernels were
+    // measured: the CPU step runs its biases as passes of their own, which strata-elementwise times.
+    if (input.elementwise.empty() && base && !base->device.fused_into_gemm.empty()) {
+      s.device.fused_into_gemm = base->device.fused_into_gemm;
+      report.push_back("elementwise kernels fused into the GEMM: " + from_base);
+    }
     // The device's memory capacity is not measured: the base's, when it says.
     if (base && base->device.memory_capacity) s.device.memory_capacity = based_quantity(*base->device.memory_capacity);
     fit_collectives();
@@ -693,7 +710,7 @@ class Calibrator {
           ")" + (emulated.at(key) ? "; nodes emulated on one machine (--ranks-per-node): shared memory, not a network" : "");
       s.collectives.push_back(fit_collective(op, algorithm, group, ranks, series, source));
       s.collectives.back().blocking = blocking;
-      s.collectives.back().points = measured_points(points);
+      s.collectives.back().points = measured_points(points, s.collectives.back());
       report.push_back(name + ": " + model_text(s.collectives.back()));
     }
   }
@@ -764,13 +781,13 @@ class Calibrator {
                           ": the " + tier_name + " tier cannot be fitted");
   }
 
-  // The base's models of what was not measured here.
+  // The base's models of what was not measured here. A collective measured here in either mode replaces the base's
+  // models of it in both: a call of the other mode takes the fresh measurement before an older one.
   void keep_base_collectives() {
     if (base)
       for (const CollectiveModel& m : base->collectives) {
         const bool measured = std::any_of(s.collectives.begin(), s.collectives.end(), [&m](const CollectiveModel& f) {
-          return f.op == m.op && f.algorithm == m.algorithm && f.group == m.group && f.ranks == m.ranks &&
-                 f.blocking == m.blocking;
+          return f.op == m.op && f.algorithm == m.algorithm && f.group == m.group && f.ranks == m.ranks;
         });
         if (measured) continue;
         CollectiveModel kept = m;

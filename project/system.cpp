@@ -155,7 +155,9 @@ double Device::elementwise_seconds(double bytes) const {
 
 double Device::elementwise_seconds(std::string_view op_name, double bytes) const {
   if (bytes <= 0) return 0;
-  if (const auto kernel = elementwise_kernels.find(elementwise_kernel_of(op_name)); kernel != elementwise_kernels.end())
+  const std::string_view kernel_name = elementwise_kernel_of(op_name);
+  if (fused_into_gemm.contains(kernel_name)) return 0;
+  if (const auto kernel = elementwise_kernels.find(kernel_name); kernel != elementwise_kernels.end())
     return launch_gap() + bytes / kernel->second.value;
   if (elementwise_bandwidth) return launch_gap() + bytes / elementwise_bandwidth->value;
   return launch_gap() + elementwise_seconds(bytes);
@@ -170,6 +172,7 @@ std::string_view elementwise_kernel_of(std::string_view op_name) {
       {"split heads", "permute_qkv"},        {"merge qkv", "permute_qkv"},
       {"merge heads", "permute_heads"},      {"split head grads", "permute_heads"},
       {"bias", "add_bias"},                  {"accumulate grads", "accumulate"},
+      {"bias fill", "fill_bias"},            {"bias grad", "bias_gradient"},
       {"adamw", "adamw"},                    {"squared norm", "squared_norm"},
       {"cross-entropy", "cross_entropy_forward"}, {"cross-entropy backward", "cross_entropy_backward"},
       {"logit max", "cross_entropy_row_max"},  {"sum of exponentials", "cross_entropy_row_sum_exp"}};
@@ -273,9 +276,10 @@ const CollectiveModel* System::find_collective(coll::Operation op, std::string_v
     }
     return best;
   };
-  if (blocking)
-    if (const CollectiveModel* m = nearest(true)) return m;
-  return nearest(false);
+  // A call takes a model of its own mode first; a model of the other mode (a measurement of the operation) before
+  // the tier's generic one.
+  if (const CollectiveModel* m = nearest(blocking)) return m;
+  return nearest(!blocking);
 }
 
 double RingLatency::seconds(double bus_bytes, double bandwidth, int ranks, int nodes) const {
@@ -483,6 +487,9 @@ std::optional<std::string> find_problem(const System& system) {
     if (auto p = check_positive("device.elementwise.bandwidth", *d.elementwise_bandwidth)) return p;
   if (d.kernel_overhead)
     if (auto p = check_non_negative("device.kernel_overhead", *d.kernel_overhead)) return p;
+  for (const std::string& kernel : d.fused_into_gemm)
+    if (std::find(std::begin(kFusableIntoGemm), std::end(kFusableIntoGemm), kernel) == std::end(kFusableIntoGemm))
+      return "device.fused_into_gemm: '" + kernel + "' is no kernel a GEMM's epilogue applies (fill_bias, bias_gradient)";
   if (auto p = check_tier("network.intra_node", system.intra_node)) return p;
   if (auto p = check_tier("network.inter_node", system.inter_node)) return p;
   if (system.ring_latency) {

@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -101,6 +102,9 @@ struct Device {
   // kernel together (their bytes over their seconds); optional, measured by strata-elementwise at the step's shapes.
   std::map<std::string, Quantity, std::less<>> elementwise_kernels;
   std::optional<Quantity> elementwise_bandwidth;
+  // Elementwise kernels the GEMM library applies in its epilogue (cuBLASLt's bias and bias-gradient epilogues, as
+  // Megatron-LM and Transformer Engine call them): those traced ops cost nothing. One of kFusableIntoGemm.
+  std::set<std::string, std::less<>> fused_into_gemm;
   // Seconds between two kernels queued back to back (the launch gap), added to each GEMM, attention and traced
   // elementwise kernel; absent: none.
   std::optional<Quantity> kernel_overhead;
@@ -113,8 +117,9 @@ struct Device {
   double attention_seconds(const std::string& dtype, const AttentionShape& shape) const;
   // Bytes at memory_bandwidth x memory_efficiency.
   double elementwise_seconds(double bytes) const;
-  // A traced elementwise op: its kernel's measured rate; a kernel not measured, the measured kernels' rate
-  // together; a description without them, elementwise_seconds(bytes); with the kernel overhead.
+  // A traced elementwise op: nothing when its kernel is fused into the GEMM; else its kernel's measured rate; a
+  // kernel not measured, the measured kernels' rate together; a description without them, elementwise_seconds(bytes);
+  // with the kernel overhead.
   double elementwise_seconds(std::string_view op_name, double bytes) const;
   // The kernel overhead's seconds (0 when the description has none).
   double launch_gap() const { return kernel_overhead ? kernel_overhead->value : 0; }
@@ -126,10 +131,13 @@ struct Device {
 
 // The kernel of kernels/layers.h a traced elementwise op of the training step runs ("ln1", "ln2" and "lnf":
 // "layernorm_forward"; "norm backward": "layernorm_backward"; "split heads" and "merge qkv": "permute_qkv"; "merge
-// heads" and "split head grads": "permute_heads"; "bias": "add_bias"; "accumulate grads": "accumulate"; "gelu",
+// heads" and "split head grads": "permute_heads"; "bias": "add_bias"; "bias fill": "fill_bias"; "bias grad":
+// "bias_gradient"; "accumulate grads": "accumulate"; "gelu",
 // "gelu backward", "residual", "copy", "adamw"), as strata-elementwise names it; "" for the step's other elementwise
 // ops (embedding, positions, cross-entropy, zeroing, the gradient norm).
 std::string_view elementwise_kernel_of(std::string_view op_name);
+// The elementwise kernels a GEMM library can apply in its epilogue (Device::fused_into_gemm).
+inline constexpr std::string_view kFusableIntoGemm[] = {"fill_bias", "bias_gradient"};
 
 // The collectives a description models: the operations of collectives/operation.h's vocabulary but sendrecv (a
 // description's point-to-point is its tiers' latency and bandwidth), by their names there. Their bytes through each
@@ -278,8 +286,8 @@ struct System {
   // inter-node bandwidth) (with one member per node, the inter-node tier's own model). An all-gather or
   // reduce-scatter across nodes on a ring (runs_as_library_ring) takes at least `ring_latency`'s time at that
   // bandwidth, on ceil(ranks / per_node) nodes (the node count of an even group; per_node is the fewest members).
-  // `blocking`: the caller waits for it alone (simulate.h's Op::blocking); a blocking-mode model of the operation is
-  // taken first, then a pipelined one. A call that is not blocking takes pipelined models only.
+  // `blocking`: the caller waits for it alone (simulate.h's Op::blocking). A call takes a model of its own mode
+  // first (blocking, or pipelined), then one of the other mode, then the tier's.
   double collective_seconds(coll::Operation op, std::string_view algorithm, GroupKind kind, double bytes, int ranks,
                             int per_node = 1, bool blocking = false) const;
   const CollectiveModel* find_collective(coll::Operation op, std::string_view algorithm, GroupKind kind, int ranks,

@@ -61,6 +61,16 @@ fi
 for ((pass = 1; pass <= passes; pass++)); do
   echo "[run-local] pass $pass of $passes: the steps, and the kernels and collectives at their shapes" >&2
   run_suite "${repeated_runs[@]}"
+  # A description's measured sizes serve calls of their group size only: with more than two ranks the steps'
+  # tensor-parallel groups (two ranks) are timed too, in every tp group at once as the steps run them.
+  if [ "$gpus" -eq 0 ] && [ "$np" -gt 2 ] && [ $((np % 2)) -eq 0 ]; then
+    for run in "${repeated_runs[@]}"; do
+      IFS=$'\t' read -r name args <<<"$run"
+      [ "$name" = strata-collective ] || continue
+      read -r -a argv <<<"$args"
+      "${mpirun[@]}" "$build/$name" "${argv[@]}" --grid "tp=2,dp=$((np / 2))" --grid-dim tp "${common[@]}"
+    done
+  fi
 done
 if [ "$gpus" -gt 0 ]; then
   mapfile -t gpu_runs < <(strata_suite_runs . gpu "$np")

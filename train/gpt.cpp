@@ -426,8 +426,14 @@ void GptCpu::compute(const char* what, double elements, const Run& run) const {
 
 void GptCpu::linear_forward(const char* what, const linear::Dims& d, float* y, const float* x, const float* w,
                             const float* b) const {
-  if (runtime_.tracer) runtime_.tracer->gemm(what, d.rows, d.out_channels, d.in_channels);
-  else linear::forward({runtime_.library, runtime_.precision}, d, y, x, w, b);
+  if (runtime_.tracer) {
+    // The bias is written before the GEMM, which then reads it (beta 1): a pass of its own unless the GEMM's
+    // library applies it in its epilogue (the description's fused_into_gemm).
+    if (b) runtime_.tracer->elementwise("bias fill", 2.0 * static_cast<double>(d.rows) * static_cast<double>(d.out_channels));
+    runtime_.tracer->gemm(what, d.rows, d.out_channels, d.in_channels);
+  } else {
+    linear::forward({runtime_.library, runtime_.precision}, d, y, x, w, b);
+  }
 }
 
 void GptCpu::linear_backward_input(const char* what, const linear::Dims& d, float* dx, const float* dy, const float* w,
@@ -438,8 +444,15 @@ void GptCpu::linear_backward_input(const char* what, const linear::Dims& d, floa
 
 void GptCpu::linear_backward_weight(const char* what, const linear::Dims& d, float* dw, float* db, const float* dy,
                                     const float* x, bool accumulate) const {
-  if (runtime_.tracer) runtime_.tracer->gemm(what, d.out_channels, d.in_channels, d.rows);
-  else linear::backward_weight({runtime_.library, runtime_.precision}, d, dw, db, dy, x, accumulate);
+  if (runtime_.tracer) {
+    runtime_.tracer->gemm(what, d.out_channels, d.in_channels, d.rows);
+    // dy read once more for the bias's column sums, the sums read and written.
+    if (db)
+      runtime_.tracer->elementwise("bias grad", static_cast<double>(d.rows) * static_cast<double>(d.out_channels) +
+                                                    2.0 * static_cast<double>(d.out_channels));
+  } else {
+    linear::backward_weight({runtime_.library, runtime_.precision}, d, dw, db, dy, x, accumulate);
+  }
 }
 
 void GptCpu::attention_pass(const char* what, bool backward, const LayerView& x, float* d_out, float* dq, float* dk,

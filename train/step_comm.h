@@ -6,6 +6,7 @@
 // second phase of a two-phase reduction starts at a hook count, the same point on every rank.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <functional>
 #include <stdexcept>
@@ -102,8 +103,9 @@ class StepComm {
 template <typename Done>
 void StepComm::wait_until(Done done, const std::vector<int>& traced) {
   if (tracer_) {
+    const bool alone = std::count_if(traced.begin(), traced.end(), [](int op) { return op >= 0; }) == 1;
     for (int op : traced)
-      if (op >= 0) tracer_->complete(op);
+      if (op >= 0) tracer_->complete(op, alone);
     progress();
     if (!done()) throw std::logic_error("a traced step waits for an operation its wait does not name");
     return;

@@ -103,14 +103,15 @@ coll::Work Tracer::point_to_point(const coll::Group& group, bool send, int peer,
   return pending(&done_[static_cast<std::size_t>(index)]);
 }
 
-void Tracer::complete(int op) {
+void Tracer::complete(int op, bool alone) {
   if (op < 0 || op >= static_cast<int>(ops_.size())) throw std::logic_error("tracer: no operation " + std::to_string(op));
   if (done_[static_cast<std::size_t>(op)]) return;
   done_[static_cast<std::size_t>(op)] = true;
   waited_.push_back(op);
-  // Waited for with nothing recorded since it started: the rank waits for it alone (a blocking collective).
+  // Waited for by itself before anything else was recorded since it started: the rank waits for it alone (a blocking
+  // collective). One of several waited for at once shares their wait.
   TraceOp& waited = ops_[static_cast<std::size_t>(op)];
-  if (waited.kind == TraceOpKind::collective && op == static_cast<int>(ops_.size()) - 1) waited.blocking = true;
+  if (alone && waited.kind == TraceOpKind::collective && op == static_cast<int>(ops_.size()) - 1) waited.blocking = true;
 }
 
 namespace {
@@ -150,10 +151,15 @@ int overlap_tensor_parallel_communication(StepTrace& trace) {
                                         ops[static_cast<std::size_t>(reader)].depends_on.end(),
                                         i) == ops[static_cast<std::size_t>(reader)].depends_on.end())
           reader = next_compute[static_cast<std::size_t>(reader)];
+        // A linear layer's bias fill comes before its GEMM and reads nothing gathered: the GEMM is the reader.
+        int waiting = reader;
+        if (reader >= 0 && ops[static_cast<std::size_t>(reader)].kind == TraceOpKind::elementwise &&
+            ops[static_cast<std::size_t>(reader)].name == "bias fill")
+          reader = next_compute[static_cast<std::size_t>(reader)];
         if (reader < 0 || ops[static_cast<std::size_t>(reader)].kind != TraceOpKind::gemm) continue;
         const int after = next_compute[static_cast<std::size_t>(reader)];
         if (after < 0) continue;
-        std::vector<int>& waits = ops[static_cast<std::size_t>(reader)].depends_on;
+        std::vector<int>& waits = ops[static_cast<std::size_t>(waiting)].depends_on;
         waits.erase(std::remove(waits.begin(), waits.end(), i), waits.end());
         add_dependency(ops[static_cast<std::size_t>(after)], i);
         op.blocking = false;

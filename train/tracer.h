@@ -56,8 +56,9 @@ class Tracer : public coll::GroupTrace {
   // The most recent operation recorded (collective, send or receive): the one a group call just made.
   int last_operation() const { return last_operation_; }
   // The executor waits for operation `op`: it completes (its Work tests done), and the next compute op depends on it;
-  // a collective waited for before any other op was recorded is marked blocking.
-  void complete(int op);
+  // a collective waited for by itself (`alone`: not one of several in the same wait) before any other op was
+  // recorded is marked blocking.
+  void complete(int op, bool alone = true);
   // Names the next operation of a group (before the call), or an operation already recorded.
   void name_next(std::string name) { next_name_ = std::move(name); }
   void rename(int op, std::string name) { ops_.at(static_cast<std::size_t>(op)).name = groups_.keep(std::move(name)); }
@@ -90,8 +91,8 @@ class Tracer : public coll::GroupTrace {
 // (the simulator runs a group's collectives on their own stream, so a dependency removed is an overlap gained).
 //
 // Tensor-parallel communication beside the GEMMs (Megatron-Core's --tp-comm-overlap, Transformer Engine's
-// userbuffers; sequence parallelism only, as there): a tensor-parallel all-gather whose first reader is a GEMM runs
-// beside that GEMM, and the compute op after the GEMM waits for it instead; a tensor-parallel reduce-scatter of a
+// userbuffers; sequence parallelism only, as there): a tensor-parallel all-gather whose first reader is a GEMM (or the
+// bias fill before one) runs beside that GEMM, and the compute op after the GEMM waits for it instead; a tensor-parallel reduce-scatter of a
 // GEMM's output starts with that GEMM rather than after it. Framework kernels pipeline the GEMM over chunks of the
 // collective; the trace runs the two side by side, so a pair takes the longer of the two (plus the system's overlap
 // slowdown on the GEMM), not their sum. Returns the collectives it moved.

@@ -44,6 +44,7 @@ const std::vector<std::string>& kernel_names() {
   static const std::vector<std::string> names = {"layernorm_forward", "layernorm_backward", "gelu_forward",
                                                  "gelu_backward",     "residual_forward",   "copy",
                                                  "permute_qkv",       "permute_heads",      "add_bias",
+                                                 "fill_bias",         "bias_gradient",
                                                  "accumulate",        "adamw",
                                                  "cross_entropy_forward", "cross_entropy_row_max",
                                                  "cross_entropy_row_sum_exp", "cross_entropy_backward",
@@ -63,6 +64,8 @@ double traced_elements(const std::string& kernel, const LayerShape& s) {
   if (kernel == "permute_qkv") return 2 * R * static_cast<double>(s.heads + 2 * s.kv_heads) * D;
   if (kernel == "permute_heads") return 2 * R * static_cast<double>(s.heads) * D;
   if (kernel == "add_bias") return 2 * R * C;  // the output read and written; the bias stays in cache
+  if (kernel == "fill_bias") return 2 * R * C;  // the output written, and read by the GEMM that adds to it
+  if (kernel == "bias_gradient") return R * C + 2 * C;  // the gradient read; the sums read and written
   if (kernel == "accumulate") return 3 * static_cast<double>(s.layer_parameters);
   if (kernel == "adamw") return 7 * static_cast<double>(s.layer_parameters);  // parameters, moments: read, written; gradient read
   if (kernel == "squared_norm") return static_cast<double>(s.layer_parameters);
@@ -112,6 +115,10 @@ Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed
     a_ = buffer(R * H * D), x_ = buffer(R * H * D);
   } else if (kernel_ == "add_bias") {  // x += bias b, x starting as a
     a_ = buffer(R * C), b_ = buffer(C), x_ = buffer(R * C);
+  } else if (kernel_ == "fill_bias") {  // every row of x = bias b
+    b_ = buffer(C), x_ = buffer(R * C);
+  } else if (kernel_ == "bias_gradient") {  // x += column sums of a, x starting as b
+    a_ = buffer(R * C), b_ = buffer(C), x_ = buffer(C);
   } else if (kernel_ == "accumulate") {  // x += a, x starting as b
     a_ = buffer(P), b_ = buffer(P), x_ = buffer(P);
   } else if (kernel_ == "squared_norm") {  // sum of a's squares into x[0]
@@ -165,6 +172,10 @@ void Problem::run() {
                           static_cast<int>(shape_.head_dim), true);
   else if (kernel_ == "add_bias")
     layers::add_bias(x_.get(), b_.get(), R, C);
+  else if (kernel_ == "fill_bias")
+    layers::fill_bias(x_.get(), b_.get(), R, C);
+  else if (kernel_ == "bias_gradient")
+    layers::bias_gradient(x_.get(), a_.get(), R, C, true);  // gradients accumulate over micro-batches
   else if (kernel_ == "accumulate")
     layers::accumulate(x_.get(), a_.get(), P, options_);
   else if (kernel_ == "squared_norm")
@@ -206,6 +217,10 @@ void Problem::prepare_check() {
     std::fill(x_.get(), x_.get() + R * static_cast<std::size_t>(shape_.heads * shape_.head_dim), nan);
   } else if (kernel_ == "add_bias") {  // accumulates onto a
     std::copy(a_.get(), a_.get() + R * C, x_.get());
+  } else if (kernel_ == "fill_bias") {
+    std::fill(x_.get(), x_.get() + R * C, nan);
+  } else if (kernel_ == "bias_gradient") {  // accumulates onto b
+    std::copy(b_.get(), b_.get() + C, x_.get());
   } else if (kernel_ == "accumulate") {  // accumulates onto b
     std::copy(b_.get(), b_.get() + static_cast<std::size_t>(shape_.layer_parameters), x_.get());
   } else if (kernel_ == "squared_norm") {
@@ -273,6 +288,15 @@ CheckResult Problem::check() const {
     std::vector<double> want(R * C);
     for (std::size_t i = 0; i < R; ++i)
       for (std::size_t c = 0; c < C; ++c) want[i * C + c] = static_cast<double>(a_[i * C + c]) + static_cast<double>(b_[c]);
+    compare(r, x_.get(), want);
+  } else if (kernel_ == "fill_bias") {
+    std::vector<double> want(R * C);
+    for (std::size_t i = 0; i < R * C; ++i) want[i] = b_[i % C];
+    compare(r, x_.get(), want);
+  } else if (kernel_ == "bias_gradient") {
+    std::vector<double> want(b_.get(), b_.get() + C);
+    for (std::size_t i = 0; i < R; ++i)
+      for (std::size_t c = 0; c < C; ++c) want[c] += static_cast<double>(a_[i * C + c]);
     compare(r, x_.get(), want);
   } else if (kernel_ == "accumulate") {
     std::vector<double> want(P);

@@ -304,10 +304,14 @@ void Run::begin_case(const std::string& what, int records) {
   watchdog_->progress("the setup of " + what);
 }
 
-std::vector<double> Run::measure(Timer& timer, const std::function<void()>& body, int ops_per_sample) {
+std::vector<double> Run::measure(Timer& timer, const std::function<void()>& body, int ops_per_sample,
+                                 const std::function<void()>& before_iteration) {
   MeasureSpec spec{options_.warmup, options_.iters, options_.max_time, ops_per_sample};
   watchdog_->progress("the timed iterations of " + current_case_);
-  return strata::measure(MPI_COMM_WORLD, spec, timer, body, [this] { watchdog_->tick(); });
+  return strata::measure(MPI_COMM_WORLD, spec, timer, body, [&] {
+    watchdog_->tick();
+    if (before_iteration) before_iteration();
+  });
 }
 
 void Run::check_interrupt() {

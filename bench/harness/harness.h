@@ -161,8 +161,10 @@ class Run {
   // This rank moved on to `what` (a step, a phase of a case's setup); tick(): on to the next iteration of it.
   void progress(std::string what) { watchdog_->progress(std::move(what)); }
   void tick() { watchdog_->tick(); }
-  // Timed iterations of the current case (each one a progress point).
-  std::vector<double> measure(Timer& timer, const std::function<void()>& body, int ops_per_sample = 1);
+  // Timed iterations of the current case (each one a progress point); `before_iteration` runs before each, outside
+  // its timed interval and before its barrier.
+  std::vector<double> measure(Timer& timer, const std::function<void()>& body, int ops_per_sample = 1,
+                              const std::function<void()>& before_iteration = {});
 
   // Collective. Gathers this case's samples from every rank; on rank 0 fills the standard summary columns and
   // calls the benchmark's fill functions (which set their declared columns for this case's row). `more_tables`,

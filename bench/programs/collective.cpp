@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <chrono>
 
 #include "bench/harness/axes.h"
+#include "bench/harness/buffers.h"
 #include "bench/harness/gpu_device.h"
 #include "bench/harness/harness.h"
 #include "collectives/process_group.h"
@@ -59,6 +61,7 @@ struct Options {
   bool device_buffers = false;
   std::string segment_bytes = "1M";      // ring reduction segments (Strata's algorithms)
   std::string max_message_bytes = "1G";  // larger point-to-point messages are split (Strata's algorithms)
+  std::string flush_bytes = "0";         // blocking mode: bytes each rank writes before each timed operation
 };
 
 // One rank's group: the communicator it runs the collective on, and that group's node map.
@@ -301,6 +304,7 @@ void describe_columns(Run& run) {
       .add_column("backend", ColumnKind::string, "")
       .add_column("mode", ColumnKind::string, "", "pipelined: back-to-back operations per sample; blocking: one per sample")
       .add_column("ops_per_sample", ColumnKind::int64, "1")
+      .add_column("flush_bytes", ColumnKind::int64, "B", "bytes each rank wrote (and its inputs) before each timed operation")
       .add_column("root", ColumnKind::int64, "1", "-1 for unrooted operations")
       .add_column("count", ColumnKind::int64, "1", "the operation's count argument")
       .add_column("size_bytes", ColumnKind::float64, "B", "nccl-tests' S: allreduce, broadcast, reduce, sendrecv: the "
@@ -447,7 +451,7 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
       CaseResult r = run.record(*row.samples, row.wrong, op_name + " " + point.text("group_kind") + (concurrent ? " concurrent" : " alone") + " " + std::to_string(row.n->size_bytes) + " B",
           [&](Table& t) {
             axes.fill(t, point);
-            t.set("backend", "mpi").set("mode", "blocking").set("ops_per_sample", 1).set("root", -1)
+            t.set("backend", "mpi").set("mode", "blocking").set("ops_per_sample", 1).set("flush_bytes", 0).set("root", -1)
                 .set("count", row.n->count).set("size_bytes", double(row.n->size_bytes))
                 .set("bytes_per_rank", double(row.n->bytes_per_rank))
                 .set("n_groups", layout.world_size() / row.size).set("group_size", row.size)
@@ -502,6 +506,9 @@ void add_collective_options(Cli& cli, Options& o, HarnessOptions& h) {
              "groups and the blocking algorithms alike", o.segment_bytes);
   cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this, on the "
              "process groups and the blocking algorithms alike", o.max_message_bytes);
+  cli.option("flush-bytes", 0, "blocking mode, MPI host buffers: before each timed operation, outside its interval, "
+             "every rank rewrites its inputs and writes this many bytes of a buffer of its own (K/M/G), as a training "
+             "step's compute does between its collectives; 0: none", o.flush_bytes);
   add_harness_options(cli, h);
   cli.alias("warmup_iters", "warmup");
 }
@@ -515,6 +522,7 @@ struct Plan {
   std::vector<size_t> sizes;
   std::vector<int64_t> placements;  // 0 out of place, 1 in place
   int64_t segment_bytes = 0, max_message_bytes = 0;
+  int64_t flush_bytes = 0;
 };
 
 // nccl-tests' sizes: from -b to -e, multiplied by -f (or stepped by -i).
@@ -570,6 +578,12 @@ Plan plan_collective(const Options& o) {
       if (mixes(a)) mixable += (mixable.empty() ? "" : ", ") + std::string(coll::name(a));
     throw UsageError("--mixed takes one algorithm of the process groups: " + mixable);
   }
+  plan.flush_bytes = parse_bytes(o.flush_bytes, "--flush-bytes");
+  if (plan.flush_bytes < 0) throw UsageError("--flush-bytes must be 0 or more, got " + o.flush_bytes);
+  if (plan.flush_bytes > 0 && (o.mode != "blocking" || o.mixed))
+    throw UsageError("--flush-bytes writes between timed operations: it needs --mode blocking (and no --mixed)");
+  if (plan.flush_bytes > 0 && (o.backend != "mpi" || o.device_buffers))
+    throw UsageError("--flush-bytes writes host memory: it needs --backend mpi without --device-buffers");
   if (!o.grid_dim.empty() && o.grid.empty()) throw UsageError("--grid-dim needs --grid");
   if (!o.grid.empty() && o.group != "world") throw UsageError("--group and --grid exclude each other; use --grid-dim");
   if (o.placement != "in") plan.placements.push_back(0);
@@ -682,6 +696,7 @@ struct CollectiveJob {
   const coll::Layout& layout;
   const coll::Grid* grid;
   const std::vector<int>& group_of_rank;  // each rank's group, for the per-group table
+  std::span<float> flush;                  // --flush-bytes of this rank's own, allocated once
 };
 
 // One case: checked on an untimed iteration, timed, recorded, printed.
@@ -705,12 +720,25 @@ void run_case(const CollectiveJob& job, const Case& c, Executor& executor, Run& 
     if (injects_wrong_element(job.h, run.context().self.rank) && n.recv_elems > 0) corrupt_first_element(out, c.dtype);
     wrong = coll::count_wrong({c.op, c.dtype, c.redop}, n, out, job.group_rank, job.group_size, o.root);
   }
-  // Timed iterations start from the same nonzero inputs.
+  // Timed iterations start from the same nonzero inputs; with --flush-bytes each starts from them again, after this
+  // rank wrote its buffer of its own (nvbench's L2 flush), so the operation finds its data where a step's would.
   const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
-  executor.load_inputs(coll::check_inputs({c.op, c.dtype, c.redop}, n, job.group_rank));
-  std::vector<double> samples = run.measure(executor.timer(), [&] {
-    for (int k = 0; k < ops_per_sample; ++k) executor.run(c, n.count, o.root);
-  }, ops_per_sample);
+  const std::vector<unsigned char> inputs = coll::check_inputs({c.op, c.dtype, c.redop}, n, job.group_rank);
+  executor.load_inputs(inputs);
+  float written = 1;
+  std::vector<double> samples = run.measure(
+      executor.timer(), [&] { for (int k = 0; k < ops_per_sample; ++k) executor.run(c, n.count, o.root); },
+      ops_per_sample, [&] {
+        if (job.flush.empty()) return;
+        executor.load_inputs(inputs);
+        std::fill(job.flush.begin(), job.flush.end(), written += 1);
+      });
+  if (!job.flush.empty() && o.check) {
+    // The last timed operation started from the inputs too: its result is checked as the untimed one was.
+    std::vector<unsigned char> out;
+    executor.read_outputs(out);
+    wrong += coll::count_wrong({c.op, c.dtype, c.redop}, n, out, job.group_rank, job.group_size, o.root);
+  }
 
   double traffic_mine[2] = {double(traffic.intra_bytes), double(traffic.inter_bytes)}, traffic_sum[2] = {0, 0};
   STRATA_MPI_CHECK(MPI_Reduce(traffic_mine, traffic_sum, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD));
@@ -722,6 +750,7 @@ void run_case(const CollectiveJob& job, const Case& c, Executor& executor, Run& 
       [&](Table& t) {
         job.axes.fill(t, c.point);
         t.set("backend", o.backend).set("mode", o.mode).set("ops_per_sample", ops_per_sample)
+            .set("flush_bytes", static_cast<int64_t>(job.flush.size_bytes()))
             .set("root", coll::info(c.op).rooted ? o.root : -1)
             .set("count", n.count).set("size_bytes", double(n.size_bytes))
             .set("bytes_per_rank", double(n.bytes_per_rank))
@@ -822,7 +851,10 @@ int run_collective(int argc, char** argv) {
     table.print_header();
   }
   executor->reserve(largest);
-  const CollectiveJob job{o, h, axes, group, group_rank, group_size, group_kind, layout, grid.get(), group_of_rank};
+  const std::size_t flush_floats = static_cast<std::size_t>(plan.flush_bytes) / sizeof(float);
+  const PageAlignedFloats flush = flush_floats ? page_aligned_floats(flush_floats) : nullptr;
+  const CollectiveJob job{o,           h, axes, group, group_rank, group_size, group_kind, layout, grid.get(), group_of_rank,
+                          {flush.get(), flush_floats}};
   for (const Case& c : cases) run_case(job, c, *executor, run, table);
   if (run.is_root()) std::printf("# results: %s\n", run.output_path().c_str());
   return run.finish();

@@ -471,6 +471,7 @@ ordered_json system_to_json(const project::System& system) {
   device["memory_efficiency"] = quantity_to_json(system.device.memory_efficiency);
   if (system.device.memory_capacity) device["memory_capacity"] = quantity_to_json(*system.device.memory_capacity);
   if (system.device.kernel_overhead) device["kernel_overhead"] = quantity_to_json(*system.device.kernel_overhead);
+  if (!system.device.fused_into_gemm.empty()) device["fused_into_gemm"] = system.device.fused_into_gemm;
   if (system.device.elementwise_bandwidth || !system.device.elementwise_kernels.empty()) {
     ordered_json elementwise = ordered_json::object();
     if (system.device.elementwise_bandwidth) elementwise["bandwidth"] = quantity_to_json(*system.device.elementwise_bandwidth);
@@ -522,7 +523,8 @@ project::System system_from_json(const json& document, const std::string& source
                                       "memory_efficiency"});
   else
     read.only_keys(device, "device", {"name", "source", "devices_per_node", "compute", "memory_bandwidth",
-                                      "memory_efficiency", "memory_capacity", "elementwise", "kernel_overhead"});
+                                      "memory_efficiency", "memory_capacity", "elementwise", "kernel_overhead",
+                                      "fused_into_gemm"});
   system.device.name = read.text(device, "name", "device.name", true);
   system.device.source = read.text(device, "source", "device.source", false);
   if (!device.contains("devices_per_node") || !device.at("devices_per_node").is_number_integer())
@@ -539,6 +541,14 @@ project::System system_from_json(const json& document, const std::string& source
     system.device.memory_capacity = read.quantity(device, "memory_capacity", "device.memory_capacity");
   if (device.contains("kernel_overhead"))
     system.device.kernel_overhead = read.quantity(device, "kernel_overhead", "device.kernel_overhead");
+  if (device.contains("fused_into_gemm")) {
+    const json& fused = device.at("fused_into_gemm");
+    if (!fused.is_array()) read.fail("device.fused_into_gemm", "must be a list of kernel names");
+    for (const json& kernel : fused) {
+      if (!kernel.is_string()) read.fail("device.fused_into_gemm", "must be a list of kernel names");
+      system.device.fused_into_gemm.insert(kernel.get<std::string>());
+    }
+  }
   if (device.contains("elementwise")) {
     const json& elementwise = read.object(device, "elementwise", "device.elementwise");
     read.only_keys(elementwise, "device.elementwise", {"bandwidth", "kernels"});

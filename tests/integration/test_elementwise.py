@@ -9,7 +9,7 @@ import strata_results as sr
 from conftest import digest, mpirun, program
 
 KERNELS = {"layernorm_forward", "layernorm_backward", "gelu_forward", "gelu_backward", "residual_forward", "copy",
-           "permute_qkv", "permute_heads", "add_bias", "accumulate", "adamw", "squared_norm", "cross_entropy_forward",
+           "permute_qkv", "permute_heads", "add_bias", "fill_bias", "bias_gradient", "accumulate", "adamw", "squared_norm", "cross_entropy_forward",
            "cross_entropy_row_max", "cross_entropy_row_sum_exp", "cross_entropy_backward"}
 
 

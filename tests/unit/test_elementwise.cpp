@@ -30,7 +30,7 @@ TEST(ElementwiseKernels, EachChecksAgainstFloat64AndACorruptOutputFails) {
       {"layernorm_forward", R * C + 2 * R}, {"layernorm_backward", R * C + 2 * C}, {"gelu_forward", R * F},
       {"gelu_backward", R * F}, {"residual_forward", R * C}, {"copy", R * C},
       {"permute_qkv", R * (s.heads + 2 * s.kv_heads) * D}, {"permute_heads", R * s.heads * D}, {"add_bias", R * C},
-      {"accumulate", P}, {"adamw", 3 * P}, {"squared_norm", 1}, {"cross_entropy_forward", 4 * R},
+      {"fill_bias", R * C}, {"bias_gradient", C}, {"accumulate", P}, {"adamw", 3 * P}, {"squared_norm", 1}, {"cross_entropy_forward", 4 * R},
       {"cross_entropy_row_max", R}, {"cross_entropy_row_sum_exp", R}, {"cross_entropy_backward", R * V + R}};
   ASSERT_EQ(outputs.size(), elementwise::kernel_names().size());
   for (const std::string& kernel : elementwise::kernel_names()) {
@@ -73,6 +73,18 @@ TEST(ElementwiseKernels, BytesAreTheElementsTheStepsTraceCounts) {
       const std::string kernel(project::elementwise_kernel_of(op.name));
       if (kernel.empty()) continue;
       seen.insert(std::string(op.name));
+      if (kernel == "fill_bias" || kernel == "bias_gradient") {
+        // A linear layer's bias at its output width: the QKV projection's, the MLP's up or down (the benchmark's
+        // rate at the layer's width serves them all).
+        bool at_a_width = false;
+        for (const std::int64_t width : {q, h, f}) {
+          elementwise::LayerShape layer = shape;
+          layer.channels = width;
+          at_a_width = at_a_width || op.elements == elementwise::traced_elements(kernel, layer);
+        }
+        EXPECT_TRUE(at_a_width) << "tp " << tp << " " << op.name << " " << op.elements;
+        continue;
+      }
       const double want = elementwise::traced_elements(kernel, shape);
       // One update per unit: the layers' and the tables'.
       if (one_layer_seen.count(kernel)) one_layer_seen[kernel] = one_layer_seen[kernel] || op.elements == want;
@@ -81,7 +93,8 @@ TEST(ElementwiseKernels, BytesAreTheElementsTheStepsTraceCounts) {
     for (const auto& [kernel, seen_once] : one_layer_seen)
       EXPECT_TRUE(seen_once) << "tp " << tp << ": no " << kernel << " over one layer's parameters";
     for (const char* name : {"ln1", "ln2", "lnf", "norm backward", "gelu", "gelu backward", "residual", "copy", "split heads",
-                             "merge qkv", "merge heads", "split head grads", "adamw", "squared norm", "cross-entropy backward"})
+                             "merge qkv", "merge heads", "split head grads", "adamw", "squared norm", "cross-entropy backward",
+                             "bias fill", "bias grad"})
       EXPECT_TRUE(seen.count(name)) << "tp " << tp << ": the step traces no op named '" << name << "'";
     // The loss: fused over the whole vocabulary on one rank, in pieces combined over the group under tensor parallelism.
     for (const char* name : tp == 1 ? std::vector<const char*>{"cross-entropy"}

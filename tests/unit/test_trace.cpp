@@ -11,7 +11,9 @@
 #include <set>
 #include <sstream>
 
+#include "project/compact_runs.h"
 #include "project/trace_workload.h"
+#include "train/tracer.h"
 #include "train/step_formulas.h"
 #include "train/trainer.h"
 
@@ -148,8 +150,75 @@ TEST(Trace, CollectivesWaitedForAtOnceAreBlocking) {
     ASSERT_GT(reductions, 2) << "overlap " << overlap;
     if (overlap) {
       EXPECT_LT(blocking, reductions) << "overlapped reductions are not waited for at once";
+    } else {
+      EXPECT_EQ(blocking, reductions) << "without overlap each reduction is waited for as it is issued";
     }
   }
+
+  // The compacted workload (predict's and the search's) carries the mark too.
+  const project::WorkloadOptions options{"fp32", 4};
+  project::CompactRuns runs(tp, options);
+  std::vector<double> alone = runs.shape_seconds(fast_system());
+  const project::Workload& compact = runs.workload(alone);
+  int compact_blocking = 0, traced_blocking = 0;
+  for (const project::Op& op : compact.ranks[0].ops) compact_blocking += op.blocking;
+  for (const TraceOp& op : tp.ranks[0].ops) traced_blocking += op.blocking;
+  EXPECT_EQ(compact_blocking, traced_blocking);
+}
+
+// The tracer's rule, op by op: a collective is blocking when it was waited for by itself before anything else was
+// recorded.
+TEST(Trace, OnlyACollectiveWaitedForAloneIsBlocking) {
+  TraceGroups groups;
+  Tracer tracer(groups);
+  const coll::Group group("dp", std::vector<int>{0, 1}, 0, std::vector<int>{0, 0}, tracer);
+  std::vector<coll::Work> works;  // a traced operation's Work waits for the tracer's word when it goes
+  auto allreduce = [&] {
+    works.push_back(tracer.collective(group, coll::Operation::allreduce, coll::Algo::library, 8, coll::DataType::float32));
+    return tracer.last_operation();
+  };
+  const int alone = allreduce();
+  tracer.complete(alone);
+  const int first = allreduce(), second = allreduce();  // one wait for both: the second queues behind the first
+  tracer.complete(first, false);
+  tracer.complete(second, false);
+  const int behind = allreduce();
+  tracer.gemm("gemm", 4, 4, 4);  // recorded before the wait: the rank computed meanwhile
+  tracer.complete(behind);
+  const int earlier = allreduce(), last = allreduce();
+  tracer.complete(earlier);  // by itself, but another was issued after it
+  tracer.complete(last);     // by itself and the last recorded, although the earlier one was in flight when it began
+  const std::vector<TraceOp> ops = tracer.take();
+  EXPECT_TRUE(ops.at(static_cast<std::size_t>(alone)).blocking);
+  EXPECT_TRUE(ops.at(static_cast<std::size_t>(last)).blocking);
+  for (const int op : {first, second, behind, earlier}) EXPECT_FALSE(ops.at(static_cast<std::size_t>(op)).blocking) << op;
+}
+
+// The passes that move tensor-parallel collectives beside GEMMs take away the mark of each one they move.
+TEST(Trace, OverlapPassesClearTheBlockingMark) {
+  TrainConfig c = small_config();
+  c.sequence_parallel = true;
+  StepTrace trace = trace_step(c, {2, 1, 1}, {4, "tp,pp,dp", {}});
+  auto blocking_tp = [&] {
+    int n = 0;
+    for (const TraceOp& op : trace.ranks[0].ops)
+      n += op.kind == TraceOpKind::collective && op.blocking && trace.groups.at(static_cast<std::size_t>(op.group)).role == "tp";
+    return n;
+  };
+  const int before = blocking_tp();
+  const int moved = overlap_tensor_parallel_communication(trace);
+  ASSERT_GT(moved, 0);
+  EXPECT_EQ(blocking_tp(), before - moved);
+  // Every forward all-gather feeds a linear layer (its bias fill, which reads nothing gathered, then its GEMM): all
+  // of them run beside their GEMM.
+  int forward_gathers = 0;
+  for (const TraceOp& op : trace.ranks[0].ops)
+    if (op.kind == TraceOpKind::collective && op.collective == coll::Operation::allgather && op.phase == "forward" &&
+        trace.groups.at(static_cast<std::size_t>(op.group)).role == "tp") {
+      ++forward_gathers;
+      EXPECT_FALSE(op.blocking) << op.name << " was not moved beside its GEMM";
+    }
+  EXPECT_GE(forward_gathers, 2 * c.accumulation * c.model.layers);
 }
 
 // A grid of 10,240 ranks (tp 8, pp 16, dp 80) of GPT-3 175B, interleaved: one rank per stage traced, each standing
