@@ -489,7 +489,8 @@ std::optional<std::string> find_problem(const System& system) {
     if (auto p = check_non_negative("device.kernel_overhead", *d.kernel_overhead)) return p;
   for (const std::string& kernel : d.fused_into_gemm)
     if (std::find(std::begin(kFusableIntoGemm), std::end(kFusableIntoGemm), kernel) == std::end(kFusableIntoGemm))
-      return "device.fused_into_gemm: '" + kernel + "' is no kernel a GEMM's epilogue applies (fill_bias, bias_gradient)";
+      return "device.fused_into_gemm: '" + kernel +
+             "' is no kernel a GEMM's epilogue applies (fill_bias, bias_gradient)";
   if (auto p = check_tier("network.intra_node", system.intra_node)) return p;
   if (auto p = check_tier("network.inter_node", system.inter_node)) return p;
   if (system.ring_latency) {

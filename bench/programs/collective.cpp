@@ -304,7 +304,8 @@ void describe_columns(Run& run) {
       .add_column("backend", ColumnKind::string, "")
       .add_column("mode", ColumnKind::string, "", "pipelined: back-to-back operations per sample; blocking: one per sample")
       .add_column("ops_per_sample", ColumnKind::int64, "1")
-      .add_column("flush_bytes", ColumnKind::int64, "B", "bytes each rank wrote (and its inputs) before each timed operation")
+      .add_column("flush_bytes", ColumnKind::int64, "B",
+                  "bytes each rank wrote (and its inputs) before each timed operation")
       .add_column("root", ColumnKind::int64, "1", "-1 for unrooted operations")
       .add_column("count", ColumnKind::int64, "1", "the operation's count argument")
       .add_column("size_bytes", ColumnKind::float64, "B", "nccl-tests' S: allreduce, broadcast, reduce, sendrecv: the "
@@ -451,7 +452,8 @@ int run_mixed(int argc, char** argv, const HarnessOptions& h, const Options& o, 
       CaseResult r = run.record(*row.samples, row.wrong, op_name + " " + point.text("group_kind") + (concurrent ? " concurrent" : " alone") + " " + std::to_string(row.n->size_bytes) + " B",
           [&](Table& t) {
             axes.fill(t, point);
-            t.set("backend", "mpi").set("mode", "blocking").set("ops_per_sample", 1).set("flush_bytes", 0).set("root", -1)
+            t.set("backend", "mpi").set("mode", "blocking").set("ops_per_sample", 1).set("flush_bytes", 0)
+                .set("root", -1)
                 .set("count", row.n->count).set("size_bytes", double(row.n->size_bytes))
                 .set("bytes_per_rank", double(row.n->bytes_per_rank))
                 .set("n_groups", layout.world_size() / row.size).set("group_size", row.size)
@@ -853,7 +855,7 @@ int run_collective(int argc, char** argv) {
   executor->reserve(largest);
   const std::size_t flush_floats = static_cast<std::size_t>(plan.flush_bytes) / sizeof(float);
   const PageAlignedFloats flush = flush_floats ? page_aligned_floats(flush_floats) : nullptr;
-  const CollectiveJob job{o,           h, axes, group, group_rank, group_size, group_kind, layout, grid.get(), group_of_rank,
+  const CollectiveJob job{o, h, axes, group, group_rank, group_size, group_kind, layout, grid.get(), group_of_rank,
                           {flush.get(), flush_floats}};
   for (const Case& c : cases) run_case(job, c, *executor, run, table);
   if (run.is_root()) std::printf("# results: %s\n", run.output_path().c_str());

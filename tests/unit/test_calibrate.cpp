@@ -302,6 +302,7 @@ TEST(CalibratedLookups, CollectivesTakeTheirRangeAndNearestGroupSizeElseTheTier)
 
 System full_system() {
   System s = small_system();
+  s.device.fused_into_gemm = {"fill_bias", "bias_gradient"};
   ComputePeak& c = s.device.compute.at("fp32");
   c.gemm_points = {{256, 512, 1024, {1.5e-4, 0.03, ""}}};
   c.attention_points = {{{2, 8, 2, 512, 1024, 64, true, true}, {2.5e-3, 0.01, ""}}};
@@ -348,6 +349,13 @@ TEST(SystemJsonV2, RoundTripKeepsEveryNewField) {
   EXPECT_TRUE(back.device.compute.at("fp32").attention_points[0].shape.backward);
   ASSERT_TRUE(back.collective_contention.has_value());
   EXPECT_DOUBLE_EQ(back.collective_contention->value, 0.15);
+  EXPECT_EQ(back.device.fused_into_gemm, (std::set<std::string, std::less<>>{"bias_gradient", "fill_bias"}));
+  // A kernel fused into the GEMM costs nothing, launch gap included; one that is not takes its pass.
+  EXPECT_EQ(back.device.elementwise_seconds("bias fill", 1e6), 0);
+  EXPECT_EQ(back.device.elementwise_seconds("bias grad", 1e6), 0);
+  System unfused = back;
+  unfused.device.fused_into_gemm.clear();
+  EXPECT_GT(unfused.device.elementwise_seconds("bias fill", 1e6), 0);
   // The file form: written whole, readable, one line per measured point.
   const auto path = std::filesystem::temp_directory_path() / ("strata-v2-" + std::to_string(::getpid()) + ".json");
   strata::write_system(path.string(), s);
@@ -399,6 +407,8 @@ TEST(SystemJsonV2, EveryValidationErrorNamesItsField) {
       {[](System& s) { s.device.compute.at("fp32").attention_efficiency["sideways"] = {{{1, 0.5}}, 0, ""}; },
        "device.compute.fp32.attention_efficiency.sideways"},
       {[](System& s) { s.collectives[0].algorithm.clear(); }, "collectives[0].algorithm"},
+      {[](System& s) { s.device.fused_into_gemm.insert("gelu_forward"); },
+       "device.fused_into_gemm: 'gelu_forward' is no kernel a GEMM's epilogue applies"},
       {[](System& s) { s.collectives[0].ranks = 1; }, "collectives[0].ranks must be at least 2"},
       {[](System& s) { s.collectives[0].ranges.clear(); }, "collectives[0].ranges must hold"},
       {[](System& s) { s.collectives[0].points[1].bytes = 1e4; }, "collectives[0].points[1].bytes must exceed"},
@@ -786,7 +796,14 @@ TEST(CalibrateFiles, AFreshMeasurementReplacesTheBasesModelsOfItInBothModes) {
   CollectiveModel other = old;
   other.op = coll::Operation::allgather;
   base.collectives.push_back(other);
-  const Calibration c = calibrate(read_calibration_input({path}, "auto").input, &base, "base.json");
+  base.device.fused_into_gemm = {"fill_bias", "bias_gradient"};
+  CalibrationInput input = read_calibration_input({path}, "auto").input;
+  const Calibration c = calibrate(input, &base, "base.json");
+  // The GEMM library's epilogues are the base's, unless the step's elementwise kernels were measured (the CPU step,
+  // which runs its biases as passes).
+  EXPECT_EQ(c.system.device.fused_into_gemm, base.device.fused_into_gemm);
+  input.elementwise.push_back({"fill_bias", 1e6, 1e-4, 0.01});
+  EXPECT_TRUE(calibrate(input, &base, "base.json").system.device.fused_into_gemm.empty());
   const System& s = c.system;
   const CollectiveModel* allreduce = s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2, true);
   ASSERT_NE(allreduce, nullptr);
