@@ -784,9 +784,11 @@ class Calibrator {
   // The base's models of what was not measured here. A collective measured here in either mode replaces the base's
   // models of it in both: a call of the other mode takes the fresh measurement before an older one.
   void keep_base_collectives() {
+    const auto fresh = static_cast<std::ptrdiff_t>(s.collectives.size());
     if (base)
       for (const CollectiveModel& m : base->collectives) {
-        const bool measured = std::any_of(s.collectives.begin(), s.collectives.end(), [&m](const CollectiveModel& f) {
+        // Against the fresh models only: a base's two modes of a collective not measured here are both kept.
+        const bool measured = std::any_of(s.collectives.begin(), s.collectives.begin() + fresh, [&m](const CollectiveModel& f) {
           return f.op == m.op && f.algorithm == m.algorithm && f.group == m.group && f.ranks == m.ranks;
         });
         if (measured) continue;

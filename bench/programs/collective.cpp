@@ -722,8 +722,8 @@ void run_case(const CollectiveJob& job, const Case& c, Executor& executor, Run& 
     if (injects_wrong_element(job.h, run.context().self.rank) && n.recv_elems > 0) corrupt_first_element(out, c.dtype);
     wrong = coll::count_wrong({c.op, c.dtype, c.redop}, n, out, job.group_rank, job.group_size, o.root);
   }
-  // Timed iterations start from the same nonzero inputs; with --flush-bytes each starts from them again, after this
-  // rank wrote its buffer of its own (nvbench's L2 flush), so the operation finds its data where a step's would.
+  // Timed iterations start from the same nonzero inputs; with --flush-bytes this rank first writes a buffer of its own
+  // (nvbench's L2 flush) and then its inputs again, as a step's compute writes the collective's data last.
   const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
   const std::vector<unsigned char> inputs = coll::check_inputs({c.op, c.dtype, c.redop}, n, job.group_rank);
   executor.load_inputs(inputs);
@@ -732,8 +732,8 @@ void run_case(const CollectiveJob& job, const Case& c, Executor& executor, Run& 
       executor.timer(), [&] { for (int k = 0; k < ops_per_sample; ++k) executor.run(c, n.count, o.root); },
       ops_per_sample, [&] {
         if (job.flush.empty()) return;
-        executor.load_inputs(inputs);
         std::fill(job.flush.begin(), job.flush.end(), written += 1);
+        executor.load_inputs(inputs);
       });
   if (!job.flush.empty() && o.check) {
     // The last timed operation started from the inputs too: its result is checked as the untimed one was.

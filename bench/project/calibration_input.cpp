@@ -279,6 +279,8 @@ class Collector {
         continue;
       }
       if (cases.text("backend", r) != backend || (backend == "mpi" && device_buffers)) continue;
+      // A call timed after --flush-bytes of other traffic is another measurement than the mode's: not pooled with it.
+      if (cases.has("flush_bytes") && cases.integer("flush_bytes", r) > 0) continue;
       const int ranks = static_cast<int>(cases.integer("group_size", r));
       if (ranks < 2) continue;
       // The group's kind from its members' nodes.

@@ -796,6 +796,8 @@ TEST(CalibrateFiles, AFreshMeasurementReplacesTheBasesModelsOfItInBothModes) {
   CollectiveModel other = old;
   other.op = coll::Operation::allgather;
   base.collectives.push_back(other);
+  other.blocking = false;  // the allgather in both modes: neither measured here, both kept
+  base.collectives.push_back(other);
   base.device.fused_into_gemm = {"fill_bias", "bias_gradient"};
   CalibrationInput input = read_calibration_input({path}, "auto").input;
   const Calibration c = calibrate(input, &base, "base.json");
@@ -812,6 +814,7 @@ TEST(CalibrateFiles, AFreshMeasurementReplacesTheBasesModelsOfItInBothModes) {
   ASSERT_NE(allgather, nullptr);
   EXPECT_TRUE(allgather->blocking);
   EXPECT_NE(allgather->source.find("not measured here: from base.json"), std::string::npos) << allgather->source;
+  EXPECT_FALSE(s.find_collective(coll::Operation::allgather, "ring", GroupKind::intra_node, 2, false)->blocking);
 }
 
 TEST(CalibrateFiles, AGpuGemmRunMakesTheDeviceTheGpuWhoseMemoryComesFromTheBase) {
