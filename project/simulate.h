@@ -8,8 +8,8 @@
 // - Compute ops (timed, gemm, attention, elementwise) start when reached. A GEMM of dtype d takes its measured
 //   time where the system has points for it, else 2mnk / (peak_d * efficiency_d(2mnk)) or its memory traffic's
 //   time, whichever is longer (Device::gemm_seconds, system.h); attention counts flash-attention FLOPs
-//   (docs/metrics.md) the same way (Device::attention_seconds); an elementwise kernel takes bytes / (memory bandwidth
-//   * memory efficiency).
+//   (docs/metrics.md) the same way (Device::attention_seconds); an elementwise kernel its measured rate, else bytes /
+//   (memory bandwidth * memory efficiency), nothing when fused into the GEMM (Device::elementwise_seconds).
 // - A collective is matched across its group by (group id, sequence number of the collective on that group in
 //   each member's list). It starts when the last traced member reaches it and ends at the same time on every
 //   member: the system's model of that operation and algorithm (its blocking-mode model first for an op the rank

@@ -49,7 +49,8 @@ struct TraceOp {
   int element_bytes = 4;
   std::string_view algorithm;  // coll::name's
   int peer = -1;
-  // collective: the rank waited for it right after starting it, with no op of its own between (Tracer::complete).
+  // collective: the rank waited for it by itself right after starting it, with no op of its own between
+  // (Tracer::complete).
   bool blocking = false;
 };
 

@@ -93,9 +93,9 @@ class Tracer : public coll::GroupTrace {
 // Tensor-parallel communication beside the GEMMs (Megatron-Core's --tp-comm-overlap, Transformer Engine's
 // userbuffers; sequence parallelism only, as there): a tensor-parallel all-gather whose first reader is a GEMM (or the
 // bias fill before one) runs beside that GEMM, and the compute op after the GEMM waits for it instead; a
-// tensor-parallel reduce-scatter of a GEMM's output starts with that GEMM rather than after it. Framework kernels pipeline the GEMM over chunks of the
-// collective; the trace runs the two side by side, so a pair takes the longer of the two (plus the system's overlap
-// slowdown on the GEMM), not their sum. Returns the collectives it moved.
+// tensor-parallel reduce-scatter of a GEMM's output starts with that GEMM rather than after it. Framework kernels
+// pipeline the GEMM over chunks of the collective; the trace runs the two side by side, so a pair takes the longer of
+// the two (plus the system's overlap slowdown on the GEMM), not their sum. Returns the collectives it moved.
 int overlap_tensor_parallel_communication(StepTrace& trace);
 
 // The optimizer's parameter all-gathers (the post-update gathers of a strategy whose parameters are held whole

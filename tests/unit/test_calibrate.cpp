@@ -570,9 +570,11 @@ void add_collective_columns(Table& cases, Table& summary) {
       .add_column("slowdown_vs_alone", ColumnKind::float64, "1");
 }
 
-// `slower`: every time that many times the regimes' (another mode's or another run's times of the same sizes).
-// `jitter`: the k-th size's time off the regime by (-1)^(k+1) x jitter, relative (a fit's residual).
+// The k-th size's time off the regime by (-1)^(k+1) x jitter, relative (a fit's residual).
 double jittered(std::size_t k, double jitter) { return 1 + (k % 2 ? jitter : -jitter); }
+
+// `slower`: every time that many times the regimes' (another mode's or another run's times of the same sizes);
+// `jitter`: as jittered().
 
 void write_collectives(FileBuilder& file, bool emulated, const char* mode = "pipelined", double slower = 1.0,
                        double jitter = 0) {

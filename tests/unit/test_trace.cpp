@@ -121,7 +121,7 @@ TEST(Trace, ASequenceParallelReduceScatterIsTheWholeActivation) {
 
 // A collective the rank waits for right after starting it is blocking (timed by a description's blocking-mode model):
 // the tensor-parallel allreduces inside the passes and the loss's; the data-parallel reductions overlapped with
-// backward are not, but the one the rank starts last and waits for at once is; with overlap off, each is.
+// backward are not, nor those the end of the step waits for together; with overlap off, each is.
 TEST(Trace, CollectivesWaitedForAtOnceAreBlocking) {
   TrainConfig c = small_config();
   const StepTrace tp = trace_step(c, {2, 1, 1}, {4, "tp,pp,dp", {}});
