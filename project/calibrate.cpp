@@ -429,12 +429,20 @@ double residual_at(const CollectiveModel& m, double bytes) {
   return m.ranges.back().residual;
 }
 
-// A collective's measured sizes: per size, the median over its runs, spread half their range relative to it. A size
-// only one run timed has no spread of its own: it takes the fit's residual there.
-std::vector<CollectivePoint> measured_points(const std::vector<std::pair<double, double>>& bytes_seconds,
+// A collective's measured sizes: per size, the median over its runs (each run's own median of its cases there, in
+// place and out of place), spread half their range relative to it. A size only one run timed has no spread of its
+// own: it takes the fit's residual there.
+std::vector<CollectivePoint> measured_points(const std::vector<const CollectiveMeasurement*>& measured,
                                              const CollectiveModel& fit) {
+  std::map<double, std::map<std::string, std::vector<double>>> by_size_and_run;
+  int unnamed = 0;
+  for (const CollectiveMeasurement* m : measured)
+    if (m->bytes > 0 && m->seconds > 0)
+      by_size_and_run[m->bytes][m->run.empty() ? "#" + std::to_string(unnamed++) : m->run].push_back(m->seconds);
   std::vector<CollectivePoint> points;
-  for (const auto& [bytes, times] : times_by_size(bytes_seconds)) {
+  for (const auto& [bytes, runs] : by_size_and_run) {
+    std::vector<double> times;
+    for (const auto& [run, cases] : runs) times.push_back(median_of(cases));
     const double median = median_of(times);
     const auto [low, high] = std::minmax_element(times.begin(), times.end());
     const double spread = times.size() > 1 ? (*high - *low) / (2 * median) : residual_at(fit, bytes);
@@ -689,9 +697,11 @@ class Calibrator {
   // A model per operation, algorithm, group kind and size measured at three sizes or more.
   void fit_collectives() {
     std::map<Key, std::vector<std::pair<double, double>>> by_key;
+    std::map<Key, std::vector<const CollectiveMeasurement*>> measured_of;
     for (const CollectiveMeasurement& m : input.collectives) {
       const Key key{m.op, m.algorithm, m.group, m.ranks, m.blocking};
       by_key[key].emplace_back(m.bytes, m.seconds);
+      measured_of[key].push_back(&m);
       emulated[key] = emulated[key] || (m.emulated && m.group != GroupKind::intra_node);
     }
     for (const auto& [key, points] : by_key) {
@@ -710,7 +720,7 @@ class Calibrator {
           ")" + (emulated.at(key) ? "; nodes emulated on one machine (--ranks-per-node): shared memory, not a network" : "");
       s.collectives.push_back(fit_collective(op, algorithm, group, ranks, series, source));
       s.collectives.back().blocking = blocking;
-      s.collectives.back().points = measured_points(points, s.collectives.back());
+      s.collectives.back().points = measured_points(measured_of.at(key), s.collectives.back());
       report.push_back(name + ": " + model_text(s.collectives.back()));
     }
   }

@@ -149,6 +149,10 @@ struct GroupFacts {
 struct CollectiveInstance {
   std::vector<std::pair<int, int>> reached;  // (traced rank index, op index)
   const GroupFacts* facts = nullptr;
+  // While running, with a communication slowdown: its alone-seconds of work left as of `since`, and the wall seconds
+  // per alone-second since then (1 + the slowdown while a member computes, else 1).
+  double remaining = 0, since = 0, factor = 1;
+  bool running = false, dirty = false;
 };
 
 struct Channel {  // the sends of one (from, to) pair, matched in order with the recvs
@@ -189,6 +193,8 @@ struct RankState {
   std::vector<OpState> ops;
   int communication_running = 0;
   std::vector<int> running_compute;  // event queue: its compute ops now running
+  int compute_running = 0;           // its compute ops now running (both methods)
+  std::vector<CollectiveInstance*> running_collectives;  // with a communication slowdown: its collectives running
 };
 
 // A pending end of a running op (event queue): stale once the op's stamp has moved on.
@@ -210,7 +216,8 @@ std::string where(const RankGraph& g, int i) {
 class Simulator {
  public:
   Simulator(const System& system, const Workload& workload)
-      : system_(&system), workload_(workload), slowdown_(1 + system.overlap_slowdown.value) {
+      : system_(&system), workload_(workload), slowdown_(1 + system.overlap_slowdown.value),
+        communication_slowdown_(communication_slowdown_of(system)) {
     if (auto problem = find_problem(system)) throw std::invalid_argument("system description: " + *problem);
     index_ranks();
     index_groups();
@@ -225,6 +232,7 @@ class Simulator {
       throw std::logic_error("simulation: a description with other nodes than the one the workload was indexed on");
     system_ = &system;
     slowdown_ = 1 + system.overlap_slowdown.value;
+    communication_slowdown_ = communication_slowdown_of(system);
     for (size_t r = 0; r < state_.size(); ++r) {
       RankState& rs = state_[r];
       const RankGraph& g = workload_.ranks[r];
@@ -238,9 +246,16 @@ class Simulator {
       for (Queue& q : rs.queues) q.head = 0;
       rs.communication_running = 0;
       rs.running_compute.clear();
+      rs.compute_running = 0;
+      rs.running_collectives.clear();
     }
     for (auto& [group, instances] : collectives_)
-      for (CollectiveInstance& instance : instances) instance.reached.clear();
+      for (CollectiveInstance& instance : instances) {
+        instance.reached.clear();
+        instance.remaining = instance.since = 0, instance.factor = 1;
+        instance.running = instance.dirty = false;
+      }
+    retimed_.clear();
     for (auto& [key, channel] : channels_) {
       std::fill(channel.send_start.begin(), channel.send_start.end(), std::numeric_limits<double>::quiet_NaN());
       std::fill(channel.waiting_recv.begin(), channel.waiting_recv.end(), -1);
@@ -266,6 +281,7 @@ class Simulator {
     double now = 0;
     while (true) {
       start_everything_reachable(now);
+      retime_collectives(now);
       if (all_done()) break;
       if (event_queue_) {
         now = next_queued_event(now);
@@ -286,6 +302,8 @@ class Simulator {
   const Workload& workload_;
   SimulateOptions options_;
   double slowdown_;          // a compute op's wall time per alone-second while communication runs beside it
+  double communication_slowdown_;  // a collective's extra wall time per alone-second while a member computes
+  std::vector<CollectiveInstance*> retimed_;  // collectives whose members' computing changed at this instant
   bool event_queue_ = true;  // SimulateMethod::event_queue
   bool prepared_ = false;
   std::vector<Event> events_;  // a min-heap on time
@@ -511,6 +529,17 @@ class Simulator {
     if (s.status == Status::running && !s.compute) {
       --rs.communication_running;
       if (event_queue_ && rs.communication_running == 0) change_rate(r, current_, slowdown_, 1);
+      if (s.instance && s.instance->running) {
+        std::vector<CollectiveInstance*>& list = rs.running_collectives;
+        list.erase(std::find(list.begin(), list.end(), s.instance));
+        if (std::none_of(s.instance->reached.begin(), s.instance->reached.end(), [this, &s](const auto& member) {
+              const std::vector<CollectiveInstance*>& l = state_[static_cast<size_t>(member.first)].running_collectives;
+              return std::find(l.begin(), l.end(), s.instance) != l.end();
+            }))
+          s.instance->running = false;
+      }
+    } else if (s.status == Status::running) {
+      compute_stopped(r);
     }
     s.status = Status::done;
     timeline_.ops[r][static_cast<size_t>(i)].end = end;
@@ -546,10 +575,13 @@ class Simulator {
     t.start = now;
     s.status = Status::reached;
     if (s.compute) {
-      s.status = Status::running;
       if (s.remaining == 0) {
         mark_done(r, i, now);
-      } else if (event_queue_) {
+        return;
+      }
+      s.status = Status::running;
+      compute_started(r);
+      if (event_queue_) {
         s.since = now;
         state_[r].running_compute.push_back(i);
         push_event(r, i, now + s.remaining * slowdown_factor(r));
@@ -565,7 +597,14 @@ class Simulator {
         const double duration = system_->collective_seconds(op.collective, op.algorithm, facts.kind, op.bytes,
                                                            static_cast<int>(facts.group->ranks.size()), facts.per_node,
                                                            op.blocking);
-        for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, now + duration);
+        double end = now + duration;
+        if (communication_slowdown_ > 0) {
+          instance.remaining = duration, instance.since = now, instance.running = true;
+          instance.factor = factor_of(instance);
+          end = now + duration * instance.factor;
+          for (const auto& [mr, mi] : instance.reached) state_[static_cast<size_t>(mr)].running_collectives.push_back(&instance);
+        }
+        for (const auto& [mr, mi] : instance.reached) begin_communication(static_cast<size_t>(mr), mi, now, end);
       }
     } else if (s.kind == OpKind::send) {
       Channel& channel = *s.channel;
@@ -585,6 +624,51 @@ class Simulator {
         else mark_done(r, i, now);
       }
     }
+  }
+
+  // ---- collectives slowed by compute (System::communication_slowdown) ----
+  // A running collective's rate changes only when one of its members starts or stops computing; the changes of an
+  // instant are gathered and applied after every op it frees has started, so ops back to back on a stream do not
+  // move it.
+
+  static double communication_slowdown_of(const System& system) {
+    return system.communication_slowdown ? std::max(0.0, system.communication_slowdown->value) : 0;
+  }
+
+  double factor_of(const CollectiveInstance& instance) const {
+    for (const auto& [mr, mi] : instance.reached)
+      if (state_[static_cast<size_t>(mr)].compute_running > 0) return 1 + communication_slowdown_;
+    return 1;
+  }
+
+  void mark_retime(size_t r) {
+    for (CollectiveInstance* instance : state_[r].running_collectives)
+      if (!instance->dirty) instance->dirty = true, retimed_.push_back(instance);
+  }
+
+  void compute_started(size_t r) {
+    if (++state_[r].compute_running == 1) mark_retime(r);
+  }
+
+  void compute_stopped(size_t r) {
+    if (--state_[r].compute_running == 0) mark_retime(r);
+  }
+
+  void retime_collectives(double now) {
+    for (CollectiveInstance* instance : retimed_) {
+      instance->dirty = false;
+      if (!instance->running) continue;
+      const double factor = factor_of(*instance);
+      if (factor == instance->factor) continue;
+      instance->remaining = std::max(0.0, instance->remaining - (now - instance->since) / instance->factor);
+      instance->since = now, instance->factor = factor;
+      const double end = now + instance->remaining * factor;
+      for (const auto& [mr, mi] : instance->reached) {
+        timeline_.ops[static_cast<size_t>(mr)][static_cast<size_t>(mi)].end = end;
+        if (event_queue_) push_event(static_cast<size_t>(mr), mi, end);
+      }
+    }
+    retimed_.clear();
   }
 
   double slowdown_factor(size_t r) const {

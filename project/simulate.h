@@ -26,8 +26,11 @@
 //   a recv as above), that rank's running compute ops progress at rate 1 / (1 + s), s the system's overlap
 //   slowdown. A compute op whose alone-time work is done for a fraction r while communication runs therefore
 //   takes t_alone ((1 - r) + r (1 + s)), Echo's form, also when the overlap starts or ends midway: r is the
-//   fraction of the op's work (in alone-seconds) done in the overlapped wall time. Communication is not slowed
-//   by compute here, and waiting for the group's last member does not count as running.
+//   fraction of the op's work (in alone-seconds) done in the overlapped wall time. Waiting for the group's last
+//   member does not count as running.
+// - Communication slowed by compute: with the system's communication slowdown c (absent: 0), a running collective
+//   does its alone-time work at rate 1 / (1 + c) while any traced member of its group has a compute op running, at
+//   rate 1 otherwise; its end moves on every member when that changes. Sends and recvs are not slowed.
 #pragma once
 
 #include <cstdint>

@@ -183,6 +183,20 @@ def test_flush_bytes_start_each_blocking_operation_from_its_inputs(tmp_path):
     assert plain.returncode == 0 and set(sr.read_cases_with_summary(str(plain_out))["flush_bytes"]) == {0}
 
 
+def test_pipelined_samples_are_per_operation(tmp_path):
+    # A pipelined sample times --ops-per-sample operations back to back; its time is stored per operation, so the
+    # median of one operation per sample and of sixteen agree within the machine's noise (not sixteenfold).
+    medians = []
+    for ops in (1, 16):
+        result, out = collective(2, ["-m", "pipelined", "--ops-per-sample", str(ops), "--collective", "allreduce",
+                                     "-a", "ring", "-b", "1M", "-e", "1M", "-n", "20", "-w", "2"], tmp_path, f"p{ops}.h5")
+        assert result.returncode == 0, result.stderr[-3000:]
+        data = sr.read_cases_with_summary(str(out))
+        assert set(data["ops_per_sample"]) == {ops}
+        medians.append(float(np.median(data["time_rankmax_median"])))
+    assert 0.25 < medians[1] / medians[0] < 4, medians
+
+
 @pytest.mark.parametrize("args, message", [
     (["--collective", "gather"], "unknown operation 'gather'"),
     (["-d", "float8"], "unknown datatype 'float8'"),

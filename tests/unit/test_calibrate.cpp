@@ -574,17 +574,18 @@ void add_collective_columns(Table& cases, Table& summary) {
 double jittered(std::size_t k, double jitter) { return 1 + (k % 2 ? jitter : -jitter); }
 
 // `slower`: every time that many times the regimes' (another mode's or another run's times of the same sizes);
-// `jitter`: as jittered().
-
+// `jitter`: as jittered(); `placements`: cases per size in the run (in place, out of place, ...), the c-th 10 % c
+// slower than the first.
 void write_collectives(FileBuilder& file, bool emulated, const char* mode = "pipelined", double slower = 1.0,
-                       double jitter = 0) {
+                       double jitter = 0, int placements = 1) {
   Table cases("cases"), summary("summary"), groups("groups");
   add_collective_columns(cases, summary);
   groups.add_column("case", ColumnKind::int64, "1").add_column("group", ColumnKind::int64, "1")
       .add_column("world_ranks", ColumnKind::string, "");
   int index = 0;
   for (const char* op : {"allreduce", "sendrecv"})
-    for (std::size_t k = 0; k < suite_sizes().size(); ++k) {
+    for (std::size_t k = 0; k < suite_sizes().size(); ++k)
+    for (int placement = 0; placement < placements; ++placement) {
       const double s = suite_sizes()[k];
       const bool allreduce = std::string(op) == "allreduce";
       const auto& regimes = allreduce ? (emulated ? kInterAllreduce : kIntraAllreduce)
@@ -593,7 +594,8 @@ void write_collectives(FileBuilder& file, bool emulated, const char* mode = "pip
           .set("group_kind", "world").set("n_nodes", emulated ? 2 : 1).set("ranks_per_node", emulated ? 1 : 2)
           .set("emulated_nodes", emulated ? 1 : 0).set("backend", "mpi").set("mode", mode)
           .set("concurrent_with", "").set("grid", "").end_row();
-      summary.set("case", index).set("time_rankmax_median", slower * jittered(k, jitter) * regime_time(regimes, s, 1.0))
+      summary.set("case", index)
+          .set("time_rankmax_median", (1 + 0.1 * placement) * slower * jittered(k, jitter) * regime_time(regimes, s, 1.0))
           .set("slowdown_vs_alone", NAN).end_row();
       groups.set("case", index).set("group", 0).set("world_ranks", "0,1").end_row();
       ++index;
@@ -723,6 +725,38 @@ TEST(CalibrateFiles, RecoversTheKnownParametersOfSyntheticRuns) {
   EXPECT_NE(report.find("overlap slowdown s = 0.1500"), std::string::npos) << report;
 }
 
+// The relative residual of a collective's fit at `bytes`: its size range's, or the chunked form's.
+double fit_residual_at(const CollectiveModel& m, double bytes) {
+  if (m.form == CollectiveForm::chunked) return m.chunked.residual;
+  const auto range = std::find_if(m.ranges.begin(), m.ranges.end(), [bytes](const SizeRange& r) { return bytes <= r.up_to_bytes; });
+  return range == m.ranges.end() ? m.ranges.back().residual : range->residual;
+}
+
+TEST(CalibrateFiles, APointTimedInPlaceAndOutOfPlaceByOneRunIsOneRunsMeasurement) {
+  TempDir dir;
+  const std::string path = dir.file("placements.h5");
+  FileBuilder file(path);
+  write_gemm(file);
+  write_collectives(file, false, "pipelined", 1, 0.05, 2);  // one run, each size twice: 1x and 1.1x
+  write_collectives(file, true);
+  write_interference(file);
+  const Calibration c = calibrate(read_calibration_input({path}, "auto").input, nullptr, "");
+  ASSERT_TRUE(c.missing.empty()) << c.missing.front();
+  const CollectiveModel* m = c.system.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2);
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(m->points.size(), suite_sizes().size());
+  for (std::size_t i = 0; i < suite_sizes().size(); ++i) {
+    const double bytes = suite_sizes()[i];
+    EXPECT_LT(relative_error(m->points[i].seconds.value, 1.05 * jittered(i, 0.05) * regime_time(kIntraAllreduce, bytes, 1.0)),
+              1e-3) << bytes;
+    // The run's two cases are not two runs: no spread of their own (half their range would be 0.048), the fit's
+    // residual there.
+    const double residual = fit_residual_at(*m, bytes);
+    EXPECT_GT(residual, 0.02) << bytes;
+    EXPECT_NEAR(m->points[i].seconds.relative_spread, residual, 1e-3 * residual) << bytes;
+  }
+}
+
 TEST(CalibrateFiles, EachModeOfACollectiveIsAModelWithItsMeasuredSizes) {
   TempDir dir;
   const std::string path = dir.file("modes.h5");
@@ -758,9 +792,7 @@ TEST(CalibrateFiles, EachModeOfACollectiveIsAModelWithItsMeasuredSizes) {
     EXPECT_NEAR(blocking->points[i].seconds.relative_spread, 0.15, 1e-3) << bytes;
     EXPECT_LT(relative_error(pipelined->points[i].seconds.value, jittered(i, 0.05) * alone), 1e-3) << bytes;
     // Timed by one run: no spread of its own, the fit's residual at that size.
-    const auto range = std::find_if(pipelined->ranges.begin(), pipelined->ranges.end(),
-                                    [bytes](const SizeRange& r) { return bytes <= r.up_to_bytes; });
-    const double residual = pipelined->form == CollectiveForm::chunked ? pipelined->chunked.residual : range->residual;
+    const double residual = fit_residual_at(*pipelined, bytes);
     EXPECT_GT(residual, 0.02) << bytes;
     EXPECT_NEAR(pipelined->points[i].seconds.relative_spread, residual, 1e-3 * residual) << bytes;
     // A blocking call takes the blocking model; any other the pipelined one.

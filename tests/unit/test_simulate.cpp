@@ -628,6 +628,58 @@ TEST(Simulate, OverlapStartingMidwayCountsOnlyTheOverlappedWork) {
   EXPECT_CLOSE(t.ops[0][0].end, 1e-3 * ((1 - r) + r * (1 + slow)));
 }
 
+// As overlap(), with the communication slowdown c: the allreduce does its work at 1 / (1 + c) while the GEMM runs.
+Timeline slowed_communication(double t_alone, double allreduce_s, double s_slowdown, double c, SimulateMethod method) {
+  System s = test_system();
+  s.overlap_slowdown.value = s_slowdown;
+  s.communication_slowdown = Quantity{c, 0, "test"};
+  s.intra_node.latency.value = 0;
+  const double bytes = allreduce_s * s.intra_node.bandwidth.value;  // bus factor 1 with n = 2
+  Workload w{{{0, {0, 1}}}, {{0, 2, {timed_op("mm", t_alone), collective_op("ar", coll::Operation::allreduce, 0, bytes)}}}};
+  SimulateOptions options;
+  options.method = method;
+  return simulate(s, w, options);
+}
+
+TEST(Simulate, ACollectiveBesideComputeIsSlowedByTheCommunicationSlowdown) {
+  for (SimulateMethod method : {SimulateMethod::event_queue, SimulateMethod::scan}) {
+    // 1 ms of allreduce beside 1 ms of GEMM, c = 1: half its work in the GEMM's millisecond, the rest alone.
+    Timeline t = slowed_communication(1e-3, 1e-3, 0, 1, method);
+    EXPECT_CLOSE(t.ops[0][0].end, 1e-3);
+    EXPECT_CLOSE(t.ops[0][1].end, 1.5e-3);
+    // Both slowed at once: the GEMM (s = 0.25) ends at 1.25 ms with 0.625 ms of the allreduce done; 0.375 ms after.
+    t = slowed_communication(1e-3, 1e-3, 0.25, 1, method);
+    EXPECT_CLOSE(t.ops[0][0].end, 1.25e-3);
+    EXPECT_CLOSE(t.ops[0][1].end, 1.625e-3);
+    // A short allreduce ends inside the GEMM, at twice its time alone.
+    EXPECT_CLOSE(slowed_communication(1e-3, 0.2e-3, 0, 1, method).ops[0][1].end, 0.4e-3);
+    // A GEMM that ends first: 0.3 ms at half rate, then 0.85 ms alone.
+    EXPECT_CLOSE(slowed_communication(0.3e-3, 1e-3, 0, 1, method).ops[0][1].end, 1.15e-3);
+    // No communication slowdown: the allreduce takes its time alone.
+    EXPECT_CLOSE(slowed_communication(1e-3, 1e-3, 0, 0, method).ops[0][1].end, 1e-3);
+  }
+}
+
+TEST(Simulate, ACollectiveIsSlowedWhileAnyMemberComputes) {
+  // Two traced ranks: rank 0 computes for 1 ms beside the allreduce, rank 1 only reaches it. Both members end it
+  // together, slowed for the millisecond rank 0 computes.
+  System s = test_system();
+  s.overlap_slowdown.value = 0;
+  s.communication_slowdown = Quantity{1, 0, "test"};
+  s.intra_node.latency.value = 0;
+  const double bytes = 1e-3 * s.intra_node.bandwidth.value;
+  const Op ar = collective_op("ar", coll::Operation::allreduce, 0, bytes);
+  Workload w{{{0, {0, 1}}}, {{0, 1, {timed_op("mm", 1e-3), ar}}, {1, 1, {ar}}}};
+  for (SimulateMethod method : {SimulateMethod::event_queue, SimulateMethod::scan}) {
+    SimulateOptions options;
+    options.method = method;
+    const Timeline t = simulate(s, w, options);
+    EXPECT_CLOSE(t.ops[0][1].end, 1.5e-3);
+    EXPECT_CLOSE(t.ops[1][0].end, 1.5e-3);
+    EXPECT_CLOSE(t.breakdown[1].exposed_communication_s.at(0), 1.5e-3);
+  }
+}
+
 TEST(Simulate, DependenciesAndStreamOrder) {
   const System s = test_system();
   // A on the compute stream and B on stream 3 run side by side; C on the compute stream waits for B; D on stream
