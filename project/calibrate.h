@@ -115,8 +115,8 @@ struct CollectiveMeasurement {
   double seconds = 0;  // median over iterations of the per-iteration max over ranks
   bool emulated = false;  // the nodes were emulated on one machine (--ranks-per-node)
   bool blocking = false;  // timed one call at a time (strata-collective --mode blocking); else pipelined
-  // The run that timed it (a results file's run id): a size's cases of one run (in place and out of place) are one
-  // run's measurement of it. Empty: a run of its own.
+  // The run that timed it (its results file and run id): a size's cases of one run (in place and out of place) are
+  // one run's measurement of it. Empty: a run of its own.
   std::string run;
 };
 

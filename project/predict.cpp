@@ -181,6 +181,7 @@ System spread_end(const System& system, int direction) {
     for (CollectivePoint& p : model.points) scale_time(p.seconds, direction);
   }
   scale_time(s.overlap_slowdown, direction);
+  if (s.communication_slowdown) scale_time(*s.communication_slowdown, direction);
   return s;
 }
 

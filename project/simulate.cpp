@@ -152,7 +152,8 @@ struct CollectiveInstance {
   // While running, with a communication slowdown: its alone-seconds of work left as of `since`, and the wall seconds
   // per alone-second since then (1 + the slowdown while a member computes, else 1).
   double remaining = 0, since = 0, factor = 1;
-  bool running = false, dirty = false;
+  int members_running = 0;  // its traced members whose op of it has not ended
+  bool dirty = false;
 };
 
 struct Channel {  // the sends of one (from, to) pair, matched in order with the recvs
@@ -253,7 +254,7 @@ class Simulator {
       for (CollectiveInstance& instance : instances) {
         instance.reached.clear();
         instance.remaining = instance.since = 0, instance.factor = 1;
-        instance.running = instance.dirty = false;
+        instance.members_running = 0, instance.dirty = false;
       }
     retimed_.clear();
     for (auto& [key, channel] : channels_) {
@@ -529,14 +530,10 @@ class Simulator {
     if (s.status == Status::running && !s.compute) {
       --rs.communication_running;
       if (event_queue_ && rs.communication_running == 0) change_rate(r, current_, slowdown_, 1);
-      if (s.instance && s.instance->running) {
+      if (s.instance && s.instance->members_running > 0) {
         std::vector<CollectiveInstance*>& list = rs.running_collectives;
         list.erase(std::find(list.begin(), list.end(), s.instance));
-        if (std::none_of(s.instance->reached.begin(), s.instance->reached.end(), [this, &s](const auto& member) {
-              const std::vector<CollectiveInstance*>& l = state_[static_cast<size_t>(member.first)].running_collectives;
-              return std::find(l.begin(), l.end(), s.instance) != l.end();
-            }))
-          s.instance->running = false;
+        --s.instance->members_running;
       }
     } else if (s.status == Status::running) {
       compute_stopped(r);
@@ -599,7 +596,8 @@ class Simulator {
                                                            op.blocking);
         double end = now + duration;
         if (communication_slowdown_ > 0) {
-          instance.remaining = duration, instance.since = now, instance.running = true;
+          instance.remaining = duration, instance.since = now;
+          instance.members_running = static_cast<int>(instance.reached.size());
           instance.factor = factor_of(instance);
           end = now + duration * instance.factor;
           for (const auto& [mr, mi] : instance.reached) state_[static_cast<size_t>(mr)].running_collectives.push_back(&instance);
@@ -657,7 +655,7 @@ class Simulator {
   void retime_collectives(double now) {
     for (CollectiveInstance* instance : retimed_) {
       instance->dirty = false;
-      if (!instance->running) continue;
+      if (instance->members_running == 0) continue;
       const double factor = factor_of(*instance);
       if (factor == instance->factor) continue;
       instance->remaining = std::max(0.0, instance->remaining - (now - instance->since) / instance->factor);
@@ -671,9 +669,7 @@ class Simulator {
     retimed_.clear();
   }
 
-  double slowdown_factor(size_t r) const {
-    return state_[r].communication_running > 0 ? 1 + system_->overlap_slowdown.value : 1;
-  }
+  double slowdown_factor(size_t r) const { return state_[r].communication_running > 0 ? slowdown_ : 1; }
 
   double next_event(double now) const {
     double next = std::numeric_limits<double>::infinity();

@@ -276,10 +276,14 @@ const CollectiveModel* System::find_collective(coll::Operation op, std::string_v
     }
     return best;
   };
-  // A call takes a model of its own mode first; a model of the other mode (a measurement of the operation) before
-  // the tier's generic one.
-  if (const CollectiveModel* m = nearest(blocking)) return m;
-  return nearest(!blocking);
+  // A model measured at the call's group size first, of its own mode, then of the other (a ring's steps follow the
+  // group size more than the mode); else the nearest size of its own mode, then of the other (a measurement of the
+  // operation) before the tier's generic model.
+  const CollectiveModel* own = nearest(blocking);
+  const CollectiveModel* other = nearest(!blocking);
+  if (own && own->ranks == ranks) return own;
+  if (other && other->ranks == ranks) return other;
+  return own ? own : other;
 }
 
 double RingLatency::seconds(double bus_bytes, double bandwidth, int ranks, int nodes) const {

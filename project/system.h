@@ -275,8 +275,9 @@ struct System {
   // Echo's s: a compute kernel overlapped with communication for a fraction r of its work takes
   // t_alone ((1 - r) + r (1 + s)).
   Quantity overlap_slowdown;
-  // The other direction: a collective overlapped with compute takes (1 + value) times as long (strata-interference).
-  // Absent: not measured (not yet used by the simulator).
+  // The other direction: a collective overlapped with compute takes (1 + value) times as long (strata-interference);
+  // the simulator runs a collective at 1 / (1 + value) while a traced member of its group computes. Absent: not
+  // slowed.
   std::optional<Quantity> communication_slowdown;
 
   // The time of collective `op` of S = `bytes` on `ranks` ranks of a group of `kind`: the fitted model of that
@@ -286,8 +287,9 @@ struct System {
   // inter-node bandwidth) (with one member per node, the inter-node tier's own model). An all-gather or
   // reduce-scatter across nodes on a ring (runs_as_library_ring) takes at least `ring_latency`'s time at that
   // bandwidth, on ceil(ranks / per_node) nodes (the node count of an even group; per_node is the fewest members).
-  // `blocking`: the caller waits for it alone (simulate.h's Op::blocking). A call takes a model of its own mode
-  // first (blocking, or pipelined), then one of the other mode, then the tier's.
+  // `blocking`: the caller waits for it alone (simulate.h's Op::blocking). A call takes a model measured at its group
+  // size, of its own mode (blocking, or pipelined) before the other's; else the nearest size of its own mode, then of
+  // the other; then the tier's.
   double collective_seconds(coll::Operation op, std::string_view algorithm, GroupKind kind, double bytes, int ranks,
                             int per_node = 1, bool blocking = false) const;
   const CollectiveModel* find_collective(coll::Operation op, std::string_view algorithm, GroupKind kind, int ranks,

@@ -313,7 +313,8 @@ class Collector {
       if (operation == "sendrecv") {
         transfers_[{kind, mode}].push_back({kind, bytes, seconds, emulated});
       } else if (auto op = project::collective_from_name(operation)) {
-        out_.input.collectives.push_back({*op, algorithm, kind, ranks, bytes, seconds, emulated, mode == "blocking", run.id});
+        out_.input.collectives.push_back(
+            {*op, algorithm, kind, ranks, bytes, seconds, emulated, mode == "blocking", run.file + " run " + run.id});
       } else {
         continue;
       }

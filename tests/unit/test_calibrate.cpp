@@ -287,6 +287,10 @@ TEST(CalibratedLookups, CollectivesTakeTheirRangeAndNearestGroupSizeElseTheTier)
                    30e-6 + 8192 / 1e9);
   EXPECT_DOUBLE_EQ(s.collective_seconds(coll::Operation::allreduce, "ring", GroupKind::intra_node, 8192, 2), 5e-6 + 8192 / 4e9);
   EXPECT_EQ(s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 6, true)->ranks, 2);  // its mode first
+  // ... but the group size measured before the mode: a blocking call of 8 takes the pipelined model of 8.
+  const CollectiveModel* eight_ranks = s.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 8, true);
+  EXPECT_EQ(eight_ranks->ranks, 8);
+  EXPECT_FALSE(eight_ranks->blocking);
   EXPECT_FALSE(find_problem(s).has_value());  // the same operation in two modes is no repeat
   // Of an operation timed in one mode only, a call of the other mode takes that measurement before the tier's model.
   CollectiveModel only_blocking = blocking;
@@ -738,6 +742,8 @@ TEST(CalibrateFiles, APointTimedInPlaceAndOutOfPlaceByOneRunIsOneRunsMeasurement
   FileBuilder file(path);
   write_gemm(file);
   write_collectives(file, false, "pipelined", 1, 0.05, 2);  // one run, each size twice: 1x and 1.1x
+  write_collectives(file, false, "blocking", 1, 0, 2);  // two runs, each twice: medians 1.05x and 1.26x
+  write_collectives(file, false, "blocking", 1.2, 0, 2);
   write_collectives(file, true);
   write_interference(file);
   const Calibration c = calibrate(read_calibration_input({path}, "auto").input, nullptr, "");
@@ -754,6 +760,15 @@ TEST(CalibrateFiles, APointTimedInPlaceAndOutOfPlaceByOneRunIsOneRunsMeasurement
     const double residual = fit_residual_at(*m, bytes);
     EXPECT_GT(residual, 0.02) << bytes;
     EXPECT_NEAR(m->points[i].seconds.relative_spread, residual, 1e-3 * residual) << bytes;
+  }
+  // Two runs: each run's median first, then half their range (pooling the four times would give 0.139).
+  const CollectiveModel* b = c.system.find_collective(coll::Operation::allreduce, "ring", GroupKind::intra_node, 2, true);
+  ASSERT_TRUE(b != nullptr && b->blocking);
+  ASSERT_EQ(b->points.size(), suite_sizes().size());
+  for (std::size_t i = 0; i < suite_sizes().size(); ++i) {
+    const double alone = regime_time(kIntraAllreduce, suite_sizes()[i], 1.0);
+    EXPECT_LT(relative_error(b->points[i].seconds.value, 0.5 * (1.05 + 1.26) * alone), 1e-3) << suite_sizes()[i];
+    EXPECT_NEAR(b->points[i].seconds.relative_spread, (1.26 - 1.05) / (1.05 + 1.26), 1e-3) << suite_sizes()[i];
   }
 }
 

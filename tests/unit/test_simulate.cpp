@@ -680,6 +680,34 @@ TEST(Simulate, ACollectiveIsSlowedWhileAnyMemberComputes) {
   }
 }
 
+TEST(Simulate, ACollectiveSlowsWhenAMemberStartsComputingAfterIt) {
+  // Rank 0's GEMM waits for a 0.5 ms transfer from rank 1, so the 0.8 ms allreduce runs alone for 0.5 ms, then at
+  // half rate (c = 1) for its last 0.3 ms of work: it ends at 1.1 ms. A reused simulation without the slowdown gives
+  // the allreduce its 0.8 ms, and with it again 1.1 ms.
+  System s = test_system();
+  s.overlap_slowdown.value = 0;
+  s.communication_slowdown = Quantity{1, 0, "test"};
+  s.intra_node.latency.value = 0;
+  const double transfer = 0.5e-3 * s.intra_node.bandwidth.value;
+  const Op ar = collective_op("ar", coll::Operation::allreduce, 0, 0.8e-3 * s.intra_node.bandwidth.value);
+  Workload w{{{0, {0, 1}}},
+             {{0, 1, {recv_op("in", 1, transfer), timed_op("mm", 1e-3), ar}}, {1, 1, {send_op("out", 0, transfer), ar}}}};
+  for (SimulateMethod method : {SimulateMethod::event_queue, SimulateMethod::scan}) {
+    SimulateOptions options;
+    options.method = method;
+    const Timeline t = simulate(s, w, options);
+    EXPECT_CLOSE(t.ops[0][1].start, 0.5e-3);
+    EXPECT_CLOSE(t.ops[0][2].end, 1.1e-3);
+    EXPECT_CLOSE(t.ops[1][1].end, 1.1e-3);
+    Simulation reused(s, w);
+    System unslowed = s;
+    unslowed.communication_slowdown.reset();
+    EXPECT_CLOSE(reused.run(s, options).ops[0][2].end, 1.1e-3);
+    EXPECT_CLOSE(reused.run(unslowed, options).ops[0][2].end, 0.8e-3);
+    EXPECT_CLOSE(reused.run(s, options).ops[1][1].end, 1.1e-3);
+  }
+}
+
 TEST(Simulate, DependenciesAndStreamOrder) {
   const System s = test_system();
   // A on the compute stream and B on stream 3 run side by side; C on the compute stream waits for B; D on stream
