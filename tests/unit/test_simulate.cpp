@@ -628,17 +628,28 @@ TEST(Simulate, OverlapStartingMidwayCountsOnlyTheOverlappedWork) {
   EXPECT_CLOSE(t.ops[0][0].end, 1e-3 * ((1 - r) + r * (1 + slow)));
 }
 
-// As overlap(), with the communication slowdown c: the allreduce does its work at 1 / (1 + c) while the GEMM runs.
-Timeline slowed_communication(double t_alone, double allreduce_s, double s_slowdown, double c, SimulateMethod method) {
+// The test system with overlap slowdown s and communication slowdown c, its intra-node tier without latency (an
+// allreduce of two ranks then takes bytes / bandwidth).
+System slowed_both_ways(double s_slowdown, double c) {
   System s = test_system();
   s.overlap_slowdown.value = s_slowdown;
   s.communication_slowdown = Quantity{c, 0, "test"};
   s.intra_node.latency.value = 0;
-  const double bytes = allreduce_s * s.intra_node.bandwidth.value;  // bus factor 1 with n = 2
-  Workload w{{{0, {0, 1}}}, {{0, 2, {timed_op("mm", t_alone), collective_op("ar", coll::Operation::allreduce, 0, bytes)}}}};
+  return s;
+}
+
+SimulateOptions by(SimulateMethod method) {
   SimulateOptions options;
   options.method = method;
-  return simulate(s, w, options);
+  return options;
+}
+
+// As overlap(), with the communication slowdown c: the allreduce does its work at 1 / (1 + c) while the GEMM runs.
+Timeline slowed_communication(double t_alone, double allreduce_s, double s_slowdown, double c, SimulateMethod method) {
+  const System s = slowed_both_ways(s_slowdown, c);
+  const double bytes = allreduce_s * s.intra_node.bandwidth.value;  // bus factor 1 with n = 2
+  Workload w{{{0, {0, 1}}}, {{0, 2, {timed_op("mm", t_alone), collective_op("ar", coll::Operation::allreduce, 0, bytes)}}}};
+  return simulate(s, w, by(method));
 }
 
 TEST(Simulate, ACollectiveBesideComputeIsSlowedByTheCommunicationSlowdown) {
@@ -663,17 +674,12 @@ TEST(Simulate, ACollectiveBesideComputeIsSlowedByTheCommunicationSlowdown) {
 TEST(Simulate, ACollectiveIsSlowedWhileAnyMemberComputes) {
   // Two traced ranks: rank 0 computes for 1 ms beside the allreduce, rank 1 only reaches it. Both members end it
   // together, slowed for the millisecond rank 0 computes.
-  System s = test_system();
-  s.overlap_slowdown.value = 0;
-  s.communication_slowdown = Quantity{1, 0, "test"};
-  s.intra_node.latency.value = 0;
+  const System s = slowed_both_ways(0, 1);
   const double bytes = 1e-3 * s.intra_node.bandwidth.value;
   const Op ar = collective_op("ar", coll::Operation::allreduce, 0, bytes);
   Workload w{{{0, {0, 1}}}, {{0, 1, {timed_op("mm", 1e-3), ar}}, {1, 1, {ar}}}};
   for (SimulateMethod method : {SimulateMethod::event_queue, SimulateMethod::scan}) {
-    SimulateOptions options;
-    options.method = method;
-    const Timeline t = simulate(s, w, options);
+    const Timeline t = simulate(s, w, by(method));
     EXPECT_CLOSE(t.ops[0][1].end, 1.5e-3);
     EXPECT_CLOSE(t.ops[1][0].end, 1.5e-3);
     EXPECT_CLOSE(t.breakdown[1].exposed_communication_s.at(0), 1.5e-3);
@@ -684,17 +690,13 @@ TEST(Simulate, ACollectiveSlowsWhenAMemberStartsComputingAfterIt) {
   // Rank 0's GEMM waits for a 0.5 ms transfer from rank 1, so the 0.8 ms allreduce runs alone for 0.5 ms, then at
   // half rate (c = 1) for its last 0.3 ms of work: it ends at 1.1 ms. A reused simulation without the slowdown gives
   // the allreduce its 0.8 ms, and with it again 1.1 ms.
-  System s = test_system();
-  s.overlap_slowdown.value = 0;
-  s.communication_slowdown = Quantity{1, 0, "test"};
-  s.intra_node.latency.value = 0;
+  const System s = slowed_both_ways(0, 1);
   const double transfer = 0.5e-3 * s.intra_node.bandwidth.value;
   const Op ar = collective_op("ar", coll::Operation::allreduce, 0, 0.8e-3 * s.intra_node.bandwidth.value);
   Workload w{{{0, {0, 1}}},
              {{0, 1, {recv_op("in", 1, transfer), timed_op("mm", 1e-3), ar}}, {1, 1, {send_op("out", 0, transfer), ar}}}};
   for (SimulateMethod method : {SimulateMethod::event_queue, SimulateMethod::scan}) {
-    SimulateOptions options;
-    options.method = method;
+    const SimulateOptions options = by(method);
     const Timeline t = simulate(s, w, options);
     EXPECT_CLOSE(t.ops[0][1].start, 0.5e-3);
     EXPECT_CLOSE(t.ops[0][2].end, 1.1e-3);
