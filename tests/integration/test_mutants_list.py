@@ -3,10 +3,12 @@ test it names exists, so `scripts/mutants` runs instead of stopping at an entry 
 from __future__ import annotations
 
 import fnmatch
+import importlib.machinery
 import json
 import os
 import subprocess
 import sys
+import types
 
 from conftest import BUILD, ROOT
 
@@ -56,3 +58,26 @@ def test_every_named_unit_test_filter_selects_a_test():
             for pattern in patterns.split("-")[0].split(":"):
                 assert any(fnmatch.fnmatchcase(name, pattern) for name in names), \
                     f"{m['id']}: the filter {pattern} selects no unit test"
+
+
+def test_a_changed_source_is_newer_in_the_scratch_tree_than_what_was_built_from_it(tmp_path, monkeypatch):
+    # The scratch build is incremental: a file whose content changed must come out newer than the objects built from
+    # its old content, even when its own mtime is older than they are; an unchanged file keeps its mtime.
+    loader = importlib.machinery.SourceFileLoader("mutants_script", MUTANTS)
+    script = types.ModuleType(loader.name)
+    script.__file__ = MUTANTS
+    loader.exec_module(script)
+    source, tree = tmp_path / "source", tmp_path / "tree"
+    source.mkdir(), tree.mkdir()
+    for name, old, new in (("changed.cpp", "old", "new"), ("same.cpp", "same", "same")):
+        (source / name).write_text(new)
+        (tree / name).write_text(old)
+        os.utime(source / name, (1000, 1000))
+        os.utime(tree / name, (500, 500))
+    built = 2000  # an object built from the old content after the source was edited
+    monkeypatch.setattr(script, "ROOT", str(source))
+    monkeypatch.setattr(script, "tracked_files", lambda: ["changed.cpp", "same.cpp"])
+    script.sync_tree(str(tree))
+    assert (tree / "changed.cpp").read_text() == "new"
+    assert os.stat(tree / "changed.cpp").st_mtime > built
+    assert os.stat(tree / "same.cpp").st_mtime == 500
