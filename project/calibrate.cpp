@@ -696,16 +696,16 @@ class Calibrator {
 
   // A model per operation, algorithm, group kind and size measured at three sizes or more.
   void fit_collectives() {
-    std::map<Key, std::vector<std::pair<double, double>>> by_key;
     std::map<Key, std::vector<const CollectiveMeasurement*>> measured_of;
     for (const CollectiveMeasurement& m : input.collectives) {
       const Key key{m.op, m.algorithm, m.group, m.ranks, m.blocking};
-      by_key[key].emplace_back(m.bytes, m.seconds);
       measured_of[key].push_back(&m);
       emulated[key] = emulated[key] || (m.emulated && m.group != GroupKind::intra_node);
     }
-    for (const auto& [key, points] : by_key) {
+    for (const auto& [key, measured] : measured_of) {
       const auto& [op, algorithm, group, ranks, blocking] = key;
+      std::vector<std::pair<double, double>> points;  // (bytes, seconds) of every case, both placements pooled
+      for (const CollectiveMeasurement* m : measured) points.emplace_back(m->bytes, m->seconds);
       const std::string name = std::string(coll::name(op)) + " " + algorithm + " " + group_kind_name(group) +
                                " n=" + std::to_string(ranks) + (blocking ? " blocking" : "");
       const SizeSeries series = series_of(points, coll::bus_factor(op, ranks));
@@ -720,7 +720,7 @@ class Calibrator {
           ")" + (emulated.at(key) ? "; nodes emulated on one machine (--ranks-per-node): shared memory, not a network" : "");
       s.collectives.push_back(fit_collective(op, algorithm, group, ranks, series, source));
       s.collectives.back().blocking = blocking;
-      s.collectives.back().points = measured_points(measured_of.at(key), s.collectives.back());
+      s.collectives.back().points = measured_points(measured, s.collectives.back());
       report.push_back(name + ": " + model_text(s.collectives.back()));
     }
   }
