@@ -156,7 +156,7 @@ Op CompactRuns::communication_op(const train::StepTrace& trace, const train::Tra
     const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
     op.collective = t.collective;
     op.group = t.group;
-    op.bytes = collective_bytes(t, size, options.element_bytes);
+    op.bytes = collective_bytes(t, size, collective_element_bytes(trace, t, options));
     op.stream = communication_stream(t.group);
     op.algorithm = costed_algorithm(trace, t, options);
     op.blocking = t.blocking;

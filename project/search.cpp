@@ -228,7 +228,8 @@ double collective_duration(const System& system, const train::StepTrace& trace, 
                            const WorkloadOptions& options, const std::vector<GroupPlacement>& placements) {
   const GroupPlacement& g = placements.at(static_cast<std::size_t>(t.group));
   return system.collective_seconds(t.collective, costed_algorithm(trace, t, options), g.kind,
-                                   collective_bytes(t, g.size, options.element_bytes), g.size, g.per_node, t.blocking);
+                                   collective_bytes(t, g.size, collective_element_bytes(trace, t, options)), g.size, g.per_node,
+                                   t.blocking);
 }
 
 // Per traced rank: the alone-time of its compute operations (all, or only GEMMs and attention) plus its blocking

@@ -23,6 +23,15 @@ int element_bytes_of(const train::TraceOp& op, int element_bytes) {
   return op.element_bytes == 4 ? element_bytes : op.element_bytes;
 }
 
+int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp& op, const WorkloadOptions& options) {
+  const bool reduces = op.collective == coll::Operation::reduce_scatter || op.collective == coll::Operation::allreduce;
+  if (options.gradient_reduction_bytes == 0 || op.kind != train::TraceOpKind::collective || !reduces)
+    return element_bytes_of(op, options.element_bytes);
+  const std::string& role = trace.groups.at(static_cast<std::size_t>(op.group)).role;
+  const bool gradients = role.rfind("dp", 0) == 0 || role == "embedding";  // dp, dp_intra, dp_inter, dp_by_piece
+  return element_bytes_of(op, gradients ? options.gradient_reduction_bytes : options.element_bytes);
+}
+
 double collective_bytes(const train::TraceOp& op, int group_size, int element_bytes) {
   const double block = op.count * element_bytes_of(op, element_bytes);
   const bool whole = op.collective == coll::Operation::allgather || op.collective == coll::Operation::reduce_scatter;
@@ -41,7 +50,8 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
     case train::TraceOpKind::elementwise: op = elementwise_op(std::string(t.name), t.elements * options.element_bytes); break;
     case train::TraceOpKind::collective: {
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
-      op = collective_op(std::string(t.name), t.collective, t.group, collective_bytes(t, size, options.element_bytes));
+      op = collective_op(std::string(t.name), t.collective, t.group,
+                         collective_bytes(t, size, collective_element_bytes(trace, t, options)));
       op.algorithm = costed_algorithm(trace, t, options);
       op.blocking = t.blocking;
       break;

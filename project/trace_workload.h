@@ -24,6 +24,11 @@ struct WorkloadOptions {
   // gathers and gradient reductions) are costed under, so a framework that issues them its own way is described by
   // the system's collectives of that name (the shipped A100 description's "zero3-2021"); empty: as traced.
   std::string sharding_algorithm{};
+  // Bytes of a gradient element in the data-parallel groups' reductions (reduce-scatters and allreduces of the
+  // gradients, the tied embedding's too) where the framework reduces in another precision than it computes: 4 for
+  // PyTorch FSDP's reduce_dtype float32 (Composer's mixed precision DEFAULT), Megatron's --grad-reduce-in-fp32 or its
+  // fp32 main gradients; 0: element_bytes. Scalar fp64 reductions keep 8.
+  int gradient_reduction_bytes = 0;
 };
 
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});
@@ -39,6 +44,11 @@ bool is_compute(train::TraceOpKind kind);
 // A traced element's bytes in the predicted step: the step's floats at `element_bytes`, others (fp64 scalars) as
 // traced.
 int element_bytes_of(const train::TraceOp& op, int element_bytes);
+
+// The element size a traced collective moves in the predicted step: WorkloadOptions::gradient_reduction_bytes for a
+// data-parallel or embedding group's reduce-scatter or allreduce of the step's floats where it is set, else
+// element_bytes_of's.
+int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp& op, const WorkloadOptions& options);
 
 // S of docs/metrics.md for a traced collective: one rank's buffer for allreduce and broadcast, the whole gathered
 // buffer for allgather, the whole input for reduce_scatter.

@@ -149,6 +149,9 @@ Table prediction_table() {
       .add_column("system", K::string, "", "the system description's name")
       .add_column("dtype", K::string, "", "of GEMMs and attention")
       .add_column("element_bytes", K::int64, "B", "of activations, gradients and the step's collectives")
+      .add_column("gradient_reduction_bytes", K::int64, "B",
+                  "of the data-parallel gradient reductions' elements where the framework reduces in another precision "
+                  "(0: element_bytes)")
       .add_column("step_time", K::float64, "s", "simulated: the last op's end over all ranks")
       .add_column("step_time_low", K::float64, "s",
                   "simulated on the description with every figure at the faster end of its relative spread")
@@ -196,6 +199,7 @@ void add_prediction_row(Table& t, int64_t index, const StepCase& step, const Pre
       .set("tp_comm_overlap", step.trace.tp_comm_overlap ? 1 : 0)
       .set("sharding_collectives", step.workload.sharding_algorithm)
       .set("system", system_name).set("dtype", step.workload.dtype).set("element_bytes", step.workload.element_bytes)
+      .set("gradient_reduction_bytes", step.workload.gradient_reduction_bytes)
       .set("step_time", p.prediction.step_s).set("step_time_low", p.prediction.step_low_s)
       .set("step_time_high", p.prediction.step_high_s);
   for (const std::string& n : project::step_components()) t.set("phase_" + n, project::component(mean, n));

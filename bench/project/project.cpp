@@ -165,7 +165,7 @@ std::string case_label(const train::Strategy& strategy, train::Recompute mode) {
 struct PredictFlags {
   StepFlags step;
   std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash", simulator = "fast";
-  std::string tp_comm_overlap = "off", overlap_param_gather = "off", sharding_collectives;
+  std::string tp_comm_overlap = "off", overlap_param_gather = "off", sharding_collectives, grad_reduce_dtype = "auto";
   int nodes = 0, gpus = 0, element_bytes = 0;
   bool quiet = false;
 };
@@ -189,6 +189,9 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
              "frameworks ran it before flash attention)", o.attention, {"flash", "unfused"});
   cli.option("element-bytes", 0, "bytes of an activation, gradient and collective element (0: 2 for bf16 and fp16, "
              "else 4)", o.element_bytes, 0);
+  cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions (auto: the elements' --element-bytes; fp32 "
+             "as PyTorch FSDP's reduce_dtype float32, e.g. Composer's mixed precision DEFAULT, or Megatron's "
+             "--grad-reduce-in-fp32 do)", o.grad_reduce_dtype, {"auto", "fp32", "bf16", "fp16"});
   cli.alias("overlap-grad-reduce", "overlap");
   cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
              "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", o.tp_comm_overlap, {"on", "off"});
@@ -218,6 +221,9 @@ void resolve_dtype(PredictFlags& o, const project::System& system) {
   if (o.element_bytes == 0) o.element_bytes = o.dtype == "bf16" || o.dtype == "fp16" ? 2 : 4;
   if (o.element_bytes != 2 && o.element_bytes != 4) throw UsageError("--element-bytes must be 2 or 4");
 }
+
+// The bytes of a gradient element in the data-parallel reductions (WorkloadOptions::gradient_reduction_bytes).
+int gradient_reduction_bytes(const std::string& dtype) { return dtype == "fp32" ? 4 : dtype == "auto" ? 0 : 2; }
 
 // The job's ranks: --gpus, --nodes x the description's devices per node, the --grid's when it gives dp, else a node.
 int job_ranks(const PredictFlags& o, int per_node) {
@@ -250,7 +256,8 @@ std::vector<project::StepCase> predict_cases(const PredictFlags& o, const StepPl
       step.trace.grid_order = o.step.grid_order;
       step.trace.tp_comm_overlap = o.tp_comm_overlap == "on";
       step.trace.overlap_param_gather = o.overlap_param_gather == "on";
-      step.workload = {o.dtype, o.element_bytes, o.attention, o.sharding_collectives};
+      step.workload = {o.dtype, o.element_bytes, o.attention, o.sharding_collectives,
+                       gradient_reduction_bytes(o.grad_reduce_dtype)};
       step.predict = {o.simulator == "exact", !o.timeline.empty()};
       if (mode == train::Recompute::overlap) {
         if (!policy)
@@ -271,12 +278,14 @@ void print_predict_header(const PredictFlags& o, const StepPlan& plan, const pro
   const train::ModelConfig& model = plan.model;
   std::printf("# strata-project predict: %s (%s parameters) on %d rank(s) of %s (%d per node): tp %d x pp %d x dp %d, "
               "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention, %d-byte "
-              "elements; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
+              "elements%s; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
               "communication %s%s\n",
               model.name.c_str(), format_si(static_cast<double>(model.parameters())).c_str(), world, system.name.c_str(),
               ranks_per_node, plan.grid.tp, plan.grid.pp, plan.grid.dp, plan.config.micro_batch,
               plan.config.seq, plan.config.accumulation, static_cast<long long>(plan.global_rows), o.dtype.c_str(),
-              o.element_bytes, o.step.comm_algo.c_str(), o.step.overlap.c_str(), o.overlap_param_gather.c_str(),
+              o.element_bytes,
+              o.grad_reduce_dtype == "auto" ? "" : (", gradients reduced in " + o.grad_reduce_dtype).c_str(),
+              o.step.comm_algo.c_str(), o.step.overlap.c_str(), o.overlap_param_gather.c_str(),
               o.tp_comm_overlap.c_str(),
               o.sharding_collectives.empty() ? "" : ("; sharding collectives as " + o.sharding_collectives).c_str());
   std::printf("# step: the simulated step (last op's end over ranks) [interval: the description's figures at the ends of "

@@ -40,6 +40,7 @@ struct Row {
   std::string attention = "flash";  // flash, or unfused (the scores materialised)
   bool tp_comm_overlap = false, overlap_param_gather = false;  // predict's defaults where the row says nothing
   std::string sharding_collectives;  // the description's algorithm of the framework's sharding collectives
+  int gradient_reduction_bytes = 0;  // grad_reduce_dtype: 4 for fp32, 2 for bf16 or fp16; 0: as the step's elements
   double measured_s = 0;
   bool derived = false;  // the step time is derived from a published throughput
   std::string skipped;   // why the row is not predicted; empty when it is
@@ -167,6 +168,11 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   row.overlap_param_gather = r.flag("overlap_param_gather");
   row.tp_comm_overlap = r.flag("tp_comm_overlap");
   row.sharding_collectives = r.optional_text("sharding_collectives").value_or("");
+  if (const std::optional<std::string> reduce = r.optional_text("grad_reduce_dtype")) {
+    if (*reduce != "fp32" && *reduce != "bf16" && *reduce != "fp16")
+      r.fail("grad_reduce_dtype", "fp32, bf16 or fp16, got '" + *reduce + "'");
+    row.gradient_reduction_bytes = *reduce == "fp32" ? 4 : 2;
+  }
   if (row.tp_comm_overlap && tp > 1 && !f.sp)
     r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "
                               "reduce-scatters)");
@@ -311,7 +317,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     project::StepCase step = first_step_case(plan, flags, row.id, system.device.devices_per_node);
     step.trace.tp_comm_overlap = row.tp_comm_overlap;
     step.trace.overlap_param_gather = row.overlap_param_gather;
-    step.workload = {row.dtype, 2, row.attention, row.sharding_collectives};
+    step.workload = {row.dtype, 2, row.attention, row.sharding_collectives, row.gradient_reduction_bytes};
     step.predict.exact = o.exact;
     Result result;
     result.row = &row;

@@ -115,6 +115,25 @@ def test_predict_a_small_model_on_a_spec_sheet(tmp_path):
         assert any(e.get("name") == "qkv" for e in chrome["traceEvents"])
 
 
+def test_gradients_reduced_in_fp32_are_stated_recorded_and_cost(tmp_path):
+    # ZeRO-3 on two nodes, one micro-batch: the gradients' reduce-scatters in fp32 (--grad-reduce-dtype, as FSDP's
+    # reduce_dtype float32) take longer than in bf16 and are not all hidden; auto is the step's element size.
+    common = ["predict", "--system", H100, "--model", "gpt2-124m", "--seq", "1024", "--micro-batch", "1",
+              "--accumulation", "1", "--zero", "3", "--nodes", "2"]
+    steps = {}
+    for dtype in ("auto", "bf16", "fp32"):
+        out = tmp_path / f"{dtype}.h5"
+        result = project([*common, "--grad-reduce-dtype", dtype, "-O", str(out)], tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert ("gradients reduced in fp32" in result.stdout) == (dtype == "fp32")
+        _, rows, units = read_table(str(out), "prediction")
+        assert rows["gradient_reduction_bytes"] == [{"auto": 0, "bf16": 2, "fp32": 4}[dtype]]
+        assert units["gradient_reduction_bytes"] == "B"
+        steps[dtype] = rows["step_time"][0]
+    assert steps["bf16"] == pytest.approx(steps["auto"], rel=1e-12)
+    assert steps["fp32"] > steps["bf16"]
+
+
 def test_predict_gpt3_175b_on_10240_gpus(tmp_path):
     out = tmp_path / "big.h5"
     start = time.monotonic()

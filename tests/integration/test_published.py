@@ -117,7 +117,26 @@ def test_a_rows_sharding_collectives_cost_its_zero3_traffic_at_the_frameworks_ba
         assert run["prediction"]["sharding_collectives"][0].decode() == "zero3-2021"
 
 
+def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
+    # FSDP over two nodes with gradients reduced in fp32 (Composer's mixed precision DEFAULT): the reduce-scatters
+    # move 4-byte elements; with little compute to hide them behind (one sequence, no recomputation) the step is
+    # slower, and the prediction table records the element size.
+    fsdp = dict(tp=1, pp=1, dp=16, gpus=16, zero=3, global_batch=16, recompute="none", precision="bf16",
+                attention="flash")
+    bf16 = predicted_step(tmp_path, **fsdp)
+    fp32 = predicted_step(tmp_path, grad_reduce_dtype="fp32", **fsdp)
+    assert fp32 > 1.02 * bf16
+    assert predicted_step(tmp_path, grad_reduce_dtype="bf16", **fsdp) == pytest.approx(bf16, rel=1e-12)
+    path = write_set(tmp_path / "reduced.json", [row("r", "held-out", grad_reduce_dtype="fp32", **fsdp)])
+    out = tmp_path / "reduced.h5"
+    assert validate(tmp_path, "--published", path, "-O", str(out), "-q").returncode == 0
+    with h5py.File(out, "r") as f:
+        (run,) = f["runs"].values()
+        assert int(run["prediction"]["gradient_reduction_bytes"][0]) == 4
+
+
 @pytest.mark.parametrize("change, message", [
+    ({"grad_reduce_dtype": "fp8"}, "row bad: field grad_reduce_dtype: fp32, bf16 or fp16, got 'fp8'"),
     ({"split": "train"}, "row bad: field split: calibration or held-out, got 'train'"),
     ({"attention": "sparse"}, "row bad: field attention: flash or unfused, got 'sparse'"),
     ({"gpus": 9}, "row bad: field gpus: 9 is not tp x pp x dp = 8"),

@@ -293,5 +293,43 @@ TEST(Predict, ShardingCollectivesAreCostedUnderTheFrameworksAlgorithm) {
   EXPECT_NEAR(predict(s, trace, framework, {true, false}).step_s, as_framework, 1e-9 * as_framework);
 }
 
+// A framework that reduces gradients in fp32 under bf16 compute (WorkloadOptions::gradient_reduction_bytes): the
+// data-parallel reduce-scatters and allreduces of the step's floats move 4-byte elements, everything else (the
+// parameter all-gathers, fp64 scalars) what it moved; the step is slower on a description whose dp collectives are
+// slow, the same on both simulators.
+TEST(Predict, GradientReductionsMoveTheFrameworksElementSize) {
+  train::TrainConfig c;
+  c.model.name = "sharded";
+  c.model.layers = 2, c.model.hidden = 64, c.model.heads = 4, c.model.kv_heads = 4, c.model.vocab = 128, c.model.max_seq = 32;
+  c.micro_batch = 2, c.seq = 32, c.accumulation = 2;
+  c.strategy = train::parse_strategy("GGG");
+  const train::StepTrace trace = train::trace_step(c, {1, 1, 4}, {2, "tp,pp,dp", {}});
+  const WorkloadOptions bf16{"fp32", 2};
+  WorkloadOptions fp32_reductions = bf16;
+  fp32_reductions.gradient_reduction_bytes = 4;
+  const Workload plain = workload_of(trace, bf16), wide = workload_of(trace, fp32_reductions);
+  int doubled = 0, kept = 0;
+  for (std::size_t r = 0; r < trace.ranks.size(); ++r)
+    for (std::size_t i = 0; i < trace.ranks[r].ops.size(); ++i) {
+      const train::TraceOp& t = trace.ranks[r].ops[i];
+      if (t.kind != train::TraceOpKind::collective) continue;
+      const bool gradients = t.element_bytes == 4 && t.collective != coll::Operation::allgather &&
+                             trace.groups.at(static_cast<std::size_t>(t.group)).role.rfind("dp", 0) == 0;
+      EXPECT_EQ(wide.ranks[r].ops[i].bytes, (gradients ? 2 : 1) * plain.ranks[r].ops[i].bytes) << t.name;
+      EXPECT_EQ(collective_element_bytes(trace, t, fp32_reductions), gradients ? 4 : t.element_bytes == 8 ? 8 : 2);
+      (gradients ? doubled : kept) += 1;
+    }
+  EXPECT_GT(doubled, 0);
+  EXPECT_GT(kept, 0);  // the parameter gathers and the fp64 scalars
+
+  System s = test_system();
+  const double narrow = predict(s, trace, bf16).step_s, widened = predict(s, trace, fp32_reductions).step_s;
+  EXPECT_GT(widened, narrow);
+  EXPECT_NEAR(predict(s, trace, fp32_reductions, {true, false}).step_s, widened, 1e-9 * widened);
+  WorkloadOptions same = bf16;
+  same.gradient_reduction_bytes = 2;
+  EXPECT_CLOSE(predict(s, trace, same).step_s, narrow);
+}
+
 }  // namespace
 }  // namespace strata::project
