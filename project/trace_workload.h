@@ -26,8 +26,8 @@ struct WorkloadOptions {
   std::string sharding_algorithm{};
   // Bytes of a gradient element in the data-parallel groups' reductions (reduce-scatters and allreduces of the
   // gradients, the tied embedding's too) where the framework reduces in another precision than it computes: 4 for
-  // PyTorch FSDP's reduce_dtype float32 (Composer's mixed precision DEFAULT), Megatron's --grad-reduce-in-fp32 or its
-  // fp32 main gradients; 0: element_bytes. Scalar fp64 reductions keep 8.
+  // PyTorch FSDP's reduce_dtype float32 (Composer's mixed precision DEFAULT) or Megatron-Core's grad_reduce_in_fp32;
+  // 0: element_bytes. Scalar fp64 reductions keep 8.
   int gradient_reduction_bytes = 0;
 };
 

@@ -148,7 +148,9 @@ Table prediction_table() {
                   "(empty: as traced)")
       .add_column("system", K::string, "", "the system description's name")
       .add_column("dtype", K::string, "", "of GEMMs and attention")
-      .add_column("element_bytes", K::int64, "B", "of activations, gradients and the step's collectives")
+      .add_column("element_bytes", K::int64, "B",
+                  "of activations, gradients and the step's collectives (the gradient reductions': "
+                  "gradient_reduction_bytes where it is set)")
       .add_column("gradient_reduction_bytes", K::int64, "B",
                   "of the data-parallel gradient reductions' elements where the framework reduces in another precision "
                   "(0: element_bytes)")

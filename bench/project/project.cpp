@@ -190,8 +190,8 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
   cli.option("element-bytes", 0, "bytes of an activation, gradient and collective element (0: 2 for bf16 and fp16, "
              "else 4)", o.element_bytes, 0);
   cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions (auto: the elements' --element-bytes; fp32 "
-             "as PyTorch FSDP's reduce_dtype float32, e.g. Composer's mixed precision DEFAULT, or Megatron's "
-             "--grad-reduce-in-fp32 do)", o.grad_reduce_dtype, {"auto", "fp32", "bf16", "fp16"});
+             "as PyTorch FSDP's reduce_dtype float32, e.g. Composer's mixed precision DEFAULT, or Megatron-Core's "
+             "grad_reduce_in_fp32 do)", o.grad_reduce_dtype, {"auto", "fp32", "bf16", "fp16"});
   cli.alias("overlap-grad-reduce", "overlap");
   cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
              "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", o.tp_comm_overlap, {"on", "off"});

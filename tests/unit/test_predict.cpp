@@ -249,16 +249,22 @@ TEST(Predict, TracedStepsCarryPhasesAndTheirComponentsAddUp) {
   EXPECT_GE(p.step_high_s, p.step_s);
 }
 
-// A framework's sharding collectives (WorkloadOptions::sharding_algorithm): exactly the data-parallel all-gathers and
-// reduce-scatters are costed under its name; a description without collectives of that name gives the step of the
-// traced algorithms, one with slower ones a slower step, the same on both simulators.
-TEST(Predict, ShardingCollectivesAreCostedUnderTheFrameworksAlgorithm) {
+// A two-layer model's step, micro-batches of two sequences of 32, two of them, under `strategy` on `grid` (tp, pp, dp),
+// two ranks per node.
+train::StepTrace small_trace(const std::string& strategy, const coll::GridShape& grid) {
   train::TrainConfig c;
   c.model.name = "sharded";
   c.model.layers = 2, c.model.hidden = 64, c.model.heads = 4, c.model.kv_heads = 4, c.model.vocab = 128, c.model.max_seq = 32;
   c.micro_batch = 2, c.seq = 32, c.accumulation = 2;
-  c.strategy = train::parse_strategy("GGG");
-  const train::StepTrace trace = train::trace_step(c, {1, 1, 4}, {2, "tp,pp,dp", {}});  // dp over two nodes
+  c.strategy = train::parse_strategy(strategy);
+  return train::trace_step(c, grid, {2, "tp,pp,dp", {}});
+}
+
+// A framework's sharding collectives (WorkloadOptions::sharding_algorithm): exactly the data-parallel all-gathers and
+// reduce-scatters are costed under its name; a description without collectives of that name gives the step of the
+// traced algorithms, one with slower ones a slower step, the same on both simulators.
+TEST(Predict, ShardingCollectivesAreCostedUnderTheFrameworksAlgorithm) {
+  const train::StepTrace trace = small_trace("GGG", {1, 1, 4});  // dp over two nodes
   const WorkloadOptions plain{"fp32", 4};
   WorkloadOptions framework = plain;
   framework.sharding_algorithm = "framework";
@@ -295,15 +301,10 @@ TEST(Predict, ShardingCollectivesAreCostedUnderTheFrameworksAlgorithm) {
 
 // A framework that reduces gradients in fp32 under bf16 compute (WorkloadOptions::gradient_reduction_bytes): the
 // data-parallel reduce-scatters and allreduces of the step's floats move 4-byte elements, everything else (the
-// parameter all-gathers, fp64 scalars) what it moved; the step is slower on a description whose dp collectives are
-// slow, the same on both simulators.
+// parameter all-gathers, fp64 scalars) what it moved; the step is slower, the same on both simulators, and bf16
+// reductions under a 4-byte step make it faster.
 TEST(Predict, GradientReductionsMoveTheFrameworksElementSize) {
-  train::TrainConfig c;
-  c.model.name = "sharded";
-  c.model.layers = 2, c.model.hidden = 64, c.model.heads = 4, c.model.kv_heads = 4, c.model.vocab = 128, c.model.max_seq = 32;
-  c.micro_batch = 2, c.seq = 32, c.accumulation = 2;
-  c.strategy = train::parse_strategy("GGG");
-  const train::StepTrace trace = train::trace_step(c, {1, 1, 4}, {2, "tp,pp,dp", {}});
+  const train::StepTrace trace = small_trace("GGG", {1, 1, 4});
   const WorkloadOptions bf16{"fp32", 2};
   WorkloadOptions fp32_reductions = bf16;
   fp32_reductions.gradient_reduction_bytes = 4;
@@ -326,9 +327,40 @@ TEST(Predict, GradientReductionsMoveTheFrameworksElementSize) {
   const double narrow = predict(s, trace, bf16).step_s, widened = predict(s, trace, fp32_reductions).step_s;
   EXPECT_GT(widened, narrow);
   EXPECT_NEAR(predict(s, trace, fp32_reductions, {true, false}).step_s, widened, 1e-9 * widened);
-  WorkloadOptions same = bf16;
-  same.gradient_reduction_bytes = 2;
-  EXPECT_CLOSE(predict(s, trace, same).step_s, narrow);
+  // bf16 reductions under a 4-byte step: half the reductions' bytes.
+  const WorkloadOptions fp32{"fp32", 4};
+  WorkloadOptions bf16_reductions = fp32;
+  bf16_reductions.gradient_reduction_bytes = 2;
+  EXPECT_LT(predict(s, trace, bf16_reductions).step_s, predict(s, trace, fp32).step_s);
+}
+
+// On a grid of every dimension the gradient reductions are the dp groups' reductions and the tied embedding's
+// allreduce across the first and last stage; the tensor-parallel allreduces (activations) and the pipeline's
+// transfers keep the step's element size.
+TEST(Predict, GradientReductionsAreTheDataParallelAndEmbeddingGroupsOnly) {
+  const train::StepTrace trace = small_trace("NNN", {2, 2, 2});
+  WorkloadOptions fp32_reductions{"fp32", 2};
+  fp32_reductions.gradient_reduction_bytes = 4;
+  std::map<std::string, std::pair<int, int>> by_role;  // role -> (ops at 4 bytes, ops at 2 bytes)
+  for (const train::TraceRank& rank : trace.ranks)
+    for (const train::TraceOp& t : rank.ops) {
+      if (t.kind != train::TraceOpKind::collective || t.element_bytes != 4) continue;
+      const std::string& role = trace.groups.at(static_cast<std::size_t>(t.group)).role;
+      const int bytes = collective_element_bytes(trace, t, fp32_reductions);
+      ASSERT_TRUE(bytes == 4 || bytes == 2) << t.name;
+      (bytes == 4 ? by_role[role].first : by_role[role].second) += 1;
+    }
+  EXPECT_GT(by_role["dp"].first, 0);
+  EXPECT_EQ(by_role["dp"].second, 0);
+  EXPECT_GT(by_role["embedding"].first, 0);
+  EXPECT_EQ(by_role["embedding"].second, 0);
+  EXPECT_EQ(by_role["tp"].first, 0);
+  EXPECT_GT(by_role["tp"].second, 0);
+  for (const train::TraceRank& rank : trace.ranks)
+    for (const train::TraceOp& t : rank.ops) {
+      if (t.kind != train::TraceOpKind::send && t.kind != train::TraceOpKind::recv) continue;
+      EXPECT_EQ(workload_op(trace, t, fp32_reductions).bytes, t.count * 2) << t.name;
+    }
 }
 
 }  // namespace
