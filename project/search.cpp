@@ -67,7 +67,11 @@ int element_bytes_for(const std::string& dtype) {
   return bytes ? static_cast<int>(*bytes) : 4;
 }
 
-WorkloadOptions workload_options(const std::string& dtype) { return {dtype, element_bytes_for(dtype)}; }
+WorkloadOptions workload_options(const SearchSpace& space) {
+  WorkloadOptions options{space.dtype, element_bytes_for(space.dtype)};
+  options.gradient_reduction_bytes = space.gradient_reduction_bytes;
+  return options;
+}
 
 // Whether GPipe and 1F1B list the same passes in the same order on every pipeline rank (one micro-batch).
 bool same_order(int stages, int micro_batches) {
@@ -161,7 +165,7 @@ StepCase step_case(const SearchSpace& space, const Candidate& k, int devices_per
   step.config = train_config(space, k);
   step.grid = {k.tp, k.pp, k.dp};
   step.trace = {devices_per_node, "tp,pp,dp", {}};
-  step.workload = workload_options(space.dtype);
+  step.workload = workload_options(space);
   return step;
 }
 
@@ -301,7 +305,7 @@ double lower_bound_s(const System& system, const SearchSpace& space, const Candi
   const std::vector<int> key = bound_key(k, false);
   auto found = cache.per_micro.find(key);
   if (found == cache.per_micro.end()) {
-    const WorkloadOptions options = workload_options(space.dtype);
+    const WorkloadOptions options = workload_options(space);
     ComputeTimes times(system, options);
     const std::vector<double> one = rank_work(system, probe_trace(system, space, k, 1, 1), options, times, false);
     const std::vector<double> two = rank_work(system, probe_trace(system, space, k, 1, 2), options, times, false);
@@ -326,7 +330,7 @@ double refined_lower_bound_s(const System& system, const SearchSpace& space, con
   const std::vector<int> key = bound_key(k, true);
   auto found = cache.sums.find(key);
   if (found == cache.sums.end()) {
-    const WorkloadOptions options = workload_options(space.dtype);
+    const WorkloadOptions options = workload_options(space);
     ComputeTimes times(system, options);
     BoundCache::Sums sums;
     for (int at : {2, 3}) {

@@ -79,6 +79,7 @@ struct SearchSpace {
   std::vector<int> tp, pp;                  // empty: every degree that divides
   bool sequence_parallel = true;            // with tp > 1
   std::string dtype = "bf16";               // of GEMMs and attention; 16-bit: mixed-precision memory (above)
+  int gradient_reduction_bytes = 0;         // WorkloadOptions::gradient_reduction_bytes (0: the step's element size)
   double memory_limit = 0;                  // B per device
   int top = 10;
   bool prune = true;  // the lower bounds above; false: every configuration that fits is simulated

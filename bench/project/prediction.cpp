@@ -25,6 +25,8 @@ using namespace strata::train;
 using project::PredictedStep;
 using project::StepCase;
 
+int gradient_reduction_bytes(const std::string& dtype) { return dtype == "fp32" ? 4 : dtype == "auto" ? 0 : 2; }
+
 void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag) {
   if (algorithm.empty()) return;
   std::set<std::string> have;

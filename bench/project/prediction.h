@@ -29,6 +29,11 @@ project::StepCase first_step_case(const StepPlan& plan, const StepFlags& flags, 
 // of predict, a published row's sharding_collectives); nothing for an empty name.
 void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag);
 
+// The --grad-reduce-dtype choices of predict and search (auto, fp32, bf16, fp16) and the element size each gives
+// WorkloadOptions::gradient_reduction_bytes (auto: 0, the step's element size).
+inline const std::vector<std::string> kGradReduceDtypes = {"auto", "fp32", "bf16", "fp16"};
+int gradient_reduction_bytes(const std::string& dtype);
+
 // Each pipeline rank's configuration under a stored placement (a strata-recompute-policy document, as strata-step
 // stores it with an overlap case): train::placed_rank_configs with, for each rank, the policy's entries that name its
 // ops. `source` names the policy in messages (UsageError).

@@ -191,7 +191,7 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
              "else 4)", o.element_bytes, 0);
   cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions (auto: the elements' --element-bytes; fp32 "
              "as PyTorch FSDP's reduce_dtype float32, e.g. Composer's mixed precision DEFAULT, or Megatron-Core's "
-             "grad_reduce_in_fp32 do)", o.grad_reduce_dtype, {"auto", "fp32", "bf16", "fp16"});
+             "grad_reduce_in_fp32 do)", o.grad_reduce_dtype, kGradReduceDtypes);
   cli.alias("overlap-grad-reduce", "overlap");
   cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
              "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", o.tp_comm_overlap, {"on", "off"});
@@ -221,9 +221,6 @@ void resolve_dtype(PredictFlags& o, const project::System& system) {
   if (o.element_bytes == 0) o.element_bytes = o.dtype == "bf16" || o.dtype == "fp16" ? 2 : 4;
   if (o.element_bytes != 2 && o.element_bytes != 4) throw UsageError("--element-bytes must be 2 or 4");
 }
-
-// The bytes of a gradient element in the data-parallel reductions (WorkloadOptions::gradient_reduction_bytes).
-int gradient_reduction_bytes(const std::string& dtype) { return dtype == "fp32" ? 4 : dtype == "auto" ? 0 : 2; }
 
 // The job's ranks: --gpus, --nodes x the description's devices per node, the --grid's when it gives dp, else a node.
 int job_ranks(const PredictFlags& o, int per_node) {

@@ -92,7 +92,7 @@ std::string gb(double bytes) { return format_fixed(bytes / 1e9, 1); }
 struct Options {
   std::string system_path, model, output, memory_limit, dtype = "bf16", trainable = "all";
   std::string micro_batches = "1,2,4,8", schedules = "gpipe,1f1b,interleaved", recompute = "none,full,selective";
-  std::string strategies = "all", tp, pp, sequence_parallel = "on";
+  std::string strategies = "all", tp, pp, sequence_parallel = "on", grad_reduce_dtype = "auto";
   int gpus = 0, global_batch = 0, seq = 0, top = 10, interleave = 2, threads = 0;
   double target = kTargetRate;
   int layers = 0, hidden = 0, heads = 0, kv_heads = 0, vocab = 50257, mlp_hidden = 0;
@@ -171,6 +171,7 @@ project::SearchSpace resolve_space(const Options& o, const project::System& syst
     throw UsageError("the system's device has no " + o.dtype + " compute (it has " + have + ")");
   }
   space.dtype = o.dtype;
+  space.gradient_reduction_bytes = gradient_reduction_bytes(o.grad_reduce_dtype);
   if (!o.memory_limit.empty()) {
     space.memory_limit = parse_memory(o.memory_limit);
   } else if (system.device.memory_capacity) {
@@ -199,10 +200,13 @@ double exposed_other(const project::Evaluation& e) {
 void print_top(const project::SearchSpace& space, const project::SearchResult& r) {
   std::printf("# top %zu by predicted step time (the simulator's, project/simulate.h): compute, exposed communication per "
               "group role and idle are means over ranks and add up to the step; memory: the pipeline rank that needs "
-              "the most, %s; MFU: model FLOPs 6N + 6Lhs per token over the step and every device's %s peak\n",
+              "the most, %s; MFU: model FLOPs 6N + 6Lhs per token over the step and every device's %s peak%s\n",
               r.top.size(), project::mixed_precision(space.dtype) ? "mixed precision (2/2/12 B per parameter, 16-bit activations)"
                                                                : "fp32 (4/4/8 B per parameter, fp32 activations)",
-              space.dtype.c_str());
+              space.dtype.c_str(),
+              space.gradient_reduction_bytes > 0
+                  ? ("; gradients reduced in " + std::to_string(space.gradient_reduction_bytes) + "-byte elements").c_str()
+                  : "");
   std::printf("%4s  %-52s %9s %9s %8s %8s %8s %8s %8s %8s %9s %6s %11s %9s\n", "rank", "configuration", "step s",
               "compute", "tp", "pp", "dp", "dp_intra", "dp_inter", "idle", "memory GB", "MFU %", "tokens/s", "bound s");
   int rank = 0;
@@ -260,6 +264,8 @@ Table search_table(const project::SearchSpace& space, const project::SearchResul
   t.add_column("recompute", ColumnKind::string, "");
   t.add_column("sequence_parallel", ColumnKind::int64, "1");
   t.add_column("dtype", ColumnKind::string, "");
+  t.add_column("gradient_reduction_bytes", ColumnKind::int64, "B",
+               "of the data-parallel gradient reductions' elements (0: the step's element size)");
   t.add_column("step", ColumnKind::float64, "s", "predicted step time: the last op's end over all ranks (project/simulate.h)");
   const std::string mean = "mean over ranks, each traced rank weighted by the ranks it stands for";
   t.add_column("compute", ColumnKind::float64, "s", mean);
@@ -289,6 +295,7 @@ Table search_table(const project::SearchSpace& space, const project::SearchResul
     t.set("micro_batch", c.micro_batch).set("micro_batches", c.micro_batches).set("schedule", train::name(c.schedule));
     t.set("virtual_stages", c.virtual_stages).set("recompute", train::name(c.recompute));
     t.set("sequence_parallel", c.sequence_parallel ? 1 : 0).set("dtype", space.dtype);
+    t.set("gradient_reduction_bytes", space.gradient_reduction_bytes);
     t.set("step", e.step_s).set("compute", e.compute_s);
     t.set("exposed_tp", exposed(e, "tp")).set("exposed_pp", exposed(e, "pp")).set("exposed_dp", exposed(e, "dp"));
     t.set("exposed_dp_intra", exposed(e, "dp_intra")).set("exposed_dp_inter", exposed(e, "dp_inter"));
@@ -442,6 +449,9 @@ int project_search(int argc, char** argv) {
   cli.option("sequence-parallel", 0, "sequence parallelism with tp > 1: on or off", o.sequence_parallel);
   cli.option("trainable", 0, "what trains: all, last:K layers, or a fraction of the layers", o.trainable);
   cli.option("dtype", 0, "the GEMMs' dtype on the system (16-bit: mixed-precision memory)", o.dtype);
+  cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions, as predict's (auto: the step's element "
+             "size; fp32 as FSDP's reduce_dtype float32 or Megatron-Core's grad_reduce_in_fp32)", o.grad_reduce_dtype,
+             kGradReduceDtypes);
   cli.option("threads", 0, "configurations simulated at once (default: the machine's cores)", o.threads, 0);
   cli.flag("no-prune", 0, "simulate every configuration that fits (no lower bounds)", o.no_prune);
   cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/; --bench: none)",

@@ -61,6 +61,20 @@ def test_small_model_top_k_printed_stored_and_reported(tmp_path):
     assert "## Search: gpt2-350m on 32 devices" in text and table["label"][0] in text
 
 
+def test_gradient_reductions_in_fp32_are_stated_and_recorded(tmp_path):
+    tables = {}
+    for dtype in ("auto", "fp32"):
+        out = tmp_path / f"{dtype}.h5"
+        result = search(["--system", A100, "--model", "gpt2-350m", "--gpus", "32", "--global-batch", "64", "--seq",
+                         "1024", "-k", "3", "--grad-reduce-dtype", dtype, "-O", str(out)], tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert ("gradients reduced in 4-byte elements" in result.stdout) == (dtype == "fp32"), result.stdout
+        tables[dtype] = sr.read_table([str(out)], "search")
+    assert list(tables["auto"]["gradient_reduction_bytes"]) == [0, 0, 0]
+    assert list(tables["fp32"]["gradient_reduction_bytes"]) == [4, 4, 4]
+    assert tables["fp32"]["step"].iloc[0] >= tables["auto"]["step"].iloc[0]
+
+
 def test_a_custom_model_by_its_dimensions(tmp_path):
     """The dimensions with strata-step's flag names: gpt2-350m's give the preset's ranking; a wider MLP a slower step."""
     common = ["--system", A100, "--gpus", "32", "--global-batch", "64", "--seq", "1024", "-k", "3"]

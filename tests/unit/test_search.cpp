@@ -383,6 +383,32 @@ TEST(Search, LowerBoundsStayAtOrBelowTheSimulatedStep) {
   }
 }
 
+// Gradients reduced in their own element size (SearchSpace::gradient_reduction_bytes, as predict's): 2-byte reductions
+// under a 4-byte step make no configuration slower and the data-parallel ones faster, each step is predict's for its
+// configuration, and the bounds stay at or below the steps.
+TEST(Search, GradientReductionsTakeTheirOwnElementSize) {
+  const System system = small_system();
+  SearchSpace space = small_space();
+  space.micro_batch_sizes = {2};
+  SearchSpace narrow = space;
+  narrow.gradient_reduction_bytes = 2;
+  std::map<std::string, double> wide_step;
+  for (const Evaluation& e : every_configuration(space, system)) wide_step[e.candidate.label()] = e.step_s;
+  BoundCache cache;
+  int faster = 0;
+  for (const Evaluation& e : every_configuration(narrow, system)) {
+    const Candidate& c = e.candidate;
+    ASSERT_TRUE(wide_step.count(c.label())) << c.label();
+    EXPECT_LE(e.step_s, wide_step[c.label()] * (1 + 1e-12)) << c.label();
+    faster += c.dp > 1 && e.step_s < wide_step[c.label()] * (1 - 1e-6);
+    EXPECT_LE(refined_lower_bound_s(system, narrow, c, cache), e.step_s) << c.label();
+    const StepCase step = step_case(narrow, c, system.device.devices_per_node);
+    EXPECT_EQ(step.workload.gradient_reduction_bytes, 2);
+    EXPECT_LT(relative(predict_step(step, system).prediction.step_s, e.step_s), 1e-9) << c.label();
+  }
+  EXPECT_GT(faster, 0);
+}
+
 // ---- equivalent configurations ----
 
 TEST(Search, EquivalentStrategiesPredictTheSameStep) {
