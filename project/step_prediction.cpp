@@ -81,6 +81,7 @@ Throughput throughput(const TrainConfig& c, const coll::GridShape& grid, double 
 GpuLayout gpu_layout(const WorkloadOptions& workload) {
   GpuLayout layout;
   layout.element_bytes = workload.element_bytes;
+  layout.gradient_reduction_bytes = workload.gradient_reduction_bytes;
   layout.flash_attention = workload.attention != "unfused";
   return layout;
 }

@@ -93,7 +93,9 @@ MemoryUse gpu_memory_estimate(const TrainConfig& c, const DataParallelShape& sha
   use.workspace = scale * workspace_bytes(c.model, c.micro_batch, c.seq, shape.tp, sp);
   const double message = layout.element_bytes * static_cast<double>(c.micro_batch) * c.seq / (sp ? shape.tp : 1) *
                          c.model.hidden;
-  use.comm_buffers = scale * data_parallel_buffer_bytes(c, shape);
+  const DataParallelBuffers buffers = data_parallel_buffers(c, shape);
+  const int reduction_bytes = layout.gradient_reduction_bytes > 0 ? layout.gradient_reduction_bytes : layout.element_bytes;
+  use.comm_buffers = scale * buffers.gathers + reduction_bytes / 4.0 * buffers.reductions;
   for (const StagePlan& plan : rank_stages(c, shape.pp, shape.pp_rank)) {
     if (!plan.head) use.comm_buffers += message;       // the output's gradient, received
     if (!plan.embedding) use.comm_buffers += message;  // the input's gradient, being sent

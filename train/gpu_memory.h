@@ -40,6 +40,7 @@ struct GpuLayout {
   int element_bytes = 2;         // e: activations and gradients (bf16, fp16)
   bool flash_attention = true;   // a fused kernel: no s^2 scores kept
   bool dropout = true;           // masks of 1 byte per element (GPT-3's and the paper's models train with dropout)
+  int gradient_reduction_bytes = 0;  // the data-parallel gradient reductions' buffers (fp32 reductions: 4); 0: e
 };
 
 // One micro-batch's bytes on one rank, split as the executor's ops split a layer (gpt.h's LayerOp) so every
@@ -70,8 +71,9 @@ double gpu_activation_peak(const TrainConfig& config, int pp, int pp_rank, int t
 // What a rank holds, per category, in mixed precision: model states at kMixedPrecisionStates (2, 2 and 12 bytes per
 // element) on the units the rank holds (memory_estimate's), activations gpu_activation_peak, the backward pass's
 // workspace once (workspace_bytes at e bytes an element: the allocator reuses it across chunks), communication
-// buffers the data-parallel ones (data_parallel_buffer_bytes at e bytes an element) and, per stage, the output's
-// received gradient and the input's gradient being sent (one message each: a GPU step does not queue copies).
+// buffers the data-parallel ones (data_parallel_buffers: the gathers' at e bytes an element, the reductions' at the
+// layout's gradient_reduction_bytes) and, per stage, the output's received gradient and the input's gradient being
+// sent (one message each: a GPU step does not queue copies).
 MemoryUse gpu_memory_estimate(const TrainConfig& config, const DataParallelShape& shape, const GpuLayout& layout = {});
 
 }  // namespace strata::train

@@ -236,13 +236,13 @@ HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
 
 }  // namespace
 
-double data_parallel_buffer_bytes(const TrainConfig& c, const DataParallelShape& shape) {
+DataParallelBuffers data_parallel_buffers(const TrainConfig& c, const DataParallelShape& shape) {
   const HeldUnits h = held_units(c, shape);
-  double bytes = 0;
-  if (c.strategy.params != Sharding::none) bytes += 4 * h.largest;
-  if (c.strategy.grads != Sharding::none) bytes += 4 * h.largest;
-  if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) bytes += 4 * h.trainable / shape.m;
-  return bytes;
+  DataParallelBuffers b;
+  if (c.strategy.params != Sharding::none) b.gathers += 4 * h.largest;
+  if (c.strategy.grads != Sharding::none) b.reductions += 4 * h.largest;
+  if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) b.reductions += 4 * h.trainable / shape.m;
+  return b;
 }
 
 MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) {

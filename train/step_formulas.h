@@ -111,7 +111,15 @@ double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int t
 // gradient waiting for the stage below, one per micro-batch in flight there (one more than here in 1F1B), (R, C)
 // floats each.
 MemoryUse memory_estimate(const TrainConfig& config, const DataParallelShape& shape);
-// The data-parallel part of those communication buffers (fp32), the same for every pipeline layout.
-double data_parallel_buffer_bytes(const TrainConfig& config, const DataParallelShape& shape);
+// The data-parallel part of those communication buffers (fp32), the same for every pipeline layout: the parameter
+// gathers' and the gradient reductions' (which a mixed-precision step may hold in another element size), and both.
+struct DataParallelBuffers {
+  double gathers = 0, reductions = 0;
+  double total() const { return gathers + reductions; }
+};
+DataParallelBuffers data_parallel_buffers(const TrainConfig& config, const DataParallelShape& shape);
+inline double data_parallel_buffer_bytes(const TrainConfig& config, const DataParallelShape& shape) {
+  return data_parallel_buffers(config, shape).total();
+}
 
 }  // namespace strata::train

@@ -201,5 +201,28 @@ TEST(GpuMemory, ModelStatesAreTheMixedPrecisionCount) {
   EXPECT_DOUBLE_EQ(gpu.activations, gpu_activation_peak(c, 1, 0, 1, false));
 }
 
+// Gradients reduced in fp32 under a bf16 step (GpuLayout::gradient_reduction_bytes): the reductions' buffers at 4
+// bytes an element, the parameter gathers' still at 2; the CPU formula's split adds up to its total.
+TEST(GpuMemory, GradientReductionBuffersTakeTheirOwnElementSize) {
+  TrainConfig c;
+  c.model = preset("tiny");
+  c.seq = 32, c.micro_batch = 2, c.accumulation = 2;
+  DataParallelShape shape;
+  shape.n = 4, shape.m = 4, shape.g = 1;
+  for (const char* strategy : {"GGG", "NNG"}) {
+    c.strategy = parse_strategy(strategy);
+    const DataParallelBuffers buffers = data_parallel_buffers(c, shape);
+    EXPECT_GT(buffers.reductions, 0) << strategy;
+    EXPECT_EQ(buffers.gathers > 0, std::string(strategy) == "GGG") << strategy;
+    EXPECT_DOUBLE_EQ(buffers.total(), data_parallel_buffer_bytes(c, shape));
+    GpuLayout fp32_reductions;
+    fp32_reductions.gradient_reduction_bytes = 4;
+    const double bf16 = gpu_memory_estimate(c, shape).comm_buffers;
+    const double fp32 = gpu_memory_estimate(c, shape, fp32_reductions).comm_buffers;
+    EXPECT_DOUBLE_EQ(bf16, buffers.total() / 2) << strategy;
+    EXPECT_DOUBLE_EQ(fp32, buffers.gathers / 2 + buffers.reductions) << strategy;
+  }
+}
+
 }  // namespace
 }  // namespace strata::train
