@@ -169,9 +169,10 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   row.tp_comm_overlap = r.flag("tp_comm_overlap");
   row.sharding_collectives = r.optional_text("sharding_collectives").value_or("");
   if (const std::optional<std::string> reduce = r.optional_text("grad_reduce_dtype")) {
-    if (*reduce != "fp32" && *reduce != "bf16" && *reduce != "fp16")
+    const bool known = std::find(kGradReduceDtypes.begin(), kGradReduceDtypes.end(), *reduce) != kGradReduceDtypes.end();
+    if (!known || *reduce == "auto")
       r.fail("grad_reduce_dtype", "fp32, bf16 or fp16, got '" + *reduce + "'");
-    row.gradient_reduction_bytes = *reduce == "fp32" ? 4 : 2;
+    row.gradient_reduction_bytes = gradient_reduction_bytes(*reduce);
   }
   if (row.tp_comm_overlap && tp > 1 && !f.sp)
     r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "
