@@ -115,7 +115,8 @@ double compute_seconds(const System& system, const Op& op) {
     case OpKind::attention:
       if (op.unfused) return unfused_attention_seconds(system.device, op);
       return system.device.attention_seconds(
-          op.dtype, {op.batch, op.heads, op.kv_heads, op.seq_q, op.seq_kv, op.head_dim, op.causal, op.backward});
+          op.dtype, {op.batch, op.heads, op.kv_heads, op.seq_q, op.seq_kv, op.head_dim, op.causal, op.backward},
+          op.attention_kernel);
     case OpKind::elementwise: return system.device.elementwise_seconds(op.name, op.bytes);
     default: throw std::invalid_argument(std::string("compute_seconds of a ") + op_kind_name(op.kind) + " op");
   }

@@ -69,6 +69,7 @@ struct Op {
   // attention without a fused kernel (no flash attention): the (s_q, s_kv) scores are materialised, so the call is
   // batched GEMMs and elementwise passes over the scores (unfused_attention_seconds).
   bool unfused = false;
+  std::string attention_kernel;  // a fused kernel the device names in attention_kernels; empty: the described one
   std::string dtype;
   double bytes = 0;  // elementwise: bytes read and written; collective: S of docs/metrics.md; send/recv: payload
   coll::Operation collective = coll::Operation::allreduce;

@@ -121,11 +121,18 @@ double Device::gemm_kernel_seconds(const ComputePeak& c, const std::string& dtyp
   return std::max(compute_s, elementwise_seconds(bytes));
 }
 
-double Device::attention_seconds(const std::string& dtype, const AttentionShape& shape) const {
+double Device::attention_seconds(const std::string& dtype, const AttentionShape& shape, std::string_view kernel) const {
   const ComputePeak& c = peak_of(*this, dtype);
+  double speed = 1;
+  if (!kernel.empty()) {
+    const auto named = attention_kernels.find(kernel);
+    if (named == attention_kernels.end())
+      throw std::invalid_argument("device '" + name + "' describes no attention kernel '" + std::string(kernel) + "'");
+    speed = shape.backward ? named->second.backward.value : named->second.forward.value;
+  }
   const double flops = shape.flops();
   if (flops <= 0) return 0;
-  return launch_gap() + attention_kernel_seconds(c, shape);
+  return launch_gap() + attention_kernel_seconds(c, shape) / speed;
 }
 
 double Device::attention_kernel_seconds(const ComputePeak& c, const AttentionShape& shape) const {
@@ -491,6 +498,13 @@ std::optional<std::string> find_problem(const System& system) {
     if (auto p = check_positive("device.elementwise.bandwidth", *d.elementwise_bandwidth)) return p;
   if (d.kernel_overhead)
     if (auto p = check_non_negative("device.kernel_overhead", *d.kernel_overhead)) return p;
+  for (const auto& [kernel, speed] : d.attention_kernels) {
+    if (kernel == "flash" || kernel == "unfused")
+      return "device.attention_kernels." + kernel + ": '" + kernel + "' names how attention runs without a kernel of the "
+             "description's own (flash: the described kernel; unfused: the scores materialised)";
+    if (auto p = check_positive("device.attention_kernels." + kernel + ".forward", speed.forward)) return p;
+    if (auto p = check_positive("device.attention_kernels." + kernel + ".backward", speed.backward)) return p;
+  }
   for (const std::string& kernel : d.fused_into_gemm)
     if (std::find(std::begin(kFusableIntoGemm), std::end(kFusableIntoGemm), kernel) == std::end(kFusableIntoGemm))
       return "device.fused_into_gemm: '" + kernel +

@@ -90,6 +90,10 @@ struct ComputePeak {
 // fp64: 8); nothing for an unknown name.
 std::optional<double> dtype_bytes(const std::string& dtype);
 
+struct AttentionKernel {
+  Quantity forward, backward;  // speed relative to the described kernel, by pass
+};
+
 struct Device {
   std::string name;
   std::string source;  // where the device's figures and its node size come from
@@ -108,13 +112,18 @@ struct Device {
   // Seconds between two kernels queued back to back (the launch gap), added to each GEMM, attention and traced
   // elementwise kernel; absent: none.
   std::optional<Quantity> kernel_overhead;
+  // Other fused attention kernels than the one the attention curves and points describe, by name (a framework's
+  // choice, e.g. "flash-triton": llm-foundry's Triton FlashAttention): each pass's speed relative to that kernel
+  // (0.5: twice its time; above 1: faster).
+  std::map<std::string, AttentionKernel, std::less<>> attention_kernels;
 
   // From the efficiency curve alone; throws std::invalid_argument: no such dtype.
   double gemm_seconds(const std::string& dtype, double flops) const;
   // The measured points first (see ComputePeak), then the roofline; with the kernel overhead.
   double gemm_seconds(const std::string& dtype, std::int64_t m, std::int64_t n, std::int64_t k) const;
-  // With the kernel overhead.
-  double attention_seconds(const std::string& dtype, const AttentionShape& shape) const;
+  // With the kernel overhead; `kernel`: one of attention_kernels (empty: the described one). Throws
+  // std::invalid_argument: no such dtype or kernel.
+  double attention_seconds(const std::string& dtype, const AttentionShape& shape, std::string_view kernel = {}) const;
   // Bytes at memory_bandwidth x memory_efficiency.
   double elementwise_seconds(double bytes) const;
   // A traced elementwise op: nothing when its kernel is fused into the GEMM; else its kernel's measured rate; a

@@ -32,6 +32,10 @@ int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp
   return element_bytes_of(op, gradients ? options.gradient_reduction_bytes : options.element_bytes);
 }
 
+std::string_view attention_kernel(const WorkloadOptions& options) {
+  return options.attention == "flash" || options.attention == "unfused" ? std::string_view{} : options.attention;
+}
+
 double collective_bytes(const train::TraceOp& op, int group_size, int element_bytes) {
   const double block = op.count * element_bytes_of(op, element_bytes);
   const bool whole = op.collective == coll::Operation::allgather || op.collective == coll::Operation::reduce_scatter;
@@ -46,6 +50,7 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
     case train::TraceOpKind::attention:
       op = attention_op(std::string(t.name), t.batch, t.heads, t.seq_q, t.seq_kv, t.head_dim, t.causal, t.backward, options.dtype);
       op.unfused = options.attention == "unfused";
+      op.attention_kernel = attention_kernel(options);
       break;
     case train::TraceOpKind::elementwise: op = elementwise_op(std::string(t.name), t.elements * options.element_bytes); break;
     case train::TraceOpKind::collective: {

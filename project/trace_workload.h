@@ -17,8 +17,9 @@ struct WorkloadOptions {
   // Bytes of an activation or gradient element in elementwise kernels and in collectives and transfers of the
   // step's floats (the trace counts 4: fp32 on the CPU); 2 predicts a bf16 step. Scalar fp64 reductions keep 8.
   int element_bytes = 4;
-  // How attention runs: "flash" (a fused kernel, Device::attention_seconds) or "unfused" (the scores materialised,
-  // unfused_attention_seconds), as frameworks ran it before flash attention.
+  // How attention runs: "flash" (the fused kernel the description's attention figures describe,
+  // Device::attention_seconds), "unfused" (the scores materialised, unfused_attention_seconds, as frameworks ran it
+  // before flash attention), or another fused kernel by the name the description gives it (Device::attention_kernels).
   std::string attention = "flash";
   // The algorithm name the data-parallel groups' allgathers and reduce-scatters (ZeRO/FSDP sharding's parameter
   // gathers and gradient reductions) are costed under, so a framework that issues them its own way is described by
@@ -49,6 +50,9 @@ int element_bytes_of(const train::TraceOp& op, int element_bytes);
 // data-parallel or embedding group's reduce-scatter or allreduce of the step's floats where it is set, else
 // element_bytes_of's.
 int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp& op, const WorkloadOptions& options);
+
+// The device's attention kernel a workload's attention runs on: empty for "flash" and "unfused", else its name.
+std::string_view attention_kernel(const WorkloadOptions& options);
 
 // S of docs/metrics.md for a traced collective: one rank's buffer for allreduce and broadcast, the whole gathered
 // buffer for allgather, the whole input for reduce_scatter.

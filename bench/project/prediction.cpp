@@ -27,6 +27,14 @@ using project::StepCase;
 
 int gradient_reduction_bytes(const std::string& dtype) { return dtype == "fp32" ? 4 : dtype == "auto" ? 0 : 2; }
 
+void check_attention(const project::System& system, const std::string& attention, const std::string& flag) {
+  if (attention == "flash" || attention == "unfused" || system.device.attention_kernels.contains(attention)) return;
+  std::string names = "flash, unfused";
+  for (const auto& [kernel, speed] : system.device.attention_kernels) names += ", " + kernel;
+  throw UsageError(flag + " " + attention + ": the system description '" + system.name + "' has no attention kernel " +
+                   "of that name (it takes " + names + ")");
+}
+
 void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag) {
   if (algorithm.empty()) return;
   std::set<std::string> have;
@@ -95,6 +103,10 @@ std::string fitted_from_steps(const project::System& s) {
     texts.emplace_back(at + ".efficiency", c.efficiency.source);
     for (const auto& [pass, curve] : c.attention_efficiency) texts.emplace_back(at + ".attention_efficiency." + pass, curve.source);
   }
+  for (const auto& [kernel, speed] : s.device.attention_kernels) {
+    texts.emplace_back("device.attention_kernels." + kernel + ".forward", speed.forward.source);
+    texts.emplace_back("device.attention_kernels." + kernel + ".backward", speed.backward.source);
+  }
   for (std::size_t i = 0; i < s.collectives.size(); ++i)
     texts.emplace_back("collectives[" + std::to_string(i) + "]", s.collectives[i].source);
   for (const auto& [kernel, rate] : s.device.elementwise_kernels)
@@ -150,6 +162,9 @@ Table prediction_table() {
                   "(empty: as traced)")
       .add_column("system", K::string, "", "the system description's name")
       .add_column("dtype", K::string, "", "of GEMMs and attention")
+      .add_column("attention", K::string, "",
+                  "how attention ran: flash (the description's fused kernel), unfused (the scores materialised) or "
+                  "another kernel the description names")
       .add_column("element_bytes", K::int64, "B",
                   "of activations, gradients and the step's collectives (the gradient reductions': "
                   "gradient_reduction_bytes where it is set)")
@@ -202,7 +217,8 @@ void add_prediction_row(Table& t, int64_t index, const StepCase& step, const Pre
       .set("overlap_param_gather", step.trace.overlap_param_gather ? 1 : 0)
       .set("tp_comm_overlap", step.trace.tp_comm_overlap ? 1 : 0)
       .set("sharding_collectives", step.workload.sharding_algorithm)
-      .set("system", system_name).set("dtype", step.workload.dtype).set("element_bytes", step.workload.element_bytes)
+      .set("system", system_name).set("dtype", step.workload.dtype).set("attention", step.workload.attention)
+      .set("element_bytes", step.workload.element_bytes)
       .set("gradient_reduction_bytes", step.workload.gradient_reduction_bytes)
       .set("step_time", p.prediction.step_s).set("step_time_low", p.prediction.step_low_s)
       .set("step_time_high", p.prediction.step_high_s);

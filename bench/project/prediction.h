@@ -28,6 +28,8 @@ project::StepCase first_step_case(const StepPlan& plan, const StepFlags& flags, 
 // A usage error naming `flag` unless the description has collectives of `algorithm` (the --sharding-collectives
 // of predict, a published row's sharding_collectives); nothing for an empty name.
 void check_sharding_algorithm(const project::System& system, const std::string& algorithm, const std::string& flag);
+// Exits 2 (UsageError) naming the flag unless `attention` is flash, unfused or a kernel the description names.
+void check_attention(const project::System& system, const std::string& attention, const std::string& flag);
 
 // The --grad-reduce-dtype choices of predict and search (auto, fp32, bf16, fp16) and the element size each gives
 // WorkloadOptions::gradient_reduction_bytes (auto: 0, the step's element size).

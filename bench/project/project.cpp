@@ -185,8 +185,9 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
              "--grid's ranks)", o.nodes, 0);
   cli.option("gpus", 0, "ranks (devices) of the job, instead of --nodes", o.gpus, 0);
   cli.option("dtype", 0, "of GEMMs and attention (auto: bf16 where the description's device has it, else fp32)", o.dtype);
-  cli.choice("attention", 0, "how attention runs: flash (a fused kernel) or unfused (the scores materialised, as "
-             "frameworks ran it before flash attention)", o.attention, {"flash", "unfused"});
+  cli.option("attention", 0, "how attention runs: flash (the fused kernel the description's attention figures "
+             "describe), unfused (the scores materialised, as frameworks ran it before flash attention), or another "
+             "kernel the description names in device.attention_kernels (the shipped ones: flash-triton)", o.attention);
   cli.option("element-bytes", 0, "bytes of an activation, gradient and collective element (0: 2 for bf16 and fp16, "
              "else 4)", o.element_bytes, 0);
   cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions (auto: the elements' --element-bytes; fp32 "
@@ -274,13 +275,13 @@ void print_predict_header(const PredictFlags& o, const StepPlan& plan, const pro
                           int ranks_per_node) {
   const train::ModelConfig& model = plan.model;
   std::printf("# strata-project predict: %s (%s parameters) on %d rank(s) of %s (%d per node): tp %d x pp %d x dp %d, "
-              "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention, %d-byte "
+              "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention (%s), %d-byte "
               "elements%s; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
               "communication %s%s\n",
               model.name.c_str(), format_si(static_cast<double>(model.parameters())).c_str(), world, system.name.c_str(),
               ranks_per_node, plan.grid.tp, plan.grid.pp, plan.grid.dp, plan.config.micro_batch,
               plan.config.seq, plan.config.accumulation, static_cast<long long>(plan.global_rows), o.dtype.c_str(),
-              o.element_bytes,
+              o.attention.c_str(), o.element_bytes,
               o.grad_reduce_dtype == "auto" ? "" : (", gradients reduced in " + o.grad_reduce_dtype).c_str(),
               o.step.comm_algo.c_str(), o.step.overlap.c_str(), o.overlap_param_gather.c_str(),
               o.tp_comm_overlap.c_str(),
@@ -308,6 +309,7 @@ int predict(int argc, char** argv) {
   check_results_output(o.output);
   const project::System system = read_system(o.system_path);
   check_sharding_algorithm(system, o.sharding_collectives, "--sharding-collectives");
+  check_attention(system, o.attention, "--attention");
   const int per_node = system.device.devices_per_node;
   resolve_dtype(o, system);
   const int world = job_ranks(o, per_node);

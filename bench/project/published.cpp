@@ -37,7 +37,7 @@ struct Row {
   StepFlags flags;
   int gpus = 0;
   std::string dtype;
-  std::string attention = "flash";  // flash, or unfused (the scores materialised)
+  std::string attention = "flash";  // flash, unfused (the scores materialised), or a kernel the description names
   bool tp_comm_overlap = false, overlap_param_gather = false;  // predict's defaults where the row says nothing
   std::string sharding_collectives;  // the description's algorithm of the framework's sharding collectives
   int gradient_reduction_bytes = 0;  // grad_reduce_dtype: 4 for fp32, 2 for bf16 or fp16; 0: as the step's elements
@@ -160,8 +160,8 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   f.zero = std::to_string(zero);
   row.gpus = static_cast<int>(gpus);
   row.dtype = dtype_of(r.optional_text("precision").value_or("bf16"));
-  row.attention = r.optional_text("attention").value_or("flash");
-  if (row.attention != "flash" && row.attention != "unfused") r.fail("attention", "flash or unfused, got '" + row.attention + "'");
+  row.attention = r.optional_text("attention").value_or("flash");  // a kernel's name is checked against the row's description
+  if (row.attention.empty()) r.fail("attention", "flash, unfused or a kernel its description names; got an empty text");
   // What the row's framework overlapped; unstated: strata-project predict's defaults (gradient reductions during
   // backward on, the rest off).
   f.overlap = r.flag("overlap_grad_reduce", true) ? "on" : "off";
@@ -308,6 +308,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
       throw UsageError("system description " + file->second + " has no " + row.dtype + " compute, which row " + row.id + " needs");
     check_sharding_algorithm(system, row.sharding_collectives, "published set " + o.file + ": row " + row.id +
                                                                   ": sharding_collectives");
+    check_attention(system, row.attention, "published set " + o.file + ": row " + row.id + ": attention");
     StepFlags flags = row.flags;
     StepPlan plan;
     try {

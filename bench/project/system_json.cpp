@@ -480,6 +480,12 @@ ordered_json system_to_json(const project::System& system) {
     if (!kernels.empty()) elementwise["kernels"] = kernels;
     device["elementwise"] = elementwise;
   }
+  if (!system.device.attention_kernels.empty()) {
+    ordered_json kernels = ordered_json::object();
+    for (const auto& [kernel, speed] : system.device.attention_kernels)
+      kernels[kernel] = {{"forward", quantity_to_json(speed.forward)}, {"backward", quantity_to_json(speed.backward)}};
+    device["attention_kernels"] = kernels;
+  }
   ordered_json out = {{"format", kFormat}, {"version", system.version}, {"name", system.name}};
   if (!system.comment.empty()) out["comment"] = system.comment;
   out["units"] = "SI: FLOP/s, B/s, s, B; spread is relative (0.1: +-10%)";
@@ -524,7 +530,7 @@ project::System system_from_json(const json& document, const std::string& source
   else
     read.only_keys(device, "device", {"name", "source", "devices_per_node", "compute", "memory_bandwidth",
                                       "memory_efficiency", "memory_capacity", "elementwise", "kernel_overhead",
-                                      "fused_into_gemm"});
+                                      "fused_into_gemm", "attention_kernels"});
   system.device.name = read.text(device, "name", "device.name", true);
   system.device.source = read.text(device, "source", "device.source", false);
   if (!device.contains("devices_per_node") || !device.at("devices_per_node").is_number_integer())
@@ -559,6 +565,18 @@ project::System system_from_json(const json& document, const std::string& source
       for (const auto& [kernel, rate] : kernels.items())
         if (!kernel.starts_with("_"))
           system.device.elementwise_kernels[kernel] = read.quantity(kernels, kernel, "device.elementwise.kernels." + kernel);
+    }
+  }
+
+  if (device.contains("attention_kernels")) {
+    const json& kernels = read.object(device, "attention_kernels", "device.attention_kernels");
+    for (const auto& [kernel, speed] : kernels.items()) {
+      if (kernel.starts_with("_")) continue;
+      const std::string field = "device.attention_kernels." + kernel;
+      const json& passes = read.object(kernels, kernel, field);
+      read.only_keys(passes, field, {"forward", "backward"});
+      system.device.attention_kernels[kernel] = {read.quantity(passes, "forward", field + ".forward"),
+                                                 read.quantity(passes, "backward", field + ".backward")};
     }
   }
 

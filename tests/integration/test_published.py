@@ -138,7 +138,8 @@ def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
 @pytest.mark.parametrize("change, message", [
     ({"grad_reduce_dtype": "fp8"}, "row bad: field grad_reduce_dtype: fp32, bf16 or fp16, got 'fp8'"),
     ({"split": "train"}, "row bad: field split: calibration or held-out, got 'train'"),
-    ({"attention": "sparse"}, "row bad: field attention: flash or unfused, got 'sparse'"),
+    ({"attention": "sparse"}, "row bad: attention sparse: the system description"),
+    ({"attention": ""}, "row bad: field attention: flash, unfused or a kernel its description names"),
     ({"gpus": 9}, "row bad: field gpus: 9 is not tp x pp x dp = 8"),
     ({"layers": -4}, "row bad: field layers: a whole number >= 0 is required"),
     ({"step_time_s": None}, "row bad: field step_time_s: neither a published nor a derived step time"),
@@ -156,6 +157,19 @@ def test_a_bad_row_is_refused_naming_it(tmp_path, change, message):
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr, result.stderr
     assert digest(str(out)) == before
+
+
+def test_a_rows_attention_kernel_is_one_its_description_names(tmp_path):
+    # The same row with the described flash kernel, the description's flash-triton and materialised scores.
+    steps = {attention: predicted_step(tmp_path, attention=attention, precision="bf16")
+             for attention in ("flash", "flash-triton", "unfused")}
+    assert steps["flash"] < steps["flash-triton"] < steps["unfused"]
+    path = write_set(tmp_path / "triton.json", [row("t", "held-out", attention="flash-triton")])
+    out = tmp_path / "triton.h5"
+    assert validate(tmp_path, "--published", path, "-O", str(out), "-q").returncode == 0
+    with h5py.File(out, "r") as f:
+        (run,) = f["runs"].values()
+        assert run["prediction"]["attention"][0].decode() == "flash-triton"
 
 
 def test_flags_that_belong_to_one_form_are_refused_with_the_other(tmp_path):

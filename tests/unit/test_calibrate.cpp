@@ -307,6 +307,7 @@ TEST(CalibratedLookups, CollectivesTakeTheirRangeAndNearestGroupSizeElseTheTier)
 System full_system() {
   System s = small_system();
   s.device.fused_into_gemm = {"fill_bias", "bias_gradient"};
+  s.device.attention_kernels["flash-triton"] = {{0.7, 0.07, "measured"}, {0.5, 0.15, "measured"}};
   ComputePeak& c = s.device.compute.at("fp32");
   c.gemm_points = {{256, 512, 1024, {1.5e-4, 0.03, ""}}};
   c.attention_points = {{{2, 8, 2, 512, 1024, 64, true, true}, {2.5e-3, 0.01, ""}}};
@@ -354,6 +355,9 @@ TEST(SystemJsonV2, RoundTripKeepsEveryNewField) {
   ASSERT_TRUE(back.collective_contention.has_value());
   EXPECT_DOUBLE_EQ(back.collective_contention->value, 0.15);
   EXPECT_EQ(back.device.fused_into_gemm, (std::set<std::string, std::less<>>{"bias_gradient", "fill_bias"}));
+  ASSERT_EQ(back.device.attention_kernels.size(), 1u);
+  EXPECT_EQ(back.device.attention_kernels.at("flash-triton").forward.value, 0.7);
+  EXPECT_EQ(back.device.attention_kernels.at("flash-triton").backward.relative_spread, 0.15);
   // A kernel fused into the GEMM costs nothing, launch gap included; one that is not takes its pass.
   EXPECT_EQ(back.device.elementwise_seconds("bias fill", 1e6), 0);
   EXPECT_EQ(back.device.elementwise_seconds("bias grad", 1e6), 0);
@@ -413,6 +417,10 @@ TEST(SystemJsonV2, EveryValidationErrorNamesItsField) {
       {[](System& s) { s.collectives[0].algorithm.clear(); }, "collectives[0].algorithm"},
       {[](System& s) { s.device.fused_into_gemm.insert("gelu_forward"); },
        "device.fused_into_gemm: 'gelu_forward' is no kernel a GEMM's epilogue applies"},
+      {[](System& s) { s.device.attention_kernels.at("flash-triton").backward.value = 0; },
+       "device.attention_kernels.flash-triton.backward must be positive"},
+      {[](System& s) { s.device.attention_kernels["unfused"] = {{1, 0, ""}, {1, 0, ""}}; },
+       "device.attention_kernels.unfused: 'unfused' names how attention runs"},
       {[](System& s) { s.collectives[0].ranks = 1; }, "collectives[0].ranks must be at least 2"},
       {[](System& s) { s.collectives[0].ranges.clear(); }, "collectives[0].ranges must hold"},
       {[](System& s) { s.collectives[0].points[1].bytes = 1e4; }, "collectives[0].points[1].bytes must exceed"},

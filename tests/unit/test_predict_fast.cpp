@@ -137,7 +137,8 @@ TEST(PredictFast, GivesTheReferencesStepIntervalAndComponents) {
     };
     for (const Setting& setting : {Setting{&round, {"fp32", 4, "flash"}}, Setting{&still, {"fp32", 4, "flash"}},
                                    Setting{&round, {"bf16", 2, "flash"}},
-                                   Setting{&a100, {"bf16", 2, "flash"}}, Setting{&a100, {"fp16", 2, "unfused"}}}) {
+                                   Setting{&a100, {"bf16", 2, "flash"}}, Setting{&a100, {"fp16", 2, "unfused"}},
+                                   Setting{&a100, {"bf16", 2, "flash-triton"}}}) {
       const std::string what = describe(k) + " on " + setting.system->name + " " + setting.workload.dtype + " " +
                                setting.workload.attention;
       const Prediction exact = predict(*setting.system, trace, setting.workload, {true, true});

@@ -16,6 +16,7 @@
 #include "bench/project/timeline_trace.h"
 #include "project/simulate.h"
 #include "project/system.h"
+#include "project/trace_workload.h"
 
 namespace strata::project {
 namespace {
@@ -199,6 +200,25 @@ TEST(Simulate, UnfusedAttentionIsItsGemmsAndItsPassesOverTheScores) {
   Op fused = causal;
   fused.unfused = false;
   EXPECT_LT(compute_seconds(s, fused), compute_seconds(s, causal));
+}
+
+TEST(Simulate, ANamedAttentionKernelRunsAtItsSpeedOfTheDescribedOne) {
+  System s = test_system();
+  s.device.kernel_overhead = Quantity{5e-6, 0, ""};
+  s.device.attention_kernels["slow"] = {{0.8, 0, ""}, {0.4, 0, ""}};
+  Op forward = attention_op("a", 2, 4, 512, 512, 64, true, false, "bf16");
+  Op backward = forward;
+  backward.backward = true;
+  const double described_forward = compute_seconds(s, forward), described_backward = compute_seconds(s, backward);
+  forward.attention_kernel = backward.attention_kernel = "slow";
+  // The kernel's own time over its speed; the launch gap stays one gap.
+  EXPECT_CLOSE(compute_seconds(s, forward), 5e-6 + (described_forward - 5e-6) / 0.8);
+  EXPECT_CLOSE(compute_seconds(s, backward), 5e-6 + (described_backward - 5e-6) / 0.4);
+  forward.attention_kernel = "missing";
+  EXPECT_THROW(compute_seconds(s, forward), std::invalid_argument);
+  // A workload's attention names the kernel; flash and unfused name none.
+  for (auto [attention, kernel] : {std::pair{"flash", ""}, std::pair{"unfused", ""}, std::pair{"slow", "slow"}})
+    EXPECT_EQ(attention_kernel(WorkloadOptions{"bf16", 2, attention}), kernel) << attention;
 }
 
 // ---- the JSON form --------------------------------------------------------------------------------------
