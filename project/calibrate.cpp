@@ -508,6 +508,13 @@ class Calibrator {
     }
     // The device's memory capacity is not measured: the base's, when it says.
     if (base && base->device.memory_capacity) s.device.memory_capacity = based_quantity(*base->device.memory_capacity);
+    // Frameworks' other attention kernels are not measured here: the base's speeds, relative now to the attention
+    // strata-attention measured rather than to the kernel the base's ratios were published against.
+    if (base && !base->device.attention_kernels.empty()) {
+      for (const auto& [kernel, speed] : base->device.attention_kernels)
+        s.device.attention_kernels[kernel] = {based_quantity(speed.forward), based_quantity(speed.backward)};
+      report.push_back("attention kernels relative to the measured one: " + from_base);
+    }
     fit_collectives();
     fit_tier(GroupKind::intra_node, s.intra_node, base ? &base->intra_node : nullptr);
     fit_tier(GroupKind::inter_node, s.inter_node, base ? &base->inter_node : nullptr);

@@ -163,7 +163,10 @@ System spread_end(const System& system, int direction) {
   }
   scale_rate(s.device.memory_bandwidth, direction);
   for (auto& [kernel, rate] : s.device.elementwise_kernels) scale_rate(rate, direction);
-  for (auto& [kernel, speed] : s.device.attention_kernels) scale_rate(speed.forward, direction), scale_rate(speed.backward, direction);
+  for (auto& [kernel, speed] : s.device.attention_kernels) {
+    scale_rate(speed.forward, direction);
+    scale_rate(speed.backward, direction);
+  }
   if (s.device.elementwise_bandwidth) scale_rate(*s.device.elementwise_bandwidth, direction);
   s.device.memory_efficiency.value =
       std::min(1.0, s.device.memory_efficiency.value / time_factor(s.device.memory_efficiency.relative_spread, direction));

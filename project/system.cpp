@@ -499,9 +499,10 @@ std::optional<std::string> find_problem(const System& system) {
   if (d.kernel_overhead)
     if (auto p = check_non_negative("device.kernel_overhead", *d.kernel_overhead)) return p;
   for (const auto& [kernel, speed] : d.attention_kernels) {
+    if (kernel.empty()) return "device.attention_kernels: a kernel needs a name (got an empty one)";
     if (kernel == "flash" || kernel == "unfused")
-      return "device.attention_kernels." + kernel + ": '" + kernel + "' names how attention runs without a kernel of the "
-             "description's own (flash: the described kernel; unfused: the scores materialised)";
+      return "device.attention_kernels." + kernel + ": '" + kernel + "' names how attention runs without a kernel " +
+             "of the description's own (flash: the described kernel; unfused: the scores materialised)";
     if (auto p = check_positive("device.attention_kernels." + kernel + ".forward", speed.forward)) return p;
     if (auto p = check_positive("device.attention_kernels." + kernel + ".backward", speed.backward)) return p;
   }

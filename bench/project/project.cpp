@@ -187,7 +187,7 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
   cli.option("dtype", 0, "of GEMMs and attention (auto: bf16 where the description's device has it, else fp32)", o.dtype);
   cli.option("attention", 0, "how attention runs: flash (the fused kernel the description's attention figures "
              "describe), unfused (the scores materialised, as frameworks ran it before flash attention), or another "
-             "kernel the description names in device.attention_kernels (the shipped ones: flash-triton)", o.attention);
+             "kernel the description names in device.attention_kernels", o.attention);
   cli.option("element-bytes", 0, "bytes of an activation, gradient and collective element (0: 2 for bf16 and fp16, "
              "else 4)", o.element_bytes, 0);
   cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions (auto: the elements' --element-bytes; fp32 "

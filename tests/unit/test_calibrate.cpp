@@ -358,6 +358,7 @@ TEST(SystemJsonV2, RoundTripKeepsEveryNewField) {
   ASSERT_EQ(back.device.attention_kernels.size(), 1u);
   EXPECT_EQ(back.device.attention_kernels.at("flash-triton").forward.value, 0.7);
   EXPECT_EQ(back.device.attention_kernels.at("flash-triton").backward.relative_spread, 0.15);
+  EXPECT_EQ(back.device.attention_kernels.at("flash-triton").forward.source, "measured");
   // A kernel fused into the GEMM costs nothing, launch gap included; one that is not takes its pass.
   EXPECT_EQ(back.device.elementwise_seconds("bias fill", 1e6), 0);
   EXPECT_EQ(back.device.elementwise_seconds("bias grad", 1e6), 0);
@@ -383,6 +384,9 @@ TEST(SystemJsonV2, VersionOneFilesStillRead) {
   EXPECT_TRUE(read.collectives.empty());
   EXPECT_FALSE(read.collective_contention.has_value());
   // Version 2's fields are not version 1's.
+  nlohmann::json with_kernels = v1;
+  with_kernels["device"]["attention_kernels"] = nlohmann::json::object();
+  EXPECT_THROW(system_from_json(with_kernels, "<v1>"), std::invalid_argument);
   v1["collective_contention"] = 0.1;
   try {
     system_from_json(v1, "<v1>");
@@ -421,6 +425,8 @@ TEST(SystemJsonV2, EveryValidationErrorNamesItsField) {
        "device.attention_kernels.flash-triton.backward must be positive"},
       {[](System& s) { s.device.attention_kernels["unfused"] = {{1, 0, ""}, {1, 0, ""}}; },
        "device.attention_kernels.unfused: 'unfused' names how attention runs"},
+      {[](System& s) { s.device.attention_kernels[""] = {{1, 0, ""}, {1, 0, ""}}; },
+       "device.attention_kernels: a kernel needs a name"},
       {[](System& s) { s.collectives[0].ranks = 1; }, "collectives[0].ranks must be at least 2"},
       {[](System& s) { s.collectives[0].ranges.clear(); }, "collectives[0].ranges must hold"},
       {[](System& s) { s.collectives[0].points[1].bytes = 1e4; }, "collectives[0].points[1].bytes must exceed"},
@@ -856,8 +862,15 @@ TEST(CalibrateFiles, AFreshMeasurementReplacesTheBasesModelsOfItInBothModes) {
   other.blocking = false;  // the allgather in both modes: neither measured here, both kept
   base.collectives.push_back(other);
   base.device.fused_into_gemm = {"fill_bias", "bias_gradient"};
+  base.device.attention_kernels["flash-triton"] = {{0.7, 0.07, "published"}, {0.5, 0.15, "published"}};
   CalibrationInput input = read_calibration_input({path}, "auto").input;
   const Calibration c = calibrate(input, &base, "base.json");
+  // A framework's other attention kernels keep the base's speeds, marked as not measured here.
+  ASSERT_EQ(c.system.device.attention_kernels.size(), 1u);
+  const AttentionKernel& triton = c.system.device.attention_kernels.at("flash-triton");
+  EXPECT_EQ(triton.forward.value, 0.7);
+  EXPECT_EQ(triton.backward.relative_spread, 0.15);
+  EXPECT_NE(triton.backward.source.find("not measured here: from base.json"), std::string::npos) << triton.backward.source;
   // The GEMM library's epilogues are the base's, unless the step's elementwise kernels were measured (the CPU step,
   // which runs its biases as passes).
   EXPECT_EQ(c.system.device.fused_into_gemm, base.device.fused_into_gemm);

@@ -200,6 +200,11 @@ TEST(Predict, TheIntervalTakesEachFigureToTheEndOfItsSpread) {
   s.collectives = {model};
   const System slow = spread_end(s, +1);
   EXPECT_CLOSE(slow.collectives[0].seconds(4e6, 2), 1.25 * model.seconds(4e6, 2));
+  // A named attention kernel's speeds, as rates: slower at the slow end, faster at the fast one.
+  s.device.attention_kernels["slow"] = {{0.8, 0.25, ""}, {0.5, 0.5, ""}};
+  EXPECT_CLOSE(spread_end(s, +1).device.attention_kernels.at("slow").forward.value, 0.8 / 1.25);
+  EXPECT_CLOSE(spread_end(s, +1).device.attention_kernels.at("slow").backward.value, 0.5 / 1.5);
+  EXPECT_CLOSE(spread_end(s, -1).device.attention_kernels.at("slow").backward.value, 0.5 / 0.5);
 }
 
 // A traced step: every op carries the phase strata-step times it in, and on every traced rank the components add up
