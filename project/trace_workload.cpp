@@ -1,6 +1,7 @@
 // A traced step as the simulator's workload (see trace_workload.h).
 #include "project/trace_workload.h"
 
+#include <map>
 #include <stdexcept>
 
 namespace strata::project {
@@ -32,6 +33,19 @@ int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp
   return element_bytes_of(op, gradients ? options.gradient_reduction_bytes : options.element_bytes);
 }
 
+std::optional<double> loss_bytes_per_element(std::string_view op_name) {
+  static const std::map<std::string_view, double> bytes = {
+      {"cross-entropy", 38}, {"logit max", 10}, {"sum of exponentials", 28}, {"cross-entropy backward", 7}};
+  const auto found = bytes.find(op_name);
+  return found == bytes.end() ? std::nullopt : std::optional<double>(found->second);
+}
+
+double elementwise_bytes(const train::TraceOp& op, const WorkloadOptions& options) {
+  if (options.loss == "fp32")
+    if (const std::optional<double> per_element = loss_bytes_per_element(op.name)) return op.elements * *per_element;
+  return op.elements * options.element_bytes;
+}
+
 std::string_view attention_kernel(const WorkloadOptions& options) {
   return options.attention == "flash" || options.attention == "unfused" ? std::string_view{} : options.attention;
 }
@@ -52,7 +66,7 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
       op.unfused = options.attention == "unfused";
       op.attention_kernel = attention_kernel(options);
       break;
-    case train::TraceOpKind::elementwise: op = elementwise_op(std::string(t.name), t.elements * options.element_bytes); break;
+    case train::TraceOpKind::elementwise: op = elementwise_op(std::string(t.name), elementwise_bytes(t, options)); break;
     case train::TraceOpKind::collective: {
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
       op = collective_op(std::string(t.name), t.collective, t.group,

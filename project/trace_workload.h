@@ -4,6 +4,7 @@
 // traced ranks weighted by the ranks they stand for.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -30,6 +31,11 @@ struct WorkloadOptions {
   // PyTorch FSDP's reduce_dtype float32 (Composer's mixed precision DEFAULT) or Megatron-Core's grad_reduce_in_fp32;
   // 0: element_bytes. Scalar fp64 reductions keep 8.
   int gradient_reduction_bytes = 0;
+  // How the loss runs over the logits: "fused" (the step's own cross-entropy kernels at element_bytes) or "fp32"
+  // (the logits cast to fp32 and the cross entropy's passes run one after another, as Megatron-LM's and
+  // Megatron-Core's vocab-parallel cross entropy does without --fp16-lm-cross-entropy or loss fusion;
+  // loss_bytes_per_element).
+  std::string loss = "fused";
 };
 
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});
@@ -50,6 +56,16 @@ int element_bytes_of(const train::TraceOp& op, int element_bytes);
 // data-parallel or embedding group's reduce-scatter or allreduce of the step's floats where it is set, else
 // element_bytes_of's.
 int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp& op, const WorkloadOptions& options);
+
+// Bytes per traced element of the step's cross-entropy ops under loss "fp32", nothing for other ops. Per logit,
+// Megatron's vocab-parallel cross entropy moves 38 bytes forward (the cast to fp32 6, max 4, subtract 8, exp 8,
+// sum 4, normalise 8) and 14 backward (scale the saved softmax 8, cast the gradient back 6); the trace's forward
+// ops split them (one fused op per logit without tensor parallelism; the max, and the sum with the normalisation,
+// with it) and its backward op counts two elements per logit.
+std::optional<double> loss_bytes_per_element(std::string_view op_name);
+// The bytes a traced elementwise op moves in the predicted step: its elements at element_bytes, the cross entropy's
+// at loss_bytes_per_element under loss "fp32".
+double elementwise_bytes(const train::TraceOp& op, const WorkloadOptions& options);
 
 // The device's attention kernel a workload's attention runs on: empty for "flash" and "unfused", else its name.
 std::string_view attention_kernel(const WorkloadOptions& options);

@@ -166,6 +166,7 @@ struct PredictFlags {
   StepFlags step;
   std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash", simulator = "fast";
   std::string tp_comm_overlap = "off", overlap_param_gather = "off", sharding_collectives, grad_reduce_dtype = "auto";
+  std::string loss = "fused";
   int nodes = 0, gpus = 0, element_bytes = 0;
   bool quiet = false;
 };
@@ -193,6 +194,9 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
   cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions (auto: the elements' --element-bytes; fp32 "
              "as PyTorch FSDP's reduce_dtype float32, e.g. Composer's mixed precision DEFAULT, or Megatron-Core's "
              "grad_reduce_in_fp32 do)", o.grad_reduce_dtype, kGradReduceDtypes);
+  cli.choice("loss", 0, "how the cross entropy runs over the logits: fused (the step's own kernels at the elements' "
+             "size) or fp32 (cast to fp32 and run pass by pass, as Megatron-LM and Megatron-Core do without "
+             "--fp16-lm-cross-entropy or --cross-entropy-loss-fusion)", o.loss, kLossModes);
   cli.alias("overlap-grad-reduce", "overlap");
   cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
              "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", o.tp_comm_overlap, {"on", "off"});
@@ -255,7 +259,7 @@ std::vector<project::StepCase> predict_cases(const PredictFlags& o, const StepPl
       step.trace.tp_comm_overlap = o.tp_comm_overlap == "on";
       step.trace.overlap_param_gather = o.overlap_param_gather == "on";
       step.workload = {o.dtype, o.element_bytes, o.attention, o.sharding_collectives,
-                       gradient_reduction_bytes(o.grad_reduce_dtype)};
+                       gradient_reduction_bytes(o.grad_reduce_dtype), o.loss};
       step.predict = {o.simulator == "exact", !o.timeline.empty()};
       if (mode == train::Recompute::overlap) {
         if (!policy)
@@ -282,7 +286,9 @@ void print_predict_header(const PredictFlags& o, const StepPlan& plan, const pro
               ranks_per_node, plan.grid.tp, plan.grid.pp, plan.grid.dp, plan.config.micro_batch,
               plan.config.seq, plan.config.accumulation, static_cast<long long>(plan.global_rows), o.dtype.c_str(),
               o.attention.c_str(), o.element_bytes,
-              o.grad_reduce_dtype == "auto" ? "" : (", gradients reduced in " + o.grad_reduce_dtype).c_str(),
+              (std::string(o.grad_reduce_dtype == "auto" ? "" : ", gradients reduced in " + o.grad_reduce_dtype) +
+               (o.loss == "fp32" ? ", the loss in fp32 pass by pass" : ""))
+                  .c_str(),
               o.step.comm_algo.c_str(), o.step.overlap.c_str(), o.overlap_param_gather.c_str(),
               o.tp_comm_overlap.c_str(),
               o.sharding_collectives.empty() ? "" : ("; sharding collectives as " + o.sharding_collectives).c_str());

@@ -246,6 +246,23 @@ def test_attention_runs_on_the_kernel_the_description_names(tmp_path):
     assert steps["flash"] < steps["flash-triton"] < steps["unfused"]
 
 
+def test_an_fp32_loss_is_stated_recorded_and_costs_its_passes(tmp_path):
+    # GPT-2 with tp 2 on one H100 node: Megatron's cross entropy on fp32 logits, pass by pass (--loss fp32), costs
+    # more than the step's own fused kernels; the header says so and the column records it.
+    common = ["predict", "--system", H100, "--model", "gpt2-124m", "--seq", "1024", "--micro-batch", "4",
+              "--accumulation", "1", "--tp", "2", "--gpus", "2"]
+    steps = {}
+    for loss in ("fused", "fp32"):
+        out = tmp_path / f"{loss}.h5"
+        result = project([*common, "--loss", loss, "-O", str(out)], tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert ("the loss in fp32 pass by pass" in result.stdout) == (loss == "fp32"), result.stdout
+        _, rows, _ = read_table(str(out), "prediction")
+        assert rows["loss"] == [loss]
+        steps[loss] = rows["step_time"][0]
+    assert steps["fp32"] > steps["fused"]
+
+
 def test_bad_systems_exit_2(tmp_path):
     out, before = untouched(tmp_path)
     small = ["--model", "tiny", "--seq", "32", "-O", str(out)]

@@ -140,6 +140,7 @@ def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
     ({"split": "train"}, "row bad: field split: calibration or held-out, got 'train'"),
     ({"attention": "sparse"}, "row bad: attention sparse: the system description"),
     ({"attention": ""}, "row bad: field attention: flash, unfused or a kernel its description names"),
+    ({"loss": "fp16"}, "row bad: field loss: fused or fp32, got 'fp16'"),
     ({"gpus": 9}, "row bad: field gpus: 9 is not tp x pp x dp = 8"),
     ({"layers": -4}, "row bad: field layers: a whole number >= 0 is required"),
     ({"step_time_s": None}, "row bad: field step_time_s: neither a published nor a derived step time"),
@@ -170,6 +171,16 @@ def test_a_rows_attention_kernel_is_one_its_description_names(tmp_path):
     with h5py.File(out, "r") as f:
         (run,) = f["runs"].values()
         assert run["prediction"]["attention"][0].decode() == "flash-triton"
+
+
+def test_a_rows_fp32_loss_costs_its_passes_and_is_recorded(tmp_path):
+    assert predicted_step(tmp_path, loss="fp32") > predicted_step(tmp_path, loss="fused")
+    path = write_set(tmp_path / "loss.json", [row("l", "held-out", loss="fp32")])
+    out = tmp_path / "loss.h5"
+    assert validate(tmp_path, "--published", path, "-O", str(out), "-q").returncode == 0
+    with h5py.File(out, "r") as f:
+        (run,) = f["runs"].values()
+        assert run["prediction"]["loss"][0].decode() == "fp32"
 
 
 def test_flags_that_belong_to_one_form_are_refused_with_the_other(tmp_path):

@@ -368,5 +368,39 @@ TEST(Predict, GradientReductionsAreTheDataParallelAndEmbeddingGroupsOnly) {
     }
 }
 
+// The loss in fp32 pass by pass (WorkloadOptions::loss "fp32"): per logit 38 bytes forward and 14 backward, as
+// Megatron's vocab-parallel cross entropy moves them, whether the trace fuses the forward into one op (no tensor
+// parallelism) or splits it into the max and the sum (tensor parallelism); every other op keeps its bytes.
+TEST(Predict, AnFp32LossMovesMegatronsBytesPerLogit) {
+  for (const coll::GridShape grid : {coll::GridShape{1, 1, 2}, coll::GridShape{2, 1, 1}}) {
+    const train::StepTrace trace = small_trace("NNN", grid);
+    const WorkloadOptions fused{"bf16", 2};
+    WorkloadOptions fp32_loss = fused;
+    fp32_loss.loss = "fp32";
+    double forward = 0, backward = 0, logits = 0;
+    int others = 0;
+    for (const train::TraceOp& t : trace.ranks.front().ops) {
+      if (t.kind != train::TraceOpKind::elementwise) continue;
+      EXPECT_EQ(elementwise_bytes(t, fused), t.elements * 2) << t.name;
+      const double bytes = elementwise_bytes(t, fp32_loss);
+      if (t.name == "cross-entropy backward") {
+        backward += bytes, logits += t.elements / 2;
+      } else if (t.name == "cross-entropy" || t.name == "logit max" || t.name == "sum of exponentials") {
+        forward += bytes;
+      } else {
+        EXPECT_EQ(bytes, t.elements * 2) << t.name;
+        ++others;
+      }
+      EXPECT_EQ(workload_op(trace, t, fp32_loss).bytes, bytes) << t.name;
+    }
+    ASSERT_GT(logits, 0) << grid.tp;
+    EXPECT_GT(others, 0);
+    EXPECT_EQ(backward, 14 * logits) << grid.tp;
+    // The forward ops also count a few elements per row (their N terms): 38 per logit up to 4 / (64 logits a row).
+    EXPECT_NEAR(forward / logits, 38, 38 * 4.0 / 64) << grid.tp;
+    EXPECT_GE(forward / logits, 38) << grid.tp;
+  }
+}
+
 }  // namespace
 }  // namespace strata::project
