@@ -32,7 +32,8 @@ class ComputeTimes {
   ComputeTimes(const System& system, const WorkloadOptions& options) : system_(system), options_(options) {}
 
   double operator()(const train::TraceOp& t) {
-    if (t.kind == train::TraceOpKind::elementwise) return system_.device.elementwise_seconds(t.name, elementwise_bytes(t, options_));
+    if (t.kind == train::TraceOpKind::elementwise)
+      return system_.device.elementwise_seconds(elementwise_name(t, options_), elementwise_bytes(t, options_));
     const bool gemm = t.kind == train::TraceOpKind::gemm;
     const Key key = gemm ? Key{0, t.m, t.n, t.k, 0, 0, 0, 0, 0}
                          : Key{1 + (t.causal ? 1 : 0) + (t.backward ? 2 : 0), t.batch, t.heads, t.seq_q, t.seq_kv,

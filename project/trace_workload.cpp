@@ -46,6 +46,11 @@ double elementwise_bytes(const train::TraceOp& op, const WorkloadOptions& option
   return op.elements * options.element_bytes;
 }
 
+std::string elementwise_name(const train::TraceOp& op, const WorkloadOptions& options) {
+  const bool framework_loss = options.loss == "fp32" && loss_bytes_per_element(op.name).has_value();
+  return framework_loss ? std::string(op.name) + " (fp32 passes)" : std::string(op.name);
+}
+
 std::string_view attention_kernel(const WorkloadOptions& options) {
   return options.attention == "flash" || options.attention == "unfused" ? std::string_view{} : options.attention;
 }
@@ -66,7 +71,7 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
       op.unfused = options.attention == "unfused";
       op.attention_kernel = attention_kernel(options);
       break;
-    case train::TraceOpKind::elementwise: op = elementwise_op(std::string(t.name), elementwise_bytes(t, options)); break;
+    case train::TraceOpKind::elementwise: op = elementwise_op(elementwise_name(t, options), elementwise_bytes(t, options)); break;
     case train::TraceOpKind::collective: {
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
       op = collective_op(std::string(t.name), t.collective, t.group,

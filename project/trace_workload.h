@@ -64,8 +64,12 @@ int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp
 // with it) and its backward op counts two elements per logit.
 std::optional<double> loss_bytes_per_element(std::string_view op_name);
 // The bytes a traced elementwise op moves in the predicted step: its elements at element_bytes, the cross entropy's
-// at loss_bytes_per_element under loss "fp32".
+// at loss_bytes_per_element under loss "fp32" (with 4-byte elements that counts the casts an fp32 step does not run).
 double elementwise_bytes(const train::TraceOp& op, const WorkloadOptions& options);
+// The name a traced elementwise op is priced under (Device::elementwise_seconds): its own, or under loss "fp32" the
+// cross entropy's with " (fp32 passes)" appended, so a measured rate of the step's fused loss kernel is not taken
+// for the framework's passes.
+std::string elementwise_name(const train::TraceOp& op, const WorkloadOptions& options);
 
 // The device's attention kernel a workload's attention runs on: empty for "flash" and "unfused", else its name.
 std::string_view attention_kernel(const WorkloadOptions& options);

@@ -195,8 +195,9 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
              "as PyTorch FSDP's reduce_dtype float32, e.g. Composer's mixed precision DEFAULT, or Megatron-Core's "
              "grad_reduce_in_fp32 do)", o.grad_reduce_dtype, kGradReduceDtypes);
   cli.choice("loss", 0, "how the cross entropy runs over the logits: fused (the step's own kernels at the elements' "
-             "size) or fp32 (cast to fp32 and run pass by pass, as Megatron-LM and Megatron-Core do without "
-             "--fp16-lm-cross-entropy or --cross-entropy-loss-fusion)", o.loss, kLossModes);
+             "size) or fp32 (cast to fp32 and run pass by pass, as Megatron-Core's vocab-parallel cross entropy does "
+             "without --cross-entropy-loss-fusion, and Megatron-LM's without --fp16-lm-cross-entropy)", o.loss,
+             kLossModes);
   cli.alias("overlap-grad-reduce", "overlap");
   cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
              "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", o.tp_comm_overlap, {"on", "off"});
