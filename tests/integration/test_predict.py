@@ -115,21 +115,29 @@ def test_predict_a_small_model_on_a_spec_sheet(tmp_path):
         assert any(e.get("name") == "qkv" for e in chrome["traceEvents"])
 
 
+def predict_each(tmp_path, common: list[str], flag: str, values) -> dict:
+    """One prediction per value of a flag: its header and its prediction table's row (values, units)."""
+    made = {}
+    for value in values:
+        out = tmp_path / f"{flag.strip('-')}-{value}.h5"
+        result = project([*common, flag, value, "-O", str(out)], tmp_path)
+        assert result.returncode == 0, result.stderr
+        _, rows, units = read_table(str(out), "prediction")
+        made[value] = (result.stdout, rows, units)
+    return made
+
+
 def test_gradients_reduced_in_fp32_are_stated_recorded_and_cost(tmp_path):
     # ZeRO-3 on two nodes, one micro-batch: the gradients' reduce-scatters in fp32 (--grad-reduce-dtype, as FSDP's
     # reduce_dtype float32) take longer than in bf16 and are not all hidden; auto is the step's element size.
     common = ["predict", "--system", H100, "--model", "gpt2-124m", "--seq", "1024", "--micro-batch", "1",
               "--accumulation", "1", "--zero", "3", "--nodes", "2"]
-    steps = {}
-    for dtype in ("auto", "bf16", "fp32"):
-        out = tmp_path / f"{dtype}.h5"
-        result = project([*common, "--grad-reduce-dtype", dtype, "-O", str(out)], tmp_path)
-        assert result.returncode == 0, result.stderr
-        assert ("gradients reduced in fp32" in result.stdout) == (dtype == "fp32")
-        _, rows, units = read_table(str(out), "prediction")
+    made = predict_each(tmp_path, common, "--grad-reduce-dtype", ("auto", "bf16", "fp32"))
+    for dtype, (header, rows, units) in made.items():
+        assert ("gradients reduced in fp32" in header) == (dtype == "fp32")
         assert rows["gradient_reduction_bytes"] == [{"auto": 0, "bf16": 2, "fp32": 4}[dtype]]
         assert units["gradient_reduction_bytes"] == "B"
-        steps[dtype] = rows["step_time"][0]
+    steps = {dtype: rows["step_time"][0] for dtype, (_, rows, _) in made.items()}
     assert steps["bf16"] == pytest.approx(steps["auto"], rel=1e-12)
     assert steps["fp32"] > steps["bf16"]
 
@@ -234,15 +242,11 @@ def test_attention_runs_on_the_kernel_the_description_names(tmp_path):
     # flash kernel and less than materialised scores; each run says and records which it predicted.
     common = ["predict", "--system", H100, "--model", "gpt2-124m", "--seq", "2048", "--positions", "2048",
               "--micro-batch", "4", "--accumulation", "1", "--gpus", "1"]
-    steps = {}
-    for attention in ("flash", "flash-triton", "unfused"):
-        out = tmp_path / f"{attention}.h5"
-        result = project([*common, "--attention", attention, "-O", str(out)], tmp_path)
-        assert result.returncode == 0, result.stderr
-        assert f"bf16 GEMMs and attention ({attention})" in result.stdout, result.stdout
-        _, rows, _ = read_table(str(out), "prediction")
+    made = predict_each(tmp_path, common, "--attention", ("flash", "flash-triton", "unfused"))
+    for attention, (header, rows, _) in made.items():
+        assert f"bf16 GEMMs and attention ({attention})" in header, header
         assert rows["attention"] == [attention]
-        steps[attention] = rows["step_time"][0]
+    steps = {attention: rows["step_time"][0] for attention, (_, rows, _) in made.items()}
     assert steps["flash"] < steps["flash-triton"] < steps["unfused"]
 
 
@@ -251,16 +255,11 @@ def test_an_fp32_loss_is_stated_recorded_and_costs_its_passes(tmp_path):
     # more than the step's own fused kernels; the header says so and the column records it.
     common = ["predict", "--system", H100, "--model", "gpt2-124m", "--seq", "1024", "--micro-batch", "4",
               "--accumulation", "1", "--tp", "2", "--gpus", "2"]
-    steps = {}
-    for loss in ("fused", "fp32"):
-        out = tmp_path / f"{loss}.h5"
-        result = project([*common, "--loss", loss, "-O", str(out)], tmp_path)
-        assert result.returncode == 0, result.stderr
-        assert ("the loss in fp32 pass by pass" in result.stdout) == (loss == "fp32"), result.stdout
-        _, rows, _ = read_table(str(out), "prediction")
+    made = predict_each(tmp_path, common, "--loss", ("fused", "fp32"))
+    for loss, (header, rows, _) in made.items():
+        assert ("the loss in fp32 pass by pass" in header) == (loss == "fp32"), header
         assert rows["loss"] == [loss]
-        steps[loss] = rows["step_time"][0]
-    assert steps["fp32"] > steps["fused"]
+    assert made["fp32"][1]["step_time"][0] > made["fused"][1]["step_time"][0]
 
 
 def test_bad_systems_exit_2(tmp_path):

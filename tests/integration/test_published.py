@@ -38,16 +38,23 @@ def validate(tmp_path, *args):
                           cwd=str(tmp_path), timeout=600)
 
 
-def predicted_step(tmp_path, **fields) -> float:
-    """The step the model predicts for a row, from a set holding only that row."""
+def probe(tmp_path, table: str, column: str, **fields):
+    """A column of a results table for a row, from a set holding only that row."""
     name = "probe-" + "-".join(f"{k}-{v}" for k, v in sorted(fields.items()))
     path = write_set(tmp_path / f"{name}.json", [row("probe", "held-out", **fields)])
     out = tmp_path / f"{name}.h5"
+    out.unlink(missing_ok=True)
     result = validate(tmp_path, "--published", path, "-O", str(out), "-q")
     assert result.returncode == 0, result.stderr
     with h5py.File(out, "r") as f:
         (run,) = f["runs"].values()
-        return float(run["published_validation"]["step_time_predicted"][0])
+        value = run[table][column][0]
+        return value.decode() if isinstance(value, bytes) else value
+
+
+def predicted_step(tmp_path, **fields) -> float:
+    """The step the model predicts for a row, from a set holding only that row."""
+    return float(probe(tmp_path, "published_validation", "step_time_predicted", **fields))
 
 
 def test_each_row_is_predicted_and_its_error_stored(tmp_path):
@@ -109,12 +116,8 @@ def test_a_rows_sharding_collectives_cost_its_zero3_traffic_at_the_frameworks_ba
     nccl = predicted_step(tmp_path, **zero3)
     framework = predicted_step(tmp_path, sharding_collectives="zero3-2021", **zero3)
     assert framework > 1.5 * nccl
-    path = write_set(tmp_path / "named.json", [row("z", "held-out", sharding_collectives="zero3-2021", **zero3)])
-    out = tmp_path / "named.h5"
-    assert validate(tmp_path, "--published", path, "-O", str(out), "-q").returncode == 0
-    with h5py.File(out, "r") as f:
-        (run,) = f["runs"].values()
-        assert run["prediction"]["sharding_collectives"][0].decode() == "zero3-2021"
+    named = probe(tmp_path, "prediction", "sharding_collectives", sharding_collectives="zero3-2021", **zero3)
+    assert named == "zero3-2021"
 
 
 def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
@@ -127,19 +130,15 @@ def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
     fp32 = predicted_step(tmp_path, grad_reduce_dtype="fp32", **fsdp)
     assert fp32 > 1.02 * bf16
     assert predicted_step(tmp_path, grad_reduce_dtype="bf16", **fsdp) == pytest.approx(bf16, rel=1e-12)
-    path = write_set(tmp_path / "reduced.json", [row("r", "held-out", grad_reduce_dtype="fp32", **fsdp)])
-    out = tmp_path / "reduced.h5"
-    assert validate(tmp_path, "--published", path, "-O", str(out), "-q").returncode == 0
-    with h5py.File(out, "r") as f:
-        (run,) = f["runs"].values()
-        assert int(run["prediction"]["gradient_reduction_bytes"][0]) == 4
+    assert probe(tmp_path, "prediction", "gradient_reduction_bytes", grad_reduce_dtype="fp32", **fsdp) == 4
 
 
 @pytest.mark.parametrize("change, message", [
     ({"grad_reduce_dtype": "fp8"}, "row bad: field grad_reduce_dtype: fp32, bf16 or fp16, got 'fp8'"),
     ({"split": "train"}, "row bad: field split: calibration or held-out, got 'train'"),
     ({"attention": "sparse"}, "row bad: attention sparse: the system description"),
-    ({"attention": ""}, "row bad: field attention: flash, unfused or a kernel its description names"),
+    ({"attention": ""},
+     "row bad: field attention: flash, unfused or a kernel its description names"),
     ({"loss": "fp16"}, "row bad: field loss: fused or fp32, got 'fp16'"),
     ({"gpus": 9}, "row bad: field gpus: 9 is not tp x pp x dp = 8"),
     ({"layers": -4}, "row bad: field layers: a whole number >= 0 is required"),
@@ -165,22 +164,12 @@ def test_a_rows_attention_kernel_is_one_its_description_names(tmp_path):
     steps = {attention: predicted_step(tmp_path, attention=attention, precision="bf16")
              for attention in ("flash", "flash-triton", "unfused")}
     assert steps["flash"] < steps["flash-triton"] < steps["unfused"]
-    path = write_set(tmp_path / "triton.json", [row("t", "held-out", attention="flash-triton")])
-    out = tmp_path / "triton.h5"
-    assert validate(tmp_path, "--published", path, "-O", str(out), "-q").returncode == 0
-    with h5py.File(out, "r") as f:
-        (run,) = f["runs"].values()
-        assert run["prediction"]["attention"][0].decode() == "flash-triton"
+    assert probe(tmp_path, "prediction", "attention", attention="flash-triton", precision="bf16") == "flash-triton"
 
 
 def test_a_rows_fp32_loss_costs_its_passes_and_is_recorded(tmp_path):
     assert predicted_step(tmp_path, loss="fp32") > predicted_step(tmp_path, loss="fused")
-    path = write_set(tmp_path / "loss.json", [row("l", "held-out", loss="fp32")])
-    out = tmp_path / "loss.h5"
-    assert validate(tmp_path, "--published", path, "-O", str(out), "-q").returncode == 0
-    with h5py.File(out, "r") as f:
-        (run,) = f["runs"].values()
-        assert run["prediction"]["loss"][0].decode() == "fp32"
+    assert probe(tmp_path, "prediction", "loss", loss="fp32") == "fp32"
 
 
 def test_flags_that_belong_to_one_form_are_refused_with_the_other(tmp_path):
