@@ -22,8 +22,8 @@
 // Interval: the description's spreads. The step is simulated twice more, on the description with every figure at
 // the end of its own relative spread that makes the step faster, and at the end that makes it slower
 // (spread_end): measured GEMM and attention points by their spread, efficiency curves and named attention kernels'
-// speeds by theirs, memory bandwidth and efficiency, each tier's latency and bandwidth, each fitted collective range (or chunked fit) by its RMS
-// residual, the overlap and communication slowdowns by their spreads. A relative spread counts up to 0.9 (a rate at most 10 times
+// speeds by theirs, memory bandwidth and efficiency, each tier's latency and bandwidth, each fitted collective range
+// (or chunked fit) by its RMS residual, the overlap and communication slowdowns by their spreads. A relative spread counts up to 0.9 (a rate at most 10 times
 // faster). The interval is a corner of the description, not a confidence interval: it holds when the errors of
 // the figures all lean the same way.
 #pragma once

@@ -71,7 +71,9 @@ Op workload_op(const train::StepTrace& trace, const train::TraceOp& t, const Wor
       op.unfused = options.attention == "unfused";
       op.attention_kernel = attention_kernel(options);
       break;
-    case train::TraceOpKind::elementwise: op = elementwise_op(elementwise_name(t, options), elementwise_bytes(t, options)); break;
+    case train::TraceOpKind::elementwise:
+      op = elementwise_op(elementwise_name(t, options), elementwise_bytes(t, options));
+      break;
     case train::TraceOpKind::collective: {
       const int size = static_cast<int>(trace.groups.at(static_cast<std::size_t>(t.group)).ranks.size());
       op = collective_op(std::string(t.name), t.collective, t.group,

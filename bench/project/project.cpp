@@ -280,8 +280,8 @@ void print_predict_header(const PredictFlags& o, const StepPlan& plan, const pro
                           int ranks_per_node) {
   const train::ModelConfig& model = plan.model;
   std::printf("# strata-project predict: %s (%s parameters) on %d rank(s) of %s (%d per node): tp %d x pp %d x dp %d, "
-              "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention (%s), %d-byte "
-              "elements%s; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
+              "micro-batch %d x seq %d, %d micro-batch(es), global batch %lld rows; %s GEMMs and attention (%s), "
+              "%d-byte elements%s; comm %s; overlapped: gradient reductions %s, parameter gathers %s, tensor-parallel "
               "communication %s%s\n",
               model.name.c_str(), format_si(static_cast<double>(model.parameters())).c_str(), world, system.name.c_str(),
               ranks_per_node, plan.grid.tp, plan.grid.pp, plan.grid.dp, plan.config.micro_batch,

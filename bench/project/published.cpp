@@ -161,7 +161,8 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   f.zero = std::to_string(zero);
   row.gpus = static_cast<int>(gpus);
   row.dtype = dtype_of(r.optional_text("precision").value_or("bf16"));
-  row.attention = r.optional_text("attention").value_or("flash");  // a kernel's name is checked against the row's description
+  // A kernel's name is checked against the row's description when the row is predicted.
+  row.attention = r.optional_text("attention").value_or("flash");
   if (row.attention.empty()) r.fail("attention", "flash, unfused or a kernel its description names; got an empty text");
   // What the row's framework overlapped; unstated: strata-project predict's defaults (gradient reductions during
   // backward on, the rest off).

@@ -870,7 +870,8 @@ TEST(CalibrateFiles, AFreshMeasurementReplacesTheBasesModelsOfItInBothModes) {
   const AttentionKernel& triton = c.system.device.attention_kernels.at("flash-triton");
   EXPECT_EQ(triton.forward.value, 0.7);
   EXPECT_EQ(triton.backward.relative_spread, 0.15);
-  EXPECT_NE(triton.backward.source.find("not measured here: from base.json"), std::string::npos) << triton.backward.source;
+  EXPECT_NE(triton.backward.source.find("not measured here: from base.json"), std::string::npos)
+      << triton.backward.source;
   // The GEMM library's epilogues are the base's, unless the step's elementwise kernels were measured (the CPU step,
   // which runs its biases as passes).
   EXPECT_EQ(c.system.device.fused_into_gemm, base.device.fused_into_gemm);
