@@ -83,6 +83,8 @@ GpuLayout gpu_layout(const WorkloadOptions& workload) {
   layout.element_bytes = workload.element_bytes;
   layout.gradient_reduction_bytes = workload.gradient_reduction_bytes;
   layout.flash_attention = workload.attention != "unfused";
+  layout.dropout = workload.dropout;
+  layout.logit_bytes = workload.loss == "fp32" ? 4 : workload.element_bytes;
   return layout;
 }
 

@@ -36,6 +36,9 @@ struct WorkloadOptions {
   // Megatron-Core's vocab-parallel cross entropy does without --fp16-lm-cross-entropy or loss fusion;
   // loss_bytes_per_element).
   std::string loss = "fused";
+  // Whether the model trains with dropout (GPT-3's and Korthikanti et al.'s models do; MPT and Llama do not): its
+  // 1-byte masks are kept activations (train::GpuLayout::dropout). Memory only: the trace runs no dropout kernels.
+  bool dropout = true;
 };
 
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});

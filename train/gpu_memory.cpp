@@ -33,9 +33,9 @@ GpuActivationBytes gpu_activation_bytes(const ModelConfig& model, int micro_batc
       + 2 * e * s * b * F / t    // the GELU's input and output ("8sbh" each for F = 4h)
       + mask * sbh / whole;      // the MLP's dropout mask ("sbh")
   bytes.embedding = mask * sbh / whole;  // the embeddings' dropout mask (Section 4.3: "sbhp/t" for p in flight)
-  // The final norm's and the output layer's inputs, and the fp32 logits of the rank's vocabulary slice (Section 4.3:
-  // "4sbh/t (1 + v/h)").
-  bytes.head = 2 * e * sbh / whole + 4 * s * b * tensor_shard(model, tp, 0).vocab_rows;
+  // The final norm's and the output layer's inputs, and the logits of the rank's vocabulary slice (Section 4.3:
+  // "4sbh/t (1 + v/h)", fp32 logits; layout.logit_bytes each).
+  bytes.head = 2 * e * sbh / whole + layout.logit_bytes * s * b * tensor_shard(model, tp, 0).vocab_rows;
   return bytes;
 }
 

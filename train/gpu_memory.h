@@ -24,7 +24,8 @@
 // bytes.
 // Embeddings and output (Section 4.3): the embeddings' dropout mask sbh per micro-batch on the first stage (sbhp/t
 // for p in flight, with sequence parallelism); on the last stage the final layer norm's and the output layer's
-// inputs, 2 e sbh, and the fp32 logits of the rank's vocabulary slice, 4 sb V/t (4 sbh/t (1 + V/h) in all).
+// inputs, 2 e sbh, and the fp32 logits of the rank's vocabulary slice, 4 sb V/t (4 sbh/t (1 + V/h) in all); a fused
+// cross entropy (Megatron-Core's loss fusion, flash-attn's) keeps them at e bytes instead (GpuLayout::logit_bytes).
 #pragma once
 
 #include <array>
@@ -41,6 +42,7 @@ struct GpuLayout {
   bool flash_attention = true;   // a fused kernel: no s^2 scores kept
   bool dropout = true;           // masks of 1 byte per element (GPT-3's and the paper's models train with dropout)
   int gradient_reduction_bytes = 0;  // the data-parallel gradient reductions' buffers (fp32 reductions: 4); 0: e
+  int logit_bytes = 4;           // the kept logits' element: 4 (fp32, the paper's count), or e under a fused loss
 };
 
 // One micro-batch's bytes on one rank, split as the executor's ops split a layer (gpt.h's LayerOp) so every

@@ -171,6 +171,7 @@ Table prediction_table() {
       .add_column("loss", K::string, "",
                   "how the cross entropy ran over the logits: fused (the step's kernels) or fp32 (pass by pass, as "
                   "Megatron's unfused vocab-parallel cross entropy)")
+      .add_column("dropout", K::int64, "", "1: the model's dropout masks are held as activations (memory only)")
       .add_column("gradient_reduction_bytes", K::int64, "B",
                   "of the data-parallel gradient reductions' elements where the framework reduces in another precision "
                   "(0: element_bytes)")
@@ -223,6 +224,7 @@ void add_prediction_row(Table& t, int64_t index, const StepCase& step, const Pre
       .set("system", system_name).set("dtype", step.workload.dtype).set("attention", step.workload.attention)
       .set("element_bytes", step.workload.element_bytes)
       .set("gradient_reduction_bytes", step.workload.gradient_reduction_bytes).set("loss", step.workload.loss)
+      .set("dropout", step.workload.dropout ? 1 : 0)
       .set("step_time", p.prediction.step_s).set("step_time_low", p.prediction.step_low_s)
       .set("step_time_high", p.prediction.step_high_s);
   for (const std::string& n : project::step_components()) t.set("phase_" + n, project::component(mean, n));

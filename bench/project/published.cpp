@@ -42,6 +42,7 @@ struct Row {
   std::string sharding_collectives;  // the description's algorithm of the framework's sharding collectives
   int gradient_reduction_bytes = 0;  // grad_reduce_dtype: 4 for fp32, 2 for bf16 or fp16; 0: as the step's elements
   std::string loss = "fused";        // or fp32: the framework's cross entropy on fp32 logits, pass by pass
+  bool dropout = true;               // the model's dropout masks held in memory
   double measured_s = 0;
   bool derived = false;  // the step time is derived from a published throughput
   std::string skipped;   // why the row is not predicted; empty when it is
@@ -179,6 +180,7 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   row.loss = r.optional_text("loss").value_or("fused");
   if (std::find(kLossModes.begin(), kLossModes.end(), row.loss) == kLossModes.end())
     r.fail("loss", "fused or fp32, got '" + row.loss + "'");
+  row.dropout = r.flag("dropout", true);
   if (row.tp_comm_overlap && tp > 1 && !f.sp)
     r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "
                               "reduce-scatters)");
@@ -324,7 +326,8 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     project::StepCase step = first_step_case(plan, flags, row.id, system.device.devices_per_node);
     step.trace.tp_comm_overlap = row.tp_comm_overlap;
     step.trace.overlap_param_gather = row.overlap_param_gather;
-    step.workload = {row.dtype, 2, row.attention, row.sharding_collectives, row.gradient_reduction_bytes, row.loss};
+    step.workload = {row.dtype, 2, row.attention, row.sharding_collectives, row.gradient_reduction_bytes, row.loss,
+                     row.dropout};
     step.predict.exact = o.exact;
     Result result;
     result.row = &row;

@@ -140,6 +140,7 @@ def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
     ({"attention": ""},
      "row bad: field attention: flash, unfused or a kernel its description names"),
     ({"loss": "fp16"}, "row bad: field loss: fused or fp32, got 'fp16'"),
+    ({"dropout": "no"}, "row bad: field dropout: true or false is required"),
     ({"gpus": 9}, "row bad: field gpus: 9 is not tp x pp x dp = 8"),
     ({"layers": -4}, "row bad: field layers: a whole number >= 0 is required"),
     ({"step_time_s": None}, "row bad: field step_time_s: neither a published nor a derived step time"),
@@ -170,6 +171,39 @@ def test_a_rows_attention_kernel_is_one_its_description_names(tmp_path):
 def test_a_rows_fp32_loss_costs_its_passes_and_is_recorded(tmp_path):
     assert predicted_step(tmp_path, loss="fp32") > predicted_step(tmp_path, loss="fused")
     assert probe(tmp_path, "prediction", "loss", loss="fp32") == "fp32"
+
+
+def test_a_rows_dropout_moves_its_memory_not_its_step(tmp_path):
+    # A model without dropout (MPT, Llama) holds no masks: fewer activation bytes, the same step.
+    bf16 = dict(precision="bf16", attention="flash", recompute="none")
+    with_masks = probe(tmp_path, "prediction", "memory_activations", **bf16)
+    without = probe(tmp_path, "prediction", "memory_activations", dropout=False, **bf16)
+    assert 0 < without < with_masks
+    assert predicted_step(tmp_path, dropout=False, **bf16) == pytest.approx(predicted_step(tmp_path, **bf16), rel=1e-12)
+    assert probe(tmp_path, "prediction", "dropout", dropout=False, **bf16) == 0
+
+
+def test_the_a100_40gb_description_is_the_80gb_one_with_its_memory():
+    # The shipped 40GB description copies the 80GB one but for the card's memory and the texts that say so: a figure
+    # changed in one and not the other fails here.
+    with open(A100) as handle:
+        eighty = json.load(handle)
+    with open(os.path.join(ROOT, "project", "systems", "a100-40gb-sxm-hdr200.json")) as handle:
+        forty = json.load(handle)
+    assert forty["device"]["memory_bandwidth"]["value"] == 1.555e12
+    assert forty["device"]["memory_capacity"]["value"] == 40e9
+    for document in (eighty, forty):
+        for key in ("name", "comment"):
+            document.pop(key)
+        for key in ("name", "source"):
+            document["device"].pop(key)
+        for key in ("memory_bandwidth", "memory_capacity"):
+            document["device"].pop(key)
+        document["device"]["memory_efficiency"].pop("source")
+    assert forty == eighty
+    with open(SHIPPED) as handle:
+        systems = json.load(handle)["systems"]
+    assert systems["A100-40GB"].endswith("a100-40gb-sxm-hdr200.json")
 
 
 def test_flags_that_belong_to_one_form_are_refused_with_the_other(tmp_path):

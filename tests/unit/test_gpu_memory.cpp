@@ -104,6 +104,22 @@ TEST(GpuMemory, FlashAttentionKeepsNoScores) {
   EXPECT_DOUBLE_EQ(flash.layer() - no_dropout.layer(), 2.0 * kSeq * p.hidden / kTp);
 }
 
+// The output layer's logits: the paper's fp32 (4 sbV/t, Megatron's cross entropy saves its softmax in the fp32 cast),
+// or a fused loss's, kept at the element size; nothing else of the layer or the head moves.
+TEST(GpuMemory, AFusedLossKeepsItsLogitsAtTheElementSize) {
+  const PaperModel& p = paper_models()[1];
+  const ModelConfig m = model_of(p);
+  GpuLayout fused = kPaper;
+  fused.logit_bytes = 2;
+  const GpuActivationBytes fp32_logits = gpu_activation_bytes(m, p.micro_batch, kSeq, kTp, true, kPaper);
+  const GpuActivationBytes fused_logits = gpu_activation_bytes(m, p.micro_batch, kSeq, kTp, true, fused);
+  const double logits = double(kSeq) * p.micro_batch * (51200 / kTp);
+  EXPECT_DOUBLE_EQ(fp32_logits.head - fused_logits.head, 2 * logits);
+  EXPECT_DOUBLE_EQ(fused_logits.head, 2.0 * 2 * kSeq * p.micro_batch * p.hidden / kTp + 2 * logits);
+  EXPECT_DOUBLE_EQ(fp32_logits.layer(), fused_logits.layer());
+  EXPECT_DOUBLE_EQ(fp32_logits.embedding, fused_logits.embedding);
+}
+
 // Section 4.3: the first pipeline stage holds p micro-batches in 1F1B, so L layers of one micro-batch whatever p is;
 // interleaved with v chunks (1 + (p - 1)/(p v)) times that; and the embeddings' dropout mask of the p micro-batches,
 // sbhp/t (sbhp without sequence parallelism), and with one stage the output layer, 4 sbh/t (1 + v/h). Per GPU (GB),

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "project/predict.h"
+#include "project/step_prediction.h"
 #include "train/trainer.h"
 
 namespace strata::project {
@@ -366,6 +367,24 @@ TEST(Predict, GradientReductionsAreTheDataParallelAndEmbeddingGroupsOnly) {
       if (t.kind != train::TraceOpKind::send && t.kind != train::TraceOpKind::recv) continue;
       EXPECT_EQ(workload_op(trace, t, fp32_reductions).bytes, t.count * 2) << t.name;
     }
+}
+
+// A workload's memory layout: logits kept in fp32 under the fp32 loss (the cast Megatron's cross entropy saves its
+// softmax in), at the element size under the fused one; dropout masks as the workload says; unfused attention keeps
+// the scores.
+TEST(Predict, TheMemoryLayoutFollowsTheWorkload) {
+  WorkloadOptions w;
+  w.dtype = "bf16", w.element_bytes = 2;
+  train::GpuLayout layout = gpu_layout(w);
+  EXPECT_EQ(layout.element_bytes, 2);
+  EXPECT_EQ(layout.logit_bytes, 2);
+  EXPECT_TRUE(layout.dropout);
+  EXPECT_TRUE(layout.flash_attention);
+  w.loss = "fp32", w.dropout = false, w.attention = "unfused";
+  layout = gpu_layout(w);
+  EXPECT_EQ(layout.logit_bytes, 4);
+  EXPECT_FALSE(layout.dropout);
+  EXPECT_FALSE(layout.flash_attention);
 }
 
 // The loss in fp32 pass by pass (WorkloadOptions::loss "fp32"): per logit 38 bytes forward and 14 backward, as

@@ -224,12 +224,14 @@ TEST(Search, SixteenBitMemoryIsMixedPrecision) {
   const RankMemory fp32 = memory_per_rank(space, c, 4);
   space.dtype = "bf16";
   const RankMemory bf16 = memory_per_rank(space, c, 4);
-  // States 4/4/8 -> 2/2/12 bytes per parameter; activations a GPU step's (predict's formula, flash attention);
-  // workspace and buffers at 2 bytes an element.
+  // States 4/4/8 -> 2/2/12 bytes per parameter; activations a GPU step's (predict's formula, flash attention, the
+  // fused loss's logits at 2 bytes); workspace and buffers at 2 bytes an element.
   EXPECT_DOUBLE_EQ(bf16.use.params, fp32.use.params / 2);
   EXPECT_DOUBLE_EQ(bf16.use.grads, fp32.use.grads / 2);
   EXPECT_DOUBLE_EQ(bf16.use.optimizer, fp32.use.optimizer * 1.5);
-  EXPECT_DOUBLE_EQ(bf16.use.activations, train::gpu_activation_peak(train_config(space, c), 1, 0, 1, false));
+  train::GpuLayout fused_loss;
+  fused_loss.logit_bytes = 2;
+  EXPECT_DOUBLE_EQ(bf16.use.activations, train::gpu_activation_peak(train_config(space, c), 1, 0, 1, false, fused_loss));
   EXPECT_DOUBLE_EQ(bf16.use.workspace, fp32.use.workspace / 2);
   EXPECT_DOUBLE_EQ(bf16.use.comm_buffers, fp32.use.comm_buffers / 2);
   // NNG over 8 ranks: 2 + 2 + 12 / 8 bytes per parameter held, the model's parameters (one stage holds all).
