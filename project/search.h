@@ -18,7 +18,8 @@
 // Memory: of the pipeline ranks, the one whose total is largest, each counted as strata-project predict counts it
 // (project::pipeline_rank_memory): for a 16-bit dtype (bf16, fp16, fp8) a GPU step in mixed precision
 // (train::gpu_memory_estimate: model states at train::kMixedPrecisionStates, 2, 2 and 12 bytes per parameter;
-// Korthikanti et al.'s activations with flash attention), for fp32 the CPU executor's accounting
+// Korthikanti et al.'s activations with flash attention, dropout masks and the fused loss's logits at the element
+// size), for fp32 the CPU executor's accounting
 // (train::memory_estimate).
 // Each configuration that fits is predicted as strata-project predict predicts a step (project::predict_step: traced,
 // compacted, simulated), without the interval and with runs of compute ops across phases (PredictOptions: the same

@@ -84,7 +84,7 @@ GpuLayout gpu_layout(const WorkloadOptions& workload) {
   layout.gradient_reduction_bytes = workload.gradient_reduction_bytes;
   layout.flash_attention = workload.attention != "unfused";
   layout.dropout = workload.dropout;
-  layout.logit_bytes = workload.loss == "fp32" ? 4 : workload.element_bytes;
+  layout.logit_bytes = fp32_logits(workload.loss) ? 4 : workload.element_bytes;
   return layout;
 }
 

@@ -76,8 +76,8 @@ std::vector<train::MemoryUse> pipeline_rank_memory(const StepCase& step);
 PredictedStep predict_step(const StepCase& step, const System& system);
 
 // The GPU memory layout of a workload: its element size, flash attention unless it runs attention unfused, its
-// dropout masks, and its logits kept in fp32 under loss "fp32" (the cast Megatron's cross entropy saves its softmax
-// in), at the element size under the fused loss (its kernels keep the logits and write their gradient in place).
+// dropout masks, and its logits kept in fp32 under a loss on fp32 logits (the cast Megatron's cross entropy saves its
+// softmax in, fused or not), at the element size under the fused loss.
 train::GpuLayout gpu_layout(const WorkloadOptions& workload);
 
 // The components strata-step stores as phase_<name> in its summary, in that order, and the predicted value of each.

@@ -33,22 +33,28 @@ int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp
   return element_bytes_of(op, gradients ? options.gradient_reduction_bytes : options.element_bytes);
 }
 
-std::optional<double> loss_bytes_per_element(std::string_view op_name) {
-  static const std::map<std::string_view, double> bytes = {
+std::optional<double> loss_bytes_per_element(std::string_view loss, std::string_view op_name) {
+  static const std::map<std::string_view, double> passes = {
       {"cross-entropy", 38}, {"logit max", 10}, {"sum of exponentials", 28}, {"cross-entropy backward", 7}};
-  const auto found = bytes.find(op_name);
-  return found == bytes.end() ? std::nullopt : std::optional<double>(found->second);
+  static const std::map<std::string_view, double> fused = {
+      {"cross-entropy", 22}, {"logit max", 6}, {"sum of exponentials", 16}, {"cross-entropy backward", 5}};
+  const std::map<std::string_view, double>* bytes = loss == "fp32" ? &passes : loss == "fp32-fused" ? &fused : nullptr;
+  if (bytes == nullptr) return std::nullopt;
+  const auto found = bytes->find(op_name);
+  return found == bytes->end() ? std::nullopt : std::optional<double>(found->second);
 }
 
+bool fp32_logits(std::string_view loss) { return loss == "fp32" || loss == "fp32-fused"; }
+
 double elementwise_bytes(const train::TraceOp& op, const WorkloadOptions& options) {
-  if (options.loss == "fp32")
-    if (const std::optional<double> per_element = loss_bytes_per_element(op.name)) return op.elements * *per_element;
+  if (const std::optional<double> per_element = loss_bytes_per_element(options.loss, op.name))
+    return op.elements * *per_element;
   return op.elements * options.element_bytes;
 }
 
 std::string elementwise_name(const train::TraceOp& op, const WorkloadOptions& options) {
-  const bool framework_loss = options.loss == "fp32" && loss_bytes_per_element(op.name).has_value();
-  return framework_loss ? std::string(op.name) + " (fp32 passes)" : std::string(op.name);
+  const bool framework_loss = loss_bytes_per_element(options.loss, op.name).has_value();
+  return framework_loss ? std::string(op.name) + " (" + options.loss + " passes)" : std::string(op.name);
 }
 
 std::string_view attention_kernel(const WorkloadOptions& options) {

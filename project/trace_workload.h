@@ -31,10 +31,11 @@ struct WorkloadOptions {
   // PyTorch FSDP's reduce_dtype float32 (Composer's mixed precision DEFAULT) or Megatron-Core's grad_reduce_in_fp32;
   // 0: element_bytes. Scalar fp64 reductions keep 8.
   int gradient_reduction_bytes = 0;
-  // How the loss runs over the logits: "fused" (the step's own cross-entropy kernels at element_bytes) or "fp32"
-  // (the logits cast to fp32 and the cross entropy's passes run one after another, as Megatron-LM's and
-  // Megatron-Core's vocab-parallel cross entropy does without --fp16-lm-cross-entropy or loss fusion;
-  // loss_bytes_per_element).
+  // How the loss runs over the logits: "fused" (the step's own cross-entropy kernels at element_bytes, as
+  // Transformer Engine's and flash-attn's in-place kernels run it), "fp32" (the logits cast to fp32 and the cross
+  // entropy's passes run one after another, as Megatron-LM's and Megatron-Core's vocab-parallel cross entropy does
+  // without --fp16-lm-cross-entropy or loss fusion) or "fp32-fused" (the same passes compiled into three, as
+  // Megatron-Core's native --cross-entropy-loss-fusion runs them); loss_bytes_per_element.
   std::string loss = "fused";
   // Whether the model trains with dropout (GPT-3's and Korthikanti et al.'s models do; MPT and Llama do not): its
   // 1-byte masks are kept activations (train::GpuLayout::dropout). Memory only: the trace runs no dropout kernels.
@@ -60,18 +61,24 @@ int element_bytes_of(const train::TraceOp& op, int element_bytes);
 // element_bytes_of's.
 int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp& op, const WorkloadOptions& options);
 
-// Bytes per traced element of the step's cross-entropy ops under loss "fp32", nothing for other ops. Per logit,
-// Megatron's vocab-parallel cross entropy moves 38 bytes forward (the cast to fp32 6, max 4, subtract 8, exp 8,
-// sum 4, normalise 8) and 14 backward (scale the saved softmax 8, cast the gradient back 6); the trace's forward
-// ops split them (one fused op per logit without tensor parallelism; the max, and the sum with the normalisation,
-// with it) and its backward op counts two elements per logit.
-std::optional<double> loss_bytes_per_element(std::string_view op_name);
+// Bytes per traced element of the step's cross-entropy ops under a loss on fp32 logits ("fp32", "fp32-fused"),
+// nothing for other ops or the "fused" loss. Per logit, Megatron's vocab-parallel cross entropy moves 38 bytes
+// forward (the cast to fp32 6, max 4, subtract 8, exp 8, sum 4, normalise 8) and 14 backward (scale the saved softmax
+// 8, cast the gradient back 6); with Megatron-Core's loss fusion its three compiled functions move 22 forward (the
+// cast with the max 6, subtract, exp and sum in place 8, normalise 8) and 10 backward (the scaled softmax written
+// back in place 8, the bf16 gradient 2). The trace's forward ops split them (one op per logit without tensor
+// parallelism; the max, and the sum with the normalisation, with it) and its backward op counts two elements per
+// logit.
+std::optional<double> loss_bytes_per_element(std::string_view loss, std::string_view op_name);
+// Whether the loss keeps its logits in fp32 for the backward (the saved softmax of "fp32" and "fp32-fused").
+bool fp32_logits(std::string_view loss);
 // The bytes a traced elementwise op moves in the predicted step: its elements at element_bytes, the cross entropy's
-// at loss_bytes_per_element under loss "fp32" (with 4-byte elements that counts the casts an fp32 step does not run).
+// at loss_bytes_per_element under a loss on fp32 logits (with 4-byte elements that counts the casts an fp32 step does
+// not run).
 double elementwise_bytes(const train::TraceOp& op, const WorkloadOptions& options);
-// The name a traced elementwise op is priced under (Device::elementwise_seconds): its own, or under loss "fp32" the
-// cross entropy's with " (fp32 passes)" appended, so a measured rate of the step's fused loss kernel is not taken
-// for the framework's passes.
+// The name a traced elementwise op is priced under (Device::elementwise_seconds): its own, or under a loss on fp32
+// logits the cross entropy's with " (fp32 passes)" or " (fp32-fused passes)" appended, so a measured rate of the
+// step's fused loss kernel is not taken for the framework's passes.
 std::string elementwise_name(const train::TraceOp& op, const WorkloadOptions& options);
 
 // The device's attention kernel a workload's attention runs on: empty for "flash" and "unfused", else its name.

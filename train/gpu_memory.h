@@ -24,8 +24,9 @@
 // bytes.
 // Embeddings and output (Section 4.3): the embeddings' dropout mask sbh per micro-batch on the first stage (sbhp/t
 // for p in flight, with sequence parallelism); on the last stage the final layer norm's and the output layer's
-// inputs, 2 e sbh, and the fp32 logits of the rank's vocabulary slice, 4 sb V/t (4 sbh/t (1 + V/h) in all); a fused
-// cross entropy (Megatron-Core's loss fusion, flash-attn's) keeps them at e bytes instead (GpuLayout::logit_bytes).
+// inputs, 2 e sbh, and the fp32 logits of the rank's vocabulary slice, 4 sb V/t (4 sbh/t (1 + V/h) in all); a cross
+// entropy on the logits as they are (Transformer Engine's, flash-attn's) keeps them at e bytes instead
+// (GpuLayout::logit_bytes).
 #pragma once
 
 #include <array>
@@ -53,7 +54,7 @@ struct GpuActivationBytes {
   double input = 0;
   std::array<double, kLayerOps> op{};
   double embedding = 0;  // the first stage's, per micro-batch: the embeddings' dropout mask
-  double head = 0;       // the last stage's, per micro-batch: final norm and output layer inputs, fp32 logits
+  double head = 0;       // the last stage's, per micro-batch: final norm and output layer inputs, logits
   double layer() const { return input + op[0] + op[1] + op[2]; }
 };
 GpuActivationBytes gpu_activation_bytes(const ModelConfig& model, int micro_batch, int seq, int tp, bool sp,

@@ -169,9 +169,12 @@ Table prediction_table() {
                   "of activations, gradients and the step's collectives (the gradient reductions': "
                   "gradient_reduction_bytes where it is set)")
       .add_column("loss", K::string, "",
-                  "how the cross entropy ran over the logits: fused (the step's kernels) or fp32 (pass by pass, as "
-                  "Megatron's unfused vocab-parallel cross entropy)")
-      .add_column("dropout", K::int64, "", "1: the model's dropout masks are held as activations (memory only)")
+                  "how the cross entropy ran over the logits: fused (kernels on the logits as they are), fp32 (pass by "
+                  "pass, as Megatron's unfused vocab-parallel cross entropy) or fp32-fused (Megatron-Core's loss "
+                  "fusion)")
+      .add_column("dropout", K::int64, "",
+                  "1: the model's dropout masks are held as activations in a 16-bit step's memory estimate (the fp32 "
+                  "estimate, the CPU step's, has none)")
       .add_column("gradient_reduction_bytes", K::int64, "B",
                   "of the data-parallel gradient reductions' elements where the framework reduces in another precision "
                   "(0: element_bytes)")

@@ -194,9 +194,11 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
   cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions (auto: the elements' --element-bytes; fp32 "
              "as PyTorch FSDP's reduce_dtype float32, e.g. Composer's mixed precision DEFAULT, or Megatron-Core's "
              "grad_reduce_in_fp32 do)", o.grad_reduce_dtype, kGradReduceDtypes);
-  cli.choice("loss", 0, "how the cross entropy runs over the logits: fused (the step's own kernels at the elements' "
-             "size) or fp32 (cast to fp32 and run pass by pass, as Megatron-Core's vocab-parallel cross entropy does "
-             "without --cross-entropy-loss-fusion, and Megatron-LM's without --fp16-lm-cross-entropy)", o.loss,
+  cli.choice("loss", 0, "how the cross entropy runs over the logits: fused (kernels on the logits as they are, "
+             "keeping them at the elements' size: the step's own, Transformer Engine's), fp32 (cast to fp32 and run "
+             "pass by pass, keeping an fp32 softmax, as Megatron-Core's vocab-parallel cross entropy does without "
+             "--cross-entropy-loss-fusion, and Megatron-LM's without --fp16-lm-cross-entropy) or fp32-fused (those "
+             "passes compiled into three, as Megatron-Core's native --cross-entropy-loss-fusion runs them)", o.loss,
              kLossModes);
   cli.choice("dropout", 0, "whether the model trains with dropout, whose 1-byte masks the predicted activations hold "
              "(on: GPT-3's and Megatron-LM's models; off: MPT's and Llama's); memory only", o.dropout, {"on", "off"});
@@ -291,6 +293,7 @@ void print_predict_header(const PredictFlags& o, const StepPlan& plan, const pro
               o.attention.c_str(), o.element_bytes,
               (std::string(o.grad_reduce_dtype == "auto" ? "" : ", gradients reduced in " + o.grad_reduce_dtype) +
                (o.loss == "fp32" ? ", the loss in fp32 pass by pass" : "") +
+               (o.loss == "fp32-fused" ? ", the loss in fp32 in three fused passes" : "") +
                (o.dropout == "off" ? ", no dropout" : ""))
                   .c_str(),
               o.step.comm_algo.c_str(), o.step.overlap.c_str(), o.overlap_param_gather.c_str(),

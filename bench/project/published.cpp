@@ -41,7 +41,7 @@ struct Row {
   bool tp_comm_overlap = false, overlap_param_gather = false;  // predict's defaults where the row says nothing
   std::string sharding_collectives;  // the description's algorithm of the framework's sharding collectives
   int gradient_reduction_bytes = 0;  // grad_reduce_dtype: 4 for fp32, 2 for bf16 or fp16; 0: as the step's elements
-  std::string loss = "fused";        // or fp32: the framework's cross entropy on fp32 logits, pass by pass
+  std::string loss = "fused";  // or fp32 / fp32-fused: the framework's cross entropy on fp32 logits
   bool dropout = true;               // the model's dropout masks held in memory
   double measured_s = 0;
   bool derived = false;  // the step time is derived from a published throughput
@@ -179,7 +179,7 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   }
   row.loss = r.optional_text("loss").value_or("fused");
   if (std::find(kLossModes.begin(), kLossModes.end(), row.loss) == kLossModes.end())
-    r.fail("loss", "fused or fp32, got '" + row.loss + "'");
+    r.fail("loss", "fused, fp32 or fp32-fused, got '" + row.loss + "'");
   row.dropout = r.flag("dropout", true);
   if (row.tp_comm_overlap && tp > 1 && !f.sp)
     r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "

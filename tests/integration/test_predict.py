@@ -252,19 +252,23 @@ def test_attention_runs_on_the_kernel_the_description_names(tmp_path):
 
 def test_an_fp32_loss_is_stated_recorded_and_costs_its_passes(tmp_path):
     # GPT-2 with tp 2 on one H100 node: Megatron's cross entropy on fp32 logits, pass by pass (--loss fp32), costs
-    # more than the step's own fused kernels and keeps the logits in fp32 where the fused loss keeps them at 2 bytes;
-    # the header says so and the column records it.
+    # more than Megatron-Core's fused version of it (fp32-fused), which costs more than the step's own fused kernels;
+    # both keep the logits in fp32 where the fused loss keeps them at 2 bytes; the header says so and the column
+    # records it.
     common = ["predict", "--system", H100, "--model", "gpt2-124m", "--seq", "1024", "--micro-batch", "4",
               "--accumulation", "1", "--tp", "2", "--gpus", "2"]
-    made = predict_each(tmp_path, common, "--loss", ("fused", "fp32"))
+    made = predict_each(tmp_path, common, "--loss", ("fused", "fp32-fused", "fp32"))
     for loss, (header, rows, _) in made.items():
         assert ("the loss in fp32 pass by pass" in header) == (loss == "fp32"), header
+        assert ("the loss in fp32 in three fused passes" in header) == (loss == "fp32-fused"), header
         assert rows["loss"] == [loss]
-    assert made["fp32"][1]["step_time"][0] > made["fused"][1]["step_time"][0]
+    steps = {loss: rows["step_time"][0] for loss, (_, rows, _) in made.items()}
+    assert steps["fused"] < steps["fp32-fused"] < steps["fp32"]
     # The output layer's logits of the rank's half of GPT-2's vocabulary (25,129 of 50,257 rows), 4 against 2 bytes.
     logits = 4 * 1024 * 25129
     kept = {loss: rows["memory_activations"][0] for loss, (_, rows, _) in made.items()}
     assert kept["fp32"] - kept["fused"] == pytest.approx(2 * logits, rel=1e-9)
+    assert kept["fp32-fused"] == kept["fp32"]  # the same fp32 softmax saved for the backward
 
 
 def test_dropout_off_holds_no_masks_and_costs_the_same(tmp_path):

@@ -139,7 +139,7 @@ def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
     ({"attention": "sparse"}, "row bad: attention sparse: the system description"),
     ({"attention": ""},
      "row bad: field attention: flash, unfused or a kernel its description names"),
-    ({"loss": "fp16"}, "row bad: field loss: fused or fp32, got 'fp16'"),
+    ({"loss": "fp16"}, "row bad: field loss: fused, fp32 or fp32-fused, got 'fp16'"),
     ({"dropout": "no"}, "row bad: field dropout: true or false is required"),
     ({"gpus": 9}, "row bad: field gpus: 9 is not tp x pp x dp = 8"),
     ({"layers": -4}, "row bad: field layers: a whole number >= 0 is required"),
@@ -169,8 +169,10 @@ def test_a_rows_attention_kernel_is_one_its_description_names(tmp_path):
 
 
 def test_a_rows_fp32_loss_costs_its_passes_and_is_recorded(tmp_path):
-    assert predicted_step(tmp_path, loss="fp32") > predicted_step(tmp_path, loss="fused")
+    steps = {loss: predicted_step(tmp_path, loss=loss) for loss in ("fused", "fp32-fused", "fp32")}
+    assert steps["fused"] < steps["fp32-fused"] < steps["fp32"]
     assert probe(tmp_path, "prediction", "loss", loss="fp32") == "fp32"
+    assert probe(tmp_path, "prediction", "loss", loss="fp32-fused") == "fp32-fused"
 
 
 def test_a_rows_dropout_moves_its_memory_not_its_step(tmp_path):
@@ -201,9 +203,18 @@ def test_the_a100_40gb_description_is_the_80gb_one_with_its_memory():
             document["device"].pop(key)
         document["device"]["memory_efficiency"].pop("source")
     assert forty == eighty
-    with open(SHIPPED) as handle:
-        systems = json.load(handle)["systems"]
-    assert systems["A100-40GB"].endswith("a100-40gb-sxm-hdr200.json")
+
+
+
+def test_the_shipped_a100_40gb_rows_run_on_their_cards_memory(tmp_path):
+    out = tmp_path / "forty.h5"
+    result = validate(tmp_path, "--published", SHIPPED, "--only", "mpt-a100-40-7b-8,mpt-a100-80-7b-8", "-O", str(out),
+                      "-q")
+    assert result.returncode == 0, result.stderr
+    with h5py.File(out, "r") as f:
+        (run,) = f["runs"].values()
+        capacity = list(run["prediction"]["memory_capacity"])
+    assert sorted(capacity) == [40e9, 80e9]
 
 
 def test_flags_that_belong_to_one_form_are_refused_with_the_other(tmp_path):

@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 
 #include <unistd.h>
 
@@ -231,7 +232,8 @@ TEST(Search, SixteenBitMemoryIsMixedPrecision) {
   EXPECT_DOUBLE_EQ(bf16.use.optimizer, fp32.use.optimizer * 1.5);
   train::GpuLayout fused_loss;
   fused_loss.logit_bytes = 2;
-  EXPECT_DOUBLE_EQ(bf16.use.activations, train::gpu_activation_peak(train_config(space, c), 1, 0, 1, false, fused_loss));
+  EXPECT_DOUBLE_EQ(bf16.use.activations,
+                   train::gpu_activation_peak(train_config(space, c), 1, 0, 1, false, fused_loss));
   EXPECT_DOUBLE_EQ(bf16.use.workspace, fp32.use.workspace / 2);
   EXPECT_DOUBLE_EQ(bf16.use.comm_buffers, fp32.use.comm_buffers / 2);
   // NNG over 8 ranks: 2 + 2 + 12 / 8 bytes per parameter held, the model's parameters (one stage holds all).
@@ -496,10 +498,12 @@ TEST(Search, PrintsItsRate) {
 // ---- the system description's device memory ----
 
 TEST(Search, SystemsDescribeTheirDeviceMemory) {
-  for (const char* file : {"a100-80gb-sxm-hdr200.json", "h100-sxm-ndr400.json"}) {
+  const std::pair<const char*, double> shipped[] = {
+      {"a100-80gb-sxm-hdr200.json", 80e9}, {"a100-40gb-sxm-hdr200.json", 40e9}, {"h100-sxm-ndr400.json", 80e9}};
+  for (const auto& [file, capacity] : shipped) {
     const System s = read_system(std::string(STRATA_SYSTEMS_DIR) + "/" + file);
     ASSERT_TRUE(s.device.memory_capacity.has_value()) << file;
-    EXPECT_DOUBLE_EQ(s.device.memory_capacity->value, 80e9);
+    EXPECT_DOUBLE_EQ(s.device.memory_capacity->value, capacity) << file;
     EXPECT_FALSE(s.device.memory_capacity->source.empty());
   }
   System s = small_system();

@@ -329,7 +329,7 @@ TEST(SystemJson, MalformedInputNamesTheField) {
 }
 
 TEST(SystemJson, TheSpecSheetSystemsLoadAndValidate) {
-  for (const char* file : {"a100-80gb-sxm-hdr200.json", "h100-sxm-ndr400.json"}) {
+  for (const char* file : {"a100-80gb-sxm-hdr200.json", "a100-40gb-sxm-hdr200.json", "h100-sxm-ndr400.json"}) {
     SCOPED_TRACE(file);
     const System s = strata::read_system(std::string(STRATA_SYSTEMS_DIR) + "/" + file);
     EXPECT_EQ(s.device.devices_per_node, 8);
@@ -360,7 +360,7 @@ TEST(SystemJson, TheSpecSheetSystemsLoadAndValidate) {
 
 // Every figure of the shipped descriptions says where it comes from, and every efficiency is a fraction of peak.
 TEST(SystemJson, EveryShippedFigureHasASourceAndEveryEfficiencyIsAFraction) {
-  for (const char* file : {"a100-80gb-sxm-hdr200.json", "h100-sxm-ndr400.json"}) {
+  for (const char* file : {"a100-80gb-sxm-hdr200.json", "a100-40gb-sxm-hdr200.json", "h100-sxm-ndr400.json"}) {
     SCOPED_TRACE(file);
     const System s = strata::read_system(std::string(STRATA_SYSTEMS_DIR) + "/" + file);
     auto sourced = [](const std::string& what, const std::string& source) {
