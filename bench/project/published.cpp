@@ -42,7 +42,7 @@ struct Row {
   std::string sharding_collectives;  // the description's algorithm of the framework's sharding collectives
   int gradient_reduction_bytes = 0;  // grad_reduce_dtype: 4 for fp32, 2 for bf16 or fp16; 0: as the step's elements
   std::string loss = "fused";  // or fp32 / fp32-fused: the framework's cross entropy on fp32 logits
-  bool dropout = true;               // the model's dropout masks held in memory
+  bool dropout = true;         // the model's dropout masks held in memory
   double measured_s = 0;
   bool derived = false;  // the step time is derived from a published throughput
   std::string skipped;   // why the row is not predicted; empty when it is

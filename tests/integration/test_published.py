@@ -205,7 +205,6 @@ def test_the_a100_40gb_description_is_the_80gb_one_with_its_memory():
     assert forty == eighty
 
 
-
 def test_the_shipped_a100_40gb_rows_run_on_their_cards_memory(tmp_path):
     out = tmp_path / "forty.h5"
     result = validate(tmp_path, "--published", SHIPPED, "--only", "mpt-a100-40-7b-8,mpt-a100-80-7b-8", "-O", str(out),
