@@ -201,7 +201,8 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
              "passes compiled into three, as Megatron-Core's native --cross-entropy-loss-fusion runs them)", o.loss,
              kLossModes);
   cli.choice("dropout", 0, "whether the model trains with dropout, whose 1-byte masks the predicted activations hold "
-             "(on: GPT-3's and Megatron-LM's models; off: MPT's, Llama's and Nemotron's); memory only", o.dropout, {"on", "off"});
+             "(on: GPT-3's and Megatron-LM's models; off: MPT's, Llama's and Nemotron's); memory only", o.dropout,
+             {"on", "off"});
   cli.alias("overlap-grad-reduce", "overlap");
   cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
              "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", o.tp_comm_overlap, {"on", "off"});
