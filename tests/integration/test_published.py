@@ -197,9 +197,7 @@ def test_the_a100_40gb_description_is_the_80gb_one_with_its_memory():
     for document in (eighty, forty):
         for key in ("name", "comment"):
             document.pop(key)
-        for key in ("name", "source"):
-            document["device"].pop(key)
-        for key in ("memory_bandwidth", "memory_capacity"):
+        for key in ("name", "source", "memory_bandwidth", "memory_capacity"):
             document["device"].pop(key)
         document["device"]["memory_efficiency"].pop("source")
     assert forty == eighty
