@@ -31,19 +31,16 @@ class ComputeTimes {
  public:
   ComputeTimes(const System& system, const WorkloadOptions& options) : system_(system), options_(options) {}
 
-  double operator()(const train::TraceOp& t) {
-    if (t.kind == train::TraceOpKind::elementwise)
-      return system_.device.elementwise_seconds(elementwise_name(t, options_), elementwise_bytes(t, options_));
+  // As the simulator prices the op (compute_seconds of workload_op): the options' attention kernel and loss included.
+  double operator()(const train::StepTrace& trace, const train::TraceOp& t) {
+    if (t.kind == train::TraceOpKind::elementwise) return compute_seconds(system_, workload_op(trace, t, options_));
     const bool gemm = t.kind == train::TraceOpKind::gemm;
     const Key key = gemm ? Key{0, t.m, t.n, t.k, 0, 0, 0, 0, 0}
                          : Key{1 + (t.causal ? 1 : 0) + (t.backward ? 2 : 0), t.batch, t.heads, t.seq_q, t.seq_kv,
                                t.head_dim, 0, 0, 0};
     const auto found = cache_.find(key);
     if (found != cache_.end()) return found->second;
-    const double seconds =
-        gemm ? system_.device.gemm_seconds(options_.dtype, t.m, t.n, t.k)
-             : system_.device.attention_seconds(options_.dtype, {t.batch, t.heads, 0, t.seq_q, t.seq_kv, t.head_dim,
-                                                                 t.causal, t.backward});
+    const double seconds = compute_seconds(system_, workload_op(trace, t, options_));
     cache_.emplace(key, seconds);
     return seconds;
   }
@@ -71,6 +68,7 @@ int element_bytes_for(const std::string& dtype) {
 WorkloadOptions workload_options(const SearchSpace& space) {
   WorkloadOptions options{space.dtype, element_bytes_for(space.dtype)};
   options.gradient_reduction_bytes = space.gradient_reduction_bytes;
+  options.attention = space.attention, options.loss = space.loss, options.dropout = space.dropout;
   return options;
 }
 
@@ -252,7 +250,7 @@ std::vector<double> rank_work(const System& system, const train::StepTrace& trac
       const train::TraceOp& t = ops[i];
       if (t.kind == train::TraceOpKind::gemm || t.kind == train::TraceOpKind::attention ||
           (every_compute && t.kind == train::TraceOpKind::elementwise))
-        total += times(t);
+        total += times(trace, t);
       if (t.kind == train::TraceOpKind::collective && previous >= 0 &&
           trace.groups.at(static_cast<std::size_t>(t.group)).role == "tp") {
         std::size_t next = i + 1;
@@ -370,6 +368,12 @@ void check_space(const System& system, const SearchSpace& space) {
   if (!system.device.compute.count(space.dtype))
     throw std::invalid_argument("the system's device has no " + space.dtype + " compute");
   if (const std::string problem = space.model.validate(); !problem.empty()) throw std::invalid_argument("model: " + problem);
+  const std::vector<std::string>& losses = loss_modes();
+  if (std::find(losses.begin(), losses.end(), space.loss) == losses.end())
+    throw std::invalid_argument("loss '" + space.loss + "': not one of fused, fp32, fp32-fused");
+  if (space.attention != "flash" && space.attention != "unfused" && !system.device.attention_kernels.count(space.attention))
+    throw std::invalid_argument("attention '" + space.attention + "': not flash, unfused or a kernel of the system's "
+                                "device.attention_kernels");
   if (space.micro_batch_sizes.empty() || space.schedules.empty() || space.recompute.empty())
     throw std::invalid_argument("the search needs at least one micro-batch size, schedule and recomputation mode");
   for (int mb : space.micro_batch_sizes)

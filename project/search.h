@@ -81,6 +81,9 @@ struct SearchSpace {
   bool sequence_parallel = true;            // with tp > 1
   std::string dtype = "bf16";               // of GEMMs and attention; 16-bit: mixed-precision memory (above)
   int gradient_reduction_bytes = 0;         // WorkloadOptions::gradient_reduction_bytes (0: the step's element size)
+  std::string attention = "flash";          // WorkloadOptions::attention
+  std::string loss = "fused";               // WorkloadOptions::loss
+  bool dropout = true;                      // WorkloadOptions::dropout (memory only)
   double memory_limit = 0;                  // B per device
   int top = 10;
   bool prune = true;  // the lower bounds above; false: every configuration that fits is simulated

@@ -46,6 +46,11 @@ std::optional<double> loss_bytes_per_element(std::string_view loss, std::string_
 
 bool fp32_logits(std::string_view loss) { return loss == "fp32" || loss == "fp32-fused"; }
 
+const std::vector<std::string>& loss_modes() {
+  static const std::vector<std::string> modes = {"fused", "fp32", "fp32-fused"};
+  return modes;
+}
+
 double elementwise_bytes(const train::TraceOp& op, const WorkloadOptions& options) {
   if (const std::optional<double> per_element = loss_bytes_per_element(options.loss, op.name))
     return op.elements * *per_element;

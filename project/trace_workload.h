@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "project/simulate.h"
 #include "train/trace.h"
@@ -72,6 +73,8 @@ int collective_element_bytes(const train::StepTrace& trace, const train::TraceOp
 std::optional<double> loss_bytes_per_element(std::string_view loss, std::string_view op_name);
 // Whether the loss keeps its logits in fp32 for the backward (the saved softmax of "fp32" and "fp32-fused").
 bool fp32_logits(std::string_view loss);
+// The loss modes of WorkloadOptions::loss: "fused", "fp32", "fp32-fused".
+const std::vector<std::string>& loss_modes();
 // The bytes a traced elementwise op moves in the predicted step: its elements at element_bytes, the cross entropy's
 // at loss_bytes_per_element under a loss on fp32 logits (with 4-byte elements that counts the casts an fp32 step does
 // not run).

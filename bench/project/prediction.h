@@ -35,7 +35,7 @@ void check_attention(const project::System& system, const std::string& attention
 // WorkloadOptions::gradient_reduction_bytes (auto: 0, the step's element size).
 inline const std::vector<std::string> kGradReduceDtypes = {"auto", "fp32", "bf16", "fp16"};
 // How the loss runs over the logits (project::WorkloadOptions::loss).
-inline const std::vector<std::string> kLossModes = {"fused", "fp32", "fp32-fused"};
+inline const std::vector<std::string>& kLossModes = project::loss_modes();
 int gradient_reduction_bytes(const std::string& dtype);
 
 // Each pipeline rank's configuration under a stored placement (a strata-recompute-policy document, as strata-step

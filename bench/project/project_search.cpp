@@ -93,6 +93,7 @@ struct Options {
   std::string system_path, model, output, memory_limit, dtype = "bf16", trainable = "all";
   std::string micro_batches = "1,2,4,8", schedules = "gpipe,1f1b,interleaved", recompute = "none,full,selective";
   std::string strategies = "all", tp, pp, sequence_parallel = "on", grad_reduce_dtype = "auto";
+  std::string attention = "flash", loss = "fused", dropout = "on";
   int gpus = 0, global_batch = 0, seq = 0, top = 10, interleave = 2, threads = 0;
   double target = kTargetRate;
   int layers = 0, hidden = 0, heads = 0, kv_heads = 0, vocab = 50257, mlp_hidden = 0;
@@ -172,6 +173,8 @@ project::SearchSpace resolve_space(const Options& o, const project::System& syst
   }
   space.dtype = o.dtype;
   space.gradient_reduction_bytes = gradient_reduction_bytes(o.grad_reduce_dtype);
+  check_attention(system, o.attention, "--attention");
+  space.attention = o.attention, space.loss = o.loss, space.dropout = o.dropout == "on";
   if (!o.memory_limit.empty()) {
     space.memory_limit = parse_memory(o.memory_limit);
   } else if (system.device.memory_capacity) {
@@ -266,6 +269,9 @@ Table search_table(const project::SearchSpace& space, const project::SearchResul
   t.add_column("dtype", ColumnKind::string, "");
   t.add_column("gradient_reduction_bytes", ColumnKind::int64, "B",
                "of the data-parallel gradient reductions' elements (0: the step's element size)");
+  t.add_column("attention", ColumnKind::string, "", "how attention runs: flash, unfused or a kernel of the description");
+  t.add_column("loss", ColumnKind::string, "", "how the cross entropy runs: fused, fp32 or fp32-fused");
+  t.add_column("dropout", ColumnKind::int64, "1", "1: dropout masks in the memory estimate");
   t.add_column("step", ColumnKind::float64, "s", "predicted step time: the last op's end over all ranks (project/simulate.h)");
   const std::string mean = "mean over ranks, each traced rank weighted by the ranks it stands for";
   t.add_column("compute", ColumnKind::float64, "s", mean);
@@ -296,6 +302,7 @@ Table search_table(const project::SearchSpace& space, const project::SearchResul
     t.set("virtual_stages", c.virtual_stages).set("recompute", train::name(c.recompute));
     t.set("sequence_parallel", c.sequence_parallel ? 1 : 0).set("dtype", space.dtype);
     t.set("gradient_reduction_bytes", space.gradient_reduction_bytes);
+    t.set("attention", space.attention).set("loss", space.loss).set("dropout", space.dropout ? 1 : 0);
     t.set("step", e.step_s).set("compute", e.compute_s);
     t.set("exposed_tp", exposed(e, "tp")).set("exposed_pp", exposed(e, "pp")).set("exposed_dp", exposed(e, "dp"));
     t.set("exposed_dp_intra", exposed(e, "dp_intra")).set("exposed_dp_inter", exposed(e, "dp_inter"));
@@ -452,6 +459,12 @@ int project_search(int argc, char** argv) {
   cli.choice("grad-reduce-dtype", 0, "of the data-parallel gradient reductions, as predict's (auto: the step's element "
              "size; fp32 as FSDP's reduce_dtype float32 or Megatron-Core's grad_reduce_in_fp32)", o.grad_reduce_dtype,
              kGradReduceDtypes);
+  cli.option("attention", 0, "how attention runs, as predict's: flash (the description's kernel), unfused, or a "
+             "kernel the description names in device.attention_kernels", o.attention);
+  cli.choice("loss", 0, "how the cross entropy runs over the logits, as predict's: fused, fp32 or fp32-fused", o.loss,
+             kLossModes);
+  cli.choice("dropout", 0, "whether the model trains with dropout, as predict's (its masks in the memory estimate)",
+             o.dropout, {"on", "off"});
   cli.option("threads", 0, "configurations simulated at once (default: the machine's cores)", o.threads, 0);
   cli.flag("no-prune", 0, "simulate every configuration that fits (no lower bounds)", o.no_prune);
   cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/; --bench: none)",
@@ -498,10 +511,11 @@ int project_search(int argc, char** argv) {
 
   if (!o.quiet)
     std::printf("# strata-project search: %s (%d layers, hidden %d, %.3g parameters) on %d devices of %s, global batch %d "
-                "x %d tokens, %s, memory limit %s GB per device\n",
+                "x %d tokens, %s, attention %s, loss %s, dropout %s, memory limit %s GB per device\n",
                 space.model.name.c_str(), space.model.layers, space.model.hidden,
                 static_cast<double>(space.model.parameters()), space.devices, system.name.c_str(), space.global_batch,
-                space.seq, space.dtype.c_str(), gb(space.memory_limit).c_str());
+                space.seq, space.dtype.c_str(), space.attention.c_str(), space.loss.c_str(), o.dropout.c_str(),
+                gb(space.memory_limit).c_str());
   const project::SearchResult result = project::search(system, space);
   if (result.top.empty()) {
     std::string message = "no configuration of " + std::to_string(result.enumerated) + " runs and fits in " +

@@ -75,6 +75,41 @@ def test_gradient_reductions_in_fp32_are_stated_and_recorded(tmp_path):
     assert tables["fp32"]["step"].iloc[0] >= tables["auto"]["step"].iloc[0]
 
 
+def test_attention_kernel_loss_and_dropout_as_predicts(tmp_path):
+    """--attention, --loss and --dropout as predict's: stated in the header, recorded per row; llm-foundry's Triton
+    kernel and Megatron's fp32 loss make the best step slower; each stored step is predict's for its configuration."""
+    common = ["--system", A100, "--model", "gpt2-350m", "--gpus", "32", "--global-batch", "64", "--seq", "1024",
+              "-k", "3"]
+    plain = search([*common, "-O", str(tmp_path / "plain.h5")], tmp_path)
+    framework = search([*common, "--attention", "flash-triton", "--loss", "fp32", "--dropout", "off",
+                        "-O", str(tmp_path / "framework.h5")], tmp_path)
+    assert plain.returncode == 0 and framework.returncode == 0, plain.stderr + framework.stderr
+    assert "attention flash, loss fused, dropout on" in plain.stdout
+    assert "attention flash-triton, loss fp32, dropout off" in framework.stdout
+    before = sr.read_table([str(tmp_path / "plain.h5")], "search")
+    after = sr.read_table([str(tmp_path / "framework.h5")], "search")
+    assert list(before["attention"]) == ["flash"] * 3 and list(before["loss"]) == ["fused"] * 3
+    assert list(before["dropout"]) == [1] * 3
+    assert list(after["attention"]) == ["flash-triton"] * 3 and list(after["loss"]) == ["fp32"] * 3
+    assert list(after["dropout"]) == [0] * 3
+    assert after["step"].min() > before["step"].min()
+    assert (after["step"] >= after["lower_bound"]).all()
+    best = after.iloc[0]
+    flags = ["--system", A100, "--model", "gpt2-350m", "--seq", "1024", "--grid",
+             f"tp={best['tp']},pp={best['pp']},dp={best['dp']}", "--micro-batch", str(best["micro_batch"]),
+             "--accumulation", str(best["micro_batches"]), "--paro", best["strategy"],
+             "--recompute", best["recompute"], "--schedule", best["schedule"],
+             "--attention", "flash-triton", "--loss", "fp32", "--dropout", "off", "-q", "-O", str(tmp_path / "p.h5")]
+    if best["sequence_parallel"]:
+        flags.append("--sp")
+    if best["virtual_stages"] > 1:
+        flags += ["--virtual-stages", str(best["virtual_stages"])]
+    predicted = run_single([program("strata-project"), "predict", *flags], cwd=str(tmp_path), timeout=600)
+    assert predicted.returncode == 0, predicted.stderr
+    step = sr.read_table([str(tmp_path / "p.h5")], "prediction")["step_time"][0]
+    assert step == pytest.approx(best["step"], rel=1e-9)
+
+
 def test_a_custom_model_by_its_dimensions(tmp_path):
     """The dimensions with strata-step's flag names: gpt2-350m's give the preset's ranking; a wider MLP a slower step."""
     common = ["--system", A100, "--gpus", "32", "--global-batch", "64", "--seq", "1024", "-k", "3"]
@@ -193,4 +228,10 @@ def test_other_bad_input(tmp_path, existing):
     bad(["--system", A100, "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16", "--dtype", "fp4"], tmp_path,
         existing, "fp4")
     bad(["--system", A100, "--model", "gpt2-124m", "--gpus", "8"], tmp_path, existing, "--global-batch")
+    bad(["--system", A100, "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16", "--attention", "cudnn"],
+        tmp_path, existing, "flash-triton")
+    bad(["--system", A100, "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16", "--loss", "fp16"],
+        tmp_path, existing, "fp32-fused")
+    bad(["--system", A100, "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16", "--dropout", "maybe"],
+        tmp_path, existing, "--dropout")
     bad(["--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16"], tmp_path, existing, "--system")

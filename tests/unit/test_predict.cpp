@@ -447,5 +447,23 @@ TEST(Predict, AnFp32LossMovesMegatronsBytesPerLogit) {
   EXPECT_FALSE(fp32_logits("fused"));
 }
 
+// A loss the project does not know is refused by name, not priced as the fused one; each known mode predicts.
+TEST(Predict, AnUnknownLossIsRefused) {
+  const train::StepTrace trace = small_trace("NNN", coll::GridShape{1, 1, 2});
+  for (const std::string& loss : loss_modes()) {
+    WorkloadOptions options{"fp32", 4};
+    options.loss = loss;
+    EXPECT_GT(predict(test_system(), trace, options).step_s, 0) << loss;
+  }
+  WorkloadOptions unknown{"fp32", 4};
+  unknown.loss = "fp16";
+  try {
+    predict(test_system(), trace, unknown);
+    ADD_FAILURE() << "an unknown loss predicted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("fp16"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace strata::project

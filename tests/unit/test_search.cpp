@@ -413,6 +413,69 @@ TEST(Search, GradientReductionsTakeTheirOwnElementSize) {
   EXPECT_GT(faster, 0);
 }
 
+// How attention and the loss run (SearchSpace::attention, loss, dropout, as predict's): a kernel at half the described
+// speed and the loss in fp32 passes make no configuration faster and some slower, each step is predict's for its
+// configuration, the bounds stay at or below the steps; without dropout no configuration needs more memory; a kernel or
+// loss the search does not know is refused by name.
+TEST(Search, AttentionKernelLossAndDropoutAsPredicts) {
+  System system = small_system();
+  system.device.attention_kernels["half-speed"] = {{0.5, 0, ""}, {0.5, 0, ""}};
+  SearchSpace space = small_space();
+  space.micro_batch_sizes = {2};
+  std::map<std::string, Evaluation> described;
+  for (const Evaluation& e : every_configuration(space, system)) described.emplace(e.candidate.label(), e);
+  SearchSpace slower = space;
+  slower.attention = "half-speed", slower.loss = "fp32", slower.dropout = false;
+  BoundCache cache, described_cache;
+  int slowed = 0, bound_raised = 0, smaller = 0;
+  for (const Evaluation& e : every_configuration(slower, system)) {
+    const Candidate& c = e.candidate;
+    ASSERT_TRUE(described.count(c.label())) << c.label();
+    const Evaluation& before = described.at(c.label());
+    EXPECT_GE(e.step_s, before.step_s * (1 - 1e-12)) << c.label();
+    slowed += e.step_s > before.step_s * (1 + 1e-6);
+    EXPECT_LE(e.memory.total(), before.memory.total()) << c.label();
+    const double bound = refined_lower_bound_s(system, slower, c, cache);
+    EXPECT_LE(bound, e.step_s) << c.label();
+    bound_raised += bound > refined_lower_bound_s(system, space, c, described_cache) * (1 + 1e-6);
+    const StepCase step = step_case(slower, c, system.device.devices_per_node);
+    EXPECT_EQ(step.workload.attention, "half-speed");
+    EXPECT_EQ(step.workload.loss, "fp32");
+    EXPECT_FALSE(step.workload.dropout);
+    EXPECT_LT(relative(predict_step(step, system).prediction.step_s, e.step_s), 1e-9) << c.label();
+  }
+  EXPECT_EQ(slowed, static_cast<int>(described.size()));
+  EXPECT_GT(bound_raised, 0);  // the bounds price the kernel and the loss the steps run
+  // A kernel faster than the described one: bounds that priced the described kernel would exceed the steps.
+  system.device.attention_kernels["four-times-faster"] = {{4, 0, ""}, {4, 0, ""}};
+  SearchSpace faster = space;
+  faster.attention = "four-times-faster";
+  BoundCache faster_cache;
+  int bound_lowered = 0;
+  for (const Evaluation& e : every_configuration(faster, system)) {
+    const Candidate& c = e.candidate;
+    EXPECT_LE(lower_bound_s(system, faster, c, faster_cache), e.step_s) << c.label();
+    const double bound = refined_lower_bound_s(system, faster, c, faster_cache);
+    EXPECT_LE(bound, e.step_s) << c.label();
+    bound_lowered += bound < refined_lower_bound_s(system, space, c, described_cache) * (1 - 1e-6);
+  }
+  EXPECT_GT(bound_lowered, 0);
+  SearchSpace bf16 = space;  // dropout masks are counted in the GPU (16-bit) memory estimate
+  bf16.dtype = "bf16";
+  SearchSpace no_dropout = bf16;
+  no_dropout.dropout = false;
+  std::map<std::string, double> with_masks;
+  for (const Evaluation& e : every_configuration(bf16, system)) with_masks[e.candidate.label()] = e.memory.total();
+  for (const Evaluation& e : every_configuration(no_dropout, system)) smaller += e.memory.total() < with_masks.at(e.candidate.label());
+  EXPECT_GT(smaller, 0);
+  SearchSpace unknown = space;
+  unknown.attention = "no-such-kernel";
+  EXPECT_THROW(search(system, unknown), std::invalid_argument);
+  unknown = space;
+  unknown.loss = "fp16";
+  EXPECT_THROW(search(system, unknown), std::invalid_argument);
+}
+
 // ---- equivalent configurations ----
 
 TEST(Search, EquivalentStrategiesPredictTheSameStep) {
