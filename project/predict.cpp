@@ -193,9 +193,7 @@ Prediction predict(const System& system, const train::StepTrace& trace, const Wo
                    const PredictOptions& how) {
   if (!system.device.compute.count(options.dtype))
     throw std::invalid_argument("the system's device has no " + options.dtype + " compute");
-  const std::vector<std::string>& losses = loss_modes();
-  if (std::find(losses.begin(), losses.end(), options.loss) == losses.end())
-    throw std::invalid_argument("loss '" + options.loss + "': not one of fused, fp32, fp32-fused");
+  check_loss(options.loss);
   System nodes = system;
   nodes.device.devices_per_node = std::max(1, trace.ranks_per_node);
   System low, high;  // the spreads' ends, for the interval

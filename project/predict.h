@@ -97,7 +97,8 @@ struct PredictOptions {
 };
 
 // Simulates `trace` on `system` whose devices_per_node is taken as the trace's ranks_per_node (the traced job's
-// nodes); std::invalid_argument for a system the simulator refuses or a dtype the device lacks.
+// nodes); std::invalid_argument for a system the simulator refuses, a dtype the device lacks or a loss mode that is
+// not one of loss_modes().
 Prediction predict(const System& system, const train::StepTrace& trace, const WorkloadOptions& options,
                    const PredictOptions& how = {});
 

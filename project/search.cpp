@@ -32,8 +32,10 @@ class ComputeTimes {
   ComputeTimes(const System& system, const WorkloadOptions& options) : system_(system), options_(options) {}
 
   // As the simulator prices the op (compute_seconds of workload_op): the options' attention kernel and loss included.
+  // Elementwise ops are many and not cached: priced directly, the same way, without building their Op.
   double operator()(const train::StepTrace& trace, const train::TraceOp& t) {
-    if (t.kind == train::TraceOpKind::elementwise) return compute_seconds(system_, workload_op(trace, t, options_));
+    if (t.kind == train::TraceOpKind::elementwise)
+      return system_.device.elementwise_seconds(elementwise_name(t, options_), elementwise_bytes(t, options_));
     const bool gemm = t.kind == train::TraceOpKind::gemm;
     const Key key = gemm ? Key{0, t.m, t.n, t.k, 0, 0, 0, 0, 0}
                          : Key{1 + (t.causal ? 1 : 0) + (t.backward ? 2 : 0), t.batch, t.heads, t.seq_q, t.seq_kv,
@@ -368,10 +370,9 @@ void check_space(const System& system, const SearchSpace& space) {
   if (!system.device.compute.count(space.dtype))
     throw std::invalid_argument("the system's device has no " + space.dtype + " compute");
   if (const std::string problem = space.model.validate(); !problem.empty()) throw std::invalid_argument("model: " + problem);
-  const std::vector<std::string>& losses = loss_modes();
-  if (std::find(losses.begin(), losses.end(), space.loss) == losses.end())
-    throw std::invalid_argument("loss '" + space.loss + "': not one of fused, fp32, fp32-fused");
-  if (space.attention != "flash" && space.attention != "unfused" && !system.device.attention_kernels.count(space.attention))
+  check_loss(space.loss);
+  const bool described = space.attention == "flash" || space.attention == "unfused";
+  if (!described && !system.device.attention_kernels.count(space.attention))
     throw std::invalid_argument("attention '" + space.attention + "': not flash, unfused or a kernel of the system's "
                                 "device.attention_kernels");
   if (space.micro_batch_sizes.empty() || space.schedules.empty() || space.recompute.empty())

@@ -18,9 +18,9 @@
 // Memory: of the pipeline ranks, the one whose total is largest, each counted as strata-project predict counts it
 // (project::pipeline_rank_memory): for a 16-bit dtype (bf16, fp16, fp8) a GPU step in mixed precision
 // (train::gpu_memory_estimate: model states at train::kMixedPrecisionStates, 2, 2 and 12 bytes per parameter;
-// Korthikanti et al.'s activations with flash attention, dropout masks and the fused loss's logits at the element
-// size), for fp32 the CPU executor's accounting
-// (train::memory_estimate).
+// Korthikanti et al.'s activations, with the scores where SearchSpace::attention is "unfused", dropout masks where
+// SearchSpace::dropout, the logits at the element size under the fused loss and at 4 bytes under the fp32 ones), for
+// fp32 the CPU executor's accounting (train::memory_estimate).
 // Each configuration that fits is predicted as strata-project predict predicts a step (project::predict_step: traced,
 // compacted, simulated), without the interval and with runs of compute ops across phases (PredictOptions: the same
 // step, compute, idle and exposed communication from fewer operations).
@@ -177,11 +177,13 @@ struct SearchResult {
 };
 
 // std::invalid_argument for a space that cannot be searched (no devices, a batch or sequence of 0, a memory limit
-// of 0, a dtype the system lacks, a model the executor refuses).
+// of 0, a dtype the system lacks, an attention kernel it does not name, a loss mode not in loss_modes(), a model the
+// executor refuses).
 SearchResult search(const System& system, const SearchSpace& space);
 
 // The bounds of the header for one candidate (0 where none applies), probes cached across calls by `cache`: the
-// first, and the larger of it and the second (which for m <= 3 is the first).
+// first, and the larger of it and the second (which for m <= 3 is the first). A cache serves one space: its keys
+// hold the candidate's shape, not the space's dtype, element sizes, attention or loss.
 struct BoundCache {
   std::map<std::vector<int>, std::vector<double>> per_micro;  // first probe key -> Δ per pipeline rank
   struct Sums {

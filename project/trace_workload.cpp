@@ -1,6 +1,7 @@
 // A traced step as the simulator's workload (see trace_workload.h).
 #include "project/trace_workload.h"
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -49,6 +50,14 @@ bool fp32_logits(std::string_view loss) { return loss == "fp32" || loss == "fp32
 const std::vector<std::string>& loss_modes() {
   static const std::vector<std::string> modes = {"fused", "fp32", "fp32-fused"};
   return modes;
+}
+
+void check_loss(const std::string& loss) {
+  const std::vector<std::string>& modes = loss_modes();
+  if (std::find(modes.begin(), modes.end(), loss) != modes.end()) return;
+  std::string names;
+  for (const std::string& mode : modes) names += (names.empty() ? "" : ", ") + mode;
+  throw std::invalid_argument("loss '" + loss + "': not one of " + names);
 }
 
 double elementwise_bytes(const train::TraceOp& op, const WorkloadOptions& options) {

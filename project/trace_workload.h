@@ -75,6 +75,8 @@ std::optional<double> loss_bytes_per_element(std::string_view loss, std::string_
 bool fp32_logits(std::string_view loss);
 // The loss modes of WorkloadOptions::loss: "fused", "fp32", "fp32-fused".
 const std::vector<std::string>& loss_modes();
+// std::invalid_argument naming `loss` and the modes unless it is one of them.
+void check_loss(const std::string& loss);
 // The bytes a traced elementwise op moves in the predicted step: its elements at element_bytes, the cross entropy's
 // at loss_bytes_per_element under a loss on fp32 logits (with 4-byte elements that counts the casts an fp32 step does
 // not run).

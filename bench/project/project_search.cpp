@@ -269,7 +269,8 @@ Table search_table(const project::SearchSpace& space, const project::SearchResul
   t.add_column("dtype", ColumnKind::string, "");
   t.add_column("gradient_reduction_bytes", ColumnKind::int64, "B",
                "of the data-parallel gradient reductions' elements (0: the step's element size)");
-  t.add_column("attention", ColumnKind::string, "", "how attention runs: flash, unfused or a kernel of the description");
+  t.add_column("attention", ColumnKind::string, "",
+               "how attention runs: flash, unfused or a kernel of the description");
   t.add_column("loss", ColumnKind::string, "", "how the cross entropy runs: fused, fp32 or fp32-fused");
   t.add_column("dropout", ColumnKind::int64, "1", "1: dropout masks in the memory estimate");
   t.add_column("step", ColumnKind::float64, "s", "predicted step time: the last op's end over all ranks (project/simulate.h)");
@@ -492,7 +493,14 @@ int project_search(int argc, char** argv) {
   check_outputs({{"--system", o.system_path, ""}}, {{"-O/--output", o.output, ""}}, {});
   const project::System system = read_system(o.system_path);
 
-  if (o.compare_paro) return compare_paro(o, system, o.output, argc, argv, config);
+  if (o.compare_paro) {
+    // PaRO's rule prices the described kernel, the fused loss and dropout masks; the comparison keeps them alike.
+    for (const char* flag : {"attention", "loss", "dropout"})
+      if (cli.given(flag))
+        throw UsageError(std::string("--") + flag + " is not taken by --compare-paro (its scenarios run flash "
+                         "attention, the fused loss and dropout)");
+    return compare_paro(o, system, o.output, argc, argv, config);
+  }
 
   if (o.bench) {
     // The benchmark's search: GPT-3 175B on 1024 GPUs at GPT-3's batch (1536 sequences of 2048), unless given.
@@ -514,8 +522,8 @@ int project_search(int argc, char** argv) {
                 "x %d tokens, %s, attention %s, loss %s, dropout %s, memory limit %s GB per device\n",
                 space.model.name.c_str(), space.model.layers, space.model.hidden,
                 static_cast<double>(space.model.parameters()), space.devices, system.name.c_str(), space.global_batch,
-                space.seq, space.dtype.c_str(), space.attention.c_str(), space.loss.c_str(), o.dropout.c_str(),
-                gb(space.memory_limit).c_str());
+                space.seq, space.dtype.c_str(), space.attention.c_str(), space.loss.c_str(),
+                o.dropout.c_str(), gb(space.memory_limit).c_str());
   const project::SearchResult result = project::search(system, space);
   if (result.top.empty()) {
     std::string message = "no configuration of " + std::to_string(result.enumerated) + " runs and fits in " +

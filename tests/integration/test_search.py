@@ -234,4 +234,6 @@ def test_other_bad_input(tmp_path, existing):
         tmp_path, existing, "fp32-fused")
     bad(["--system", A100, "--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16", "--dropout", "maybe"],
         tmp_path, existing, "--dropout")
+    bad(["--system", A100, "--compare-paro", "--paro-models", "gpt3-1.3b", "--attention", "flash-triton"], tmp_path,
+        existing, "--compare-paro")
     bad(["--model", "gpt2-124m", "--gpus", "8", "--global-batch", "16"], tmp_path, existing, "--system")

@@ -434,7 +434,6 @@ TEST(Search, AttentionKernelLossAndDropoutAsPredicts) {
     const Evaluation& before = described.at(c.label());
     EXPECT_GE(e.step_s, before.step_s * (1 - 1e-12)) << c.label();
     slowed += e.step_s > before.step_s * (1 + 1e-6);
-    EXPECT_LE(e.memory.total(), before.memory.total()) << c.label();
     const double bound = refined_lower_bound_s(system, slower, c, cache);
     EXPECT_LE(bound, e.step_s) << c.label();
     bound_raised += bound > refined_lower_bound_s(system, space, c, described_cache) * (1 + 1e-6);
@@ -466,12 +465,14 @@ TEST(Search, AttentionKernelLossAndDropoutAsPredicts) {
   no_dropout.dropout = false;
   std::map<std::string, double> with_masks;
   for (const Evaluation& e : every_configuration(bf16, system)) with_masks[e.candidate.label()] = e.memory.total();
-  for (const Evaluation& e : every_configuration(no_dropout, system)) smaller += e.memory.total() < with_masks.at(e.candidate.label());
+  for (const Evaluation& e : every_configuration(no_dropout, system))
+    smaller += e.memory.total() < with_masks.at(e.candidate.label());
   EXPECT_GT(smaller, 0);
   SearchSpace unknown = space;
+  unknown.prune = false;  // refused up front, not as each configuration's failure (which the search counts)
   unknown.attention = "no-such-kernel";
   EXPECT_THROW(search(system, unknown), std::invalid_argument);
-  unknown = space;
+  unknown.attention = "flash";
   unknown.loss = "fp16";
   EXPECT_THROW(search(system, unknown), std::invalid_argument);
 }
