@@ -18,9 +18,10 @@
 // Memory: of the pipeline ranks, the one whose total is largest, each counted as strata-project predict counts it
 // (project::pipeline_rank_memory): for a 16-bit dtype (bf16, fp16, fp8) a GPU step in mixed precision
 // (train::gpu_memory_estimate: model states at train::kMixedPrecisionStates, 2, 2 and 12 bytes per parameter;
-// Korthikanti et al.'s activations, with the scores where SearchSpace::attention is "unfused", dropout masks where
-// SearchSpace::dropout, the logits at the element size under the fused loss and at 4 bytes under the fp32 ones), for
-// fp32 the CPU executor's accounting (train::memory_estimate).
+// Korthikanti et al.'s activations, with the scores where SearchSpace::attention is "unfused" and the linear layers'
+// inputs at 1 byte under fp8 (train::GpuLayout::gemm_input_bytes), dropout masks where SearchSpace::dropout, the
+// logits at the element size under the fused loss and at 4 bytes under the fp32 ones), for fp32 the CPU executor's
+// accounting (train::memory_estimate).
 // Each configuration that fits is predicted as strata-project predict predicts a step (project::predict_step: traced,
 // compacted, simulated), without the interval and with runs of compute ops across phases (PredictOptions: the same
 // step, compute, idle and exposed communication from fewer operations).

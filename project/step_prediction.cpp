@@ -85,6 +85,7 @@ GpuLayout gpu_layout(const WorkloadOptions& workload) {
   layout.flash_attention = workload.attention != "unfused";
   layout.dropout = workload.dropout;
   layout.logit_bytes = fp32_logits(workload.loss) ? 4 : workload.element_bytes;
+  layout.gemm_input_bytes = workload.dtype == "fp8" ? 1 : 0;  // Transformer Engine keeps its GEMMs' FP8 inputs
   return layout;
 }
 

@@ -77,7 +77,8 @@ PredictedStep predict_step(const StepCase& step, const System& system);
 
 // The GPU memory layout of a workload: its element size, flash attention unless it runs attention unfused, its
 // dropout masks, and its logits kept in fp32 under a loss on fp32 logits (the cast Megatron's cross entropy saves its
-// softmax in, fused or not), at the element size under the fused loss.
+// softmax in, fused or not), at the element size under the fused loss; under fp8 GEMMs the linear layers' inputs at
+// 1 byte (Transformer Engine keeps their FP8 copies for the weight gradients).
 train::GpuLayout gpu_layout(const WorkloadOptions& workload);
 
 // The components strata-step stores as phase_<name> in its summary, in that order, and the predicted value of each.

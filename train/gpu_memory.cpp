@@ -11,6 +11,7 @@ namespace strata::train {
 GpuActivationBytes gpu_activation_bytes(const ModelConfig& model, int micro_batch, int seq, int tp, bool sp,
                                         const GpuLayout& layout) {
   const double s = seq, b = micro_batch, h = model.hidden, t = tp, e = layout.element_bytes;
+  const double g = layout.gemm_input_bytes > 0 ? layout.gemm_input_bytes : e;  // a linear layer's kept input
   const double a = model.heads, A = model.heads * model.head_dim(), KV = model.kv_heads * model.head_dim(),
                F = model.mlp();
   const double mask = layout.dropout ? 1 : 0;
@@ -20,17 +21,17 @@ GpuActivationBytes gpu_activation_bytes(const ModelConfig& model, int micro_batc
   GpuActivationBytes bytes;
   bytes.input = e * sbh / whole;  // ln1's input (Section 4.1: "layer norm ... stores its input, 2sbh")
   bytes.op[static_cast<std::size_t>(LayerOp::pre)] =
-      e * sbh / whole                    // the QKV projection's input ("QKV matrix multiplies: 2sbh")
+      g * sbh / whole                    // the QKV projection's input ("QKV matrix multiplies: 2sbh")
       + e * s * b * (A + 2 * KV) / t;   // q and k ("QK^T: 4sbh") and v ("attention over values: 2sbh")
   bytes.op[static_cast<std::size_t>(LayerOp::core)] =
       layout.flash_attention ? 4 * a * s * b / t  // flash: the softmax's fp32 log-sum-exp per (b, head, position)
                              : (2 * e + mask) * a * s * s * b / t;  // softmax output 2as^2b, its dropout mask as^2b and
                                                                     // output 2as^2b
   bytes.op[static_cast<std::size_t>(LayerOp::post)] =
-      e * s * b * A / t          // the attention output, the projection's input ("linear projection: 2sbh")
+      g * s * b * A / t          // the attention output, the projection's input ("linear projection: 2sbh")
       + mask * sbh / whole       // the attention's dropout mask ("sbh")
-      + 2 * e * sbh / whole      // ln2's input and its output, the MLP's input ("2sbh" each)
-      + 2 * e * s * b * F / t    // the GELU's input and output ("8sbh" each for F = 4h)
+      + (e + g) * sbh / whole    // ln2's input and its output, the MLP's input ("2sbh" each)
+      + (e + g) * s * b * F / t  // the GELU's input and output, the second MLP GEMM's input ("8sbh" each for F = 4h)
       + mask * sbh / whole;      // the MLP's dropout mask ("sbh")
   bytes.embedding = mask * sbh / whole;  // the embeddings' dropout mask (Section 4.3: "sbhp/t" for p in flight)
   // The final norm's and the output layer's inputs, and the logits of the rank's vocabulary slice (Section 4.3:

@@ -44,6 +44,9 @@ struct GpuLayout {
   bool dropout = true;           // masks of 1 byte per element (GPT-3's and the paper's models train with dropout)
   int gradient_reduction_bytes = 0;  // the data-parallel gradient reductions' buffers (fp32 reductions: 4); 0: e
   int logit_bytes = 4;           // the kept logits' element: 4 (fp32, the paper's count), or e under a fused loss
+  // The linear layers' inputs kept for their weight gradients: 1 under FP8 training (Transformer Engine keeps the FP8
+  // copies its GEMMs read: the QKV, attention projection, MLP and second MLP inputs); 0: e.
+  int gemm_input_bytes = 0;
 };
 
 // One micro-batch's bytes on one rank, split as the executor's ops split a layer (gpt.h's LayerOp) so every

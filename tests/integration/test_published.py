@@ -15,6 +15,7 @@ from conftest import ROOT, digest, program
 
 SHIPPED = os.path.join(ROOT, "project", "published", "steps.json")
 A100 = os.path.join(ROOT, "project", "systems", "a100-80gb-sxm-hdr200.json")
+H100 = os.path.join(ROOT, "project", "systems", "h100-sxm-ndr400.json")
 
 
 def row(id_: str, part: str, **fields) -> dict:
@@ -41,7 +42,8 @@ def validate(tmp_path, *args):
 def probe(tmp_path, table: str, column: str, **fields):
     """A column of a results table for a row, from a set holding only that row."""
     name = "probe-" + "-".join(f"{k}-{v}" for k, v in sorted(fields.items()))
-    path = write_set(tmp_path / f"{name}.json", [row("probe", "held-out", **fields)])
+    systems = {"A100-80GB-SXM": A100, "H100-80GB-SXM": H100}
+    path = write_set(tmp_path / f"{name}.json", [row("probe", "held-out", **fields)], systems)
     out = tmp_path / f"{name}.h5"
     out.unlink(missing_ok=True)
     result = validate(tmp_path, "--published", path, "-O", str(out), "-q")
@@ -183,6 +185,16 @@ def test_a_rows_dropout_moves_its_memory_not_its_step(tmp_path):
     assert 0 < without < with_masks
     assert predicted_step(tmp_path, dropout=False, **bf16) == pytest.approx(predicted_step(tmp_path, **bf16), rel=1e-12)
     assert probe(tmp_path, "prediction", "dropout", dropout=False, **bf16) == 0
+
+
+def test_fp8_keeps_the_linear_layers_inputs_in_one_byte(tmp_path):
+    # Transformer Engine keeps its FP8 GEMMs' inputs for the weight gradients: fewer activation bytes than bf16's,
+    # the rest of the row alike.
+    common = dict(gpu="H100-80GB-SXM", attention="flash", recompute="none", dropout=False)
+    bf16 = probe(tmp_path, "prediction", "memory_activations", precision="bf16", **common)
+    fp8 = probe(tmp_path, "prediction", "memory_activations", precision="fp8", **common)
+    assert 0 < fp8 < bf16
+    assert probe(tmp_path, "prediction", "dtype", precision="fp8", **common) == "fp8"
 
 
 def test_the_a100_40gb_description_is_the_80gb_one_with_its_memory():

@@ -120,6 +120,31 @@ TEST(GpuMemory, AFusedLossKeepsItsLogitsAtTheElementSize) {
   EXPECT_DOUBLE_EQ(fp32_logits.embedding, fused_logits.embedding);
 }
 
+// FP8 training (Transformer Engine) keeps the linear layers' inputs as the FP8 copies its GEMMs read: the QKV
+// projection's input sbh, the attention projection's sbA/t, the MLP's input sbh and the second MLP GEMM's input sbF/t
+// (sequence parallelism dividing the hidden-wide ones) at 1 byte; the norms' and GELU's inputs, the core's, the masks,
+// the embedding and the head keep their size.
+TEST(GpuMemory, Fp8KeepsTheLinearLayersInputsInOneByte) {
+  const PaperModel& p = paper_models()[1];
+  const ModelConfig m = model_of(p);
+  for (const bool sp : {true, false}) {
+    const GpuLayout bf16{2, true, false, 0, 2};
+    GpuLayout fp8 = bf16;
+    fp8.gemm_input_bytes = 1;
+    const GpuActivationBytes wide = gpu_activation_bytes(m, p.micro_batch, kSeq, kTp, sp, bf16);
+    const GpuActivationBytes narrow = gpu_activation_bytes(m, p.micro_batch, kSeq, kTp, sp, fp8);
+    const double sb = double(kSeq) * p.micro_batch, whole = sp ? kTp : 1;
+    const auto op = [](const GpuActivationBytes& a, LayerOp o) { return a.op[static_cast<std::size_t>(o)]; };
+    EXPECT_DOUBLE_EQ(op(wide, LayerOp::pre) - op(narrow, LayerOp::pre), sb * p.hidden / whole);
+    EXPECT_DOUBLE_EQ(op(wide, LayerOp::post) - op(narrow, LayerOp::post),
+                     sb * m.heads * m.head_dim() / kTp + sb * p.hidden / whole + sb * m.mlp() / kTp);
+    EXPECT_DOUBLE_EQ(op(wide, LayerOp::core), op(narrow, LayerOp::core));
+    EXPECT_DOUBLE_EQ(wide.input, narrow.input);
+    EXPECT_DOUBLE_EQ(wide.head, narrow.head);
+    EXPECT_DOUBLE_EQ(wide.embedding, narrow.embedding);
+  }
+}
+
 // Section 4.3: the first pipeline stage holds p micro-batches in 1F1B, so L layers of one micro-batch whatever p is;
 // interleaved with v chunks (1 + (p - 1)/(p v)) times that; and the embeddings' dropout mask of the p micro-batches,
 // sbhp/t (sbhp without sequence parallelism), and with one stage the output layer, 4 sbh/t (1 + v/h). Per GPU (GB),

@@ -371,11 +371,15 @@ TEST(Predict, GradientReductionsAreTheDataParallelAndEmbeddingGroupsOnly) {
 
 // A workload's memory layout: logits kept in fp32 under the fp32 loss (the cast Megatron's cross entropy saves its
 // softmax in), at the element size under the fused one; dropout masks as the workload says; unfused attention keeps
-// the scores.
+// the scores; fp8 GEMMs keep their inputs in 1 byte.
 TEST(Predict, TheMemoryLayoutFollowsTheWorkload) {
   WorkloadOptions w;
   w.dtype = "bf16", w.element_bytes = 2;
   train::GpuLayout layout = gpu_layout(w);
+  EXPECT_EQ(layout.gemm_input_bytes, 0);
+  w.dtype = "fp8";
+  EXPECT_EQ(gpu_layout(w).gemm_input_bytes, 1);
+  w.dtype = "bf16";
   EXPECT_EQ(layout.element_bytes, 2);
   EXPECT_EQ(layout.logit_bytes, 2);
   EXPECT_TRUE(layout.dropout);
