@@ -371,8 +371,9 @@ void check_space(const System& system, const SearchSpace& space) {
     throw std::invalid_argument("the system's device has no " + space.dtype + " compute");
   if (const std::string problem = space.model.validate(); !problem.empty()) throw std::invalid_argument("model: " + problem);
   check_loss(space.loss);
-  const bool described = space.attention == "flash" || space.attention == "unfused";
-  if (!described && !system.device.attention_kernels.count(space.attention))
+  const WorkloadOptions options = workload_options(space);
+  const std::string_view kernel = attention_kernel(options);  // empty: flash or unfused
+  if (!kernel.empty() && !system.device.attention_kernels.count(kernel))
     throw std::invalid_argument("attention '" + space.attention + "': not flash, unfused or a kernel of the system's "
                                 "device.attention_kernels");
   if (space.micro_batch_sizes.empty() || space.schedules.empty() || space.recompute.empty())
