@@ -406,16 +406,18 @@ Work Group::reduce_scatter_general(Algo algo, const void* sendbuf, void* recvbuf
     return Work();
   }
   if (algo == Algo::library) {
-    // MPI's in-place reduce-scatter puts the result at the start of the buffer, NCCL's at the rank's block:
-    // reduce a copy of the input instead.
-    auto scratch = take_scratch(in_place ? total : 0);
-    if (in_place) std::memcpy(scratch.get(), in, total);
+    // MPI's in-place reduce-scatter leaves the result at the start of the buffer, NCCL's at the rank's block: moved
+    // there when it is done (no copy of the input, which may be a whole gradient).
+    std::byte* in_place_input = const_cast<std::byte*>(in);
+    const bool move = in_place && rank_ != 0;
     MPI_Request request;
-    STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? scratch.get() : in, out, static_cast<int>(recvcount),
-                                                    types_->datatype(dtype), types_->op(dtype, op), comm_.get(), &request));
-    return Work::start(
-        [&](Traffic*) { return library_then(request, op == RedOp::avg ? out : nullptr, recvcount, dtype, size_, nullptr, nullptr, 0); },
-        scratch);
+    STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : sendbuf, in_place ? in_place_input : out,
+                                               static_cast<int>(recvcount), types_->datatype(dtype),
+                                               types_->op(dtype, op), comm_.get(), &request));
+    return Work::start([&](Traffic*) {
+      return library_then(request, op == RedOp::avg ? out : nullptr, recvcount, dtype, size_, move ? out : nullptr,
+                          in_place_input, block_bytes);
+    });
   }
   const int n = size_;
   if (algo == Algo::ring) {

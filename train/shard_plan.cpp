@@ -23,14 +23,11 @@ std::size_t ShardPlan::piece_offset(const UnitShape& u, Sharding s) const {
                                 : static_cast<std::size_t>(my_piece()) * u.piece_g;
 }
 
-bool ShardPlan::optimizer_grads_in_intra_piece() const {
-  return strategy_.grads == Sharding::none && strategy_.optimizer != Sharding::none;
-}
-
 std::size_t ShardPlan::optimizer_grads_offset(const UnitShape& u) const {
   const Sharding gs = strategy_.grads, os = strategy_.optimizer;
-  if (gs == Sharding::global || os != Sharding::global || (gs == Sharding::none && os == Sharding::none)) return 0;
-  return static_cast<std::size_t>(node_) * u.piece_g;  // my global piece inside my intra piece
+  if (gs == Sharding::none) return piece_offset(u, os);  // the whole unit reduced in place to the optimizer's piece
+  if (gs == Sharding::intra && os == Sharding::global) return static_cast<std::size_t>(node_) * u.piece_g;  // in my intra piece
+  return 0;
 }
 
 std::size_t ShardPlan::optimizer_params_offset(const UnitShape& u) const {
@@ -43,13 +40,14 @@ std::size_t ShardPlan::optimizer_params_offset(const UnitShape& u) const {
 std::vector<ShardPlan::Reduction> ShardPlan::final_reductions(const UnitShape& u) const {
   const Sharding gs = strategy_.grads, os = strategy_.optimizer;
   if (gs == Sharding::global) return {};
-  if (gs == Sharding::none && os == Sharding::none) return {{Over::all, true, true, true, 0, u.padded}};
+  if (gs == Sharding::none && os == Sharding::none) return {{Over::all, true, 0, 0, u.padded}};
   std::vector<Reduction> steps;
-  const bool whole = gs == Sharding::none;
-  if (whole) steps.push_back({Over::intra, false, true, false, 0, u.piece_i});
-  // Across nodes, in place on the intra piece: in the store (G = I) or in the buffer the step above filled.
-  if (os == Sharding::intra) steps.push_back({Over::inter, true, !whole, !whole, 0, u.piece_i});
-  else steps.push_back({Over::inter, false, !whole, !whole, static_cast<std::size_t>(node_) * u.piece_g, u.piece_g});
+  // Whole gradients: a reduce-scatter inside the node first, to my intra piece where it sits in the unit.
+  const std::size_t intra_piece = gs == Sharding::none ? piece_offset(u, Sharding::intra) : 0;
+  if (gs == Sharding::none) steps.push_back({Over::intra, false, 0, intra_piece, u.piece_i});
+  // Across nodes, on the intra piece: all of it (O = I), or my global piece of it (O = G).
+  if (os == Sharding::intra) steps.push_back({Over::inter, true, intra_piece, intra_piece, u.piece_i});
+  else steps.push_back({Over::inter, false, intra_piece, intra_piece + static_cast<std::size_t>(node_) * u.piece_g, u.piece_g});
   return steps;
 }
 

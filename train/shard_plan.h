@@ -30,10 +30,8 @@ class ShardPlan {
   std::size_t held(const UnitShape& u, Sharding s) const;
   std::size_t piece_offset(const UnitShape& u, Sharding s) const;
 
-  // After the last reduction, where the optimizer's shard of the unit's gradient starts: in the gradient store's
-  // unit, or, when gradients are whole and the optimizer's states are not (the reduction runs intra, then across
-  // nodes), in the intra piece the first reduce-scatter filled.
-  bool optimizer_grads_in_intra_piece() const;
+  // After the last reduction, where the optimizer's shard of the unit's gradient starts in the gradient store's
+  // unit (the reductions run in place there).
   std::size_t optimizer_grads_offset(const UnitShape& u) const;
   // Where the parameters the optimizer updates start in the unit's parameter store.
   std::size_t optimizer_params_offset(const UnitShape& u) const;
@@ -68,16 +66,18 @@ class ShardPlan {
 
   // At the last micro-batch, the reductions that turn what the gradient store holds into the optimizer's shard, one
   // after another (docs/strategies.md's table): with whole gradients and whole optimizer states an allreduce of the
-  // unit over the group; with whole gradients and sharded states a reduce-scatter inside the node into the intra
-  // piece, then the step across nodes; with intra gradients (G = I) the step across nodes alone: an allreduce of the
-  // intra piece (O = I) or a reduce-scatter of it into my global piece (O = G); with global gradients none (the
-  // global shard is final after every micro-batch). Each reads and writes the gradient store's unit or the intra
-  // piece (a buffer of piece_i elements the first reduce-scatter fills), at element `out_offset` of its output.
+  // unit over the group; with whole gradients and sharded states a reduce-scatter inside the node to my intra
+  // piece, then the step across nodes on it; with intra gradients (G = I) the step across nodes alone: an allreduce
+  // of the intra piece (O = I) or a reduce-scatter of it to my global piece (O = G); with global gradients none
+  // (the global shard is final after every micro-batch). Each runs in place in the gradient store's unit, reading
+  // from element `in_offset` and leaving its result at `out_offset` (NCCL's in-place layout: out = in + group rank
+  // x count for a reduce-scatter), as Megatron-Core's distributed optimizer and DeepSpeed's ZeRO reduce in their
+  // gradient buffers: no copy of the gradient is held for it. What the store holds outside the optimizer's shard
+  // afterwards is undefined until the gradients are zeroed.
   struct Reduction {
     Over over = Over::none;
     bool allreduce = true;  // else a reduce-scatter
-    bool from_store = true, into_store = true;
-    std::size_t out_offset = 0;
+    std::size_t in_offset = 0, out_offset = 0;
     std::size_t count = 0;  // the call's count argument
   };
   std::vector<Reduction> final_reductions(const UnitShape& u) const;

@@ -241,7 +241,6 @@ DataParallelBuffers data_parallel_buffers(const TrainConfig& c, const DataParall
   DataParallelBuffers b;
   if (c.strategy.params != Sharding::none) b.gathers += 4 * h.largest;
   if (c.strategy.grads != Sharding::none) b.reductions += 4 * h.largest;
-  if (c.strategy.grads == Sharding::none && c.strategy.optimizer != Sharding::none) b.reductions += 4 * h.trainable / shape.m;
   return b;
 }
 

@@ -378,16 +378,14 @@ struct Trainer::Impl {
   Op reduce_for_optimizer(std::size_t u) {
     const std::vector<ShardPlan::Reduction> steps = plan->final_reductions(units[u]);
     if (steps.empty()) return Op{};
-    if (std::any_of(steps.begin(), steps.end(), [](const ShardPlan::Reduction& r) { return !r.into_store; }))
-      allocate(reduced[u], units[u].piece_i);
     if (steps.size() == 1) return start_reduction(u, steps[0]);
     comms.launch_chain(start_reduction(u, steps[0]), {}, [this, u, second = steps[1]] { return start_reduction(u, second); });
     return Op{};
   }
   Op start_reduction(std::size_t u, const ShardPlan::Reduction& r) {
     float* store = grads.data() + units[u].grad_at;
-    float* in = r.from_store ? store : reduced[u].data();
-    float* out = (r.into_store ? store : reduced[u].data()) + r.out_offset;
+    float* in = store + r.in_offset;
+    float* out = store + r.out_offset;
     coll::Group& group = group_of(r.over);
     const std::string what = std::string(r.allreduce ? "allreduce" : "reduce_scatter") + " grads " + std::to_string(u);
     if (r.allreduce)
@@ -436,9 +434,7 @@ struct Trainer::Impl {
 
   // Where the optimizer's shard of unit u lives in the gradient buffers after the last reduction.
   float* optimizer_grads(std::size_t u) {
-    const Unit& unit = units[u];
-    float* base = plan->optimizer_grads_in_intra_piece() ? reduced[u].data() : grads.data() + unit.grad_at;
-    return base + plan->optimizer_grads_offset(unit);
+    return grads.data() + units[u].grad_at + plan->optimizer_grads_offset(units[u]);
   }
   // Where the parameters the optimizer updates live in the parameter store.
   float* optimizer_params(std::size_t u) { return params.data() + units[u].param_at + plan->optimizer_params_offset(units[u]); }
@@ -837,10 +833,7 @@ struct Trainer::Impl {
     }
     if (tracer) tracer->set_unit(-1);
     comms.wait_all();
-    for (std::size_t u = 0; u < U; ++u) {
-      release(reduced[u]);
-      drop_params(u);  // units gathered ahead and never read (frozen layers below the backward's end)
-    }
+    for (std::size_t u = 0; u < U; ++u) drop_params(u);  // units gathered ahead and never read (frozen layers below the backward's end)
     compute("zero grads", static_cast<double>(grads.size()), [&] { grads.fill(0.0f); });
     trace_phase("");
     const double optimizer_end = host_seconds();

@@ -109,7 +109,7 @@ struct GpuDataParallelTrainer::Impl {
   DevicePool<BFloat16> param_pool{MemoryCategory::comm_buffers};
   DevicePool<float> grad_pool{MemoryCategory::comm_buffers};
   std::vector<DeviceBuffer<BFloat16>> gathered;         // per unit, while gathered
-  std::vector<DeviceBuffer<float>> unit_grads, reduced;  // per unit: this micro-batch's gradient; a reduction's target
+  std::vector<DeviceBuffer<float>> unit_grads, reduced;  // per unit: this micro-batch's gradient; its reduction after the first
   std::vector<Reduction> reductions;  // of the micro-batch's backward, or the step's last ones
   std::vector<int32_t> tokens, targets;
   coll::Traffic traffic;
@@ -278,12 +278,9 @@ struct GpuDataParallelTrainer::Impl {
     const Unit& unit = units[u];
     if (!unit.trains) return;
     float* store = grads.data() + unit.grad_at;
-    const std::vector<ShardPlan::Reduction> steps = plan->final_reductions(unit);
-    if (std::any_of(steps.begin(), steps.end(), [](const ShardPlan::Reduction& r) { return !r.into_store; }))
-      reduced[u] = grad_pool.take(unit.piece_i);
-    for (const ShardPlan::Reduction& r : steps) {
-      float* in = r.from_store ? store : reduced[u].data();
-      float* out = (r.into_store ? store : reduced[u].data()) + r.out_offset;
+    for (const ShardPlan::Reduction& r : plan->final_reductions(unit)) {
+      float* in = store + r.in_offset;
+      float* out = store + r.out_offset;
       coll::NcclGroup& group = group_of(r.over);
       coll::NcclWork work = r.allreduce ? group.allreduce(in, out, r.count, DataType::float32, RedOp::sum, stream.get())
                                         : group.reduce_scatter(in, out, r.count, DataType::float32, RedOp::sum, stream.get());
@@ -292,9 +289,7 @@ struct GpuDataParallelTrainer::Impl {
     }
   }
   float* optimizer_grads(std::size_t u) {
-    const Unit& unit = units[u];
-    float* base = plan->optimizer_grads_in_intra_piece() ? reduced[u].data() : grads.data() + unit.grad_at;
-    return base + plan->optimizer_grads_offset(unit);
+    return grads.data() + units[u].grad_at + plan->optimizer_grads_offset(units[u]);
   }
 
   double allreduce_sum(coll::Group& group, double value) {
@@ -386,7 +381,6 @@ struct GpuDataParallelTrainer::Impl {
       count(syncs.back());
     }
     for (coll::NcclWork& work : syncs) work.wait_on(stream.get());
-    for (std::size_t u = 0; u < U; ++u) grad_pool.give(reduced[u]);
     STRATA_KERNEL_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
     stats.loss = allreduce_sum(groups.dp(), loss_sum) / normaliser;
     stats.traffic = traffic;

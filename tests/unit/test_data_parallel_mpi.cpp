@@ -203,7 +203,7 @@ TEST(DataParallel, MemoryTimelineAndTiersAreConsistent) {
   coll::ProcessGroups groups({1, 1, n}, n >= 4 ? 2 : 0);
   const DataParallelShape shape = data_parallel_shape(groups);
   const auto data = synthetic_tokens(64, 5);
-  for (const char* name : {"NNN", "NIG", "GGG", "ING"}) {
+  for (const char* name : {"NNN", "NNG", "NIG", "GGG", "ING"}) {
     TrainConfig c = base_config();
     c.strategy = parse_strategy(name), c.record_timeline = true;
     Trainer trainer(c, groups, *data);

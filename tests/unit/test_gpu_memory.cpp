@@ -230,7 +230,7 @@ TEST(GpuMemory, ModelStatesAreTheMixedPrecisionCount) {
   TrainConfig c;
   c.model = preset("tiny");
   c.seq = 32, c.micro_batch = 2, c.accumulation = 2;
-  c.strategy = parse_strategy("NNG");
+  c.strategy = parse_strategy("NGG");
   DataParallelShape shape;
   shape.n = 4, shape.m = 4, shape.g = 1;
   const MemoryUse fp32 = memory_estimate(c, shape), gpu = gpu_memory_estimate(c, shape);
@@ -250,7 +250,7 @@ TEST(GpuMemory, GradientReductionBuffersTakeTheirOwnElementSize) {
   c.seq = 32, c.micro_batch = 2, c.accumulation = 2;
   DataParallelShape shape;
   shape.n = 4, shape.m = 4, shape.g = 1;
-  for (const char* strategy : {"GGG", "NNG"}) {
+  for (const char* strategy : {"GGG", "NGG"}) {
     c.strategy = parse_strategy(strategy);
     const DataParallelBuffers buffers = data_parallel_buffers(c, shape);
     EXPECT_GT(buffers.reductions, 0) << strategy;
@@ -262,6 +262,11 @@ TEST(GpuMemory, GradientReductionBuffersTakeTheirOwnElementSize) {
     const double fp32 = gpu_memory_estimate(c, shape, fp32_reductions).comm_buffers;
     EXPECT_DOUBLE_EQ(bf16, buffers.total() / 2) << strategy;
     EXPECT_DOUBLE_EQ(fp32, buffers.gathers / 2 + buffers.reductions) << strategy;
+  }
+  // Whole gradients are reduced in place in their store, sharded optimizer states or not (no copy of Ψ'/m).
+  for (const char* strategy : {"NNN", "NNI", "NNG"}) {
+    c.strategy = parse_strategy(strategy);
+    EXPECT_EQ(data_parallel_buffer_bytes(c, shape), 0) << strategy;
   }
 }
 

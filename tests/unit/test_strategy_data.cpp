@@ -70,29 +70,46 @@ TEST(ShardPlan, FinalReductionsFollowTheStrategyTable) {
     const ShardPlan plan(parse_strategy(strategy), 8, 4, 2, 1, 1);
     return plan.final_reductions(plan.shape(100));
   };
-  auto expect = [](const ShardPlan::Reduction& r, Over over, bool allreduce, bool from_store, bool into_store,
-                   std::size_t offset, std::size_t count) {
+  auto expect = [](const ShardPlan::Reduction& r, Over over, bool allreduce, std::size_t in_offset, std::size_t out_offset,
+                   std::size_t count) {
     EXPECT_EQ(r.over, over);
     EXPECT_EQ(r.allreduce, allreduce);
-    EXPECT_EQ(r.from_store, from_store);
-    EXPECT_EQ(r.into_store, into_store);
-    EXPECT_EQ(r.out_offset, offset);
+    EXPECT_EQ(r.in_offset, in_offset);
+    EXPECT_EQ(r.out_offset, out_offset);
     EXPECT_EQ(r.count, count);
   };
   auto nnn = steps("NNN");  // DP: the whole unit over everyone
   ASSERT_EQ(nnn.size(), 1u);
-  expect(nnn[0], Over::all, true, true, true, 0, 104);
-  auto nni = steps("NNI");  // inside the node into the intra piece, then across nodes on it
+  expect(nnn[0], Over::all, true, 0, 0, 104);
+  // Whole gradients, sharded states: in place in the store, inside the node to my intra piece (local index 1:
+  // elements 26-51, NCCL's in-place layout), then across nodes on it.
+  auto nni = steps("NNI");
   ASSERT_EQ(nni.size(), 2u);
-  expect(nni[0], Over::intra, false, true, false, 0, 26);
-  expect(nni[1], Over::inter, true, false, false, 0, 26);
+  expect(nni[0], Over::intra, false, 0, 26, 26);
+  expect(nni[1], Over::inter, true, 26, 26, 26);
   auto nng = steps("NNG");  // ZeRO-1: the same, my global piece (node 1: 13 elements into the intra piece) last
   ASSERT_EQ(nng.size(), 2u);
-  expect(nng[1], Over::inter, false, false, false, 13, 13);
-  auto iig = steps("IIG");  // intra gradients: the step across nodes alone, in the store
+  expect(nng[0], Over::intra, false, 0, 26, 26);
+  expect(nng[1], Over::inter, false, 26, 39, 13);
+  auto iig = steps("IIG");  // intra gradients: the store holds the intra piece; the step across nodes alone
   ASSERT_EQ(iig.size(), 1u);
-  expect(iig[0], Over::inter, false, true, true, 13, 13);
+  expect(iig[0], Over::inter, false, 0, 13, 13);
+  auto nii = steps("NII");  // the same, all of the intra piece
+  ASSERT_EQ(nii.size(), 1u);
+  expect(nii[0], Over::inter, true, 0, 0, 26);
   EXPECT_TRUE(steps("NGG").empty());  // global gradients are final after every micro-batch
+  // The optimizer reads its shard where the last reduction left it: my global piece 3 (l g + k) of the unit, my
+  // intra piece, my global piece inside the intra piece the store holds, the store's own shard.
+  auto optimizer_grads = [](const char* strategy) {
+    const ShardPlan plan(parse_strategy(strategy), 8, 4, 2, 1, 1);
+    return plan.optimizer_grads_offset(plan.shape(100));
+  };
+  EXPECT_EQ(optimizer_grads("NNG"), 39u);
+  EXPECT_EQ(optimizer_grads("NNI"), 26u);
+  EXPECT_EQ(optimizer_grads("IIG"), 13u);
+  EXPECT_EQ(optimizer_grads("NII"), 0u);
+  EXPECT_EQ(optimizer_grads("NGG"), 0u);
+  EXPECT_EQ(optimizer_grads("NNN"), 0u);
 }
 
 TEST(ShardPlan, GathersAndPerMicroBatchReductionsFollowTheSharding) {
