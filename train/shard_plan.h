@@ -72,8 +72,9 @@ class ShardPlan {
   // (the global shard is final after every micro-batch). Each runs in place in the gradient store's unit, reading
   // from element `in_offset` and leaving its result at `out_offset` (NCCL's in-place layout: out = in + group rank
   // x count for a reduce-scatter), as Megatron-Core's distributed optimizer and DeepSpeed's ZeRO reduce in their
-  // gradient buffers: no copy of the gradient is held for it. What the store holds outside the optimizer's shard
-  // afterwards is undefined until the gradients are zeroed.
+  // gradient buffers: the trainer holds no copy of the gradient for it (the library, ring, shm and NCCL
+  // reduce-scatters work in place; the hierarchical ones stage their input in scratch). What the store holds outside
+  // the optimizer's shard afterwards is undefined until the gradients are zeroed.
   struct Reduction {
     Over over = Over::none;
     bool allreduce = true;  // else a reduce-scatter

@@ -106,9 +106,9 @@ double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int t
 // the formula above for each of its stages and workspace one per stage; communication buffers are a bound, in
 // units of the largest padded unit: four when parameters are gathered (this unit, the next, the embeddings and
 // the final norm), four more when gradients are reduced per micro-batch (the unit being written, those still
-// being reduced, their reduction targets; whole gradients are reduced in place in their store); with a pipeline, per stage the received gradient of its output and copies of its input's
-// gradient waiting for the stage below, one per micro-batch in flight there (one more than here in 1F1B), (R, C)
-// floats each.
+// being reduced, their reduction targets; whole gradients are reduced in place in their store); with a pipeline,
+// per stage the received gradient of its output and copies of its input's gradient waiting for the stage below,
+// one per micro-batch in flight there (one more than here in 1F1B), (R, C) floats each.
 MemoryUse memory_estimate(const TrainConfig& config, const DataParallelShape& shape);
 // The data-parallel part of those communication buffers (fp32), the same for every pipeline layout: the parameter
 // gathers' and the gradient reductions' (which a mixed-precision step may hold in another element size), and both.

@@ -432,7 +432,7 @@ struct Trainer::Impl {
       comms.launch(std::move(work), then);
   }
 
-  // Where the optimizer's shard of unit u lives in the gradient buffers after the last reduction.
+  // Where the optimizer's shard of unit u lives in the gradient store after the last reduction.
   float* optimizer_grads(std::size_t u) {
     return grads.data() + units[u].grad_at + plan->optimizer_grads_offset(units[u]);
   }

@@ -88,7 +88,8 @@ TEST(DataParallel, EveryStrategyMatchesTheSingleRankStep) {
 }
 
 TEST(DataParallel, BlockingCommunicationGivesTheSameSteps) {
-  check_every_strategy(base_config(), {parse_strategy("NNN"), parse_strategy("NIG"), parse_strategy("GGG")}, false);
+  check_every_strategy(base_config(), {parse_strategy("NNN"), parse_strategy("NNG"), parse_strategy("NIG"), parse_strategy("GGG")},
+                       false);
 }
 
 // A benchmark switches overlap between steps of one trainer (set_overlap): the steps stay the single-rank ones.

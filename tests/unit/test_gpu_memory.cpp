@@ -267,6 +267,7 @@ TEST(GpuMemory, GradientReductionBuffersTakeTheirOwnElementSize) {
   for (const char* strategy : {"NNN", "NNI", "NNG"}) {
     c.strategy = parse_strategy(strategy);
     EXPECT_EQ(data_parallel_buffer_bytes(c, shape), 0) << strategy;
+    EXPECT_EQ(gpu_memory_estimate(c, shape).comm_buffers, 0) << strategy;
   }
 }
 
