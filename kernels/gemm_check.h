@@ -26,7 +26,8 @@ struct GemmView {
   std::function<double(int64_t i, int64_t j)> c;
 };
 
-// Samples `samples` elements (always including the four corners), chosen by `seed`.
+// Samples `samples` elements (always including the four corners), chosen by `seed`; every element once when `samples`
+// is the output's size or more.
 CheckResult check_sampled(const GemmView& view, DType dtype, int samples, uint64_t seed);
 
 // Fills `count` values uniform in [-1, 1) from `seed` (never zeros as a pattern: a deterministic PRNG).

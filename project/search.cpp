@@ -469,6 +469,12 @@ std::vector<Candidate> fitting_candidates(const System& system, const SearchSpac
             refuse(RefusalKind::divisibility, "the layers do not divide into pp x v stages", inner);
             continue;
           }
+          if (static_cast<std::int64_t>(L) * c.micro_batches > train::kMaxTracedLayerPasses) {
+            refuse(RefusalKind::divisibility, "layers x micro-batches above the " +
+                                                  std::to_string(train::kMaxTracedLayerPasses) + " layer passes a trace covers",
+                   inner);
+            continue;
+          }
           if (schedule == train::Schedule::gpipe &&
               std::find(space.schedules.begin(), space.schedules.end(), train::Schedule::one_f_one_b) != space.schedules.end() &&
               same_order(p, c.micro_batches)) {

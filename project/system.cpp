@@ -335,8 +335,9 @@ std::string number(double x) {
 
 // Each check returns the problem with one field, or nothing.
 std::optional<std::string> check_spread(const std::string& field, double spread) {
-  if (!std::isfinite(spread) || spread < 0)
-    return field + ".spread must be a non-negative number (got " + number(spread) + ")";
+  // A relative spread: 1 is 100 %; past 100 (10,000 %) a figure says nothing.
+  if (!std::isfinite(spread) || spread < 0 || spread > 100)
+    return field + ".spread must be a relative spread from 0 to 100 (got " + number(spread) + ")";
   return std::nullopt;
 }
 

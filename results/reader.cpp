@@ -19,6 +19,7 @@ auto ResultsReader::guarded(Read&& read) const -> decltype(read()) {
 }
 
 ResultsReader::ResultsReader(const std::string& path) : path_(path) {
+  if (path.empty()) throw BadResultsFile("an empty file name where a Strata results file is needed");
   if (!h5::is_hdf5_file(path)) throw BadResultsFile(path + " is not an HDF5 file (or does not exist)");
   try {
     file_ = h5::open_file(path, false);

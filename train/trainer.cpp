@@ -932,6 +932,15 @@ MemoryUse Trainer::memory() const {
 const std::vector<PipelineAction>& Trainer::actions() const { return impl_->actions; }
 
 StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, const TraceOptions& options) {
+  if (grid.size() > kMaxTracedRanks)
+    throw std::invalid_argument("trace: " + std::to_string(grid.size()) + " ranks, more than the " +
+                                std::to_string(kMaxTracedRanks) + " a trace covers");
+  const long long passes = static_cast<long long>(config.model.layers) * config.accumulation;
+  if (passes > kMaxTracedLayerPasses)
+    throw std::invalid_argument("trace: " + std::to_string(config.model.layers) + " layers x " +
+                                std::to_string(config.accumulation) + " micro-batches = " + std::to_string(passes) +
+                                " layer passes a step, more than the " + std::to_string(kMaxTracedLayerPasses) +
+                                " a trace covers");
   TraceGroups groups;
   StepTrace trace;
   // A job smaller than a node is one node.

@@ -116,6 +116,11 @@ struct TraceOptions {
   bool tp_comm_overlap = false;
   bool overlap_param_gather = false;
 };
+// What a trace covers, so that it takes seconds and a few GB on one core (the trace holds every op of every
+// micro-batch: about 15-40 kB a layer pass): ranks, and layers x micro-batches (1T over 512 micro-batches is
+// 65,536 layer passes). Beyond them trace_step throws std::invalid_argument.
+inline constexpr long long kMaxTracedRanks = 1 << 20;
+inline constexpr long long kMaxTracedLayerPasses = 1 << 18;
 StepTrace trace_step(const TrainConfig& config, const coll::GridShape& grid, const TraceOptions& options = {});
 
 // The layers of each of the p v pipeline stages: `stage_layers` when given (p v entries, each >= 1, summing to L),

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "bench/harness/check.h"
@@ -37,7 +38,7 @@ double parse_double(const std::string& text, const std::string& what) {
 bool parse_bool(const std::string& text, const std::string& what) {
   if (text == "1" || text == "true" || text == "yes" || text == "on") return true;
   if (text == "0" || text == "false" || text == "no" || text == "off") return false;
-  throw UsageError("invalid value '" + text + "' for " + what + ": expected 0/1, true/false");
+  throw UsageError("invalid value '" + text + "' for " + what + ": expected on/off, true/false, yes/no or 1/0");
 }
 
 int64_t parse_bytes(const std::string& text, const std::string& what) {
@@ -50,8 +51,15 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
     case 'G': case 'g': multiplier = int64_t{1} << 30; digits.pop_back(); break;
     default: break;
   }
-  int64_t value = parse_int(digits, what);
+  int64_t value = 0;
+  try {
+    value = parse_int(digits, what);
+  } catch (const UsageError&) {
+    throw UsageError("invalid size '" + text + "' for " + what + ": a whole number of bytes, optionally with K, M or G");
+  }
   if (value < 0) throw UsageError("negative size '" + text + "' for " + what);
+  if (value > std::numeric_limits<int64_t>::max() / multiplier)
+    throw UsageError("size '" + text + "' for " + what + " is too large (at most 8 EiB)");
   return value * multiplier;
 }
 

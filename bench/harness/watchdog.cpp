@@ -38,7 +38,8 @@ using Clock = std::chrono::steady_clock;
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
-int64_t to_ns(double seconds) { return static_cast<int64_t>(seconds * 1e9); }
+// A limit past 10^9 s (31 years) is as good as none: capped so that now + limit stays inside int64 nanoseconds.
+int64_t to_ns(double seconds) { return static_cast<int64_t>(std::min(seconds, 1e9) * 1e9); }
 
 // The ranks that check at the limit itself: the first two and the last, so that whichever single rank stalls, one
 // of them is left to report. The others check a grace period later, only where these did not end the job.

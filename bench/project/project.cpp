@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -38,6 +39,7 @@
 #include "results/error.h"
 #include "results/h5.h"
 #include "results/reader.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -238,7 +240,13 @@ int job_ranks(const PredictFlags& o, int per_node) {
   if (o.gpus > 0 && o.nodes > 0 && o.gpus != o.nodes * per_node)
     throw UsageError("--gpus " + std::to_string(o.gpus) + " and --nodes " + std::to_string(o.nodes) + " disagree: the system has " +
                      std::to_string(per_node) + " devices per node");
-  int world = o.gpus > 0 ? o.gpus : o.nodes > 0 ? o.nodes * per_node : per_node;
+  const long long ranks = o.gpus > 0 ? o.gpus : o.nodes > 0 ? static_cast<long long>(o.nodes) * per_node : per_node;
+  if (ranks > train::kMaxTracedRanks)
+    throw UsageError((o.gpus > 0 ? "--gpus " + std::to_string(o.gpus)
+                                 : "--nodes " + std::to_string(o.nodes) + " x " + std::to_string(per_node) + " devices per node") +
+                     ": " + std::to_string(ranks) + " ranks, more than the " + std::to_string(train::kMaxTracedRanks) +
+                     " a trace covers");
+  int world = static_cast<int>(ranks);
   if (o.gpus == 0 && o.nodes == 0 && o.step.grid.find("dp=") != std::string::npos) {
     try {
       world = static_cast<int>(coll::parse_grid(o.step.grid).size());
@@ -328,8 +336,8 @@ int predict(int argc, char** argv) {
   resolve_dtype(o, system);
   const int world = job_ranks(o, per_node);
   StepPlan plan = plan_step(o.step, world);
-  if (o.tp_comm_overlap == "on" && plan.grid.tp > 1 && !plan.config.sequence_parallel)
-    throw UsageError("--tp-comm-overlap on needs --sp: the tensor-parallel communication it overlaps with the GEMMs is "
+  if (o.tp_comm_overlap == "on" && !plan.config.sequence_parallel)
+    throw UsageError("--tp-comm-overlap on needs --sp (and --tp 2 or more): the tensor-parallel communication it overlaps with the GEMMs is "
                      "sequence parallelism's all-gathers and reduce-scatters (Megatron-Core requires it too)");
   std::optional<nlohmann::json> policy;
   if (!o.policy_path.empty()) policy = read_json_file(o.policy_path, "recompute policy");
@@ -756,6 +764,11 @@ int main(int argc, char** argv) {
       return command.run(argc - 1, argv + 1);
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "strata-project %s: error: %s\n", command.name, e.what());
+      return 2;
+    } catch (const std::bad_alloc&) {
+      // Only a configuration far beyond any job reaches this (the trace reserves address space for its activations).
+      std::fprintf(stderr, "strata-project %s: error: the configuration is too large to trace on this machine (out of "
+                   "memory or address space); check the model, batch and grid flags\n", command.name);
       return 2;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "strata-project %s: failed: %s\n", command.name, e.what());

@@ -28,6 +28,7 @@
 #include "kernels/cpu_gemm.h"
 #include "project/search.h"
 #include "results/writer.h"
+#include "train/trainer.h"
 
 namespace strata {
 
@@ -136,6 +137,9 @@ project::SearchSpace resolve_space(const Options& o, const project::System& syst
   project::SearchSpace space;
   space.model = resolve_model(o);
   if (o.gpus < 1) throw UsageError("--gpus N is required: the devices to train on");
+  if (o.gpus > train::kMaxTracedRanks)
+    throw UsageError("--gpus " + std::to_string(o.gpus) + ": more than the " + std::to_string(train::kMaxTracedRanks) +
+                     " ranks a trace covers");
   space.devices = o.gpus;
   space.seq = o.seq > 0 ? o.seq : space.model.max_seq;
   if (space.seq > space.model.max_seq)
@@ -184,7 +188,11 @@ project::SearchSpace resolve_space(const Options& o, const project::System& syst
   }
   space.top = o.top;
   space.prune = !o.no_prune;
-  space.threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int hardware_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (o.threads > hardware_threads)
+    throw UsageError("--threads " + std::to_string(o.threads) + ": more than this machine's " +
+                     std::to_string(hardware_threads) + " hardware threads (each holds a configuration's trace)");
+  space.threads = o.threads > 0 ? o.threads : hardware_threads;
   return space;
 }
 

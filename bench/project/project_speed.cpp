@@ -129,8 +129,14 @@ int project_speed(int argc, char** argv) {
   bool missed = false;
   double worst = 0;
   for (const SpeedCase& k : smoke ? smoke_cases() : full_cases()) {
-    const project::System& system = std::string(k.gpu) == "a100" ? a100 : h100;
-    const Timed fast = timed_prediction(step_case(k, system, false), system);
+    const bool on_a100 = std::string(k.gpu) == "a100";
+    const project::System& system = on_a100 ? a100 : h100;
+    Timed fast;
+    try {
+      fast = timed_prediction(step_case(k, system, false), system);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError((on_a100 ? "--a100 " + a100_path : "--h100 " + h100_path) + ": case '" + k.label + "': " + e.what());
+    }
     worst = std::max(worst, fast.cpu_s);
     const bool met = fast.cpu_s <= target;
     missed = missed || !met;

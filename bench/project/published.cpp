@@ -145,6 +145,14 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
     return row;
   }
   if (tp * pp * dp != gpus) r.fail("gpus", std::to_string(gpus) + " is not tp x pp x dp = " + std::to_string(tp * pp * dp));
+  // Stated beside the batch and the grid, these must agree with them (a transcription error otherwise).
+  if (const std::optional<int64_t> accumulation = r.integer("grad_accum");
+      accumulation && *accumulation * dp * micro_batch != global_batch)
+    r.fail("grad_accum", std::to_string(*accumulation) + " is not global_batch / (dp x micro_batch) = " +
+                             std::to_string(global_batch) + " / (" + std::to_string(dp) + " x " +
+                             std::to_string(micro_batch) + ")");
+  if (const std::optional<int64_t> per_node = r.integer("gpus_per_node"); per_node && *per_node < 1)
+    r.fail("gpus_per_node", "a whole number >= 1 is required, got 0");
   StepFlags& f = row.flags;
   f.layers = static_cast<int>(layers), f.hidden = static_cast<int>(hidden), f.heads = static_cast<int>(heads);
   f.vocab = static_cast<int>(vocab), f.seq = static_cast<int>(seq), f.positions = static_cast<int>(seq);
@@ -161,7 +169,11 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   if (zero > 3) r.fail("zero", "a ZeRO stage 0-3 is required");
   f.zero = std::to_string(zero);
   row.gpus = static_cast<int>(gpus);
-  row.dtype = dtype_of(r.optional_text("precision").value_or("bf16"));
+  const std::string precision = r.optional_text("precision").value_or("bf16");
+  if (precision.find("bf16") == std::string::npos && precision.find("fp16") == std::string::npos &&
+      precision.find("fp8") == std::string::npos)
+    r.fail("precision", "a text naming bf16, fp16 or fp8 is required, got '" + precision + "'");
+  row.dtype = dtype_of(precision);
   // A kernel's name is checked against the row's description when the row is predicted.
   row.attention = r.optional_text("attention").value_or("flash");
   if (row.attention.empty()) r.fail("attention", "flash, unfused or a kernel its description names; got an empty text");
@@ -215,6 +227,7 @@ std::map<std::string, std::string> system_files(const json& set, const std::stri
       for (const std::string& name : known) names += (names.empty() ? "" : ", ") + name;
       throw UsageError("--systems: no row of " + file + " runs on '" + gpu + "' (its GPUs and generations: " + names + ")");
     }
+    if (given.count(gpu)) throw UsageError("--systems: " + gpu + " given twice");
     given[gpu] = item.substr(equals + 1);
   }
   for (const Row& row : rows)
@@ -346,7 +359,11 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     results.push_back(std::move(result));
     cases.push_back(std::move(step));
   }
-  if (results.empty()) throw UsageError("published set " + o.file + ": no row to predict (--part " + o.part + ")");
+  if (results.empty()) {
+    std::string why;
+    for (const auto& [row, reason] : skipped) why += (why.empty() ? "; not predicted: " : ", ") + row->id + " (" + reason + ")";
+    throw UsageError("published set " + o.file + ": no row to predict (--part " + o.part + ")" + why);
+  }
 
   Table prediction = prediction_table(), table = published_table();
   std::map<std::pair<std::string, std::string>, Summary> summaries;  // (part, generation)

@@ -317,6 +317,8 @@ def load_reference(path: str) -> dict:
         raise InputError(f"cannot read reference file {path}: {error.strerror}") from None
     except json.JSONDecodeError as error:
         raise InputError(f"reference file {path} is not valid JSON: {error}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"reference file {path} is not a text file (a JSON reference file is needed)") from None
     if not isinstance(data, dict) or data.get("format") != "strata-reference":
         raise InputError(f"{path} is not a Strata reference file (expected \"format\": \"strata-reference\"); "
                          f"see {PROG} --help-reference")
@@ -339,12 +341,16 @@ def load_reference(path: str) -> dict:
                     and all(x is None or isinstance(x, (int, float)) for x in ref[1:3]) and isinstance(ref[3], str)):
                 raise InputError(f"{where}: \"reference\" must be [value, lower, upper, unit], e.g. [20, -0.1, null, "
                                  f"\"GFLOP/s\"]")
+            if not all(math.isfinite(x) for x in ref[:3] if x is not None):
+                raise InputError(f"{where}: \"reference\" must hold finite numbers, got {ref}")
             if (ref[1] is not None and ref[1] > 0) or (ref[2] is not None and ref[2] < 0):
                 raise InputError(f"{where}: the lower fraction must be <= 0 and the upper >= 0 (ReFrame's "
                                  f"convention: [value, -0.1, 0.1, unit] allows 10% either way)")
             if not isinstance(entry.get("case", {}), dict):
                 raise InputError(f"{where}: \"case\" must be an object of column: value")
         hosts = system.get("hosts", []) if isinstance(system, dict) else []
+        if not isinstance(hosts, list) or not all(isinstance(pattern, str) for pattern in hosts):
+            raise InputError(f"{path}: system {name}: \"hosts\" must be a list of host name patterns")
         for pattern in hosts:
             try:
                 re.compile(pattern)

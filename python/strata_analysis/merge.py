@@ -165,6 +165,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("inputs", metavar="IN", nargs="+", help="Strata results files to copy runs from")
     args = parser.parse_args(argv)
     try:
+        if not args.out:
+            raise MergeError("OUT is an empty name: give the results file to create or append to")
         if os.path.exists(args.out) and not os.path.isfile(args.out):
             raise MergeError(f"{args.out} exists and is not a file")
         return merge(args.out, args.inputs)

@@ -610,7 +610,7 @@ def rank_spread_plot(paths: list[str], out_dir: str) -> tuple[str, list[str]]:
     samples = sr.read_table(paths, "samples")
     ranks = sr.read_table(paths, "ranks")
     cases = sr.read_table(paths, "cases")
-    if samples.empty:
+    if samples.empty or cases.empty:  # samples without their cases (a damaged run) have nothing to be named by
         return "", []
     medians = samples.groupby(["file", "run_id", "case", "rank"], as_index=False)["time"].median()
     medians["relative"] = medians["time"] / medians.groupby(["file", "run_id", "case"])["time"].transform("median")
@@ -743,6 +743,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", help="folder for report.md and the PNG plots")
     parser.add_argument("--quiet", action="store_true", help="do not print the markdown")
     args = parser.parse_args(argv)
+    if args.out == "":
+        parser.error("--out: an empty folder name")
     out_dir = args.out or os.path.splitext(args.files[0])[0] + "-report"
     check_out_dir(out_dir, args.files, "--out" if args.out else "the default --out")
     try:

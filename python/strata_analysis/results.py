@@ -35,6 +35,10 @@ RUN_COLUMNS = ("benchmark", "status", "start_utc", "end_utc", "launcher", "n_nod
                "slurm_job_id", "command_line")
 
 
+# The run attributes every writer sets (SCHEMA.md) that the readers rely on.
+RUN_ATTRIBUTES = ("benchmark", "status", "n_ranks", "n_nodes", "launcher", "start_utc")
+
+
 class StrataFileError(Exception):
     """A file Strata cannot read or write: not HDF5, not Strata results, a newer major schema, damaged, held by
     another writer; or an output that would overwrite an input or a results file."""
@@ -134,6 +138,8 @@ def _walk(handle: h5py.File, path: str) -> None:
 
 def open_file(path: str) -> h5py.File:
     """Opens a Strata file read-only after checking its schema name and major version, and reading it whole once."""
+    if not str(path):
+        raise StrataFileError("an empty file name where a Strata results file is needed")
     if not os.path.isfile(path):
         raise StrataFileError(f"{path}: no such file")
     try:
@@ -154,12 +160,21 @@ def open_file(path: str) -> h5py.File:
     if name != SCHEMA_NAME:
         handle.close()
         raise StrataFileError(f"{path} is an HDF5 file but not a Strata results file")
+    if major < 0 or minor < 0:
+        handle.close()
+        raise StrataFileError(f"{path}: damaged Strata file: a Strata file without a schema version "
+                              f"(schema_version_major, schema_version_minor)")
     if major > SCHEMA_MAJOR:
         handle.close()
         raise StrataFileError(f"{path} uses Strata results schema {major}.{minor}, newer than this reader's "
                               f"{SCHEMA_MAJOR}.x: use a newer Strata")
     try:
         _walk(handle, path)
+        for run_id, run in handle.get("runs", {}).items():
+            missing = [name for name in RUN_ATTRIBUTES if name not in run.attrs]
+            if missing:
+                raise StrataFileError(f"{path}: damaged Strata file: run {run_id} lacks the attribute(s) "
+                                      f"{', '.join(missing)} every run has")
     except StrataFileError:
         handle.close()
         raise

@@ -103,6 +103,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--case", type=int, help="only this case (default: all)")
     parser.add_argument("-o", "--output", help="trace file to write; - for stdout")
     args = parser.parse_args(argv)
+    if args.output == "":
+        parser.error("-o/--output: an empty file name")
     if args.output:
         sr.check_outputs([("FILE", args.file)], replaced=[("-o/--output", args.output, "a Chrome trace")])
     try:

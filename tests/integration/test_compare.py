@@ -294,6 +294,9 @@ def test_reference_errors_exit_2(source, tmp_path):
         ({"*": {"references": [{**entry, "metric": "no_such_metric"}]}}, "no metric column 'no_such_metric'"),
         ({"*": {"references": [{**entry, "case": {"dtype": "fp16"}}]}}, "match no case"),
         ({"*": {"references": [{**entry, "reference": [1, -0.1]}]}}, "must be [value, lower, upper, unit]"),
+        ({"*": {"references": [{**entry, "reference": [float("nan"), -0.1, None, "GFLOP/s"]}]}},
+         "must hold finite numbers"),
+        ({"here": {"hosts": "vm", "references": [entry]}}, "\"hosts\" must be a list of host name patterns"),
     ]
     for systems, message in cases:
         result = compare_here(["--reference", reference_file(tmp_path, systems), target], tmp_path)
@@ -306,4 +309,6 @@ def test_reference_errors_exit_2(source, tmp_path):
     bad.write_text(json.dumps({"systems": {}}))
     result = compare_here(["--reference", bad, target], tmp_path)
     assert result.returncode == 2 and "not a Strata reference file" in result.stderr
+    result = compare_here(["--reference", target, target], tmp_path)  # a results file given as the reference
+    assert result.returncode == 2 and "is not a text file" in result.stderr, result.stderr
     assert digest(str(target)) == unchanged

@@ -101,3 +101,34 @@ def test_scripts_name_an_unwritable_output_in_one_line(steps, tmp_path):
                               ("strata-trace", [steps, "-o", tmp_path / "no" / "such" / "t.json"], tmp_path / "no")]:
         one_error_line(script(prog, args, tmp_path), prog, named)
     assert digest(str(steps)) == before
+
+
+def test_scripts_name_a_run_without_its_attributes_and_report_without_a_cases_table(steps, tmp_path):
+    """Damage HDF5 does not see: a run whose attributes were deleted, a run whose cases table was."""
+    import shutil
+
+    import h5py
+
+    bare = tmp_path / "bare.h5"
+    shutil.copyfile(steps, bare)
+    with h5py.File(bare, "r+") as f:
+        run = next(iter(f["runs"].values()))
+        for name in list(run.attrs):
+            del run.attrs[name]
+    before = digest(str(bare))
+    for prog, args in [("strata-report", [bare, "--out", tmp_path / "report", "--quiet"]),
+                       ("strata-trace", [bare, "-o", tmp_path / "t.json"]),
+                       ("strata-compare", [steps, bare]),
+                       ("strata-merge", [tmp_path / "merged.h5", steps, bare])]:
+        line = one_error_line(script(prog, args, tmp_path), prog, bare)
+        assert "lacks the attribute(s) benchmark, status" in line, line
+    assert digest(str(bare)) == before
+    no_cases = tmp_path / "no-cases.h5"
+    shutil.copyfile(steps, no_cases)
+    with h5py.File(no_cases, "r+") as f:
+        for run in f["runs"].values():
+            del run["cases"]
+    result = script("strata-report", [no_cases, "--out", tmp_path / "report2", "--quiet"], tmp_path)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    result = script("strata-trace", [steps, "-o", ""], tmp_path)
+    assert result.returncode == 2 and "-o/--output: an empty file name" in result.stderr, result.stderr

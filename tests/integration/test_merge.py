@@ -143,9 +143,14 @@ def test_bad_inputs_and_outputs_exit_2(job_files, tmp_path):
     shutil.copyfile(job_files[0], newer)
     with h5py.File(newer, "r+") as f:
         f.attrs["schema_version_major"] = np.int64(2)
+    unversioned = tmp_path / "unversioned.h5"
+    shutil.copyfile(job_files[0], unversioned)
+    with h5py.File(unversioned, "r+") as f:
+        del f.attrs["schema_version_major"]
     out = tmp_path / "out.h5"
     for bad, message in ((text, "is not an HDF5 file"), (plain, "not a Strata results file"),
-                         (newer, "newer than this reader"), (tmp_path / "absent.h5", "no such file")):
+                         (newer, "newer than this reader"), (unversioned, "without a schema version"),
+                         (tmp_path / "absent.h5", "no such file")):
         result = merge([out, job_files[0], bad], tmp_path)
         assert result.returncode == 2, (bad, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr
@@ -162,3 +167,6 @@ def test_bad_inputs_and_outputs_exit_2(job_files, tmp_path):
     result = merge([copy, job_files[1], copy], tmp_path)
     assert result.returncode == 2 and "is also an input" in result.stderr
     assert digest(str(copy)) == before
+    # An empty OUT is refused, not taken as the current folder.
+    result = merge(["", job_files[0]], tmp_path)
+    assert result.returncode == 2 and "OUT is an empty name" in result.stderr

@@ -144,6 +144,10 @@ def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
     ({"loss": "fp16"}, "row bad: field loss: fused, fp32 or fp32-fused, got 'fp16'"),
     ({"dropout": "no"}, "row bad: field dropout: true or false is required"),
     ({"gpus": 9}, "row bad: field gpus: 9 is not tp x pp x dp = 8"),
+    ({"grad_accum": 2}, "row bad: field grad_accum: 2 is not global_batch / (dp x micro_batch) = 16 / (2 x 1)"),
+    ({"gpus_per_node": 0}, "row bad: field gpus_per_node: a whole number >= 1 is required"),
+    ({"gpus_per_node": "x"}, "row bad: field gpus_per_node: a number is required"),
+    ({"precision": "bogus"}, "row bad: field precision: a text naming bf16, fp16 or fp8 is required, got 'bogus'"),
     ({"layers": -4}, "row bad: field layers: a whole number >= 0 is required"),
     ({"step_time_s": None}, "row bad: field step_time_s: neither a published nor a derived step time"),
     ({"gpu": "V100"}, "row bad: no description for GPU 'V100'"),
@@ -259,7 +263,18 @@ def test_systems_replace_a_gpus_or_a_generations_description_and_refuse_a_gpu_no
     result = validate(tmp_path, "--published", path, "--systems", f"A10={slow_file}", "-O", str(tmp_path / "x.h5"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--systems: no row of" in result.stderr and "'A10'" in result.stderr and "A100-80GB-SXM" in result.stderr
+    result = validate(tmp_path, "--published", path, "--systems", f"A100={A100},A100={slow_file}", "-O",
+                      str(tmp_path / "x.h5"))
+    assert result.returncode == 2 and "--systems: A100 given twice" in result.stderr, result.stderr
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_a_set_with_no_row_to_predict_says_which_rows_were_left_out_and_why(tmp_path):
+    path = write_set(tmp_path / "set.json", [row("unstated", "held-out", micro_batch=None)])
+    result = validate(tmp_path, "--published", path, "-O", str(tmp_path / "x.h5"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "no row to predict (--part all); not predicted: unstated (the source does not state micro_batch)" in \
+        result.stderr, result.stderr
 
 
 def test_the_shipped_set_reads_whole_with_both_generations_in_both_parts():

@@ -66,3 +66,8 @@ def test_report_refuses_other_files(tmp_path):
         f.attrs["schema"] = "other"
     result = report([str(other)], tmp_path)
     assert result.returncode == 2 and "not a Strata results file" in result.stderr
+    # Empty names: an input, and the folder to write (not taken as "the default").
+    result = report([""], tmp_path)
+    assert result.returncode == 2 and "an empty file name" in result.stderr, result.stderr
+    result = report([str(other), "--out", ""], tmp_path)
+    assert result.returncode == 2 and "--out: an empty folder name" in result.stderr, result.stderr

@@ -77,6 +77,10 @@ TEST(GemmCheck, SamplesTheCornersAndAsManyElementsAsAskedInRange) {
   EXPECT_EQ(p.sampled, first);
   p.check(64, 8);
   EXPECT_NE(p.sampled, first);
+  // As many samples as elements or more: every element, once.
+  Problem small({3, 5, 4}, kSeed);
+  EXPECT_EQ(small.check(1000000000, 7).checked, 15);
+  EXPECT_EQ(small.sampled.size(), 15u);
 }
 
 // A wrong element anywhere a check samples it is counted once: the first, the last, and one in each band of

@@ -236,6 +236,18 @@ TEST(Cli, Sizes) {
   EXPECT_THROW(parse_bytes("-1K", "x"), std::invalid_argument);
   EXPECT_THROW(parse_bytes("1T", "x"), std::invalid_argument);
   EXPECT_THROW(parse_bytes("", "x"), std::invalid_argument);
+  // The whole text in the message, and a size past int64 refused rather than wrapped to a negative one.
+  auto message = [](const std::string& text) {
+    try {
+      parse_bytes(text, "--maxbytes");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message("8.5K"), "invalid size '8.5K' for --maxbytes: a whole number of bytes, optionally with K, M or G");
+  EXPECT_EQ(message("99999999999G"), "size '99999999999G' for --maxbytes is too large (at most 8 EiB)");
+  EXPECT_EQ(parse_bytes("8589934591G", "x"), 8589934591LL << 30);
 }
 
 TEST(GemmShape, ParsesAndCountsFlops) {

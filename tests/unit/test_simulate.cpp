@@ -101,6 +101,9 @@ TEST(SystemDescription, ValidationNamesTheFirstProblem) {
   s.overlap_slowdown.relative_spread = -0.1;
   expect_problem(s, "overlap_slowdown.spread");
   s = test_system();
+  s.overlap_slowdown.relative_spread = 1e308;  // an interval out to 10^308 s says nothing
+  expect_problem(s, "overlap_slowdown.spread must be a relative spread from 0 to 100");
+  s = test_system();
   s.inter_node.collectives[coll::Operation::allgather] = {{1e-6, 0, ""}, {-5, 0, ""}};
   expect_problem(s, "network.inter_node.collectives.allgather.bandwidth");
   s = test_system();
