@@ -394,7 +394,8 @@ Quantity slowdown_quantity(const std::vector<double>& factors, const std::string
   const MedianInterval m = bootstrap_median(extra);
   const double value = std::max(0.0, m.median);
   const double half_width = 0.5 * (m.high - m.low);
-  Quantity q = fitted(value, half_width / std::max(value, 0.01));
+  // Relative to a slowdown near 0 the interval's width is huge: held at a description's largest spread (100).
+  Quantity q = fitted(value, std::min(half_width / std::max(value, 0.01), 100.0));
   q.source = "measured: median over " + std::to_string(m.values) + " " + what + " of (slowdown - 1) = " +
              format("%.4f", m.median) + (m.median < 0 ? " (faster overlapped: noise; taken as 0)" : "") +
              ", 90% bootstrap interval of the median [" + format("%.4f", m.low) + ", " + format("%.4f", m.high) +

@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -114,6 +115,7 @@ const char* name(RefusalKind kind) {
     case RefusalKind::schedule: return "schedule";
     case RefusalKind::strategy: return "strategy";
     case RefusalKind::memory: return "memory";
+    case RefusalKind::size: return "size";
   }
   return "?";
 }
@@ -470,7 +472,7 @@ std::vector<Candidate> fitting_candidates(const System& system, const SearchSpac
             continue;
           }
           if (static_cast<std::int64_t>(L) * c.micro_batches > train::kMaxTracedLayerPasses) {
-            refuse(RefusalKind::divisibility, "layers x micro-batches above the " +
+            refuse(RefusalKind::size, "layers x micro-batches above the " +
                                                   std::to_string(train::kMaxTracedLayerPasses) + " layer passes a trace covers",
                    inner);
             continue;
@@ -554,11 +556,14 @@ void rank_candidates(const System& system, const SearchSpace& space, const std::
     const auto simulate_start = Clock::now();
     std::vector<Evaluation> done(batch.size());
     std::vector<std::string> refused(batch.size());
+    std::vector<std::exception_ptr> failed(batch.size());  // anything else (out of memory): the caller's, after the join
     auto run = [&](std::size_t b) {
       try {
         done[b] = evaluate(system, space, fitting[batch[b].index]);
       } catch (const std::invalid_argument& error) {
         refused[b] = error.what();
+      } catch (...) {
+        failed[b] = std::current_exception();
       }
     };
     if (batch.size() == 1) {
@@ -569,6 +574,8 @@ void rank_candidates(const System& system, const SearchSpace& space, const std::
       run(0);
       for (std::thread& w : workers) w.join();
     }
+    for (const std::exception_ptr& failure : failed)
+      if (failure) std::rethrow_exception(failure);
     result.simulate_seconds += seconds_since(simulate_start);
     for (std::size_t b = 0; b < batch.size(); ++b) {
       if (!refused[b].empty()) {

@@ -152,7 +152,7 @@ Evaluation evaluate(const System& system, const SearchSpace& space, const Candid
 // (tests hold the predicted steps equal). Otherwise the strategy itself.
 train::Strategy equivalent_strategy(const train::Strategy& strategy, int ranks_per_group, int groups);
 
-enum class RefusalKind { divisibility, schedule, strategy, memory };
+enum class RefusalKind { divisibility, schedule, strategy, memory, size };
 const char* name(RefusalKind kind);
 
 struct SearchResult {

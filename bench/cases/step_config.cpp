@@ -1,6 +1,7 @@
 #include "bench/cases/step_config.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 
@@ -173,6 +174,9 @@ StepPlan plan_step(StepFlags& o, int world) {
     if (o.global_batch % per_micro_batch != 0)
       throw UsageError("--global-batch " + std::to_string(o.global_batch) + " is not divisible by " + std::to_string(dp_ranks) +
                        " data-parallel ranks x --micro-batch " + std::to_string(o.micro_batch));
+    if (o.global_batch / per_micro_batch > std::numeric_limits<int>::max())
+      throw UsageError("--global-batch " + std::to_string(o.global_batch) + " over " + std::to_string(per_micro_batch) +
+                       " rows a micro-batch is more micro-batches than a step can count");
     config.accumulation = static_cast<int>(o.global_batch / per_micro_batch);
     o.accumulation = config.accumulation;
   } else if (o.global_batch > 0) {
@@ -186,6 +190,9 @@ StepPlan plan_step(StepFlags& o, int world) {
                        " data-parallel ranks x --accumulation " + std::to_string(o.accumulation) + " is a micro-batch of " +
                        std::to_string(from_global) + ", but --micro-batch says " + std::to_string(o.micro_batch) +
                        ": give two of the three");
+    if (from_global > std::numeric_limits<int>::max())
+      throw UsageError("--global-batch " + std::to_string(o.global_batch) + " is a micro-batch of " +
+                       std::to_string(from_global) + " rows, more than a step can count");
     config.micro_batch = static_cast<int>(from_global);
   }
   config.comm_algo = *coll::parse_algo(o.comm_algo);

@@ -237,7 +237,7 @@ void resolve_dtype(PredictFlags& o, const project::System& system) {
 
 // The job's ranks: --gpus, --nodes x the description's devices per node, the --grid's when it gives dp, else a node.
 int job_ranks(const PredictFlags& o, int per_node) {
-  if (o.gpus > 0 && o.nodes > 0 && o.gpus != o.nodes * per_node)
+  if (o.gpus > 0 && o.nodes > 0 && o.gpus != static_cast<long long>(o.nodes) * per_node)
     throw UsageError("--gpus " + std::to_string(o.gpus) + " and --nodes " + std::to_string(o.nodes) + " disagree: the system has " +
                      std::to_string(per_node) + " devices per node");
   const long long ranks = o.gpus > 0 ? o.gpus : o.nodes > 0 ? static_cast<long long>(o.nodes) * per_node : per_node;
@@ -248,11 +248,16 @@ int job_ranks(const PredictFlags& o, int per_node) {
                      " a trace covers");
   int world = static_cast<int>(ranks);
   if (o.gpus == 0 && o.nodes == 0 && o.step.grid.find("dp=") != std::string::npos) {
+    long long grid_ranks = 0;
     try {
-      world = static_cast<int>(coll::parse_grid(o.step.grid).size());
+      grid_ranks = coll::parse_grid(o.step.grid).size();
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("--grid: ") + e.what());
     }
+    if (grid_ranks > train::kMaxTracedRanks)
+      throw UsageError("--grid " + o.step.grid + ": " + std::to_string(grid_ranks) + " ranks, more than the " +
+                       std::to_string(train::kMaxTracedRanks) + " a trace covers");
+    world = static_cast<int>(grid_ranks);
   }
   return world;
 }
@@ -766,9 +771,11 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "strata-project %s: error: %s\n", command.name, e.what());
       return 2;
     } catch (const std::bad_alloc&) {
-      // Only a configuration far beyond any job reaches this (the trace reserves address space for its activations).
-      std::fprintf(stderr, "strata-project %s: error: the configuration is too large to trace on this machine (out of "
-                   "memory or address space); check the model, batch and grid flags\n", command.name);
+      // A trace reserves address space for the step's activations and holds every op: a configuration beyond this
+      // machine's memory or address space ends here.
+      std::fprintf(stderr, "strata-project %s: error: out of memory (std::bad_alloc): the configuration is too large "
+                   "to trace on this machine; check the model, batch and grid flags%s\n", command.name,
+                   std::string(command.name) == "search" ? " (and --threads: each thread holds a trace)" : "");
       return 2;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "strata-project %s: failed: %s\n", command.name, e.what());

@@ -474,7 +474,7 @@ int project_search(int argc, char** argv) {
              kLossModes);
   cli.choice("dropout", 0, "whether the model trains with dropout, as predict's (its masks in the memory estimate)",
              o.dropout, {"on", "off"});
-  cli.option("threads", 0, "configurations simulated at once (default: the machine's cores)", o.threads, 0);
+  cli.option("threads", 0, "configurations simulated at once (default and most: the machine's hardware threads)", o.threads, 0);
   cli.flag("no-prune", 0, "simulate every configuration that fits (no lower bounds)", o.no_prune);
   cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/; --bench: none)",
              o.output);

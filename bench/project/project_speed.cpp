@@ -135,7 +135,7 @@ int project_speed(int argc, char** argv) {
     try {
       fast = timed_prediction(step_case(k, system, false), system);
     } catch (const std::invalid_argument& e) {
-      throw UsageError((on_a100 ? "--a100 " + a100_path : "--h100 " + h100_path) + ": case '" + k.label + "': " + e.what());
+      throw UsageError("case '" + std::string(k.label) + "' on " + (on_a100 ? a100_path : h100_path) + ": " + e.what());
     }
     worst = std::max(worst, fast.cpu_s);
     const bool met = fast.cpu_s <= target;

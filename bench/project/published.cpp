@@ -147,7 +147,8 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   if (tp * pp * dp != gpus) r.fail("gpus", std::to_string(gpus) + " is not tp x pp x dp = " + std::to_string(tp * pp * dp));
   // Stated beside the batch and the grid, these must agree with them (a transcription error otherwise).
   if (const std::optional<int64_t> accumulation = r.integer("grad_accum");
-      accumulation && *accumulation * dp * micro_batch != global_batch)
+      accumulation && (global_batch % dp != 0 || global_batch / dp % micro_batch != 0 ||
+                       global_batch / dp / micro_batch != *accumulation))
     r.fail("grad_accum", std::to_string(*accumulation) + " is not global_batch / (dp x micro_batch) = " +
                              std::to_string(global_batch) + " / (" + std::to_string(dp) + " x " +
                              std::to_string(micro_batch) + ")");
@@ -193,7 +194,7 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   if (std::find(kLossModes.begin(), kLossModes.end(), row.loss) == kLossModes.end())
     r.fail("loss", "fused, fp32 or fp32-fused, got '" + row.loss + "'");
   row.dropout = r.flag("dropout", true);
-  if (row.tp_comm_overlap && tp > 1 && !f.sp)
+  if (row.tp_comm_overlap && !f.sp)
     r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "
                               "reduce-scatters)");
   return row;

@@ -311,7 +311,7 @@ def unit_scale(reference_unit: str, column_unit: str) -> float:
 
 def load_reference(path: str) -> dict:
     try:
-        with open(path) as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except OSError as error:
         raise InputError(f"cannot read reference file {path}: {error.strerror}") from None
@@ -341,7 +341,7 @@ def load_reference(path: str) -> dict:
                     and all(x is None or isinstance(x, (int, float)) for x in ref[1:3]) and isinstance(ref[3], str)):
                 raise InputError(f"{where}: \"reference\" must be [value, lower, upper, unit], e.g. [20, -0.1, null, "
                                  f"\"GFLOP/s\"]")
-            if not all(math.isfinite(x) for x in ref[:3] if x is not None):
+            if not all(math.isfinite(x) for x in ref[:3] if isinstance(x, float)):
                 raise InputError(f"{where}: \"reference\" must hold finite numbers, got {ref}")
             if (ref[1] is not None and ref[1] > 0) or (ref[2] is not None and ref[2] < 0):
                 raise InputError(f"{where}: the lower fraction must be <= 0 and the upper >= 0 (ReFrame's "

@@ -170,7 +170,10 @@ def open_file(path: str) -> h5py.File:
                               f"{SCHEMA_MAJOR}.x: use a newer Strata")
     try:
         _walk(handle, path)
-        for run_id, run in handle.get("runs", {}).items():
+        runs = handle.get("runs", {})
+        if not isinstance(runs, (h5py.Group, dict)):
+            raise StrataFileError(f"{path}: damaged Strata file: /runs is not a group")
+        for run_id, run in runs.items():
             missing = [name for name in RUN_ATTRIBUTES if name not in run.attrs]
             if missing:
                 raise StrataFileError(f"{path}: damaged Strata file: run {run_id} lacks the attribute(s) "

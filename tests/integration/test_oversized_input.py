@@ -36,7 +36,11 @@ def kept(tmp_path):
     ([*PREDICT, "--accumulation", "100000"], "12 layers x 100000 micro-batches = 1200000 layer passes"),
     ([*PREDICT, "--gpus", "1000000000"], "--gpus 1000000000: 1000000000 ranks, more than the 1048576 a trace covers"),
     ([*PREDICT, "--nodes", "1000000000"], "--nodes 1000000000 x 8 devices per node: 8000000000 ranks"),
-    ([*PREDICT, "--micro-batch", "1000000000"], "too large to trace on this machine (out of memory or address space)"),
+    ([*PREDICT, "--micro-batch", "1000000000"], "out of memory (std::bad_alloc): the configuration is too large"),
+    ([*PREDICT, "--global-batch", "4294967301", "--micro-batch", "1"],
+     "--global-batch 4294967301 over 1 rows a micro-batch is more micro-batches than a step can count"),
+    ([*PREDICT, "--grid", "tp=1,pp=1,dp=2000000"], "--grid tp=1,pp=1,dp=2000000: 2000000 ranks, more than the 1048576"),
+    ([*PREDICT, "--gpus", "8", "--nodes", "1000000000"], "--gpus 8 and --nodes 1000000000 disagree"),
     ([*PREDICT, "--tp-comm-overlap", "on"], "--tp-comm-overlap on needs --sp (and --tp 2 or more)"),
     ([*SEARCH, "--global-batch", "64", "--threads", "100000"], "--threads 100000: more than this machine's"),
     ([*SEARCH, "--gpus", "100000000", "--global-batch", "64"], "--gpus 100000000: more than the 1048576 ranks"),
@@ -55,7 +59,7 @@ def test_far_beyond_any_job_is_refused_at_once(tmp_path, kept, args, message):
 def test_a_search_skips_configurations_beyond_a_trace_and_says_why(tmp_path):
     result = run([*SEARCH, "--global-batch", "1000000000"], tmp_path, tmp_path / "search.h5")
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "layers x micro-batches above the 262144 layer passes a trace covers" in result.stdout + result.stderr
+    assert "size: layers x micro-batches above the 262144 layer passes a trace covers" in result.stdout + result.stderr
 
 
 def test_a_timeout_of_centuries_is_no_timeout(tmp_path):

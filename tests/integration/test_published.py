@@ -147,6 +147,7 @@ def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
     ({"grad_accum": 2}, "row bad: field grad_accum: 2 is not global_batch / (dp x micro_batch) = 16 / (2 x 1)"),
     ({"gpus_per_node": 0}, "row bad: field gpus_per_node: a whole number >= 1 is required"),
     ({"gpus_per_node": "x"}, "row bad: field gpus_per_node: a number is required"),
+    ({"tp_comm_overlap": True, "tp": 1, "dp": 4}, "row bad: field tp_comm_overlap: true needs sequence_parallel true"),
     ({"precision": "bogus"}, "row bad: field precision: a text naming bf16, fp16 or fp8 is required, got 'bogus'"),
     ({"layers": -4}, "row bad: field layers: a whole number >= 0 is required"),
     ({"step_time_s": None}, "row bad: field step_time_s: neither a published nor a derived step time"),
