@@ -37,7 +37,7 @@ def kept(tmp_path):
     ([*PREDICT, "--gpus", "1000000000"], "--gpus 1000000000: 1000000000 ranks, more than the 1048576 a trace covers"),
     ([*PREDICT, "--nodes", "1000000000"], "--nodes 1000000000 x 8 devices per node: 8000000000 ranks"),
     ([*PREDICT, "--micro-batch", "1000000000"], "out of memory (std::bad_alloc): the configuration is too large"),
-    ([*PREDICT, "--global-batch", "4294967301", "--micro-batch", "1"],
+    ([*PREDICT, "--gpus", "1", "--global-batch", "4294967301", "--micro-batch", "1"],
      "--global-batch 4294967301 over 1 rows a micro-batch is more micro-batches than a step can count"),
     ([*PREDICT, "--grid", "tp=1,pp=1,dp=2000000"], "--grid tp=1,pp=1,dp=2000000: 2000000 ranks, more than the 1048576"),
     ([*PREDICT, "--gpus", "8", "--nodes", "1000000000"], "--gpus 8 and --nodes 1000000000 disagree"),
