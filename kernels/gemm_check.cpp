@@ -1,7 +1,6 @@
 // Implementation of the sampled GEMM reference check (see gemm_check.h).
 #include "kernels/gemm_check.h"
 
-#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -35,16 +34,17 @@ void fill_uniform(double* out, size_t count, uint64_t seed) {
 CheckResult check_sampled(const GemmView& view, DType dtype, int samples, uint64_t seed) {
   const Shape& s = view.shape;
   Precision p = precision(dtype);
-  std::vector<std::pair<int64_t, int64_t>> points = {{0, 0}, {0, s.n - 1}, {s.m - 1, 0}, {s.m - 1, s.n - 1}};
+  std::vector<std::pair<int64_t, int64_t>> points;
   SplitMix rng{seed ^ 0x5eedc0ffeeull};
   if (static_cast<int64_t>(samples) >= s.m * s.n) {  // as many samples as elements: every element, once
-    points.clear();
     for (int64_t i = 0; i < s.m; ++i)
       for (int64_t j = 0; j < s.n; ++j) points.emplace_back(i, j);
+  } else {
+    points = {{0, 0}, {0, s.n - 1}, {s.m - 1, 0}, {s.m - 1, s.n - 1}};
+    while (static_cast<int>(points.size()) < samples)
+      points.emplace_back(static_cast<int64_t>(rng.next() % static_cast<uint64_t>(s.m)),
+                          static_cast<int64_t>(rng.next() % static_cast<uint64_t>(s.n)));
   }
-  while (static_cast<int64_t>(points.size()) < std::min<int64_t>(samples, s.m * s.n))
-    points.emplace_back(static_cast<int64_t>(rng.next() % static_cast<uint64_t>(s.m)),
-                        static_cast<int64_t>(rng.next() % static_cast<uint64_t>(s.n)));
 
   CheckResult result;
   const double sqrt_k = std::sqrt(static_cast<double>(s.k));

@@ -472,8 +472,9 @@ std::vector<Candidate> fitting_candidates(const System& system, const SearchSpac
             continue;
           }
           if (static_cast<std::int64_t>(L) * c.micro_batches > train::kMaxTracedLayerPasses) {
-            refuse(RefusalKind::size, "layers x micro-batches above the " +
-                                                  std::to_string(train::kMaxTracedLayerPasses) + " layer passes a trace covers",
+            refuse(RefusalKind::size,
+                   "layers x micro-batches above the " + std::to_string(train::kMaxTracedLayerPasses) +
+                       " layer passes a trace covers",
                    inner);
             continue;
           }

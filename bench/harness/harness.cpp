@@ -126,12 +126,11 @@ Run::Run(std::string benchmark, int argc, const char* const* argv, const Harness
     throw UsageError("--blas-threads " + std::to_string(options_.blas_threads) +
                      " needs a threaded BLAS, but this OpenBLAS is the single-threaded build");
   const int world = world_size();
-  if (options_.inject_hang >= world)
-    throw UsageError("--inject-hang " + std::to_string(options_.inject_hang) + ": no such rank (the job has " +
-                     std::to_string(world) + " rank" + (world == 1 ? ")" : "s, 0 to " + std::to_string(world - 1) + ")"));
-  if (options_.inject_wrong_element >= world)
-    throw UsageError("--inject-wrong-element " + std::to_string(options_.inject_wrong_element) + ": no such rank (the job has " +
-                     std::to_string(world) + " rank" + (world == 1 ? ")" : "s, 0 to " + std::to_string(world - 1) + ")"));
+  for (const auto& [flag, rank] : {std::pair{"--inject-hang", options_.inject_hang},
+                                   std::pair{"--inject-wrong-element", options_.inject_wrong_element}})
+    if (rank >= world)
+      throw UsageError(std::string(flag) + " " + std::to_string(rank) + ": no such rank (the job has " +
+                       std::to_string(world) + " rank" + (world == 1 ? ")" : "s, 0 to " + std::to_string(world - 1) + ")"));
   cpu_gemm::set_threads(options_.blas_threads);
   context_ = collect_context(argc, argv, device);
   cpu_gemm::set_threads(options_.blas_threads);  // measuring the machine runs the libraries on one thread

@@ -342,8 +342,9 @@ int predict(int argc, char** argv) {
   const int world = job_ranks(o, per_node);
   StepPlan plan = plan_step(o.step, world);
   if (o.tp_comm_overlap == "on" && !plan.config.sequence_parallel)
-    throw UsageError("--tp-comm-overlap on needs --sp (and --tp 2 or more): the tensor-parallel communication it overlaps with the GEMMs is "
-                     "sequence parallelism's all-gathers and reduce-scatters (Megatron-Core requires it too)");
+    throw UsageError("--tp-comm-overlap on needs --sp (and --tp 2 or more): the tensor-parallel communication it "
+                     "overlaps with the GEMMs is sequence parallelism's all-gathers and reduce-scatters (Megatron-Core "
+                     "requires it too)");
   std::optional<nlohmann::json> policy;
   if (!o.policy_path.empty()) policy = read_json_file(o.policy_path, "recompute policy");
   if (o.step.recompute == "all" && !policy) std::erase(plan.modes, train::Recompute::overlap);  // placed only from a policy
