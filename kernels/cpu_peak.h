@@ -1,6 +1,6 @@
 // The CPU's floating-point peak, measured rather than assumed: a kernel of independent FMA chains on the
 // widest vector unit present (AVX-512, AVX2, NEON; SSE2 multiply + add otherwise; AVX-512 BF16 dot products
-// where present) runs on one core and on every core at once, and the median of several trials is the peak.
+// where present) runs on one core and on every core at once, and the best of several trials is the peak.
 // A clock measured with a dependent chain of `imul` (3-cycle latency on every x86 core since 2008, and not
 // executed at rename, unlike `add` with an immediate on recent Intel cores; on Arm a chain of `add`) stays beside it as a cross-check:
 // measured FLOP/s divided by that clock must be what this CPU's FMA units do per cycle (a table by CPU model,
@@ -33,7 +33,7 @@ struct PeakFigure {
 };
 
 struct PeakOptions {
-  int trials = 7;              // the median of these is reported
+  int trials = 7;              // the best of these is reported
   double trial_seconds = 0.01;
   std::vector<int> cpus;       // one CPU per core for the all-core figure; empty: no all-core figure
 };
@@ -51,7 +51,7 @@ FmaKernel fma_kernel(PeakPrecision precision, const CpuFeatures& cpu);
 PeakFigure measure_peak(PeakPrecision precision, const CpuFeatures& cpu, const PeakOptions& options);
 
 // Cycles per second of this core from a dependent chain of integer operations (x86-64 `imul`, Arm `add`;
-// median of `trials`); 0 on other architectures.
+// the best of `trials`); 0 on other architectures.
 double measure_clock_hz(int trials = 7, double trial_seconds = 0.005);
 
 // The FMA units of one core, from the CPU's vendor, family and model (x86 CPUID; Arm implementer and part):

@@ -21,7 +21,7 @@ struct GemmBackendRate {
   cpu_gemm::Backend backend = cpu_gemm::Backend::openblas;
   std::string library;  // "oneDNN 2.6.3"
   std::string kernel;   // "avx512_core_amx"
-  double fp32_rate = 0; // FLOP/s, median of the trials
+  double fp32_rate = 0; // FLOP/s, the best of the trials
 };
 
 struct MachineDescription {
@@ -43,7 +43,7 @@ struct MachineOptions {
   int bandwidth_trials = 3;
   int64_t bandwidth_array_bytes = 0;  // 0: bandwidth_array_bytes(topology)
   int64_t gemm_probe_size = 1024;
-  int gemm_trials = 3;
+  int gemm_trials = 5;  // rounds of one GEMM per library
 };
 
 // Holds each measured peak to the clock and the CPU's FMA units (check_peak): a peak that does not agree gets
@@ -53,8 +53,8 @@ void judge_peaks(MachineDescription& machine);
 // Measures this node. A peak that fails its check is measured again (twice at most) before it is given up. Uses the calling thread and one thread per core; leaves the GEMM libraries at one thread.
 MachineDescription measure_machine(const MachineOptions& options = {});
 
-// FP32 FLOP/s of `backend` on a size^3 GEMM (one thread, median of `trials` after one warm-up), on buffers
-// filled with values in [-1, 1).
-double measure_gemm_rate(cpu_gemm::Backend backend, int64_t size, int trials);
+// FP32 FLOP/s of each of `backends` on a size^3 GEMM (one thread, after one warm-up each): the best of `rounds`
+// rounds that run one GEMM of every library in turn, on buffers filled with values in [-1, 1).
+std::vector<double> measure_gemm_rates(const std::vector<cpu_gemm::Backend>& backends, int64_t size, int rounds);
 
 }  // namespace strata

@@ -98,5 +98,6 @@ fi
 report_dir="${output%.h5}-report"
 reported=("$output")
 [ -f "$validation" ] && reported+=("$validation")
-scripts/strata-report "${reported[@]}" --out "$report_dir"
+# The report goes to its folder only: the programs' tables and the validation above are its figures.
+scripts/strata-report "${reported[@]}" --out "$report_dir" --quiet
 echo "[run-local] results: ${reported[*]}; report and plots: $report_dir/" >&2

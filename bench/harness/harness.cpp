@@ -54,6 +54,8 @@ void add_harness_options(Cli& cli, HarnessOptions& o) {
   cli.option("output", 'O', "results file to append this run to (default: new file in results/runs/)", o.output);
   cli.option("blas-threads", 0, "CPU BLAS threads per rank", o.blas_threads, 1);
   cli.flag("quiet", 'q', "no progress on stderr", o.quiet);
+  cli.option("progress-interval", 0, "seconds between progress lines on stderr (the first and last case always; "
+             "0: every case)", o.progress_interval, 0.0);
   cli.add("timeout", 't', "S|auto[:S]", "seconds a rank may go without progress (an iteration, a step, a case's "
           "setup) before the job is ended, naming the rank that did not arrive (0: none); auto: look every " +
           format_fixed(kAutoTimeoutSeconds, 0) + " s (or S) and end it only for a rank proven stopped or stuck",
@@ -393,9 +395,14 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
         writer_->flush();
       }
     }
-    if (!options_.quiet) {
-      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-      int done = result.index + 1;
+    const auto now = std::chrono::steady_clock::now();
+    const int done = result.index + 1;
+    // A line per case would bury the tables of a sweep of hundreds of small cases.
+    const bool due = !last_progress_line_ || done >= total_cases_ ||
+                     std::chrono::duration<double>(now - *last_progress_line_).count() >= options_.progress_interval;
+    if (!options_.quiet && due) {
+      last_progress_line_ = now;
+      double elapsed = std::chrono::duration<double>(now - started_).count();
       std::string left = total_cases_ > done ? ", about " + format_fixed(elapsed / done * (total_cases_ - done), 0) + " s left" : "";
       std::fprintf(stderr, "[%s] case %d/%d %s done; %.1f s elapsed%s\n", benchmark_.c_str(), done,
                    std::max(total_cases_, done), label.c_str(), elapsed, left.c_str());

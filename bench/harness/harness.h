@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,9 @@ struct HarnessOptions {
   int iters = 10;
   double max_time = 0;     // seconds of timed iterations per case; 0 = no budget (run all iters)
   bool quiet = false;
+  // Seconds between progress lines on stderr: the first and the last case's line always, and between them one
+  // whenever this long has passed since the last (0: every case).
+  double progress_interval = 10;
   std::string output;      // results file; empty = a new file under results/runs/
   int blas_threads = 1;    // CPU BLAS threads per rank
   int kernel_threads = 1;  // a program's own kernel threads per rank (--threads), held to the node like blas_threads
@@ -211,6 +215,7 @@ class Run {
   bool check_failed_ = false;
   bool finished_ = false;
   std::chrono::steady_clock::time_point started_;
+  std::optional<std::chrono::steady_clock::time_point> last_progress_line_;
   std::string current_case_;
   int signal_wake_[2] = {-1, -1};  // the pipe a signal handler wakes signal_thread_ through
   std::thread signal_thread_;

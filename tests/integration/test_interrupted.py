@@ -10,8 +10,9 @@ import time
 import strata_results as sr
 from conftest import mpi_env, program
 
-# Enough cases that the sweep is still running when the signal arrives.
-SWEEP = ["--square", ",".join(["1024"] * 44), "-n", "3", "-w", "0"]
+# Enough cases that the sweep is still running when the signal arrives; a progress line per case (wait_for_cases
+# counts them).
+SWEEP = ["--square", ",".join(["1024"] * 44), "-n", "3", "-w", "0", "--progress-interval", "0"]
 
 
 def start_sweep(tmp_path, out):

@@ -49,6 +49,9 @@ def test_the_suite_calibrates_validates_every_step_case_and_reports_both(tmp_pat
     with h5py.File(output, "r") as f:
         assert all(g.attrs["benchmark"] != "strata-project" for g in f["runs"].values())
     report = (tmp_path / "suite-report" / "report.md").read_text()
+    # The report is written, not printed: the programs' tables and the validation's are the output.
+    assert "# Strata report" not in result.stdout and "step time error over" in result.stdout
+    assert f"wrote {tmp_path / 'suite-report' / 'report.md'}" in result.stderr
     assert "### Validation: predicted against measured strata-step cases" in report
     assert f"{rows} case(s): step-time error mean absolute" in report
 

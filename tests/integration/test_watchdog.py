@@ -105,8 +105,9 @@ def test_auto_ends_the_job_for_a_rank_stuck_behind(tmp_path):
 
 def start_job(tmp_path, np_, name, args):
     out = tmp_path / "job.h5"  # in the command line of mpirun and of every rank: how the job's processes are found
+    # A progress line per case: wait_for_cases counts them.
     command = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), program(name), *args,
-               "--output", str(out)]
+               "--progress-interval", "0", "--output", str(out)]
     process = subprocess.Popen(command, cwd=str(tmp_path), env=mpi_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     return process, out

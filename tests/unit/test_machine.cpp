@@ -376,6 +376,23 @@ TEST(CpuGemmLibraries, DefaultIsTheFastestMeasured) {
   EXPECT_FALSE(cpu_gemm::parse_backend("mkl").has_value());
 }
 
+TEST(CpuGemmLibraries, ProbeRatesOnePerLibraryInOrderAndUnderThePeak) {
+  std::vector<cpu_gemm::Backend> backends = cpu_gemm::available_backends();
+  backends.push_back(backends.front());  // a library twice: each entry its own rate
+  const std::vector<double> rates = measure_gemm_rates(backends, 192, 3);
+  ASSERT_EQ(rates.size(), backends.size());
+  PeakOptions options;
+  options.trials = 3;
+  const PeakFigure peak = measure_peak(PeakPrecision::fp32, detect_cpu_features(), options);
+  for (size_t i = 0; i < rates.size(); ++i) {
+    EXPECT_GT(rates[i], 0) << cpu_gemm::name(backends[i]);
+    // 2 n^3 FLOP per GEMM: a miscounted or skipped GEMM would read above what the core can do.
+    if (peak.usable()) {
+      EXPECT_LT(rates[i], 1.15 * peak.one_core) << cpu_gemm::name(backends[i]);
+    }
+  }
+}
+
 MachineDescription small_measured_machine() {
   MachineOptions options;
   options.peak_trials = 3, options.peak_trial_seconds = 0.002, options.bandwidth_trials = 1;
