@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,7 +55,12 @@ struct GridShape {
   int tp = 1;
   int pp = 1;
   int dp = 1;
-  long long size() const { return static_cast<long long>(tp) * pp * dp; }  // cannot overflow for int sizes
+  // In long long, held at its maximum: a grid parsed from a user's text may hold three int maxima, whose product
+  // overflows even long long; any size past int is refused by whoever needs the grid.
+  long long size() const {
+    const long long tp_pp = static_cast<long long>(tp) * pp;  // below 2^62 for ints
+    return dp > 0 && tp_pp > std::numeric_limits<long long>::max() / dp ? std::numeric_limits<long long>::max() : tp_pp * dp;
+  }
   bool operator==(const GridShape&) const = default;
 };
 

@@ -210,7 +210,7 @@ PeakFigure measure_peak(PeakPrecision precision, const CpuFeatures& cpu, const P
   double checksum = 0;
   for (int t = 0; t < trials; ++t) one.push_back(flop / seconds_of(iterations, kernel.run, &checksum));
   // The best trial: the kernel's work is fixed, so whatever else the core does (an interrupt, a hypervisor's
-  // other guest) only slows a trial down, and a median over a slow moment would sit under the hardware's rate.
+  // other guest) only slows a trial down, and the median of trials a slow moment covers sits under the hardware's.
   figure.one_core = *std::max_element(one.begin(), one.end());
 
   const int cores = static_cast<int>(options.cpus.size());

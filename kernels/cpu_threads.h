@@ -1,5 +1,5 @@
-// Small helpers of the CPU measurements (peak, bandwidth, GEMM rates): pinning a measuring thread to a CPU,
-// and the median the figures report.
+// Small helpers of the CPU measurements (peak, bandwidth): pinning a measuring thread to a CPU, and the median
+// the bandwidth figures report.
 #pragma once
 
 #include <pthread.h>

@@ -1,6 +1,5 @@
 // Implementation of the machine measurement (see machine.h).
 #include "kernels/machine.h"
-#include "kernels/cpu_threads.h"
 
 #include <algorithm>
 #include <chrono>
@@ -71,7 +70,7 @@ MachineDescription measure_machine(const MachineOptions& options) {
   cpu_gemm::set_threads(1);
   m.gemm_probe_size = options.gemm_probe_size;
   const std::vector<cpu_gemm::Backend> backends = cpu_gemm::available_backends();
-  const std::vector<double> measured = measure_gemm_rates(backends, options.gemm_probe_size, options.gemm_trials);
+  const std::vector<double> measured = measure_gemm_rates(backends, options.gemm_probe_size, options.gemm_rounds);
   std::vector<std::pair<cpu_gemm::Backend, double>> rates;
   for (size_t i = 0; i < backends.size(); ++i) {
     rates.emplace_back(backends[i], measured[i]);

@@ -43,7 +43,7 @@ struct MachineOptions {
   int bandwidth_trials = 3;
   int64_t bandwidth_array_bytes = 0;  // 0: bandwidth_array_bytes(topology)
   int64_t gemm_probe_size = 1024;
-  int gemm_trials = 5;  // rounds of one GEMM per library
+  int gemm_rounds = 5;  // rounds of one GEMM per library
 };
 
 // Holds each measured peak to the clock and the CPU's FMA units (check_peak): a peak that does not agree gets

@@ -397,9 +397,10 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
     }
     const auto now = std::chrono::steady_clock::now();
     const int done = result.index + 1;
-    // A line per case would bury the tables of a sweep of hundreds of small cases.
-    const bool due = !last_progress_line_ || done >= total_cases_ ||
-                     std::chrono::duration<double>(now - *last_progress_line_).count() >= options_.progress_interval;
+    const bool due = !last_progress_line_ ||
+                     progress_line_due(done, total_cases_,
+                                       std::chrono::duration<double>(now - *last_progress_line_).count(),
+                                       options_.progress_interval);
     if (!options_.quiet && due) {
       last_progress_line_ = now;
       double elapsed = std::chrono::duration<double>(now - started_).count();
@@ -411,6 +412,11 @@ CaseResult Run::record(const std::vector<double>& my_samples, int64_t wrong_elem
   check_interrupt();
   watchdog_->progress("the work after case " + std::to_string(result.index + 1) + " (" + label + ")");
   return result;
+}
+
+bool progress_line_due(int done, int total, double seconds_since_last_line, double interval) {
+  // A line per case would bury the tables of a sweep of hundreds of small cases.
+  return (total > 0 && done >= total) || seconds_since_last_line >= interval;
 }
 
 void Run::append_table(const Table& rows) {

@@ -54,6 +54,10 @@ inline bool injects_wrong_element(const HarnessOptions& options, int rank) {
   return options.inject_wrong_element == rank || options.inject_wrong_element == -2;
 }
 void add_harness_options(Cli& cli, HarnessOptions& options);
+// Whether the progress line of case `done` (counting from 1) of `total` (0: not known) is printed, given the time
+// since the last line (the first case's is always printed): the last case's, and one whenever `interval` seconds
+// have passed.
+bool progress_line_due(int done, int total, double seconds_since_last_line, double interval);
 // Collective: refuses (UsageError on every rank, rank 0 judging) an --output that is one of options.inputs. Run
 // checks it too; a program that reads its inputs before it starts the Run calls this first.
 void check_output_is_no_input(const HarnessOptions& options);

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 #include <vector>
 
 #include "bench/harness/check.h"
@@ -18,7 +19,7 @@ using nlohmann::json;
 // thrown while reading a value can say which field it was.
 struct FieldTracker {
   std::vector<std::string> keys;  // one per open object; "" until its first key
-  std::vector<bool> is_object;
+  std::vector<std::unordered_set<std::string>> seen;  // the keys each open object has had so far
 
   std::string path() const {
     std::string text;
@@ -32,20 +33,28 @@ struct FieldTracker {
 
 json parse_json_text(const std::string& text, const std::string& source) {
   FieldTracker field;
-  json::parser_callback_t track = [&field](int depth, json::parse_event_t event, json& parsed) {
+  json::parser_callback_t track = [&field, &source](int depth, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:
         field.keys.resize(static_cast<size_t>(depth) + 1);
         field.keys.back().clear();
+        field.seen.resize(static_cast<size_t>(depth) + 1);
+        field.seen.back().clear();
         break;
       case json::parse_event_t::key:
-        if (depth >= 1 && static_cast<size_t>(depth) <= field.keys.size())
-          field.keys[static_cast<size_t>(depth) - 1] = parsed.get<std::string>();
+        if (depth >= 1 && static_cast<size_t>(depth) <= field.keys.size()) {
+          const size_t object = static_cast<size_t>(depth) - 1;
+          field.keys[object] = parsed.get<std::string>();
+          // The parser would keep the last of the two values, and the file's reader would never know of the first.
+          if (!field.seen[object].insert(field.keys[object]).second)
+            throw UsageError(source + ": field " + field.path() + " appears twice in its object");
+        }
         break;
       case json::parse_event_t::object_end:
       case json::parse_event_t::array_end:
         field.keys.resize(static_cast<size_t>(depth));
+        field.seen.resize(static_cast<size_t>(depth));
         break;
       case json::parse_event_t::value:
         break;

@@ -8,8 +8,9 @@
 namespace strata {
 
 // `what` names the input in messages, e.g. "system description". Throws UsageError: the file cannot be opened,
-// is a directory, is not JSON (with the parser's position), or holds a number out of range (with its field,
-// e.g. "field device.peak.bf16: number 1e999 is out of range").
+// is a directory, is not JSON (with the parser's position), holds a number out of range (with its field,
+// e.g. "field device.peak.bf16: number 1e999 is out of range"), or names a key twice in one object (with its
+// field: the parser would keep only the last value).
 nlohmann::json read_json_file(const std::string& path, const std::string& what);
 
 // The same for JSON text that came from somewhere else (`source` names it).

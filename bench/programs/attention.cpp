@@ -70,10 +70,13 @@ Case case_of(const AxisPoint& p) {
 // sequence lengths are an axis of their own when --seq-kv is given, and otherwise step with --seq.
 Axes plan_cases(const Options& o) {
   const bool cpu = o.backend == "cpu";
-  for (const auto& d : split_list(o.dtype, "--dtype"))
-    if (cpu ? d != "fp32" : (d != "fp16" && d != "bf16"))
+  for (const auto& d : split_list(o.dtype, "--dtype")) {
+    if (d != "fp32" && d != "fp16" && d != "bf16")
+      throw UsageError("--dtype " + d + ": unknown element type (fp32 on the cpu; fp16, bf16 on cuda)");
+    if (cpu ? d != "fp32" : d == "fp32")
       throw UsageError("dtype " + d + " is not available on the " + o.backend + " backend (" +
                        (cpu ? "cpu: fp32" : "cuda: fp16, bf16") + ")");
+  }
   std::vector<int> seqs = int_list(o.seq, "--seq");
   std::vector<int> seqs_kv = o.seq_kv.empty() ? std::vector<int>{} : int_list(o.seq_kv, "--seq-kv");
   std::vector<int> dims = int_list(o.dims, "--dim");

@@ -521,7 +521,8 @@ MeasuredSteps read_measured_steps(const std::vector<std::string>& files, bool ex
       const std::string config_json = attrs.count("config_json") ? attrs.at("config_json") : "{}";
       StepFlags f = step_flags_of(config_json, where);
       nlohmann::json command = nlohmann::json::parse(config_json);  // parsed by step_flags_of already
-      command.erase("output");
+      // Passes of one case differ at most in where they wrote and what they printed.
+      for (const char* display : {"output", "quiet", "progress-interval"}) command.erase(display);
       const int world = to_int(attrs.count("n_ranks") ? attrs.at("n_ranks") : "");
       const int run_nodes = to_int(attrs.count("n_nodes") ? attrs.at("n_nodes") : "");
       if (world < 1 || run_nodes < 1) throw BadResultsFile(where + ": no n_ranks or n_nodes attribute");

@@ -357,8 +357,8 @@ class Reader {
     if (ranks < 0 || ranks > 1 << 30) fail(field + ".ranks", "out of range (" + std::to_string(ranks) + ")");
     m.ranks = static_cast<int>(ranks);
     const std::string form = text(value, "form", field + ".form", false);
-    if (!form.empty() && form != "latency_bandwidth" && form != "chunked")
-      fail(field + ".form", "must be latency_bandwidth or chunked (got " + form + ")");
+    if (value.contains("form") && form != "latency_bandwidth" && form != "chunked")
+      fail(field + ".form", "must be latency_bandwidth or chunked (got '" + form + "')");
     m.form = form == "chunked" ? project::CollectiveForm::chunked : project::CollectiveForm::latency_bandwidth;
     const std::string mode = text(value, "mode", field + ".mode", false);
     if (!mode.empty() && mode != "pipelined" && mode != "blocking")

@@ -121,7 +121,8 @@ class Holder:
 
 
 def wait_for_progress(process, count, limit=120.0):
-    """Reads a program's progress lines on stderr until `count` cases are reported done; returns the lines read."""
+    """Reads a program's progress lines on stderr until `count` cases are reported done; returns the lines read. A
+    count above one needs the program run with `--progress-interval 0` (a line per case)."""
     deadline = time.monotonic() + limit
     lines, done = [], 0
     while done < count and time.monotonic() < deadline:

@@ -40,6 +40,7 @@ def test_table_on_stdout(tmp_path):
     (["-H", "6", "--kv-heads", "4"], "must be a multiple of heads_kv"),
     (["-s", "0"], "--seq must be positive"),
     (["--dtype", "bf16"], "not available on the cpu backend"),
+    (["--dtype", "foo"], "--dtype foo: unknown element type"),
     (["--impl", "cudnn"], "unknown implementation 'cudnn'"),
     (["--pass", "sideways"], "unknown pass 'sideways'"),
     (["--bogus"], "unknown flag --bogus"),

@@ -187,9 +187,12 @@ def test_a_bad_system_description_names_the_file_and_the_field(reference, comman
     field, number = re.search(r'"(\w+)":\s*(\d+(?:\.\d+)?(?:e\d+)?)', text).groups()
     overflow = system_with(folder, "overflow.json", text.replace(f'"{field}": {number}', f'"{field}": 1e999', 1))
     broken = system_with(folder, "broken.json", text[: len(text) // 2])
+    # The same field twice in its object: JSON parsers keep one of the two without a word.
+    twice = system_with(folder, "twice.json", text.replace(f'"{field}": {number}',
+                                                           f'"{field}": {number}, "{field}": {number}', 1))
     args = PROGRAMS[f"strata-project {command}"]
-    for path, expected in ((overflow, field), (broken, "not JSON"), (str(folder), "is a directory"),
-                           (str(folder / "none.json"), "none.json")):
+    for path, expected in ((overflow, field), (broken, "not JSON"), (twice, f"{field} appears twice in its object"),
+                           (str(folder), "is a directory"), (str(folder / "none.json"), "none.json")):
         at = args.index("--system") + 1
         result = subprocess.run([program("strata-project"), command, *args[:at], path, *args[at + 1:]],
                                 capture_output=True, text=True, env=env, cwd=str(folder), timeout=120)

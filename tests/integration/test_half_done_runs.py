@@ -55,7 +55,7 @@ STEP_TABLES = ["cases", "samples", "summary", "phases", "events", "memory", "met
 
 def stop_after(program_args, out, cwd, cases_done, sig):
     command = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", program(program_args[0]),
-               *program_args[1:], "--output", str(out)]
+               *program_args[1:], "--progress-interval", "0", "--output", str(out)]
     process = subprocess.Popen(command, cwd=str(cwd), env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     try:

@@ -24,9 +24,11 @@ def merge(args, cwd):
 
 
 def interrupted_run(out, cwd):
-    """A GEMM sweep stopped by SIGTERM after its second case, as Slurm stops a job at its time limit."""
+    """A GEMM sweep stopped by SIGTERM after its second case (a progress line per case tells when), as Slurm stops
+    a job at its time limit."""
     command = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", program("strata-gemm"),
-               "--square", ",".join(["1024"] * 40), "-n", "3", "-w", "0", "--output", str(out)]
+               "--square", ",".join(["1024"] * 40), "-n", "3", "-w", "0", "--progress-interval", "0",
+               "--output", str(out)]
     process = subprocess.Popen(command, cwd=str(cwd), env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)
     done = 0

@@ -472,6 +472,19 @@ TEST(SystemJsonV2, EveryValidationErrorNamesItsField) {
     EXPECT_NE(std::string(e.what()).find("device.compute.fp32.gemm_points[0].m: must be an integer"), std::string::npos)
         << e.what();
   }
+  for (const char* form : {"", "linear"}) {
+    doc = system_to_json(full_system());
+    doc["collectives"][0]["form"] = form;
+    try {
+      system_from_json(doc, "<test>");
+      ADD_FAILURE() << "form '" << form << "' was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("collectives[0].form: must be latency_bandwidth or chunked (got '") +
+                                           form + "')"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   doc = system_to_json(full_system());
   doc["collectives"][1]["mode"] = "eager";
   try {

@@ -275,3 +275,13 @@ TEST(GemmDType, Names) {
   EXPECT_FALSE(gemm::parse_dtype("int4").has_value());
   EXPECT_EQ(gemm::output_bytes(gemm::DType::fp8_e4m3), 2);
 }
+
+TEST(ProgressLines, TheLastCaseAndOneAnInterval) {
+  // Case 5 of 12, 3 s after the last line: not yet at a 10 s interval; at 10 s it is; every case at interval 0.
+  EXPECT_FALSE(progress_line_due(5, 12, 3.0, 10));
+  EXPECT_TRUE(progress_line_due(5, 12, 10.0, 10));
+  EXPECT_TRUE(progress_line_due(5, 12, 0.0, 0));
+  EXPECT_TRUE(progress_line_due(12, 12, 0.1, 10));  // the last case's line, however soon
+  EXPECT_FALSE(progress_line_due(12, 0, 0.1, 10));  // without a known count no case is the last
+  EXPECT_TRUE(progress_line_due(12, 0, 11.0, 10));
+}

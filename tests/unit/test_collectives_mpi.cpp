@@ -679,6 +679,13 @@ TEST(Grid, ParsesSizesInAnyOrder) {
   EXPECT_EQ(parse_grid(format_grid(GridShape{2, 3, 4})), (GridShape{2, 3, 4}));
 }
 
+TEST(Grid, SizeOfTheLargestGridsHeldAtItsMaximum) {
+  constexpr int most = std::numeric_limits<int>::max();
+  EXPECT_EQ((GridShape{most, most, 1}).size(), static_cast<long long>(most) * most);
+  EXPECT_EQ((GridShape{most, 2, 2}).size(), 4LL * most);
+  EXPECT_EQ(parse_grid("tp=2147483647,pp=2147483647,dp=2147483647").size(), std::numeric_limits<long long>::max());
+}
+
 TEST(Grid, RejectsMalformedSpecsNamingTheProblem) {
   const std::vector<std::pair<std::string, std::string>> bad{
       {"", "empty"},          {"tp", "tp"},         {"tp=", "tp="},         {"tp=0", "tp=0"},
