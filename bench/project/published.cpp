@@ -192,7 +192,7 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   }
   row.loss = r.optional_text("loss").value_or("fused");
   if (std::find(kLossModes.begin(), kLossModes.end(), row.loss) == kLossModes.end())
-    r.fail("loss", "fused, fp32 or fp32-fused, got '" + row.loss + "'");
+    r.fail("loss", join_names(kLossModes) + ", got '" + row.loss + "'");
   row.dropout = r.flag("dropout", true);
   if (row.tp_comm_overlap && !f.sp)
     r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "

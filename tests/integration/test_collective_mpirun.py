@@ -181,6 +181,10 @@ def test_flush_bytes_start_each_blocking_operation_from_its_inputs(tmp_path):
     assert (data["wrong_elements"] == 0).all()
     plain, plain_out = collective(2, ["-m", "blocking", "-b", "1K", "-e", "1K", "-n", "2"], tmp_path, "plain.h5")
     assert plain.returncode == 0 and set(sr.read_cases_with_summary(str(plain_out))["flush_bytes"]) == {0}
+    # A few bytes write a whole float, recorded as written.
+    odd, odd_out = collective(2, ["-m", "blocking", "--flush-bytes", "3", "-b", "1K", "-e", "1K", "-n", "2"], tmp_path,
+                              "odd.h5")
+    assert odd.returncode == 0 and set(sr.read_cases_with_summary(str(odd_out))["flush_bytes"]) == {4}
 
 
 def test_pipelined_samples_are_per_operation(tmp_path):
