@@ -9,6 +9,8 @@ inline constexpr int kVersionMajor = 1;  // a reader refuses files with a newer 
 inline constexpr int kVersionMinor = 1;  // minor versions only add attributes, columns or tables
 
 inline constexpr const char* kRunsGroup = "runs";
+// The attributes every run has from its start, which every reader of a run needs.
+inline constexpr const char* kRunAttributes[] = {"benchmark", "status", "n_ranks", "n_nodes", "launcher", "start_utc"};
 inline constexpr const char* kEnvGroup = "env";
 
 // Table names inside a run group.

@@ -102,12 +102,30 @@ bool inspect_existing(const std::string& path) {
     if (lock_holder(path) == Holder::writer) return false;
     throw BadResultsFile("output file " + path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
   }
+  std::string missing_attributes;  // of the first run without all of them
+  std::string run_lacking;
   try {
     check_strata_file(file, path);
     h5::walk(file);
+    if (h5::exists(file, schema::kRunsGroup)) {
+      const h5::Handle runs = h5::open_group(file, schema::kRunsGroup);
+      for (const std::string& run_id : h5::child_names(runs)) {
+        const h5::Handle run = h5::open_group(runs, run_id);
+        for (const char* name : schema::kRunAttributes)
+          if (!h5::has_attr(run, name)) missing_attributes += (missing_attributes.empty() ? "" : ", ") + std::string(name);
+        if (!missing_attributes.empty()) {
+          run_lacking = run_id;
+          break;
+        }
+      }
+    }
   } catch (const ResultsError& e) {
     throw BadResultsFile("output file " + path + " is a damaged HDF5 file: " + e.what());
   }
+  // The scripts refuse such a file whole: a run appended to it could be read by none of them.
+  if (!run_lacking.empty())
+    throw BadResultsFile("output file " + path + " is a damaged Strata file: run " + run_lacking +
+                         " lacks the attribute(s) " + missing_attributes + " every run has");
   return true;
 }
 

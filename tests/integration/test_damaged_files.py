@@ -122,6 +122,14 @@ def test_scripts_name_a_run_without_its_attributes_and_report_without_a_cases_ta
                        ("strata-merge", [tmp_path / "merged.h5", steps, bare])]:
         line = one_error_line(script(prog, args, tmp_path), prog, bare)
         assert "lacks the attribute(s) benchmark, status" in line, line
+    # The programs append no run to it, which the scripts could read no more than the others.
+    result = mpirun(2, [program("strata-gemm"), "--shapes", "8x8x8", "-n", "1", "-w", "0", "-q", "--output", str(bare)],
+                    cwd=str(tmp_path), timeout=120)
+    assert result.returncode == 2 and result.stderr.count("strata-gemm: error:") == 1, result.stderr
+    assert "damaged Strata file: run " in result.stderr and "lacks the attribute(s) benchmark, status" in result.stderr
+    result = run_single([program("strata-project"), "predict", "--system", H100, "--model", "tiny", "--seq", "32", "-q",
+                         "-O", str(bare)], cwd=str(tmp_path))
+    assert result.returncode == 2 and "lacks the attribute(s) benchmark, status" in result.stderr, result.stderr
     assert digest(str(bare)) == before
     no_cases = tmp_path / "no-cases.h5"
     shutil.copyfile(steps, no_cases)
