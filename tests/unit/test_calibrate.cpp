@@ -535,7 +535,8 @@ class FileBuilder {
   void run(const std::string& benchmark, const Table& cases, const Table& summary, const std::vector<Table>& extra = {},
            const std::string& config = "{}", int ranks = 2, int nodes = 1, const std::string& status = "ok") {
     ResultsWriter w(path_, "run-" + std::to_string(++runs_), {{"benchmark", benchmark}, {"config_json", config},
-                    {"n_ranks", std::to_string(ranks)}, {"n_nodes", std::to_string(nodes)}, {"hosts", "[\"testhost\"]"}});
+                    {"n_ranks", std::to_string(ranks)}, {"n_nodes", std::to_string(nodes)}, {"hosts", "[\"testhost\"]"},
+                    {"launcher", "mpirun"}, {"start_utc", "2026-01-01T00:00:00Z"}});
     w.write_env({{"machine_json", machine_json()}, {"blas_threads_per_rank", "1"}, {"gemm_default_backend", "openblas"}});
     w.append(cases);
     w.append(summary);

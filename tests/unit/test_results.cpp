@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <optional>
 
 #include "results/h5.h"
@@ -19,6 +20,12 @@ using namespace strata;
 namespace fs = std::filesystem;
 
 namespace {
+// What every run has from its start (the harness's and strata-project's writers set them; the writer adds status).
+std::map<std::string, std::string> run_attrs() {
+  return {{"benchmark", "unit"}, {"n_ranks", "1"}, {"n_nodes", "1"}, {"launcher", "none"},
+          {"start_utc", "2026-01-01T00:00:00Z"}};
+}
+
 struct TempDir {
   fs::path path;
   TempDir() {
@@ -52,7 +59,7 @@ TEST(Results, TableRoundTrip) {
   TempDir dir;
   std::string path = dir.file("r.h5");
   {
-    ResultsWriter w(path, "run-a", {{"benchmark", "unit"}});
+    ResultsWriter w(path, "run-a", run_attrs());
     w.write_env({{"mpi_library", "test"}});
     Table t = sample_table();
     w.append(t);
@@ -83,13 +90,13 @@ TEST(Results, AppendingARunLeavesEarlierRunsIntact) {
   TempDir dir;
   std::string path = dir.file("r.h5");
   {
-    ResultsWriter w(path, "run-1", {});
+    ResultsWriter w(path, "run-1", run_attrs());
     w.append(sample_table());
     w.finish(schema::kStatusOk);
   }
   Table before = ResultsReader(path).table("run-1", "summary");
   {
-    ResultsWriter w(path, "run-2", {});
+    ResultsWriter w(path, "run-2", run_attrs());
     w.append(sample_table());
     // not finished: stays "interrupted"
   }
@@ -101,7 +108,23 @@ TEST(Results, AppendingARunLeavesEarlierRunsIntact) {
     Table after = r.table("run-1", "summary");
     EXPECT_EQ(after.column("time").reals, before.column("time").reals);
   }
-  EXPECT_THROW(ResultsWriter(path, "run-1", {}), std::runtime_error);  // run ids are never reused
+  EXPECT_THROW(ResultsWriter(path, "run-1", run_attrs()), std::runtime_error);  // run ids are never reused
+}
+
+TEST(Results, RefusesToAppendToAFileWithARunLackingItsAttributes) {
+  TempDir dir;
+  const std::string path = dir.file("r.h5");
+  { ResultsWriter w(path, "bare", {{"benchmark", "unit"}}); }
+  const std::string before = read_bytes(path);
+  try {
+    ResultsWriter w(path, "run-2", run_attrs());
+    ADD_FAILURE() << "appended to a file whose run lacks n_ranks";
+  } catch (const BadResultsFile& e) {
+    EXPECT_NE(std::string(e.what()).find("run bare lacks the attribute(s) n_ranks, n_nodes, launcher, start_utc"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(read_bytes(path), before);
 }
 
 TEST(Results, RefusesFilesItMustNotTouch) {
@@ -138,7 +161,7 @@ TEST(Results, RefusesFilesItMustNotTouch) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("newer than this program"), std::string::npos);
   }
-  EXPECT_THROW(ResultsWriter(newer, "x", {}), std::invalid_argument);
+  EXPECT_THROW(ResultsWriter(newer, "x", run_attrs()), std::invalid_argument);
   EXPECT_EQ(read_bytes(newer), newer_before);
 
   EXPECT_THROW(validate_output_path(dir.path.string()), std::invalid_argument);                  // a directory
@@ -161,7 +184,7 @@ TEST(Results, ReaderCutsColumnsToTheRowsOfTheLastCompleteAppend) {
   std::string path = dir.file("r.h5");
   std::string run_id = "run-cut";
   {
-    ResultsWriter w(path, run_id, {});
+    ResultsWriter w(path, run_id, run_attrs());
     w.append(sample_table());
   }
   {
@@ -195,7 +218,7 @@ TEST(Results, ColumnsPastManyChunksReadBackAndSurviveACutAppend) {
   std::string run_id = "run-long";
   constexpr int kAppends = 70, kRowsPerAppend = 301;  // 21,070 rows: 83 chunks, no append on a chunk edge
   {
-    ResultsWriter w(path, run_id, {});
+    ResultsWriter w(path, run_id, run_attrs());
     for (int a = 0; a < kAppends; ++a) {
       Table t("samples");
       t.add_column("case", ColumnKind::int64, "1");
@@ -237,7 +260,7 @@ TEST(Results, ReaderTakesTheRowsAttributeOverColumnsThatAgree) {
   std::string path = dir.file("r.h5");
   std::string run_id = "run-unfinished";
   {
-    ResultsWriter w(path, run_id, {});
+    ResultsWriter w(path, run_id, run_attrs());
     w.append(sample_table());
   }
   {
@@ -262,7 +285,7 @@ TEST(Results, RefusesATruncatedFileWithoutTouchingIt) {
   TempDir dir;
   std::string path = dir.file("cut.h5");
   {
-    ResultsWriter w(path, "run-1", {});
+    ResultsWriter w(path, "run-1", run_attrs());
     w.append(sample_table());
     w.finish(schema::kStatusOk);
   }
@@ -272,7 +295,7 @@ TEST(Results, RefusesATruncatedFileWithoutTouchingIt) {
   ASSERT_TRUE(h5::is_hdf5_file(path));
   EXPECT_THROW(validate_output_path(path), std::invalid_argument);
   EXPECT_THROW(ResultsReader{path}, std::invalid_argument);
-  EXPECT_THROW(ResultsWriter(path, "run-2", {}), std::invalid_argument);
+  EXPECT_THROW(ResultsWriter(path, "run-2", run_attrs()), std::invalid_argument);
   EXPECT_EQ(read_bytes(path), before);
 }
 
@@ -282,7 +305,7 @@ TEST(Results, RefusesAFileDamagedInsideWithoutTouchingIt) {
   TempDir dir;
   std::string path = dir.file("damaged.h5");
   {
-    ResultsWriter w(path, "run-1", {});
+    ResultsWriter w(path, "run-1", run_attrs());
     w.append(sample_table());
     w.finish(schema::kStatusOk);
   }
@@ -305,7 +328,7 @@ TEST(Results, RefusesAFileDamagedInsideWithoutTouchingIt) {
     }
   };
   expect_damaged([&] { validate_output_path(path); });
-  expect_damaged([&] { ResultsWriter(path, "run-2", {}); });
+  expect_damaged([&] { ResultsWriter(path, "run-2", run_attrs()); });
   expect_damaged([&] {
     ResultsReader reader(path);
     for (const auto& run : reader.runs())
@@ -321,14 +344,14 @@ TEST(Results, ASecondWriterWaitsForTheFirstThenRefusesOrAppends) {
   std::string path = dir.file("shared.h5");
   ASSERT_EQ(setenv(kLockWaitVariable, "0.3", 1), 0);
   {
-    ResultsWriter first(path, "run-1", {});
+    ResultsWriter first(path, "run-1", run_attrs());
     first.append(sample_table());
     first.flush();
     EXPECT_TRUE(held_by_writer(path));
     bool told = false;
     const auto start = std::chrono::steady_clock::now();
     try {
-      ResultsWriter second(path, "run-2", {}, [&](double seconds) { told = seconds == 0.3; });
+      ResultsWriter second(path, "run-2", run_attrs(), [&](double seconds) { told = seconds == 0.3; });
       ADD_FAILURE() << "the second writer did not wait for the first";
     } catch (const FileInUse& e) {
       EXPECT_NE(std::string(e.what()).find("in use by another writer"), std::string::npos) << e.what();
@@ -339,12 +362,12 @@ TEST(Results, ASecondWriterWaitsForTheFirstThenRefusesOrAppends) {
   }
   EXPECT_FALSE(held_by_writer(path));
   {
-    ResultsWriter second(path, "run-2", {});
+    ResultsWriter second(path, "run-2", run_attrs());
     second.finish(schema::kStatusOk);
   }
   EXPECT_EQ(ResultsReader(path).runs().size(), 2u);
   ASSERT_EQ(setenv(kLockWaitVariable, "soon", 1), 0);
-  EXPECT_THROW(ResultsWriter(path, "run-3", {}), BadResultsFile);
+  EXPECT_THROW(ResultsWriter(path, "run-3", run_attrs()), BadResultsFile);
   ASSERT_EQ(unsetenv(kLockWaitVariable), 0);
 }
 
@@ -353,7 +376,7 @@ TEST(Results, ReadsAndExtendsAVersion10File) {
   TempDir dir;
   std::string path = dir.file("old.h5");
   {
-    ResultsWriter w(path, "run-old", {});
+    ResultsWriter w(path, "run-old", run_attrs());
     w.append(sample_table());
     w.finish(schema::kStatusOk);
   }
@@ -363,7 +386,7 @@ TEST(Results, ReadsAndExtendsAVersion10File) {
     EXPECT_EQ(old.schema_version(), "1.0");
     EXPECT_EQ(old.table("run-old", "summary").rows(), 3u);
   }
-  { ResultsWriter w(path, "run-new", {}); }
+  { ResultsWriter w(path, "run-new", run_attrs()); }
   EXPECT_EQ(ResultsReader(path).schema_version(), "1." + std::to_string(schema::kVersionMinor));
   EXPECT_EQ(ResultsReader(path).table("run-old", "summary").rows(), 3u);
 }
