@@ -509,8 +509,8 @@ void add_collective_options(Cli& cli, Options& o, HarnessOptions& h) {
   cli.option("max-message-bytes", 0, "Strata's algorithms: split point-to-point messages larger than this, on the "
              "process groups and the blocking algorithms alike", o.max_message_bytes);
   cli.option("flush-bytes", 0, "blocking mode, MPI host buffers: before each timed operation, outside its interval, "
-             "every rank rewrites its inputs and writes this many bytes of a buffer of its own (K/M/G, up to whole "
-             "floats), as a training step's compute does between its collectives; 0: none", o.flush_bytes);
+             "every rank rewrites its inputs and writes this many bytes of a buffer of its own (K/M/G, rounded up "
+             "to whole floats), as a training step's compute does between its collectives; 0: none", o.flush_bytes);
   add_harness_options(cli, h);
   cli.alias("warmup_iters", "warmup");
 }
