@@ -104,10 +104,12 @@ bool inspect_existing(const std::string& path) {
   }
   std::string missing_attributes;  // of the first run without all of them
   std::string run_lacking;
+  bool has_runs = false;
   try {
     check_strata_file(file, path);
     h5::walk(file);
-    if (h5::exists(file, schema::kRunsGroup)) {
+    has_runs = h5::exists(file, schema::kRunsGroup);
+    if (has_runs) {
       const h5::Handle runs = h5::open_group(file, schema::kRunsGroup);
       for (const std::string& run_id : h5::child_names(runs)) {
         const h5::Handle run = h5::open_group(runs, run_id);
@@ -122,6 +124,9 @@ bool inspect_existing(const std::string& path) {
   } catch (const ResultsError& e) {
     throw BadResultsFile("output file " + path + " is a damaged HDF5 file: " + e.what());
   }
+  // Every Strata file has the group from its creation; a run cannot be appended without it.
+  if (!has_runs) throw BadResultsFile("output file " + path + " is a damaged Strata file: it has no /" +
+                                      std::string(schema::kRunsGroup) + " group");
   // The scripts refuse such a file whole: a run appended to it could be read by none of them.
   if (!run_lacking.empty())
     throw BadResultsFile("output file " + path + " is a damaged Strata file: run " + run_lacking +

@@ -15,7 +15,7 @@ namespace strata {
 
 // Checks that `path` can take a new run without harm: a missing file in a writable folder, or an existing,
 // writable Strata file of a major version this program understands whose every object reads back (h5::walk) and
-// whose every run has the attributes of schema::kRunAttributes.
+// that has its runs group, every run of it with the attributes of schema::kRunAttributes.
 // Throws BadResultsFile naming the problem. A file another writer holds is checked when the writer opens it.
 void validate_output_path(const std::string& path);
 

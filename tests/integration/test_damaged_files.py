@@ -131,6 +131,16 @@ def test_scripts_name_a_run_without_its_attributes_and_report_without_a_cases_ta
                          "-O", str(bare)], cwd=str(tmp_path))
     assert result.returncode == 2 and "lacks the attribute(s) benchmark, status" in result.stderr, result.stderr
     assert digest(str(bare)) == before
+    # A Strata file without its runs group: refused, not opened for writing.
+    no_runs = tmp_path / "no-runs.h5"
+    shutil.copyfile(steps, no_runs)
+    with h5py.File(no_runs, "r+") as f:
+        del f["runs"]
+    before = digest(str(no_runs))
+    result = mpirun(2, [program("strata-gemm"), "--shapes", "8x8x8", "-n", "1", "-w", "0", "-q", "--output",
+                        str(no_runs)], cwd=str(tmp_path), timeout=120)
+    assert result.returncode == 2 and "is a damaged Strata file: it has no /runs group" in result.stderr, result.stderr
+    assert "MPI_ABORT" not in result.stderr and digest(str(no_runs)) == before
     no_cases = tmp_path / "no-cases.h5"
     shutil.copyfile(steps, no_cases)
     with h5py.File(no_cases, "r+") as f:
