@@ -93,7 +93,8 @@ void check_output_kind(const std::string& path) {
 }
 
 // Opens an existing file read-only and reads it whole: a Strata file of a major version this program reads, every
-// object readable. False, with nothing checked, when a writer holds the file.
+// object readable, its runs group there and every run with the attributes each run has. False, with nothing
+// checked, when a writer holds the file.
 bool inspect_existing(const std::string& path) {
   h5::Handle file;
   try {
@@ -102,35 +103,27 @@ bool inspect_existing(const std::string& path) {
     if (lock_holder(path) == Holder::writer) return false;
     throw BadResultsFile("output file " + path + " is a damaged HDF5 file (HDF5 cannot open it; truncated?)");
   }
-  std::string missing_attributes;  // of the first run without all of them
-  std::string run_lacking;
-  bool has_runs = false;
   try {
     check_strata_file(file, path);
     h5::walk(file);
-    has_runs = h5::exists(file, schema::kRunsGroup);
-    if (has_runs) {
-      const h5::Handle runs = h5::open_group(file, schema::kRunsGroup);
-      for (const std::string& run_id : h5::child_names(runs)) {
-        const h5::Handle run = h5::open_group(runs, run_id);
-        for (const char* name : schema::kRunAttributes)
-          if (!h5::has_attr(run, name)) missing_attributes += (missing_attributes.empty() ? "" : ", ") + std::string(name);
-        if (!missing_attributes.empty()) {
-          run_lacking = run_id;
-          break;
-        }
-      }
+    // Every Strata file has the group from its creation; a run cannot be appended without it.
+    if (!h5::exists(file, schema::kRunsGroup))
+      throw BadResultsFile("output file " + path + " is a damaged Strata file: it has no /" +
+                           std::string(schema::kRunsGroup) + " group");
+    const h5::Handle runs = h5::open_group(file, schema::kRunsGroup);
+    for (const std::string& run_id : h5::child_names(runs)) {
+      const h5::Handle run = h5::open_group(runs, run_id);
+      std::string missing;
+      for (const char* name : schema::kRunAttributes)
+        if (!h5::has_attr(run, name)) missing += (missing.empty() ? "" : ", ") + std::string(name);
+      // The scripts refuse such a file whole: a run appended to it could be read by none of them.
+      if (!missing.empty())
+        throw BadResultsFile("output file " + path + " is a damaged Strata file: run " + run_id +
+                             " lacks the attribute(s) " + missing + " every run has");
     }
   } catch (const ResultsError& e) {
     throw BadResultsFile("output file " + path + " is a damaged HDF5 file: " + e.what());
   }
-  // Every Strata file has the group from its creation; a run cannot be appended without it.
-  if (!has_runs) throw BadResultsFile("output file " + path + " is a damaged Strata file: it has no /" +
-                                      std::string(schema::kRunsGroup) + " group");
-  // The scripts refuse such a file whole: a run appended to it could be read by none of them.
-  if (!run_lacking.empty())
-    throw BadResultsFile("output file " + path + " is a damaged Strata file: run " + run_lacking +
-                         " lacks the attribute(s) " + missing_attributes + " every run has");
   return true;
 }
 
