@@ -8,6 +8,7 @@
 namespace strata {
 
 std::vector<double> measure_gemm_rates(const std::vector<cpu_gemm::Backend>& backends, int64_t size, int rounds) {
+  cpu_gemm::set_threads(1);  // a one-core rate: the libraries otherwise start a thread per core
   const size_t elements = static_cast<size_t>(size * size);
   std::vector<float> a(elements), b(elements), c(elements);
   std::mt19937 random(12345);
@@ -67,7 +68,6 @@ MachineDescription measure_machine(const MachineOptions& options) {
   bandwidth.cpus = m.topology.one_cpu_per_core;
   m.memory = measure_memory_bandwidth(bandwidth);
 
-  cpu_gemm::set_threads(1);
   m.gemm_probe_size = options.gemm_probe_size;
   const std::vector<cpu_gemm::Backend> backends = cpu_gemm::available_backends();
   const std::vector<double> measured = measure_gemm_rates(backends, options.gemm_probe_size, options.gemm_rounds);

@@ -54,7 +54,8 @@ void judge_peaks(MachineDescription& machine);
 MachineDescription measure_machine(const MachineOptions& options = {});
 
 // FP32 FLOP/s of each of `backends` on a size^3 GEMM (one thread, after one warm-up each): the best of `rounds`
-// rounds that run one GEMM of every library in turn, on buffers filled with values in [-1, 1).
+// rounds that run one GEMM of every library in turn, on buffers filled with values in [-1, 1). Leaves the GEMM
+// libraries at one thread.
 std::vector<double> measure_gemm_rates(const std::vector<cpu_gemm::Backend>& backends, int64_t size, int rounds);
 
 }  // namespace strata
