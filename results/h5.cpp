@@ -103,8 +103,10 @@ Handle create_group(const Handle& parent, const std::string& name) {
 
 Handle open_group(const Handle& parent, const std::string& name) {
   hid_t group = H5Gopen2(parent.get(), name.c_str(), H5P_DEFAULT);
-  if (group < 0) throw ResultsError("HDF5 group not found: " + name);
-  return Handle(group, H5Gclose);
+  if (group >= 0) return Handle(group, H5Gclose);
+  // A dataset where the schema has a group reads as damage of its own, not as a missing group.
+  if (exists(parent, name)) throw ResultsError("HDF5 object " + name + " is not a group");
+  throw ResultsError("HDF5 group not found: " + name);
 }
 
 bool exists(const Handle& parent, const std::string& name) {

@@ -230,9 +230,9 @@ int run(int argc, char** argv) {
     const double ratio = median(steps) / median(sums);
     const double target = 1.15;
     for (std::size_t p = 0; p < 3; ++p)
-      std::printf("  %-9s step %8.1f ms, kernels alone %8.1f ms: %.3f\n", kPhaseNames[p], median(step_phases[p]) * 1e3,
+      std::printf("  %-9s step %9.3f ms, kernels alone %9.3f ms: %.3f\n", kPhaseNames[p], median(step_phases[p]) * 1e3,
                   median(kernel_phases[p]) * 1e3, median(step_phases[p]) / median(kernel_phases[p]));
-    std::printf("  step %.1f ms, its %zu kernels alone %.1f ms: step / sum %.3f  <= %.2f %s\n", median(steps) * 1e3,
+    std::printf("  step %.3f ms, its %zu kernels alone %.3f ms: step / sum %.3f  <= %.2f %s\n", median(steps) * 1e3,
                 kernels.calls.size(), median(sums) * 1e3, ratio, target,
                 s.smoke ? "(smoke: not judged)" : ratio <= target ? "PASS" : "MISS");
     return !s.smoke && ratio > target ? 3 : 0;

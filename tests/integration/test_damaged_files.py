@@ -141,6 +141,17 @@ def test_scripts_name_a_run_without_its_attributes_and_report_without_a_cases_ta
                         str(no_runs)], cwd=str(tmp_path), timeout=120)
     assert result.returncode == 2 and "is a damaged Strata file: it has no /runs group" in result.stderr, result.stderr
     assert "MPI_ABORT" not in result.stderr and digest(str(no_runs)) == before
+    # A dataset where the runs group belongs: named as such by the writer and the reader alike.
+    with h5py.File(no_runs, "r+") as f:
+        f["runs"] = [1, 2, 3]
+    before = digest(str(no_runs))
+    result = mpirun(2, [program("strata-gemm"), "--shapes", "8x8x8", "-n", "1", "-w", "0", "-q", "--output",
+                        str(no_runs)], cwd=str(tmp_path), timeout=120)
+    assert result.returncode == 2 and "HDF5 object runs is not a group" in result.stderr, result.stderr
+    result = run_single([program("strata-project"), "calibrate", str(no_runs), "-o", str(tmp_path / "s.json")],
+                        cwd=str(tmp_path))
+    assert result.returncode == 2 and "HDF5 object runs is not a group" in result.stderr, result.stderr
+    assert digest(str(no_runs)) == before
     no_cases = tmp_path / "no-cases.h5"
     shutil.copyfile(steps, no_cases)
     with h5py.File(no_cases, "r+") as f:
