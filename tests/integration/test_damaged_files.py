@@ -103,6 +103,29 @@ def test_scripts_name_an_unwritable_output_in_one_line(steps, tmp_path):
     assert digest(str(steps)) == before
 
 
+def test_the_writer_and_the_scripts_ask_the_same_attributes_of_a_run(steps):
+    """The attributes whose absence marks a run damaged are one list in C++ (schema::kRunAttributes) and in Python
+    (RUN_ATTRIBUTES), and every run the programs write has them."""
+    import re
+    import sys
+
+    import h5py
+
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from strata_analysis.results import RUN_ATTRIBUTES
+
+    with open(os.path.join(ROOT, "results", "schema.h")) as header:
+        listed = re.search(r"kRunAttributes\[\] = \{([^}]*)\}", header.read())
+    assert listed, "results/schema.h no longer declares kRunAttributes"
+    assert tuple(re.findall(r'"([^"]+)"', listed.group(1))) == RUN_ATTRIBUTES
+    with h5py.File(steps, "r") as f:
+        benchmarks = set()
+        for run_id, run in f["runs"].items():
+            assert set(RUN_ATTRIBUTES) <= set(run.attrs), (run_id, sorted(run.attrs))
+            benchmarks.add(run.attrs["benchmark"])
+    assert benchmarks == {"strata-gemm", "strata-step"}, benchmarks
+
+
 def test_scripts_name_a_run_without_its_attributes_and_report_without_a_cases_table(steps, tmp_path):
     """Damage HDF5 does not see: a run whose attributes were deleted, a run whose cases table was."""
     import shutil
