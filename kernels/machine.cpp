@@ -8,7 +8,7 @@
 namespace strata {
 
 std::vector<double> measure_gemm_rates(const std::vector<cpu_gemm::Backend>& backends, int64_t size, int rounds) {
-  cpu_gemm::set_threads(1);  // a one-core rate: the libraries otherwise start a thread per core
+  cpu_gemm::set_threads(1);  // a one-core rate: the libraries otherwise run as many threads as they were last set to
   const size_t elements = static_cast<size_t>(size * size);
   std::vector<float> a(elements), b(elements), c(elements);
   std::mt19937 random(12345);

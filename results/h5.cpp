@@ -104,9 +104,13 @@ Handle create_group(const Handle& parent, const std::string& name) {
 Handle open_group(const Handle& parent, const std::string& name) {
   hid_t group = H5Gopen2(parent.get(), name.c_str(), H5P_DEFAULT);
   if (group >= 0) return Handle(group, H5Gclose);
-  // A dataset where the schema has a group reads as damage of its own, not as a missing group.
-  if (exists(parent, name)) throw ResultsError("HDF5 object " + name + " is not a group");
-  throw ResultsError("HDF5 group not found: " + name);
+  if (!exists(parent, name)) throw ResultsError("HDF5 group not found: " + name);
+  // There, but not a group: a dataset where the schema has a group, a link to nothing, or a damaged object header.
+  const hid_t id = H5Oopen(parent.get(), name.c_str(), H5P_DEFAULT);
+  if (id < 0) throw ResultsError("cannot open " + name + " (a link to nothing, or a damaged object header)");
+  const Handle object(id, H5Oclose);
+  if (H5Iget_type(object.get()) != H5I_GROUP) throw ResultsError("HDF5 object " + name + " is not a group");
+  throw ResultsError("cannot open the group " + name);
 }
 
 bool exists(const Handle& parent, const std::string& name) {

@@ -18,7 +18,7 @@
 // Rounds interleave the step and the kernels (part 1), and the strategies and overlap on and off (parts 2 and
 // 3, the order of on and off alternating by round); medians are quoted.
 //
-//   strata-bench-step [--model NAME] [--seq N] [--micro-batch N] [--rounds N] [--smoke]
+//   strata-bench-step [--model NAME] [--seq N] [--micro-batch N] [--rounds N] [--per-kernel] [--smoke]
 // Exits 3 when part 1 misses its target; --smoke runs the tiny model for the test suite, not judged.
 #include <mpi.h>
 
@@ -26,6 +26,7 @@
 #include <array>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -164,14 +165,20 @@ struct StepKernels {
     });
   }
 
-  // Seconds per phase of one pass over every call.
-  std::array<double, 3> run_all() {
+  // Seconds per phase of one pass over every call; with `by_name`, each kernel's seconds (its calls summed) added
+  // to its list.
+  std::array<double, 3> run_all(std::map<std::string, std::vector<double>>* by_name = nullptr) {
     std::array<double, 3> by_phase{};
+    std::map<std::string, double> pass;
     for (auto& [name, call] : calls) {
       const double start = host_now();
       call();
-      by_phase[static_cast<std::size_t>(phase_of(name))] += host_now() - start;
+      const double seconds = host_now() - start;
+      by_phase[static_cast<std::size_t>(phase_of(name))] += seconds;
+      pass[name] += seconds;
     }
+    if (by_name)
+      for (const auto& [name, seconds] : pass) (*by_name)[name].push_back(seconds);
     return by_phase;
   }
 };
@@ -179,7 +186,7 @@ struct StepKernels {
 struct Settings {
   std::string model = "gpt2-124m";
   int seq = 128, micro_batch = 2, rounds = 5;
-  bool smoke = false;
+  bool smoke = false, per_kernel = false;
 };
 
 int run(int argc, char** argv) {
@@ -189,6 +196,7 @@ int run(int argc, char** argv) {
   cli.option("seq", 's', "sequence length", s.seq, 1);
   cli.option("micro-batch", 'b', "rows per rank", s.micro_batch, 1);
   cli.option("rounds", 'r', "interleaved rounds (medians are quoted)", s.rounds, 1);
+  cli.flag("per-kernel", 0, "part 1 also prints each kernel's median alone (its calls in one step summed)", s.per_kernel);
   cli.flag("smoke", 0, "the tiny model for the test suite: checks and table, targets not judged", s.smoke);
   if (!cli.parse(argc, argv)) return 0;
   if (s.smoke) s.model = "tiny", s.seq = 32, s.rounds = 1;
@@ -218,12 +226,13 @@ int run(int argc, char** argv) {
     kernels.run_all();  // warm-up of both
     std::vector<double> steps, sums;
     std::array<std::vector<double>, 3> step_phases, kernel_phases;
+    std::map<std::string, std::vector<double>> by_name;  // kernel -> its seconds alone per round
     for (int r = 0; r < s.rounds; ++r) {
       const double start = host_now();
       const StepStats stats = trainer.step(r + 2);
       steps.push_back(host_now() - start);
       const std::array<double, 3> measured = {stats.forward_seconds, stats.backward_seconds, stats.optimizer_seconds};
-      const std::array<double, 3> alone = kernels.run_all();
+      const std::array<double, 3> alone = kernels.run_all(&by_name);
       sums.push_back(alone[0] + alone[1] + alone[2]);
       for (std::size_t p = 0; p < 3; ++p) step_phases[p].push_back(measured[p]), kernel_phases[p].push_back(alone[p]);
     }
@@ -232,6 +241,10 @@ int run(int argc, char** argv) {
     for (std::size_t p = 0; p < 3; ++p)
       std::printf("  %-9s step %9.3f ms, kernels alone %9.3f ms: %.3f\n", kPhaseNames[p], median(step_phases[p]) * 1e3,
                   median(kernel_phases[p]) * 1e3, median(step_phases[p]) / median(kernel_phases[p]));
+    if (s.per_kernel) {
+      std::printf("  kernels alone, median per step (us; a kernel's calls in one step summed):\n");
+      for (const auto& [name, seconds] : by_name) std::printf("    %-16s %9.1f\n", name.c_str(), median(seconds) * 1e6);
+    }
     std::printf("  step %.3f ms, its %zu kernels alone %.3f ms: step / sum %.3f  <= %.2f %s\n", median(steps) * 1e3,
                 kernels.calls.size(), median(sums) * 1e3, ratio, target,
                 s.smoke ? "(smoke: not judged)" : ratio <= target ? "PASS" : "MISS");

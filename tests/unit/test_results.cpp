@@ -390,3 +390,28 @@ TEST(Results, ReadsAndExtendsAVersion10File) {
   EXPECT_EQ(ResultsReader(path).schema_version(), "1." + std::to_string(schema::kVersionMinor));
   EXPECT_EQ(ResultsReader(path).table("run-old", "summary").rows(), 3u);
 }
+
+TEST(Results, OpenGroupNamesWhatStandsWhereTheGroupBelongs) {
+  TempDir dir;
+  const std::string path = dir.file("links.h5");
+  h5::Handle file = h5::create_file(path);
+  h5::create_group(file, "runs");
+  ASSERT_GE(H5Lcreate_soft("/nowhere", file.get(), "dangling", H5P_DEFAULT, H5P_DEFAULT), 0);
+  const hsize_t three = 3;
+  h5::Handle space(H5Screate_simple(1, &three, nullptr), H5Sclose);
+  h5::Handle data(H5Dcreate2(file.get(), "table", H5T_NATIVE_INT64, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                  H5Dclose);
+  ASSERT_GE(data.get(), 0);
+  EXPECT_NO_THROW(h5::open_group(file, "runs"));
+  auto message = [&](const std::string& name) {
+    try {
+      h5::open_group(file, name);
+    } catch (const ResultsError& e) {
+      return std::string(e.what());
+    }
+    return std::string("opened");
+  };
+  EXPECT_EQ(message("missing"), "HDF5 group not found: missing");
+  EXPECT_EQ(message("table"), "HDF5 object table is not a group");
+  EXPECT_EQ(message("dangling"), "cannot open dangling (a link to nothing, or a damaged object header)");
+}
