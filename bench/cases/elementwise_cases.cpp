@@ -78,6 +78,8 @@ double traced_elements(const std::string& kernel, const LayerShape& s) {
   throw std::invalid_argument("unknown elementwise kernel '" + kernel + "'");
 }
 
+bool operands_leave_core_caches(const std::string& kernel) { return kernel == "adamw" || kernel == "squared_norm"; }
+
 Problem::Problem(std::string kernel, const LayerShape& shape, std::uint64_t seed, int threads)
     : kernel_(std::move(kernel)), shape_(shape), options_{threads} {
   (void)traced_elements(kernel_, shape_);

@@ -35,6 +35,10 @@ struct LayerShape {
 // unknown kernel.
 double traced_elements(const std::string& kernel, const LayerShape& shape);
 
+// Whether the step meets `kernel`'s operands outside this core's private caches: AdamW's moments are touched by
+// nothing else in a step, and the gradients' norm runs after the whole backward has written other data since.
+bool operands_leave_core_caches(const std::string& kernel);
+
 struct CheckResult {
   std::int64_t checked = 0;
   std::int64_t wrong = 0;

@@ -4,7 +4,9 @@
 // every rank at once. Bytes are the elements the step's trace counts for the same call, 4 bytes each; GB/s = bytes /
 // time. What a system description's per-kernel rates
 // are fitted from (strata-project calibrate), as the GEMM and attention points are from strata-gemm and
-// strata-attention. Every case is checked against a float64 reference.
+// strata-attention. Every case is checked against a float64 reference. AdamW and the gradients' squared norm are
+// timed with their operands outside the core's private caches, where the step meets them: before each of their
+// timed calls (untimed) the rank writes twice its L1d + L2 of other data.
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
@@ -98,7 +100,9 @@ int run_elementwise(int argc, char** argv) {
   axes.declare_columns(run.cases());
   run.cases()
       .add_column("elements", ColumnKind::float64, "1", "elements read and written per call, as the step's trace counts them")
-      .add_column("bytes", ColumnKind::float64, "B", "elements x 4 (fp32), per call per rank");
+      .add_column("bytes", ColumnKind::float64, "B", "elements x 4 (fp32), per call per rank")
+      .add_column("evict_bytes", ColumnKind::int64, "B",
+                  "bytes each rank writes before each timed call, outside its interval (0: operands left in cache)");
   run.summary()
       .add_column("bandwidth_rank", ColumnKind::float64, "B/s", "bytes / median over iterations of the per-iteration mean over ranks")
       .add_column("check_worst_ratio", ColumnKind::float64, "1",
@@ -114,6 +118,12 @@ int run_elementwise(int argc, char** argv) {
   }
   const int rank = run.context().self.rank;
   HostTimer timer;
+  // Twice the core's private caches (4 MiB where hwloc does not know them), allocated once.
+  const CpuTopology& topology = run.context().machine.description.topology;
+  const int64_t private_caches = topology.l1d_bytes + topology.l2_bytes;
+  const std::size_t evict_floats = static_cast<std::size_t>(private_caches > 0 ? 2 * private_caches : 4 << 20) / 4;
+  const PageAlignedFloats evict = page_aligned_floats(evict_floats);
+  float written = 0;
   for (size_t index = 0; index < points.size(); ++index) {
     const AxisPoint& point = points[index];
     const std::string& kernel = point.text("kernel");
@@ -130,12 +140,15 @@ int run_elementwise(int argc, char** argv) {
     if (injects_wrong_element(h, rank)) problem.corrupt_output();
     const elementwise::CheckResult check = problem.check();
     const double worst = allreduce_max(MPI_COMM_WORLD, check.worst_ratio);
-    std::vector<double> samples = run.measure(timer, [&] { problem.run(); });
+    const bool cold = elementwise::operands_leave_core_caches(kernel);
+    std::vector<double> samples = run.measure(timer, [&] { problem.run(); }, 1, [&] {
+      if (cold) std::fill(evict.get(), evict.get() + evict_floats, written += 1);
+    });
     const double bytes = problem.bytes();
     CaseResult r = run.record(samples, check.wrong, kernel + " " + point.text("model"),
         [&](Table& row) {
           axes.fill(row, point);
-          row.set("elements", bytes / 4).set("bytes", bytes);
+          row.set("elements", bytes / 4).set("bytes", bytes).set("evict_bytes", cold ? static_cast<int64_t>(4 * evict_floats) : 0);
         },
         [&](Table& row, const CaseResult& res) {
           row.set("bandwidth_rank", bytes / res.rankmean.median).set("check_worst_ratio", worst);

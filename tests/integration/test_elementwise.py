@@ -34,6 +34,10 @@ def test_every_kernel_checked_with_the_traces_bytes(tmp_path):
     assert data.loc["cross_entropy_forward", "elements"] == rows * vocab + 4 * rows
     assert data.loc["cross_entropy_backward", "elements"] == 2 * rows * vocab
     assert (data["bytes"] == 4 * data["elements"]).all()
+    # The optimizer's operands are timed outside the core's private caches, the others where the step leaves them.
+    cold = {"adamw", "squared_norm"}
+    assert (data.loc[sorted(cold), "evict_bytes"] > 0).all()
+    assert (data.loc[sorted(KERNELS - cold), "evict_bytes"] == 0).all()
     assert data["bandwidth_rank"].to_numpy() == pytest.approx((data["bytes"] / data["time_rankmean_median"]).to_numpy())
 
 
