@@ -107,7 +107,7 @@ Handle open_group(const Handle& parent, const std::string& name) {
   if (!exists(parent, name)) throw ResultsError("HDF5 group not found: " + name);
   // There, but not a group: a dataset where the schema has a group, a link to nothing, or a damaged object header.
   const hid_t id = H5Oopen(parent.get(), name.c_str(), H5P_DEFAULT);
-  if (id < 0) throw ResultsError("cannot open " + name + " (a link to nothing, or a damaged object header)");
+  if (id < 0) throw ResultsError("cannot open HDF5 object " + name + " (a link to nothing, or a damaged object header)");
   const Handle object(id, H5Oclose);
   if (H5Iget_type(object.get()) != H5I_GROUP) throw ResultsError("HDF5 object " + name + " is not a group");
   throw ResultsError("cannot open the group " + name);

@@ -118,10 +118,11 @@ int run_elementwise(int argc, char** argv) {
   }
   const int rank = run.context().self.rank;
   HostTimer timer;
-  // Twice the core's private caches (4 MiB where hwloc does not know them), allocated once.
+  // Twice the core's private caches (4 MiB where hwloc does not know both), allocated once.
   const CpuTopology& topology = run.context().machine.description.topology;
-  const int64_t private_caches = topology.l1d_bytes + topology.l2_bytes;
-  const std::size_t evict_floats = static_cast<std::size_t>(private_caches > 0 ? 2 * private_caches : 4 << 20) / 4;
+  const bool caches_known = topology.l1d_bytes > 0 && topology.l2_bytes > 0;
+  const int64_t evict_bytes = caches_known ? 2 * (topology.l1d_bytes + topology.l2_bytes) : int64_t{4} << 20;
+  const std::size_t evict_floats = static_cast<std::size_t>(evict_bytes) / 4;
   const PageAlignedFloats evict = page_aligned_floats(evict_floats);
   float written = 0;
   for (size_t index = 0; index < points.size(); ++index) {

@@ -175,7 +175,7 @@ struct StepKernels {
       call();
       const double seconds = host_now() - start;
       by_phase[static_cast<std::size_t>(phase_of(name))] += seconds;
-      pass[name] += seconds;
+      if (by_name) pass[name] += seconds;
     }
     if (by_name)
       for (const auto& [name, seconds] : pass) (*by_name)[name].push_back(seconds);

@@ -413,5 +413,5 @@ TEST(Results, OpenGroupNamesWhatStandsWhereTheGroupBelongs) {
   };
   EXPECT_EQ(message("missing"), "HDF5 group not found: missing");
   EXPECT_EQ(message("table"), "HDF5 object table is not a group");
-  EXPECT_EQ(message("dangling"), "cannot open dangling (a link to nothing, or a damaged object header)");
+  EXPECT_EQ(message("dangling"), "cannot open HDF5 object dangling (a link to nothing, or a damaged object header)");
 }
