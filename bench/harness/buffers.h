@@ -28,6 +28,24 @@ inline PageAlignedFloats page_aligned_floats(std::size_t count) {
   return PageAlignedFloats(p);
 }
 
+// nvbench's L2 flush on the CPU: a buffer of this rank's own, allocated once and written whole before a timed call,
+// outside its interval, so the call meets its operands where other work leaves them rather than in the core's caches.
+class CacheFlush {
+ public:
+  // `bytes` rounded up to whole floats, so a request of a few bytes still writes; 0: no buffer, write() does nothing.
+  explicit CacheFlush(std::size_t bytes)
+      : floats_((bytes + sizeof(float) - 1) / sizeof(float)), buffer_(floats_ ? page_aligned_floats(floats_) : nullptr) {}
+  // A new value each time, so no write repeats what the buffer holds.
+  void write() { std::fill(buffer_.get(), buffer_.get() + floats_, written_ += 1); }
+  std::size_t bytes() const { return floats_ * sizeof(float); }
+  bool empty() const { return floats_ == 0; }
+
+ private:
+  std::size_t floats_;
+  PageAlignedFloats buffer_;
+  float written_ = 0;
+};
+
 inline double median_of(std::vector<double> v) { return summarize(std::move(v)).median; }
 
 // "64 MiB", "16 KiB", "8 B"; a size that is not a whole number of the unit in the next unit down.

@@ -10,7 +10,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <span>
 #include <chrono>
 
 #include "bench/harness/axes.h"
@@ -698,7 +697,7 @@ struct CollectiveJob {
   const coll::Layout& layout;
   const coll::Grid* grid;
   const std::vector<int>& group_of_rank;  // each rank's group, for the per-group table
-  std::span<float> flush;                  // --flush-bytes of this rank's own, allocated once
+  CacheFlush& flush;                       // --flush-bytes of this rank's own
 };
 
 // One case: checked on an untimed iteration, timed, recorded, printed.
@@ -727,12 +726,11 @@ void run_case(const CollectiveJob& job, const Case& c, Executor& executor, Run& 
   const int ops_per_sample = o.mode == "pipelined" ? o.ops_per_sample : 1;
   const std::vector<unsigned char> inputs = coll::check_inputs({c.op, c.dtype, c.redop}, n, job.group_rank);
   executor.load_inputs(inputs);
-  float written = 1;
   std::vector<double> samples = run.measure(
       executor.timer(), [&] { for (int k = 0; k < ops_per_sample; ++k) executor.run(c, n.count, o.root); },
       ops_per_sample, [&] {
         if (job.flush.empty()) return;
-        std::fill(job.flush.begin(), job.flush.end(), written += 1);
+        job.flush.write();
         executor.load_inputs(inputs);
       });
   if (!job.flush.empty() && o.check) {
@@ -752,7 +750,7 @@ void run_case(const CollectiveJob& job, const Case& c, Executor& executor, Run& 
       [&](Table& t) {
         job.axes.fill(t, c.point);
         t.set("backend", o.backend).set("mode", o.mode).set("ops_per_sample", ops_per_sample)
-            .set("flush_bytes", static_cast<int64_t>(job.flush.size_bytes()))
+            .set("flush_bytes", static_cast<int64_t>(job.flush.bytes()))
             .set("root", coll::info(c.op).rooted ? o.root : -1)
             .set("count", n.count).set("size_bytes", double(n.size_bytes))
             .set("bytes_per_rank", double(n.bytes_per_rank))
@@ -853,11 +851,9 @@ int run_collective(int argc, char** argv) {
     table.print_header();
   }
   executor->reserve(largest);
-  // Whole floats, rounded up: a request of a few bytes still writes (the table records what was written).
-  const std::size_t flush_floats = (static_cast<std::size_t>(plan.flush_bytes) + sizeof(float) - 1) / sizeof(float);
-  const PageAlignedFloats flush = flush_floats ? page_aligned_floats(flush_floats) : nullptr;
+  CacheFlush flush(static_cast<std::size_t>(plan.flush_bytes));  // the table records what was written
   const CollectiveJob job{o, h, axes, group, group_rank, group_size, group_kind, layout, grid.get(), group_of_rank,
-                          {flush.get(), flush_floats}};
+                          flush};
   for (const Case& c : cases) run_case(job, c, *executor, run, table);
   if (run.is_root()) std::printf("# results: %s\n", run.output_path().c_str());
   return run.finish();

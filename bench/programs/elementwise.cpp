@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "bench/harness/axes.h"
+#include "bench/harness/buffers.h"
 #include "bench/cases/elementwise_cases.h"
 #include "bench/harness/harness.h"
 #include "train/model_config.h"
@@ -118,13 +119,10 @@ int run_elementwise(int argc, char** argv) {
   }
   const int rank = run.context().self.rank;
   HostTimer timer;
-  // Twice the core's private caches (4 MiB where hwloc does not know both), allocated once.
+  // Twice the core's private caches (4 MiB where hwloc does not know both).
   const CpuTopology& topology = run.context().machine.description.topology;
   const bool caches_known = topology.l1d_bytes > 0 && topology.l2_bytes > 0;
-  const int64_t evict_bytes = caches_known ? 2 * (topology.l1d_bytes + topology.l2_bytes) : int64_t{4} << 20;
-  const std::size_t evict_floats = static_cast<std::size_t>(evict_bytes) / 4;
-  const PageAlignedFloats evict = page_aligned_floats(evict_floats);
-  float written = 0;
+  CacheFlush evict(static_cast<std::size_t>(caches_known ? 2 * (topology.l1d_bytes + topology.l2_bytes) : int64_t{4} << 20));
   for (size_t index = 0; index < points.size(); ++index) {
     const AxisPoint& point = points[index];
     const std::string& kernel = point.text("kernel");
@@ -143,13 +141,13 @@ int run_elementwise(int argc, char** argv) {
     const double worst = allreduce_max(MPI_COMM_WORLD, check.worst_ratio);
     const bool cold = elementwise::operands_leave_core_caches(kernel);
     std::vector<double> samples = run.measure(timer, [&] { problem.run(); }, 1, [&] {
-      if (cold) std::fill(evict.get(), evict.get() + evict_floats, written += 1);
+      if (cold) evict.write();
     });
     const double bytes = problem.bytes();
     CaseResult r = run.record(samples, check.wrong, kernel + " " + point.text("model"),
         [&](Table& row) {
           axes.fill(row, point);
-          row.set("elements", bytes / 4).set("bytes", bytes).set("evict_bytes", cold ? static_cast<int64_t>(4 * evict_floats) : 0);
+          row.set("elements", bytes / 4).set("bytes", bytes).set("evict_bytes", cold ? static_cast<int64_t>(evict.bytes()) : 0);
         },
         [&](Table& row, const CaseResult& res) {
           row.set("bandwidth_rank", bytes / res.rankmean.median).set("check_worst_ratio", worst);
