@@ -72,6 +72,7 @@ WorkloadOptions workload_options(const SearchSpace& space) {
   WorkloadOptions options{space.dtype, element_bytes_for(space.dtype)};
   options.gradient_reduction_bytes = space.gradient_reduction_bytes;
   options.attention = space.attention, options.loss = space.loss, options.dropout = space.dropout;
+  options.sharding_buffers = space.sharding_buffers;
   return options;
 }
 

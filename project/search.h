@@ -20,7 +20,8 @@
 // (train::gpu_memory_estimate: model states at train::kMixedPrecisionStates, 2, 2 and 12 bytes per parameter;
 // Korthikanti et al.'s activations, with the scores where SearchSpace::attention is "unfused" and the linear layers'
 // inputs at 1 byte under fp8 (train::GpuLayout::gemm_input_bytes), dropout masks where SearchSpace::dropout, the
-// logits at the element size under the fused loss and at 4 bytes under the fp32 ones), for fp32 the CPU executor's
+// logits at the element size under the fused loss and at 4 bytes under the fp32 ones, the sharded states' buffers in
+// flight as SearchSpace::sharding_buffers says a framework holds them), for fp32 the CPU executor's
 // accounting (train::memory_estimate).
 // Each configuration that fits is predicted as strata-project predict predicts a step (project::predict_step: traced,
 // compacted, simulated), without the interval and with runs of compute ops across phases (PredictOptions: the same
@@ -85,6 +86,7 @@ struct SearchSpace {
   std::string attention = "flash";          // WorkloadOptions::attention
   std::string loss = "fused";               // WorkloadOptions::loss
   bool dropout = true;                      // WorkloadOptions::dropout (memory only)
+  std::string sharding_buffers = "strata";  // WorkloadOptions::sharding_buffers (memory only)
   double memory_limit = 0;                  // B per device
   int top = 10;
   bool prune = true;  // the lower bounds above; false: every configuration that fits is simulated

@@ -86,6 +86,7 @@ GpuLayout gpu_layout(const WorkloadOptions& workload) {
   layout.dropout = workload.dropout;
   layout.logit_bytes = fp32_logits(workload.loss) ? 4 : workload.element_bytes;
   layout.gemm_input_bytes = workload.dtype == "fp8" ? 1 : 0;  // Transformer Engine keeps its GEMMs' FP8 inputs
+  layout.sharding_buffers = parse_sharding_buffers(workload.sharding_buffers);
   return layout;
 }
 

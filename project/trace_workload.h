@@ -41,6 +41,9 @@ struct WorkloadOptions {
   // Whether the model trains with dropout (GPT-3's and Korthikanti et al.'s models do; MPT and Llama do not): its
   // 1-byte masks are kept activations (train::GpuLayout::dropout). Memory only: the trace runs no dropout kernels.
   bool dropout = true;
+  // How the framework holds its sharded parameters' gathers and gradients' reductions in flight
+  // (train::ShardingBuffers: "strata", "fsdp", "deepspeed"). Memory only.
+  std::string sharding_buffers = "strata";
 };
 
 Workload workload_of(const train::StepTrace& trace, const WorkloadOptions& options = {});

@@ -2,6 +2,7 @@
 #include "train/gpu_memory.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <vector>
 
 #include "train/schedule.h"
@@ -83,6 +84,55 @@ double gpu_activation_peak(const TrainConfig& c, int pp, int pp_rank, int tp, bo
   return peak + (c.recompute == Recompute::overlap ? overlap_space : working);
 }
 
+const char* name(ShardingBuffers buffers) {
+  switch (buffers) {
+    case ShardingBuffers::strata: return "strata";
+    case ShardingBuffers::fsdp: return "fsdp";
+    case ShardingBuffers::deepspeed: return "deepspeed";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& sharding_buffer_names() {
+  static const std::vector<std::string> names = {"strata", "fsdp", "deepspeed"};
+  return names;
+}
+
+ShardingBuffers parse_sharding_buffers(const std::string& text) {
+  for (ShardingBuffers b : {ShardingBuffers::strata, ShardingBuffers::fsdp, ShardingBuffers::deepspeed})
+    if (text == name(b)) return b;
+  throw std::invalid_argument("sharding buffers '" + text + "': not one of strata, fsdp, deepspeed");
+}
+
+DataParallelBuffers sharding_buffer_elements(const TrainConfig& c, const DataParallelShape& shape,
+                                             ShardingBuffers buffers) {
+  const bool gathers = c.strategy.params != Sharding::none, reductions = c.strategy.grads != Sharding::none;
+  DataParallelBuffers b;
+  switch (buffers) {
+    case ShardingBuffers::strata: {
+      const DataParallelBuffers fp32 = data_parallel_buffers(c, shape);
+      b.gathers = fp32.gathers / 4, b.reductions = fp32.reductions / 4;
+      break;
+    }
+    case ShardingBuffers::fsdp: {
+      const double unit = held_sizes(c, shape).largest_unit;
+      b.gathers = gathers ? 2 * unit : 0, b.reductions = reductions ? 2 * unit : 0;
+      break;
+    }
+    case ShardingBuffers::deepspeed: {
+      // DeepSpeed's defaults (deepspeed/runtime/zero/constants.py): stage3_max_live_parameters,
+      // stage3_prefetch_bucket_size, reduce_bucket_size; never more than the rank's whole model.
+      constexpr double kMaxLiveParameters = 1e9, kPrefetchBucket = 5e7, kReduceBucket = 5e8;
+      const HeldSizes held = held_sizes(c, shape);
+      const double module = held.largest_tensor;
+      b.gathers = gathers ? std::min(std::max(kMaxLiveParameters, module) + kPrefetchBucket, held.parameters) : 0;
+      b.reductions = reductions ? std::min(kReduceBucket + module, held.parameters) : 0;
+      break;
+    }
+  }
+  return b;
+}
+
 MemoryUse gpu_memory_estimate(const TrainConfig& c, const DataParallelShape& shape, const GpuLayout& layout) {
   MemoryUse use = memory_estimate(c, shape);  // its model states are those of the units the rank holds, in fp32
   use.params *= kMixedPrecisionStates.params / kFp32States.params;
@@ -94,9 +144,9 @@ MemoryUse gpu_memory_estimate(const TrainConfig& c, const DataParallelShape& sha
   use.workspace = scale * workspace_bytes(c.model, c.micro_batch, c.seq, shape.tp, sp);
   const double message = layout.element_bytes * static_cast<double>(c.micro_batch) * c.seq / (sp ? shape.tp : 1) *
                          c.model.hidden;
-  const DataParallelBuffers buffers = data_parallel_buffers(c, shape);
+  const DataParallelBuffers in_flight = sharding_buffer_elements(c, shape, layout.sharding_buffers);
   const int reduction_bytes = layout.gradient_reduction_bytes > 0 ? layout.gradient_reduction_bytes : layout.element_bytes;
-  use.comm_buffers = scale * buffers.gathers + reduction_bytes / 4.0 * buffers.reductions;
+  use.comm_buffers = layout.element_bytes * in_flight.gathers + reduction_bytes * in_flight.reductions;
   for (const StagePlan& plan : rank_stages(c, shape.pp, shape.pp_rank)) {
     if (!plan.head) use.comm_buffers += message;       // the output's gradient, received
     if (!plan.embedding) use.comm_buffers += message;  // the input's gradient, being sent

@@ -30,6 +30,8 @@
 #pragma once
 
 #include <array>
+#include <string>
+#include <vector>
 
 #include "train/gpt.h"
 #include "train/model_config.h"
@@ -37,6 +39,29 @@
 #include "train/trainer.h"
 
 namespace strata::train {
+
+// How a framework holds the data-parallel gathers of sharded parameters and reductions of sharded gradients while they
+// are in flight (the data-parallel part of the communication buffers), each from the largest unit the rank gathers
+// (a layer: one FSDP unit per transformer block) or the largest single tensor (a module's weight):
+//   strata     the step's own pools (data_parallel_buffers): four of the largest unit gathered (this unit, the next,
+//              the embeddings and the final norm), four being reduced
+//   fsdp       PyTorch FSDP, one unit per layer: two units gathered (the one computing and the one its all-gather
+//              rate limiter, limit_all_gathers, or backward prefetch lets run ahead) and two units' gradients (the
+//              one being written and the one being reduce-scattered)
+//   deepspeed  DeepSpeed ZeRO at its defaults, which gathers module by module: live parameters up to
+//              stage3_max_live_parameters (1e9 elements) or the largest module's, when larger, plus the
+//              stage3_prefetch_bucket_size (5e7) fetched ahead; gradients up to reduce_bucket_size (5e8) waiting in
+//              the bucket plus the largest module's being written; each at most the parameters the rank holds
+enum class ShardingBuffers { strata, fsdp, deepspeed };
+// "strata", "fsdp", "deepspeed".
+const char* name(ShardingBuffers buffers);
+const std::vector<std::string>& sharding_buffer_names();
+// std::invalid_argument naming `text` and the names unless it is one of them.
+ShardingBuffers parse_sharding_buffers(const std::string& text);
+// The data-parallel buffers' elements in flight under `buffers` (data_parallel_buffers' fp32 bytes over 4 for strata);
+// nothing for parameters that are not sharded (gathers) or gradients that are not (reductions).
+DataParallelBuffers sharding_buffer_elements(const TrainConfig& config, const DataParallelShape& shape,
+                                             ShardingBuffers buffers);
 
 struct GpuLayout {
   int element_bytes = 2;         // e: activations and gradients (bf16, fp16)
@@ -47,6 +72,7 @@ struct GpuLayout {
   // The linear layers' inputs kept for their weight gradients: 1 under FP8 training (Transformer Engine keeps the FP8
   // copies its GEMMs read: the QKV, attention projection, MLP and second MLP inputs); 0: e.
   int gemm_input_bytes = 0;
+  ShardingBuffers sharding_buffers = ShardingBuffers::strata;
 };
 
 // One micro-batch's bytes on one rank, split as the executor's ops split a layer (gpt.h's LayerOp) so every
@@ -77,8 +103,8 @@ double gpu_activation_peak(const TrainConfig& config, int pp, int pp_rank, int t
 // What a rank holds, per category, in mixed precision: model states at kMixedPrecisionStates (2, 2 and 12 bytes per
 // element) on the units the rank holds (memory_estimate's), activations gpu_activation_peak, the backward pass's
 // workspace once (workspace_bytes at e bytes an element: the allocator reuses it across chunks), communication
-// buffers the data-parallel ones (data_parallel_buffers: the gathers' at e bytes an element, the reductions' at the
-// layout's gradient_reduction_bytes) and, per stage, the output's received gradient and the input's gradient being
+// buffers the data-parallel ones (sharding_buffer_elements under the layout's sharding_buffers: the gathers' at e
+// bytes an element, the reductions' at the layout's gradient_reduction_bytes) and, per stage, the output's received gradient and the input's gradient being
 // sent (one message each: a GPU step does not queue copies).
 MemoryUse gpu_memory_estimate(const TrainConfig& config, const DataParallelShape& shape, const GpuLayout& layout = {});
 

@@ -216,7 +216,8 @@ namespace {
 // The parameters of the units the rank holds, the trainable ones among them, and the largest unit padded to the
 // data-parallel degree, in bytes of fp32.
 struct HeldUnits {
-  double held = 0, trainable = 0, largest = 0;
+  double held = 0, trainable = 0, largest = 0;  // largest: bytes of fp32
+  double largest_tensor = 0;                    // elements
 };
 
 HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
@@ -224,12 +225,19 @@ HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
   const std::vector<Slice> units = layout.units();
   const std::vector<bool> trains = trainable_units(c.model, c.trainable);
   const RankUnits here = rank_units(c, shape);
+  // units(): the embeddings, each layer, the final norm.
+  std::size_t layer_tensor = 0;
+  for (int t = 0; t < kLayerTensors; ++t) layer_tensor = std::max(layer_tensor, layout.tensor(0, static_cast<LayerTensor>(t)).size);
+  const std::size_t embedding_tensor = std::max(layout.wte().size, layout.wpe().size);
+  const std::size_t norm_tensor = std::max(layout.lnf_w().size, layout.lnf_b().size);
   HeldUnits h;
   for (std::size_t u = 0; u < units.size(); ++u) {
     if (!here.held[u]) continue;
     h.held += static_cast<double>(units[u].size);
     if (trains[u]) h.trainable += static_cast<double>(units[u].size);
     h.largest = std::max(h.largest, 4.0 * static_cast<double>(padded(units[u].size, shape.n)));
+    const std::size_t tensor = u == 0 ? embedding_tensor : u + 1 == units.size() ? norm_tensor : layer_tensor;
+    h.largest_tensor = std::max(h.largest_tensor, static_cast<double>(tensor));
   }
   return h;
 }
@@ -242,6 +250,11 @@ DataParallelBuffers data_parallel_buffers(const TrainConfig& c, const DataParall
   if (c.strategy.params != Sharding::none) b.gathers += 4 * h.largest;
   if (c.strategy.grads != Sharding::none) b.reductions += 4 * h.largest;
   return b;
+}
+
+HeldSizes held_sizes(const TrainConfig& c, const DataParallelShape& shape) {
+  const HeldUnits h = held_units(c, shape);
+  return {h.held, h.largest / 4, h.largest_tensor};
 }
 
 MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) {

@@ -175,6 +175,10 @@ Table prediction_table() {
       .add_column("dropout", K::int64, "",
                   "1: the model's dropout masks are held as activations in a 16-bit step's memory estimate (the fp32 "
                   "estimate, the CPU step's, has none)")
+      .add_column("sharding_buffers", K::string, "",
+                  "how a 16-bit step's memory estimate holds the sharded parameters' gathers and gradients' reductions "
+                  "in flight: strata (the step's own pools), fsdp (PyTorch FSDP) or deepspeed (DeepSpeed ZeRO's "
+                  "defaults)")
       .add_column("gradient_reduction_bytes", K::int64, "B",
                   "of the data-parallel gradient reductions' elements where the framework reduces in another precision "
                   "(0: element_bytes)")
@@ -227,7 +231,7 @@ void add_prediction_row(Table& t, int64_t index, const StepCase& step, const Pre
       .set("system", system_name).set("dtype", step.workload.dtype).set("attention", step.workload.attention)
       .set("element_bytes", step.workload.element_bytes)
       .set("gradient_reduction_bytes", step.workload.gradient_reduction_bytes).set("loss", step.workload.loss)
-      .set("dropout", step.workload.dropout ? 1 : 0)
+      .set("dropout", step.workload.dropout ? 1 : 0).set("sharding_buffers", step.workload.sharding_buffers)
       .set("step_time", p.prediction.step_s).set("step_time_low", p.prediction.step_low_s)
       .set("step_time_high", p.prediction.step_high_s);
   for (const std::string& n : project::step_components()) t.set("phase_" + n, project::component(mean, n));

@@ -15,6 +15,7 @@
 #include "project/step_prediction.h"
 #include "project/system.h"
 #include "results/table.h"
+#include "train/gpu_memory.h"
 #include "train/trainer.h"
 
 namespace strata {
@@ -37,6 +38,13 @@ inline const std::vector<std::string> kGradReduceDtypes = {"auto", "fp32", "bf16
 // How the loss runs over the logits (project::WorkloadOptions::loss).
 inline const std::vector<std::string>& kLossModes = project::loss_modes();
 int gradient_reduction_bytes(const std::string& dtype);
+// The help of --sharding-buffers (predict and search): train::ShardingBuffers, memory only.
+inline constexpr const char* kShardingBuffersHelp =
+    "how the framework holds sharded parameters it gathers and sharded gradients it reduces (ZeRO-2/3, FSDP), "
+    "memory only: strata (the step's own: four of the largest unit gathered, four being reduced), fsdp (PyTorch "
+    "FSDP, a unit per layer: two gathered, two being reduced) or deepspeed (DeepSpeed ZeRO's defaults, module by "
+    "module: up to 1e9 live parameters or the largest module's, a 5e7 prefetch, a 5e8 reduce bucket and the largest "
+    "module's gradient)";
 
 // Each pipeline rank's configuration under a stored placement (a strata-recompute-policy document, as strata-step
 // stores it with an overlap case): train::placed_rank_configs with, for each rank, the policy's entries that name its

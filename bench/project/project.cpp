@@ -168,7 +168,7 @@ struct PredictFlags {
   StepFlags step;
   std::string system_path, output, timeline, dtype = "auto", policy_path, attention = "flash", simulator = "fast";
   std::string tp_comm_overlap = "off", overlap_param_gather = "off", sharding_collectives, grad_reduce_dtype = "auto";
-  std::string loss = "fused", dropout = "on";
+  std::string loss = "fused", dropout = "on", sharding_buffers = "strata";
   int nodes = 0, gpus = 0, element_bytes = 0;
   bool quiet = false;
 };
@@ -205,6 +205,7 @@ void add_predict_options(Cli& cli, PredictFlags& o) {
   cli.choice("dropout", 0, "whether the model trains with dropout, whose 1-byte masks the predicted activations hold "
              "(on: GPT-3's and Megatron-LM's models; off: MPT's, Llama's and Nemotron's); memory only", o.dropout,
              {"on", "off"});
+  cli.choice("sharding-buffers", 0, kShardingBuffersHelp, o.sharding_buffers, train::sharding_buffer_names());
   cli.alias("overlap-grad-reduce", "overlap");
   cli.choice("tp-comm-overlap", 0, "tensor-parallel all-gathers and reduce-scatters beside the GEMMs that read or write "
              "them (Megatron-Core's --tp-comm-overlap, off by default there too; needs --sp)", o.tp_comm_overlap, {"on", "off"});
@@ -278,7 +279,7 @@ std::vector<project::StepCase> predict_cases(const PredictFlags& o, const StepPl
       step.trace.tp_comm_overlap = o.tp_comm_overlap == "on";
       step.trace.overlap_param_gather = o.overlap_param_gather == "on";
       step.workload = {o.dtype, o.element_bytes, o.attention, o.sharding_collectives,
-                       gradient_reduction_bytes(o.grad_reduce_dtype), o.loss, o.dropout == "on"};
+                       gradient_reduction_bytes(o.grad_reduce_dtype), o.loss, o.dropout == "on", o.sharding_buffers};
       step.predict = {o.simulator == "exact", !o.timeline.empty()};
       if (mode == train::Recompute::overlap) {
         if (!policy)
@@ -308,7 +309,8 @@ void print_predict_header(const PredictFlags& o, const StepPlan& plan, const pro
               (std::string(o.grad_reduce_dtype == "auto" ? "" : ", gradients reduced in " + o.grad_reduce_dtype) +
                (o.loss == "fp32" ? ", the loss in fp32 pass by pass" : "") +
                (o.loss == "fp32-fused" ? ", the loss in fp32 in three fused passes" : "") +
-               (o.dropout == "off" ? ", no dropout" : ""))
+               (o.dropout == "off" ? ", no dropout" : "") +
+               (o.sharding_buffers == "strata" ? "" : ", sharded states' buffers as " + o.sharding_buffers))
                   .c_str(),
               o.step.comm_algo.c_str(), o.step.overlap.c_str(), o.overlap_param_gather.c_str(),
               o.tp_comm_overlap.c_str(),

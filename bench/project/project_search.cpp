@@ -94,7 +94,7 @@ struct Options {
   std::string system_path, model, output, memory_limit, dtype = "bf16", trainable = "all";
   std::string micro_batches = "1,2,4,8", schedules = "gpipe,1f1b,interleaved", recompute = "none,full,selective";
   std::string strategies = "all", tp, pp, sequence_parallel = "on", grad_reduce_dtype = "auto";
-  std::string attention = "flash", loss = "fused", dropout = "on";
+  std::string attention = "flash", loss = "fused", dropout = "on", sharding_buffers = "strata";
   int gpus = 0, global_batch = 0, seq = 0, top = 10, interleave = 2, threads = 0;
   double target = kTargetRate;
   int layers = 0, hidden = 0, heads = 0, kv_heads = 0, vocab = 50257, mlp_hidden = 0;
@@ -179,6 +179,7 @@ project::SearchSpace resolve_space(const Options& o, const project::System& syst
   space.gradient_reduction_bytes = gradient_reduction_bytes(o.grad_reduce_dtype);
   check_attention(system, o.attention, "--attention");
   space.attention = o.attention, space.loss = o.loss, space.dropout = o.dropout == "on";
+  space.sharding_buffers = o.sharding_buffers;
   if (!o.memory_limit.empty()) {
     space.memory_limit = parse_memory(o.memory_limit);
   } else if (system.device.memory_capacity) {
@@ -281,6 +282,8 @@ Table search_table(const project::SearchSpace& space, const project::SearchResul
                "how attention runs: flash, unfused or a kernel of the description");
   t.add_column("loss", ColumnKind::string, "", "how the cross entropy runs: fused, fp32 or fp32-fused");
   t.add_column("dropout", ColumnKind::int64, "1", "1: dropout masks in the memory estimate");
+  t.add_column("sharding_buffers", ColumnKind::string, "",
+               "how the memory estimate holds sharded states in flight: strata, fsdp or deepspeed");
   t.add_column("step", ColumnKind::float64, "s", "predicted step time: the last op's end over all ranks (project/simulate.h)");
   const std::string mean = "mean over ranks, each traced rank weighted by the ranks it stands for";
   t.add_column("compute", ColumnKind::float64, "s", mean);
@@ -312,6 +315,7 @@ Table search_table(const project::SearchSpace& space, const project::SearchResul
     t.set("sequence_parallel", c.sequence_parallel ? 1 : 0).set("dtype", space.dtype);
     t.set("gradient_reduction_bytes", space.gradient_reduction_bytes);
     t.set("attention", space.attention).set("loss", space.loss).set("dropout", space.dropout ? 1 : 0);
+    t.set("sharding_buffers", space.sharding_buffers);
     t.set("step", e.step_s).set("compute", e.compute_s);
     t.set("exposed_tp", exposed(e, "tp")).set("exposed_pp", exposed(e, "pp")).set("exposed_dp", exposed(e, "dp"));
     t.set("exposed_dp_intra", exposed(e, "dp_intra")).set("exposed_dp_inter", exposed(e, "dp_inter"));
@@ -474,6 +478,7 @@ int project_search(int argc, char** argv) {
              kLossModes);
   cli.choice("dropout", 0, "whether the model trains with dropout, as predict's (its masks in the memory estimate)",
              o.dropout, {"on", "off"});
+  cli.choice("sharding-buffers", 0, kShardingBuffersHelp, o.sharding_buffers, train::sharding_buffer_names());
   cli.option("threads", 0, "configurations simulated at once (default and most: the machine's hardware threads)", o.threads, 0);
   cli.flag("no-prune", 0, "simulate every configuration that fits (no lower bounds)", o.no_prune);
   cli.option("output", 'O', "results file to append the run to (default: a new file in results/runs/; --bench: none)",
@@ -503,10 +508,10 @@ int project_search(int argc, char** argv) {
 
   if (o.compare_paro) {
     // PaRO's rule prices the described kernel, the fused loss and dropout masks; the comparison keeps them alike.
-    for (const char* flag : {"attention", "loss", "dropout"})
+    for (const char* flag : {"attention", "loss", "dropout", "sharding-buffers"})
       if (cli.given(flag))
         throw UsageError(std::string("--") + flag + " is not taken by --compare-paro (its scenarios run flash "
-                         "attention, the fused loss and dropout)");
+                         "attention, the fused loss, dropout and the step's own buffers)");
     return compare_paro(o, system, o.output, argc, argv, config);
   }
 
@@ -527,11 +532,11 @@ int project_search(int argc, char** argv) {
 
   if (!o.quiet)
     std::printf("# strata-project search: %s (%d layers, hidden %d, %.3g parameters) on %d devices of %s, global batch %d "
-                "x %d tokens, %s, attention %s, loss %s, dropout %s, memory limit %s GB per device\n",
+                "x %d tokens, %s, attention %s, loss %s, dropout %s, sharding buffers %s, memory limit %s GB per device\n",
                 space.model.name.c_str(), space.model.layers, space.model.hidden,
                 static_cast<double>(space.model.parameters()), space.devices, system.name.c_str(), space.global_batch,
                 space.seq, space.dtype.c_str(), space.attention.c_str(), space.loss.c_str(),
-                o.dropout.c_str(), gb(space.memory_limit).c_str());
+                o.dropout.c_str(), o.sharding_buffers.c_str(), gb(space.memory_limit).c_str());
   const project::SearchResult result = project::search(system, space);
   if (result.top.empty()) {
     std::string message = "no configuration of " + std::to_string(result.enumerated) + " runs and fits in " +

@@ -43,6 +43,7 @@ struct Row {
   int gradient_reduction_bytes = 0;  // grad_reduce_dtype: 4 for fp32, 2 for bf16 or fp16; 0: as the step's elements
   std::string loss = "fused";  // or fp32 / fp32-fused: the framework's cross entropy on fp32 logits
   bool dropout = true;         // the model's dropout masks held in memory
+  std::string sharding_buffers = "strata";  // how its framework holds sharded states in flight (memory only)
   double measured_s = 0;
   bool derived = false;  // the step time is derived from a published throughput
   std::string skipped;   // why the row is not predicted; empty when it is
@@ -194,6 +195,10 @@ Row read_row(const json& value, std::size_t index, const std::string& file) {
   if (std::find(kLossModes.begin(), kLossModes.end(), row.loss) == kLossModes.end())
     r.fail("loss", join_names(kLossModes) + ", got '" + row.loss + "'");
   row.dropout = r.flag("dropout", true);
+  row.sharding_buffers = r.optional_text("sharding_buffers").value_or("strata");
+  if (const std::vector<std::string>& names = train::sharding_buffer_names();
+      std::find(names.begin(), names.end(), row.sharding_buffers) == names.end())
+    r.fail("sharding_buffers", join_names(names) + ", got '" + row.sharding_buffers + "'");
   if (row.tp_comm_overlap && !f.sp)
     r.fail("tp_comm_overlap", "true needs sequence_parallel true (the overlapped communication is its all-gathers and "
                               "reduce-scatters)");
@@ -341,7 +346,7 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
     step.trace.tp_comm_overlap = row.tp_comm_overlap;
     step.trace.overlap_param_gather = row.overlap_param_gather;
     step.workload = {row.dtype, 2, row.attention, row.sharding_collectives, row.gradient_reduction_bytes, row.loss,
-                     row.dropout};
+                     row.dropout, row.sharding_buffers};
     step.predict.exact = o.exact;
     Result result;
     result.row = &row;
@@ -392,8 +397,9 @@ int validate_published(const PublishedOptions& options, int argc, char** argv, c
   for (const auto& [row, why] : skipped) std::printf("# not predicted: %s (%s): %s\n", row->id.c_str(), row->part.c_str(), why.c_str());
   for (const Result& r : results)
     if (r.predicted.fits == 0)
-      std::printf("# memory: %s (%s) is predicted to need %s per GPU, above the %s of its description\n", r.row->id.c_str(),
-                  r.row->gpu.c_str(), format_gib(r.predicted.memory.total()).c_str(),
+      std::printf("# memory: %s (%s) is predicted to need %s per GPU, %.1f%% above the %s of its description\n",
+                  r.row->id.c_str(), r.row->gpu.c_str(), format_gib(r.predicted.memory.total()).c_str(),
+                  100 * (r.predicted.memory.total() / r.predicted.memory_capacity - 1),
                   format_gib(r.predicted.memory_capacity).c_str());
   std::printf("| part | GPU | rows | mean |error| | mean error | worst |error| |\n|---|---|---|---|---|---|\n");
   bool missed = false;

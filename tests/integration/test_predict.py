@@ -289,6 +289,31 @@ def test_dropout_off_holds_no_masks_and_costs_the_same(tmp_path):
     assert off["step_time"][0] == pytest.approx(on["step_time"][0], rel=1e-12)
 
 
+def test_sharding_buffers_are_a_frameworks_and_are_stated_and_recorded(tmp_path):
+    # GPT 530B under ZeRO-3 on 640 A100s at micro-batch 4, as Narayanan et al. 2021 ran it with DeepSpeed (Table 2): the
+    # step's own pools hold eight whole layers (5 billion parameters each) and do not fit the card; DeepSpeed's defaults
+    # hold its largest module (the MLP's 4h x h weight) and its buckets, FSDP two layers each way.
+    a100 = os.path.join(SYSTEMS, "a100-80gb-sxm-hdr200.json")
+    common = ["predict", "--system", a100, "--layers", "105", "--hidden", "20480", "--heads", "128", "--vocab", "51200",
+              "--seq", "2048", "--micro-batch", "4", "--accumulation", "1", "--gpus", "640", "--zero", "3",
+              "--recompute", "full", "--dtype", "fp16", "--attention", "unfused", "--loss", "fp32"]
+    made = predict_each(tmp_path, common, "--sharding-buffers", ("strata", "fsdp", "deepspeed"))
+    for buffers, (header, rows, _) in made.items():
+        assert ("sharded states' buffers as " + buffers in header) == (buffers != "strata"), header
+        assert rows["sharding_buffers"] == [buffers]
+    comm = {buffers: rows["memory_comm_buffers"][0] for buffers, (_, rows, _) in made.items()}
+    mlp = 4 * 20480 ** 2
+    assert comm["deepspeed"] == pytest.approx(2 * (mlp + 5e7) + 2 * (5e8 + mlp), rel=1e-9)
+    assert comm["fsdp"] == pytest.approx(comm["strata"] / 2, rel=1e-12)
+    assert made["strata"][1]["fits"] == [0]
+    def total(rows):
+        return sum(rows["memory_" + c][0] for c in ("parameters", "gradients", "optimizer", "activations", "workspace",
+                                                     "comm_buffers"))
+    assert total(made["deepspeed"][1]) < 0.6 * total(made["strata"][1])
+    steps = {rows["step_time"][0] for _, rows, _ in made.values()}
+    assert max(steps) == pytest.approx(min(steps), rel=1e-12)
+
+
 def test_bad_systems_exit_2(tmp_path):
     out, before = untouched(tmp_path)
     small = ["--model", "tiny", "--seq", "32", "-O", str(out)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 import h5py
@@ -154,6 +155,7 @@ def test_a_rows_fp32_gradient_reductions_move_twice_the_bytes(tmp_path):
     ({"gpu": "V100"}, "row bad: no description for GPU 'V100'"),
     ({"hidden": 1000}, "row bad: its configuration is refused"),
     ({"sharding_collectives": "nosuch"}, "row bad: sharding_collectives nosuch: the system description"),
+    ({"sharding_buffers": "fairscale"}, "row bad: field sharding_buffers: strata, fsdp or deepspeed, got 'fairscale'"),
 ])
 def test_a_bad_row_is_refused_naming_it(tmp_path, change, message):
     path = write_set(tmp_path / "bad.json", [row("good", "held-out"), row("bad", "held-out", **change)])
@@ -190,6 +192,32 @@ def test_a_rows_dropout_moves_its_memory_not_its_step(tmp_path):
     assert 0 < without < with_masks
     assert predicted_step(tmp_path, dropout=False, **bf16) == pytest.approx(predicted_step(tmp_path, **bf16), rel=1e-12)
     assert probe(tmp_path, "prediction", "dropout", dropout=False, **bf16) == 0
+
+
+def test_a_rows_sharding_buffers_move_its_memory_not_its_step(tmp_path):
+    # ZeRO-3 as FSDP holds it (two layers gathered, two being reduced) needs half the step's own pools (four and four);
+    # the step is the same, and the prediction table records which.
+    zero3 = dict(tp=1, pp=1, dp=16, gpus=16, zero=3, global_batch=16, precision="bf16", attention="flash")
+    own = probe(tmp_path, "prediction", "memory_comm_buffers", **zero3)
+    fsdp = probe(tmp_path, "prediction", "memory_comm_buffers", sharding_buffers="fsdp", **zero3)
+    assert fsdp == pytest.approx(own / 2, rel=1e-12)
+    assert predicted_step(tmp_path, sharding_buffers="fsdp", **zero3) == pytest.approx(predicted_step(tmp_path, **zero3),
+                                                                                      rel=1e-12)
+    assert probe(tmp_path, "prediction", "sharding_buffers", sharding_buffers="deepspeed", **zero3) == "deepspeed"
+    assert probe(tmp_path, "prediction", "sharding_buffers", **zero3) == "strata"
+    # Four 5-billion-parameter layers under ZeRO-3 on 8 GPUs: eight whole layers in the step's own pools do not fit an
+    # 80 GB card, and the validation says by how much; DeepSpeed's module-by-module buffers do.
+    big = dict(layers=4, hidden=20480, heads=128, seq=2048, tp=1, pp=1, dp=8, gpus=8, zero=3, micro_batch=4,
+               global_batch=32)
+    made = {}
+    for buffers in ("strata", "deepspeed"):
+        path = write_set(tmp_path / f"big-{buffers}.json", [row("big", "held-out", sharding_buffers=buffers, **big)])
+        made[buffers] = validate(tmp_path, "--published", path, "-O", str(tmp_path / f"big-{buffers}.h5"))
+        assert made[buffers].returncode == 0, made[buffers].stderr
+    lines = [line for line in made["strata"].stdout.splitlines() if line.startswith("# memory: big")]
+    assert len(lines) == 1 and re.search(r"is predicted to need [\d.]+ GiB per GPU, \d+\.\d% above the 74\.506 GiB "
+                                         r"of its description", lines[0]), made["strata"].stdout
+    assert "# memory: big" not in made["deepspeed"].stdout
 
 
 def test_fp8_keeps_the_linear_layers_inputs_in_one_byte(tmp_path):

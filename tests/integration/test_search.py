@@ -75,6 +75,24 @@ def test_gradient_reductions_in_fp32_are_stated_and_recorded(tmp_path):
     assert tables["fp32"]["step"].iloc[0] >= tables["auto"]["step"].iloc[0]
 
 
+def test_sharding_buffers_as_predicts(tmp_path):
+    """--sharding-buffers as predict's: ZeRO-3 held as FSDP holds it (two layers each way) needs half the step's own
+    buffers (four each way) in every configuration; stated in the header and recorded per row."""
+    common = ["--system", A100, "--model", "gpt2-350m", "--gpus", "8", "--global-batch", "16", "--seq", "1024",
+              "--strategies", "zero3", "--tp", "1", "--pp", "1", "-k", "3"]
+    tables = {}
+    for buffers in ("strata", "fsdp"):
+        out = tmp_path / f"{buffers}.h5"
+        result = search([*common, "--sharding-buffers", buffers, "-O", str(out)], tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert f"sharding buffers {buffers}," in result.stdout, result.stdout
+        tables[buffers] = sr.read_table([str(out)], "search")
+        assert list(tables[buffers]["sharding_buffers"]) == [buffers] * 3
+    own, fsdp = tables["strata"]["memory_comm_buffers"], tables["fsdp"]["memory_comm_buffers"]
+    assert (own > 0).all()
+    assert list(fsdp) == pytest.approx(list(own / 2), rel=1e-12)
+
+
 def test_attention_kernel_loss_and_dropout_as_predicts(tmp_path):
     """--attention, --loss and --dropout as predict's: stated in the header, recorded per row; llm-foundry's Triton
     kernel and Megatron's fp32 loss make the best step slower; each stored step is predict's for its configuration."""
