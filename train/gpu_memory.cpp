@@ -115,8 +115,9 @@ DataParallelBuffers sharding_buffer_elements(const TrainConfig& c, const DataPar
       break;
     }
     case ShardingBuffers::fsdp: {
-      const double unit = held_sizes(c, shape).largest_unit;
-      b.gathers = gathers ? 2 * unit : 0, b.reductions = reductions ? 2 * unit : 0;
+      const HeldSizes held = held_sizes(c, shape);
+      b.gathers = gathers ? held.outer_units + 2 * held.largest_layer : 0;
+      b.reductions = reductions ? 2 * held.largest_unit : 0;
       break;
     }
     case ShardingBuffers::deepspeed: {
@@ -126,7 +127,7 @@ DataParallelBuffers sharding_buffer_elements(const TrainConfig& c, const DataPar
       const HeldSizes held = held_sizes(c, shape);
       const double module = held.largest_tensor;
       b.gathers = gathers ? std::min(std::max(kMaxLiveParameters, module) + kPrefetchBucket, held.parameters) : 0;
-      b.reductions = reductions ? std::min(kReduceBucket + module, held.parameters) : 0;
+      b.reductions = reductions ? std::min(kReduceBucket + module, held.trainable) : 0;
       break;
     }
   }

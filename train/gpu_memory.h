@@ -45,13 +45,15 @@ namespace strata::train {
 // (a layer: one FSDP unit per transformer block) or the largest single tensor (a module's weight):
 //   strata     the step's own pools (data_parallel_buffers): four of the largest unit gathered (this unit, the next,
 //              the embeddings and the final norm), four being reduced
-//   fsdp       PyTorch FSDP, one unit per layer: two units gathered (the one computing and the one its all-gather
-//              rate limiter, limit_all_gathers, or backward prefetch lets run ahead) and two units' gradients (the
-//              one being written and the one being reduce-scattered)
+//   fsdp       PyTorch FSDP, one unit per layer and the root holding the embeddings and the final norm: two layers
+//              gathered (the one computing and the one its all-gather rate limiter, limit_all_gathers, or backward
+//              prefetch lets run ahead) beside the root, which FSDP keeps gathered from its forward to its backward,
+//              and two units' gradients (the one being written and the one being reduce-scattered)
 //   deepspeed  DeepSpeed ZeRO at its defaults, which gathers module by module: live parameters up to
 //              stage3_max_live_parameters (1e9 elements) or the largest module's, when larger, plus the
 //              stage3_prefetch_bucket_size (5e7) fetched ahead; gradients up to reduce_bucket_size (5e8) waiting in
-//              the bucket plus the largest module's being written; each at most the parameters the rank holds
+//              the bucket plus the largest module's being written; at most the parameters the rank holds, and
+//              gradients at most the trainable ones
 enum class ShardingBuffers { strata, fsdp, deepspeed };
 // "strata", "fsdp", "deepspeed".
 const char* name(ShardingBuffers buffers);
@@ -104,8 +106,8 @@ double gpu_activation_peak(const TrainConfig& config, int pp, int pp_rank, int t
 // element) on the units the rank holds (memory_estimate's), activations gpu_activation_peak, the backward pass's
 // workspace once (workspace_bytes at e bytes an element: the allocator reuses it across chunks), communication
 // buffers the data-parallel ones (sharding_buffer_elements under the layout's sharding_buffers: the gathers' at e
-// bytes an element, the reductions' at the layout's gradient_reduction_bytes) and, per stage, the output's received gradient and the input's gradient being
-// sent (one message each: a GPU step does not queue copies).
+// bytes an element, the reductions' at the layout's gradient_reduction_bytes) and, per stage, the output's received
+// gradient and the input's gradient being sent (one message each: a GPU step does not queue copies).
 MemoryUse gpu_memory_estimate(const TrainConfig& config, const DataParallelShape& shape, const GpuLayout& layout = {});
 
 }  // namespace strata::train

@@ -217,6 +217,7 @@ namespace {
 // data-parallel degree, in bytes of fp32.
 struct HeldUnits {
   double held = 0, trainable = 0, largest = 0;  // largest: bytes of fp32
+  double largest_layer = 0, outer = 0;          // padded elements: a layer unit; the embeddings and final norm
   double largest_tensor = 0;                    // elements
 };
 
@@ -227,7 +228,8 @@ HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
   const RankUnits here = rank_units(c, shape);
   // units(): the embeddings, each layer, the final norm.
   std::size_t layer_tensor = 0;
-  for (int t = 0; t < kLayerTensors; ++t) layer_tensor = std::max(layer_tensor, layout.tensor(0, static_cast<LayerTensor>(t)).size);
+  for (int t = 0; t < kLayerTensors; ++t)
+    layer_tensor = std::max(layer_tensor, layout.tensor(0, static_cast<LayerTensor>(t)).size);
   const std::size_t embedding_tensor = std::max(layout.wte().size, layout.wpe().size);
   const std::size_t norm_tensor = std::max(layout.lnf_w().size, layout.lnf_b().size);
   HeldUnits h;
@@ -235,7 +237,11 @@ HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
     if (!here.held[u]) continue;
     h.held += static_cast<double>(units[u].size);
     if (trains[u]) h.trainable += static_cast<double>(units[u].size);
-    h.largest = std::max(h.largest, 4.0 * static_cast<double>(padded(units[u].size, shape.n)));
+    const double gathered = static_cast<double>(padded(units[u].size, shape.n));
+    h.largest = std::max(h.largest, 4.0 * gathered);
+    const bool outer = u == 0 || u + 1 == units.size();
+    if (outer) h.outer += gathered;
+    else h.largest_layer = std::max(h.largest_layer, gathered);
     const std::size_t tensor = u == 0 ? embedding_tensor : u + 1 == units.size() ? norm_tensor : layer_tensor;
     h.largest_tensor = std::max(h.largest_tensor, static_cast<double>(tensor));
   }
@@ -254,7 +260,7 @@ DataParallelBuffers data_parallel_buffers(const TrainConfig& c, const DataParall
 
 HeldSizes held_sizes(const TrainConfig& c, const DataParallelShape& shape) {
   const HeldUnits h = held_units(c, shape);
-  return {h.held, h.largest / 4, h.largest_tensor};
+  return {h.held, h.trainable, h.largest / 4, h.largest_layer, h.outer, h.largest_tensor};
 }
 
 MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) {

@@ -120,10 +120,11 @@ DataParallelBuffers data_parallel_buffers(const TrainConfig& config, const DataP
 inline double data_parallel_buffer_bytes(const TrainConfig& config, const DataParallelShape& shape) {
   return data_parallel_buffers(config, shape).total();
 }
-// Of the units a rank holds, in elements: their parameters, the largest unit padded to the data-parallel degree as the
-// step gathers it, and the largest single tensor (a weight matrix, or the token table).
+// Of the units a rank holds, in elements: their parameters, the trainable ones among them, the largest unit and the
+// largest layer unit padded to the data-parallel degree as the step gathers them, the embeddings' and final norm's
+// units together (padded likewise), and the largest single tensor (a weight matrix, or the token table).
 struct HeldSizes {
-  double parameters = 0, largest_unit = 0, largest_tensor = 0;
+  double parameters = 0, trainable = 0, largest_unit = 0, largest_layer = 0, outer_units = 0, largest_tensor = 0;
 };
 HeldSizes held_sizes(const TrainConfig& config, const DataParallelShape& shape);
 

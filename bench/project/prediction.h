@@ -42,9 +42,9 @@ int gradient_reduction_bytes(const std::string& dtype);
 inline constexpr const char* kShardingBuffersHelp =
     "how the framework holds sharded parameters it gathers and sharded gradients it reduces (ZeRO-2/3, FSDP), "
     "memory only: strata (the step's own: four of the largest unit gathered, four being reduced), fsdp (PyTorch "
-    "FSDP, a unit per layer: two gathered, two being reduced) or deepspeed (DeepSpeed ZeRO's defaults, module by "
-    "module: up to 1e9 live parameters or the largest module's, a 5e7 prefetch, a 5e8 reduce bucket and the largest "
-    "module's gradient)";
+    "FSDP, a unit per layer: two layers gathered beside the embeddings' root unit, two units being reduced) or "
+    "deepspeed (DeepSpeed ZeRO's defaults, module by module: up to 1e9 live parameters or the largest module's, a "
+    "5e7 prefetch, a 5e8 reduce bucket and the largest module's gradient)";
 
 // Each pipeline rank's configuration under a stored placement (a strata-recompute-policy document, as strata-step
 // stores it with an overlap case): train::placed_rank_configs with, for each rank, the policy's entries that name its

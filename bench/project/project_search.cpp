@@ -507,7 +507,8 @@ int project_search(int argc, char** argv) {
   const project::System system = read_system(o.system_path);
 
   if (o.compare_paro) {
-    // PaRO's rule prices the described kernel, the fused loss and dropout masks; the comparison keeps them alike.
+    // PaRO's rule prices the described kernel, the fused loss, dropout masks and the executor's own buffers; the
+    // comparison keeps them alike.
     for (const char* flag : {"attention", "loss", "dropout", "sharding-buffers"})
       if (cli.given(flag))
         throw UsageError(std::string("--") + flag + " is not taken by --compare-paro (its scenarios run flash "

@@ -292,7 +292,7 @@ def test_dropout_off_holds_no_masks_and_costs_the_same(tmp_path):
 def test_sharding_buffers_are_a_frameworks_and_are_stated_and_recorded(tmp_path):
     # GPT 530B under ZeRO-3 on 640 A100s at micro-batch 4, as Narayanan et al. 2021 ran it with DeepSpeed (Table 2): the
     # step's own pools hold eight whole layers (5 billion parameters each) and do not fit the card; DeepSpeed's defaults
-    # hold its largest module (the MLP's 4h x h weight) and its buckets, FSDP two layers each way.
+    # hold its largest module (the MLP's 4h x h weight) and its buckets, FSDP two layers each way and its root unit.
     a100 = os.path.join(SYSTEMS, "a100-80gb-sxm-hdr200.json")
     common = ["predict", "--system", a100, "--layers", "105", "--hidden", "20480", "--heads", "128", "--vocab", "51200",
               "--seq", "2048", "--micro-batch", "4", "--accumulation", "1", "--gpus", "640", "--zero", "3",
@@ -304,7 +304,11 @@ def test_sharding_buffers_are_a_frameworks_and_are_stated_and_recorded(tmp_path)
     comm = {buffers: rows["memory_comm_buffers"][0] for buffers, (_, rows, _) in made.items()}
     mlp = 4 * 20480 ** 2
     assert comm["deepspeed"] == pytest.approx(2 * (mlp + 5e7) + 2 * (5e8 + mlp), rel=1e-9)
-    assert comm["fsdp"] == pytest.approx(comm["strata"] / 2, rel=1e-12)
+    h = 20480
+    layer, root = 12 * h * h + 13 * h, (51200 + 2048) * h + 2 * h  # weights and biases; tokens, positions, final norm
+    assert layer % 640 == 0 and root % 640 == 0  # no padding
+    assert comm["fsdp"] == pytest.approx(2 * (root + 2 * layer) + 2 * (2 * layer), rel=1e-12)
+    assert comm["strata"] == pytest.approx(2 * (4 * layer) + 2 * (4 * layer), rel=1e-12)
     assert made["strata"][1]["fits"] == [0]
     def total(rows):
         return sum(rows["memory_" + c][0] for c in ("parameters", "gradients", "optimizer", "activations", "workspace",

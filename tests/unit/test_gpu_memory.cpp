@@ -272,8 +272,9 @@ TEST(GpuMemory, GradientReductionBuffersTakeTheirOwnElementSize) {
   }
 }
 
-// How frameworks hold sharded states in flight (ShardingBuffers): FSDP two units each way, half the step's own four;
-// DeepSpeed by its defaults, module by module, never more than the rank's model (all of a tiny one).
+// How frameworks hold sharded states in flight (ShardingBuffers): the step's own pools four units each way; FSDP two
+// layers beside its root unit (the embeddings and the final norm) and two units' gradients; DeepSpeed by its
+// defaults, module by module, never more than the rank's model (all of a tiny one) nor its trainable part.
 TEST(GpuMemory, ShardingBuffersFollowTheFramework) {
   TrainConfig c;
   c.model = preset("tiny");
@@ -288,10 +289,18 @@ TEST(GpuMemory, ShardingBuffersFollowTheFramework) {
   EXPECT_DOUBLE_EQ(own.gathers, data_parallel_buffers(c, shape).gathers / 4);
   EXPECT_DOUBLE_EQ(own.gathers, 4 * held.largest_unit);
   EXPECT_DOUBLE_EQ(own.reductions, 4 * held.largest_unit);
-  EXPECT_DOUBLE_EQ(fsdp.gathers, 2 * held.largest_unit);
+  EXPECT_DOUBLE_EQ(fsdp.gathers, held.outer_units + 2 * held.largest_layer);
   EXPECT_DOUBLE_EQ(fsdp.reductions, 2 * held.largest_unit);
+  EXPECT_GT(held.outer_units, 0);
+  EXPECT_GT(held.largest_layer, 0);
+  EXPECT_LE(held.largest_layer, held.largest_unit);
   EXPECT_DOUBLE_EQ(deepspeed.gathers, held.parameters);
   EXPECT_DOUBLE_EQ(deepspeed.reductions, held.parameters);
+  // Only the last layer trains: DeepSpeed's gradient bucket never outgrows it.
+  c.trainable = parse_trainable("last:1");
+  EXPECT_DOUBLE_EQ(sharding_buffer_elements(c, shape, ShardingBuffers::deepspeed).reductions, held_sizes(c, shape).trainable);
+  EXPECT_LT(held_sizes(c, shape).trainable, held.parameters);
+  c.trainable = {};
   // The layout's choice reaches the estimate, at the element sizes of gathers and reductions.
   GpuLayout layout;
   layout.sharding_buffers = ShardingBuffers::fsdp, layout.gradient_reduction_bytes = 4;
