@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <tuple>
 
@@ -677,12 +678,22 @@ class Calibrator {
   // of them together for the step's elementwise ops no kernel of them runs. Without them the memory figures above
   // time every elementwise op. The loss's kernels stay out of the rate together: an exponential per logit bounds
   // them, not memory, and the ops timed at that rate (zeroing, copies of the embedding, the positions) are memory's.
+  // A kernel measured both with its operands evicted and hot (files of different ages) takes the evicted
+  // measurements only: where strata-elementwise evicts, the step meets those operands outside the core's caches.
   void fit_elementwise() {
     if (!input.elementwise.empty()) {
+      std::set<std::string> evicted;
+      for (const ElementwiseMeasurement& e : input.elementwise)
+        if (e.evicted) evicted.insert(e.kernel);
       std::map<std::string, std::pair<double, double>> sums;  // kernel -> (bytes, seconds)
       std::map<std::string, double> spreads;
+      std::map<std::string, int> hot_left_out;
       double bytes = 0, seconds = 0, widest = 0;
       for (const ElementwiseMeasurement& e : input.elementwise) {
+        if (!e.evicted && evicted.count(e.kernel)) {
+          ++hot_left_out[e.kernel];
+          continue;
+        }
         sums[e.kernel].first += e.bytes, sums[e.kernel].second += e.seconds;
         spreads[e.kernel] = std::max(spreads[e.kernel], e.spread);
         if (e.kernel.starts_with("cross_entropy")) continue;
@@ -699,6 +710,9 @@ class Calibrator {
         rates += "; together " + si(bytes / seconds, "B/s");
       }
       report.push_back("elementwise kernels: " + rates);
+      for (const auto& [kernel, count] : hot_left_out)
+        report.push_back("elementwise kernel " + kernel + ": " + std::to_string(count) +
+                         " measurement(s) with hot operands left out for the evicted ones");
     }
   }
 

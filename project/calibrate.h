@@ -84,12 +84,14 @@ MedianInterval bootstrap_median(const std::vector<double>& values, int resamples
 // ---- the measurements -------------------------------------------------------------------------------------
 
 // One elementwise kernel of the training step at one shape (strata-elementwise): bytes as the step's trace counts
-// them, the median time of a call.
+// them, the median time of a call, and whether its operands were pushed out of the core's caches before each call
+// (strata-elementwise's evict_bytes; files from before that column timed every kernel hot).
 struct ElementwiseMeasurement {
   std::string kernel;
   double bytes = 0;
   double seconds = 0;
   double spread = 0;  // relative
+  bool evicted = false;
 };
 
 struct GemmMeasurement {

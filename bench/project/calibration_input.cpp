@@ -230,10 +230,12 @@ class Collector {
       return;
     }
     const View cases = run.table("cases"), summary = run.table("summary");
+    const bool eviction_recorded = cases.has("evict_bytes");
     const size_t used = take_cases(run, cases, summary, [](size_t) { return true; }, [&](size_t r, size_t row) {
       out_.input.elementwise.push_back({cases.text("kernel", r), cases.number("bytes", r),
                                         summary.number("time_rankmean_median", row),
-                                        relative_spread(summary, row, "rankmean")});
+                                        relative_spread(summary, row, "rankmean"),
+                                        eviction_recorded && cases.number("evict_bytes", r) > 0});
     });
     if (used) ++used_["strata-elementwise"];
   }

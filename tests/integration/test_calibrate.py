@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import h5py
 import pytest
@@ -81,6 +82,33 @@ def test_calibration_of_real_runs_writes_a_whole_description(runs):
     again = calibrate([full, "-o", str(folder / "again.json"), "--base", str(out), "-q"], folder)
     assert again.returncode == 0, again.stderr
     assert again.stdout == ""
+
+
+def test_hot_elementwise_times_of_older_files_give_way_to_evicted_ones(runs, tmp_path):
+    # strata-elementwise evicts AdamW's and the gradient norm's operands before each timed call (its evict_bytes
+    # column); a file from before that column timed them hot. Calibrated together, the evicted ones count alone.
+    _, full, _ = runs
+    files = {}
+    for age in ("new", "old"):
+        files[age] = tmp_path / f"{age}.h5"
+        shutil.copy(full, files[age])
+        result = mpirun(2, [program("strata-elementwise"), "--preset", "tiny", "--tokens", "64", *QUICK, "--output",
+                            str(files[age])], cwd=str(tmp_path))
+        assert result.returncode == 0, result.stderr[-2000:]
+    with h5py.File(files["old"], "a") as f:
+        (run,) = [r for r in f["runs"].values() if r.attrs["benchmark"] in (b"strata-elementwise", "strata-elementwise")]
+        evicted = set(k.decode() if isinstance(k, bytes) else k
+                      for k, e in zip(run["cases"]["kernel"][:], run["cases"]["evict_bytes"][:]) if e > 0)
+        del run["cases"]["evict_bytes"]
+    assert {"adamw", "squared_norm"} <= evicted
+    alone = calibrate([str(files["old"]), "-o", str(tmp_path / "old.json")], tmp_path)
+    assert alone.returncode == 0, alone.stderr
+    assert "left out for the evicted ones" not in alone.stdout
+    together = calibrate([str(files["new"]), str(files["old"]), "-o", str(tmp_path / "both.json")], tmp_path)
+    assert together.returncode == 0, together.stderr
+    for kernel in sorted(evicted):
+        assert (f"elementwise kernel {kernel}: 1 measurement(s) with hot operands left out for the evicted ones"
+                in together.stdout), together.stdout
 
 
 def test_missing_benchmarks_are_named_and_leave_the_output_untouched(runs):

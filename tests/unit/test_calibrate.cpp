@@ -173,6 +173,25 @@ TEST(CalibrateFits, AShapeMeasuredBySeveralRunsIsOnePointAtTheirMedian) {
   EXPECT_DOUBLE_EQ(fp32.attention_points[0].seconds.relative_spread, 0.5);  // (max - min) / (2 median)
 }
 
+TEST(CalibrateFits, AKernelMeasuredEvictedTakesOnlyItsEvictedMeasurements) {
+  // Files of different ages: AdamW timed hot (before strata-elementwise evicted its operands) at 200 GB/s and evicted
+  // at 100 GB/s; the rate is the evicted one's, and the report says what was left out. A kernel only ever timed hot
+  // keeps its hot rate.
+  CalibrationInput input;
+  input.peaks["fp32"] = {1e11, 0, "test"};
+  input.elementwise.push_back({"adamw", 2e6, 1e-5, 0.01, false});
+  input.elementwise.push_back({"adamw", 2e6, 2e-5, 0.01, true});
+  input.elementwise.push_back({"residual_add", 1e6, 1e-5, 0.01, false});
+  const Calibration c = calibrate(input, nullptr, "");
+  EXPECT_DOUBLE_EQ(c.system.device.elementwise_kernels.at("adamw").value, 1e11);
+  EXPECT_DOUBLE_EQ(c.system.device.elementwise_kernels.at("residual_add").value, 1e11);
+  EXPECT_DOUBLE_EQ(c.system.device.elementwise_bandwidth->value, 3e6 / 3e-5);
+  const bool reported = std::any_of(c.report.begin(), c.report.end(), [](const std::string& line) {
+    return line == "elementwise kernel adamw: 1 measurement(s) with hot operands left out for the evicted ones";
+  });
+  EXPECT_TRUE(reported);
+}
+
 TEST(CalibrateFits, OverlapFasterThanAloneIsNoise) {
   // Slowdowns below 1 on every case: the median (0.95 - 1) is noise; s is 0 and its source says so.
   CalibrationInput input;

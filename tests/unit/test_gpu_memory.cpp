@@ -50,6 +50,20 @@ TrainConfig config_of(const PaperModel& p, Recompute recompute, bool sp) {
 // The paper's layout: materialised scores (its models predate fused attention), dropout masks, 2-byte elements.
 const GpuLayout kPaper{2, false, true};
 
+// The tiny model sharded over four ranks of one node, two micro-batches of two sequences.
+TrainConfig tiny_config(const std::string& strategy) {
+  TrainConfig c;
+  c.model = preset("tiny");
+  c.seq = 32, c.micro_batch = 2, c.accumulation = 2;
+  c.strategy = parse_strategy(strategy);
+  return c;
+}
+DataParallelShape four_ranks() {
+  DataParallelShape shape;
+  shape.n = 4, shape.m = 4, shape.g = 1;
+  return shape;
+}
+
 TEST(GpuMemory, OneLayerIsTable2) {
   for (const PaperModel& p : paper_models()) {
     const double s = kSeq, b = p.micro_batch, h = p.hidden, a = p.heads, t = kTp, sbh = s * b * h;
@@ -228,12 +242,8 @@ TEST(GpuMemory, MicroBatchesInFlightFollowTheSchedule) {
 // The CPU step keeps its own fp32 formula: the GPU estimate's model states are the fp32 ones at 2/2/12 bytes, and its
 // data-parallel buffers memory_estimate's at half.
 TEST(GpuMemory, ModelStatesAreTheMixedPrecisionCount) {
-  TrainConfig c;
-  c.model = preset("tiny");
-  c.seq = 32, c.micro_batch = 2, c.accumulation = 2;
-  c.strategy = parse_strategy("NGG");
-  DataParallelShape shape;
-  shape.n = 4, shape.m = 4, shape.g = 1;
+  const TrainConfig c = tiny_config("NGG");
+  const DataParallelShape shape = four_ranks();
   const MemoryUse fp32 = memory_estimate(c, shape), gpu = gpu_memory_estimate(c, shape);
   EXPECT_DOUBLE_EQ(gpu.params, fp32.params / 2);
   EXPECT_DOUBLE_EQ(gpu.grads, fp32.grads / 2);
@@ -246,11 +256,8 @@ TEST(GpuMemory, ModelStatesAreTheMixedPrecisionCount) {
 // Gradients reduced in fp32 under a bf16 step (GpuLayout::gradient_reduction_bytes): the reductions' buffers at 4
 // bytes an element, the parameter gathers' still at 2; the CPU formula's split adds up to its total.
 TEST(GpuMemory, GradientReductionBuffersTakeTheirOwnElementSize) {
-  TrainConfig c;
-  c.model = preset("tiny");
-  c.seq = 32, c.micro_batch = 2, c.accumulation = 2;
-  DataParallelShape shape;
-  shape.n = 4, shape.m = 4, shape.g = 1;
+  TrainConfig c = tiny_config("GGG");
+  const DataParallelShape shape = four_ranks();
   for (const char* strategy : {"GGG", "NGG"}) {
     c.strategy = parse_strategy(strategy);
     const DataParallelBuffers buffers = data_parallel_buffers(c, shape);
@@ -276,12 +283,8 @@ TEST(GpuMemory, GradientReductionBuffersTakeTheirOwnElementSize) {
 // layers beside its root unit (the embeddings and the final norm) and two units' gradients; DeepSpeed by its
 // defaults, module by module, never more than the rank's model (all of a tiny one) nor its trainable part.
 TEST(GpuMemory, ShardingBuffersFollowTheFramework) {
-  TrainConfig c;
-  c.model = preset("tiny");
-  c.seq = 32, c.micro_batch = 2, c.accumulation = 2;
-  DataParallelShape shape;
-  shape.n = 4, shape.m = 4, shape.g = 1;
-  c.strategy = parse_strategy("GGG");
+  TrainConfig c = tiny_config("GGG");
+  const DataParallelShape shape = four_ranks();
   const HeldSizes held = held_sizes(c, shape);
   const DataParallelBuffers own = sharding_buffer_elements(c, shape, ShardingBuffers::strata);
   const DataParallelBuffers fsdp = sharding_buffer_elements(c, shape, ShardingBuffers::fsdp);
