@@ -47,8 +47,10 @@ namespace strata::train {
 //              the embeddings and the final norm), four being reduced
 //   fsdp       PyTorch FSDP, one unit per layer and the root holding the embeddings and the final norm: two layers
 //              gathered (the one computing and the one its all-gather rate limiter, limit_all_gathers, or backward
-//              prefetch lets run ahead) beside the root, which FSDP keeps gathered from its forward to its backward,
-//              and two units' gradients (the one being written and the one being reduce-scattered)
+//              prefetch lets run ahead) beside the root, which FSDP keeps gathered from its forward to its backward
+//              (torch/distributed/fsdp/_runtime_utils.py, _post_forward_reshard: "Do not free the root's parameters
+//              in the post-forward"), and two units' gradients (the one being written and the one being
+//              reduce-scattered)
 //   deepspeed  DeepSpeed ZeRO at its defaults, which gathers module by module: live parameters up to
 //              stage3_max_live_parameters (1e9 elements) or the largest module's, when larger, plus the
 //              stage3_prefetch_bucket_size (5e7) fetched ahead; gradients up to reduce_bucket_size (5e8) waiting in

@@ -5,6 +5,7 @@
 // validation error naming its field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -175,15 +176,17 @@ TEST(CalibrateFits, AShapeMeasuredBySeveralRunsIsOnePointAtTheirMedian) {
 
 TEST(CalibrateFits, AKernelMeasuredEvictedTakesOnlyItsEvictedMeasurements) {
   // Files of different ages: AdamW timed hot (before strata-elementwise evicted its operands) at 200 GB/s and evicted
-  // at 100 GB/s; the rate is the evicted one's, and the report says what was left out. A kernel only ever timed hot
-  // keeps its hot rate.
+  // at 100 GB/s; the rate and its spread are the evicted one's, and the report says what was left out. A kernel only
+  // ever timed hot keeps its hot rate.
   CalibrationInput input;
   input.peaks["fp32"] = {1e11, 0, "test"};
-  input.elementwise.push_back({"adamw", 2e6, 1e-5, 0.01, false});
+  input.elementwise.push_back({"adamw", 2e6, 1e-5, 0.5, false});
   input.elementwise.push_back({"adamw", 2e6, 2e-5, 0.01, true});
   input.elementwise.push_back({"residual_add", 1e6, 1e-5, 0.01, false});
   const Calibration c = calibrate(input, nullptr, "");
   EXPECT_DOUBLE_EQ(c.system.device.elementwise_kernels.at("adamw").value, 1e11);
+  EXPECT_DOUBLE_EQ(c.system.device.elementwise_kernels.at("adamw").relative_spread, 0.01);
+  EXPECT_DOUBLE_EQ(c.system.device.elementwise_bandwidth->relative_spread, 0.01);
   EXPECT_DOUBLE_EQ(c.system.device.elementwise_kernels.at("residual_add").value, 1e11);
   EXPECT_DOUBLE_EQ(c.system.device.elementwise_bandwidth->value, 3e6 / 3e-5);
   const bool reported = std::any_of(c.report.begin(), c.report.end(), [](const std::string& line) {

@@ -256,7 +256,7 @@ TEST(GpuMemory, ModelStatesAreTheMixedPrecisionCount) {
 // Gradients reduced in fp32 under a bf16 step (GpuLayout::gradient_reduction_bytes): the reductions' buffers at 4
 // bytes an element, the parameter gathers' still at 2; the CPU formula's split adds up to its total.
 TEST(GpuMemory, GradientReductionBuffersTakeTheirOwnElementSize) {
-  TrainConfig c = tiny_config("GGG");
+  TrainConfig c = tiny_config("NNN");
   const DataParallelShape shape = four_ranks();
   for (const char* strategy : {"GGG", "NGG"}) {
     c.strategy = parse_strategy(strategy);
