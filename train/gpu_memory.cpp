@@ -101,7 +101,9 @@ const std::vector<std::string>& sharding_buffer_names() {
 ShardingBuffers parse_sharding_buffers(const std::string& text) {
   for (ShardingBuffers b : {ShardingBuffers::strata, ShardingBuffers::fsdp, ShardingBuffers::deepspeed})
     if (text == name(b)) return b;
-  throw std::invalid_argument("sharding buffers '" + text + "': not one of strata, fsdp, deepspeed");
+  std::string names;
+  for (const std::string& known : sharding_buffer_names()) names += (names.empty() ? "" : ", ") + known;
+  throw std::invalid_argument("sharding buffers '" + text + "': not one of " + names);
 }
 
 DataParallelBuffers sharding_buffer_elements(const TrainConfig& c, const DataParallelShape& shape,

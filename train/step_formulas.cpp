@@ -211,17 +211,7 @@ double workspace_bytes(const ModelConfig& model, int micro_batch, int seq, int t
   return 4 * (2 * R * C + N * C + N * (3 * A + Q + 2 * KV + 2 * F) + gathered) + 8 * C;
 }
 
-namespace {
-
-// The parameters of the units the rank holds, the trainable ones among them, and the largest unit padded to the
-// data-parallel degree, in bytes of fp32.
-struct HeldUnits {
-  double held = 0, trainable = 0, largest = 0;  // largest: bytes of fp32
-  double largest_layer = 0, outer = 0;          // padded elements: a layer unit; the embeddings and final norm
-  double largest_tensor = 0;                    // elements
-};
-
-HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
+HeldSizes held_sizes(const TrainConfig& c, const DataParallelShape& shape) {
   const ParameterLayout layout(c.model, tensor_shard(c.model, shape.tp, 0));
   const std::vector<Slice> units = layout.units();
   const std::vector<bool> trains = trainable_units(c.model, c.trainable);
@@ -232,15 +222,15 @@ HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
     layer_tensor = std::max(layer_tensor, layout.tensor(0, static_cast<LayerTensor>(t)).size);
   const std::size_t embedding_tensor = std::max(layout.wte().size, layout.wpe().size);
   const std::size_t norm_tensor = std::max(layout.lnf_w().size, layout.lnf_b().size);
-  HeldUnits h;
+  HeldSizes h;
   for (std::size_t u = 0; u < units.size(); ++u) {
     if (!here.held[u]) continue;
-    h.held += static_cast<double>(units[u].size);
+    h.parameters += static_cast<double>(units[u].size);
     if (trains[u]) h.trainable += static_cast<double>(units[u].size);
     const double gathered = static_cast<double>(padded(units[u].size, shape.n));
-    h.largest = std::max(h.largest, 4.0 * gathered);
+    h.largest_unit = std::max(h.largest_unit, gathered);
     const bool outer = u == 0 || u + 1 == units.size();
-    if (outer) h.outer += gathered;
+    if (outer) h.outer_units += gathered;
     else h.largest_layer = std::max(h.largest_layer, gathered);
     const std::size_t tensor = u == 0 ? embedding_tensor : u + 1 == units.size() ? norm_tensor : layer_tensor;
     h.largest_tensor = std::max(h.largest_tensor, static_cast<double>(tensor));
@@ -248,25 +238,19 @@ HeldUnits held_units(const TrainConfig& c, const DataParallelShape& shape) {
   return h;
 }
 
-}  // namespace
-
 DataParallelBuffers data_parallel_buffers(const TrainConfig& c, const DataParallelShape& shape) {
-  const HeldUnits h = held_units(c, shape);
+  const double largest_unit_bytes = 4.0 * held_sizes(c, shape).largest_unit;  // fp32
   DataParallelBuffers b;
-  if (c.strategy.params != Sharding::none) b.gathers += 4 * h.largest;
-  if (c.strategy.grads != Sharding::none) b.reductions += 4 * h.largest;
+  if (c.strategy.params != Sharding::none) b.gathers += 4 * largest_unit_bytes;
+  if (c.strategy.grads != Sharding::none) b.reductions += 4 * largest_unit_bytes;
   return b;
 }
 
-HeldSizes held_sizes(const TrainConfig& c, const DataParallelShape& shape) {
-  const HeldUnits h = held_units(c, shape);
-  return {h.held, h.trainable, h.largest / 4, h.largest_layer, h.outer, h.largest_tensor};
-}
-
 MemoryUse memory_estimate(const TrainConfig& c, const DataParallelShape& shape) {
-  const HeldUnits h = held_units(c, shape);
+  const HeldSizes h = held_sizes(c, shape);
   const RankUnits here = rank_units(c, shape);
-  const ModelStateMemory states = model_state_memory(c.strategy, h.held, h.trainable, shape.m, shape.n, kFp32States);
+  const ModelStateMemory states = model_state_memory(c.strategy, h.parameters, h.trainable, shape.m, shape.n,
+                                                     kFp32States);
   MemoryUse use;
   use.params = states.params, use.grads = states.grads, use.optimizer = states.optimizer;
   const bool sp = c.sequence_parallel && shape.tp > 1;
