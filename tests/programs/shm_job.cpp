@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <iostream>
 #include <stdexcept>
 #include <set>
 #include <string>
@@ -95,7 +94,8 @@ int main(int argc, char** argv) {
   try {
     return run();
   } catch (const std::exception& e) {
-    std::cerr << "strata-test-shm-job: rank " << world_rank() << ": " << e.what() << "; aborting\n";
+    // One write: MPI_Abort's own message must not land inside this line (std::cerr writes each piece apart).
+    std::fprintf(stderr, "strata-test-shm-job: rank %d: %s; aborting\n", world_rank(), e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
