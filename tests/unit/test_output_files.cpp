@@ -71,7 +71,8 @@ TEST(OutputFiles, AFileWrittenWholeNeverReplacesAnHdf5File) {
   Folder folder;
   const std::string results = folder.file("r.h5");
   {
-    ResultsWriter writer(results, "run", {});
+    ResultsWriter writer(results, "run", {{"benchmark", "unit"}, {"n_ranks", "1"}, {"n_nodes", "1"}, {"launcher", "none"},
+                                          {"start_utc", "2026-01-01T00:00:00Z"}});
     writer.finish(schema::kStatusOk);
   }
   const std::string message = refusal({}, {}, {{"--timeline", results, "a Chrome trace"}});

@@ -114,7 +114,12 @@ TEST(Results, AppendingARunLeavesEarlierRunsIntact) {
 TEST(Results, RefusesToAppendToAFileWithARunLackingItsAttributes) {
   TempDir dir;
   const std::string path = dir.file("r.h5");
-  { ResultsWriter w(path, "bare", {{"benchmark", "unit"}}); }
+  {  // as a program of a broken build could have left it: the writer itself refuses such a run (below)
+    { ResultsWriter w(path, "bare", run_attrs()); }
+    h5::Handle file = h5::open_file(path, true);
+    h5::Handle run = h5::open_group(h5::open_group(file, schema::kRunsGroup), "bare");
+    for (const char* name : {"n_ranks", "n_nodes", "launcher", "start_utc"}) STRATA_H5_CHECK(H5Adelete(run.get(), name));
+  }
   const std::string before = read_bytes(path);
   try {
     ResultsWriter w(path, "run-2", run_attrs());
@@ -125,6 +130,21 @@ TEST(Results, RefusesToAppendToAFileWithARunLackingItsAttributes) {
         << e.what();
   }
   EXPECT_EQ(read_bytes(path), before);
+}
+
+TEST(Results, RefusesToWriteARunLackingItsAttributes) {
+  TempDir dir;
+  const std::string path = dir.file("r.h5");
+  try {
+    ResultsWriter w(path, "bare", {{"benchmark", "unit"}, {"n_nodes", "1"}});
+    ADD_FAILURE() << "wrote a run lacking n_ranks";
+  } catch (const ResultsError& e) {
+    EXPECT_NE(std::string(e.what()).find("run bare lacks the attribute(s) n_ranks, launcher, start_utc every run has; "
+                                         "nothing was written to " + path),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(path));
 }
 
 TEST(Results, RefusesFilesItMustNotTouch) {
