@@ -7,7 +7,8 @@
 #   STRATA_OUTPUT     results file [results/runs/suite-<UTC time>.h5]
 #   STRATA_ITERS      timed iterations per case [10]
 #   STRATA_PASSES     passes over the runs bench/programs.txt marks "repeat:" (the steps, and the kernels and
-#                     collectives at their shapes and sizes), after the other runs [3]
+#                     collectives at their shapes and sizes), after the other runs; the first prints its tables,
+#                     the others write theirs to the results file only [3]
 #   STRATA_MPIRUN     mpirun command [mpirun]
 #   STRATA_SYSTEM     this machine's system description, fitted from the suite [results/runs/system-<UTC time>.json]
 set -euo pipefail
@@ -43,24 +44,41 @@ echo "[run-local] $np rank(s) on $(hostname) ($cores cores, $gpus GPUs) -> $outp
 # they are predicted from, each measured by several processes over the same minutes (calibrate takes the median of a
 # kernel's runs, validate of a step's).
 . scripts/programs.sh
-run_suite() {
-  local run name args argv
+# run_program QUIET NAME ARGS...: QUIET=1 leaves the run's tables and progress lines to the results file (errors and
+# warnings still show), so the passes after the first do not print the first one's tables again.
+run_program() {
+  local quiet=$1 name=$2
+  shift 2
+  if [ "$quiet" = 1 ]; then
+    "${mpirun[@]}" "$build/$name" "$@" "${common[@]}" --quiet >/dev/null
+  else
+    "${mpirun[@]}" "$build/$name" "$@" "${common[@]}"
+  fi
+}
+run_suite() {  # run_suite QUIET RUN...
+  local quiet=$1 run name args argv
+  shift
   for run in "$@"; do
     IFS=$'\t' read -r name args <<<"$run"
     read -r -a argv <<<"$args"
-    "${mpirun[@]}" "$build/$name" "${argv[@]}" "${common[@]}"
+    run_program "$quiet" "$name" "${argv[@]}"
   done
 }
 mapfile -t once_runs < <(strata_suite_runs . cpu "$np" once)
 mapfile -t repeated_runs < <(strata_suite_runs . cpu "$np" repeated)
-run_suite "${once_runs[@]}"
+run_suite 0 "${once_runs[@]}"
 # The contention of concurrent groups (strata-project calibrate) needs TP and DP groups of two or more ranks each.
 if [ "$gpus" -eq 0 ] && [ "$np" -ge 4 ] && [ $((np % 2)) -eq 0 ]; then
   "${mpirun[@]}" "$build/strata-collective" --grid "tp=2,dp=$((np / 2))" --mixed -a ring -b 64K -e 4M -f 4 "${common[@]}"
 fi
 for ((pass = 1; pass <= passes; pass++)); do
-  echo "[run-local] pass $pass of $passes: the steps, and the kernels and collectives at their shapes" >&2
-  run_suite "${repeated_runs[@]}"
+  quiet=$((pass > 1))
+  if [ "$quiet" = 1 ]; then
+    echo "[run-local] pass $pass of $passes: the same runs again (their tables go to the results file only)" >&2
+  else
+    echo "[run-local] pass 1 of $passes: the steps, and the kernels and collectives at their shapes" >&2
+  fi
+  run_suite "$quiet" "${repeated_runs[@]}"
   # A description's measured sizes serve calls of their group size only: with more than two ranks the steps'
   # tensor-parallel groups (two ranks) are timed too, in every tp group at once as the steps run them.
   if [ "$gpus" -eq 0 ] && [ "$np" -gt 2 ] && [ $((np % 2)) -eq 0 ]; then
@@ -68,7 +86,7 @@ for ((pass = 1; pass <= passes; pass++)); do
       IFS=$'\t' read -r name args <<<"$run"
       [ "$name" = strata-collective ] || continue
       read -r -a argv <<<"$args"
-      "${mpirun[@]}" "$build/$name" "${argv[@]}" --grid "tp=2,dp=$((np / 2))" --grid-dim tp "${common[@]}"
+      run_program "$quiet" "$name" "${argv[@]}" --grid "tp=2,dp=$((np / 2))" --grid-dim tp
     done
   fi
 done

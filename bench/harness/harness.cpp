@@ -53,7 +53,7 @@ void add_harness_options(Cli& cli, HarnessOptions& o) {
   cli.option("max-time", 0, "seconds of timed iterations per case before stopping early (0: none)", o.max_time, 0.0);
   cli.option("output", 'O', "results file to append this run to (default: new file in results/runs/)", o.output);
   cli.option("blas-threads", 0, "CPU BLAS threads per rank", o.blas_threads, 1);
-  cli.flag("quiet", 'q', "no progress on stderr", o.quiet);
+  cli.flag("quiet", 'q', "no progress on stderr (a failed output check is still reported)", o.quiet);
   cli.option("progress-interval", 0, "seconds between progress lines on stderr (the first and last case always; "
              "0: every case)", o.progress_interval, 0.0);
   cli.add("timeout", 't', "S|auto[:S]", "seconds a rank may go without progress (an iteration, a step, a case's "
@@ -446,7 +446,7 @@ int Run::finish() {
   std::lock_guard lock(writer_mutex_);
   if (writer_ && !finished_) writer_->finish(check_failed_ ? schema::kStatusFailed : schema::kStatusOk);
   finished_ = true;
-  if (is_root() && !options_.quiet)
+  if (is_root() && (!options_.quiet || check_failed_))  // quiet hides progress, never a failed check
     std::fprintf(stderr, "[%s] results: %s (run %s)%s\n", benchmark_.c_str(), output_path_.c_str(), run_id_.c_str(),
                  check_failed_ ? "; OUTPUT CHECK FAILED" : "");
   return check_failed_ ? 1 : 0;

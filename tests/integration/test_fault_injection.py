@@ -46,6 +46,15 @@ def test_one_wrong_element_fails_the_run(tmp_path, name, inject):
     assert list(data["wrong_elements"]) == expected
 
 
+def test_quiet_still_reports_a_failed_check(tmp_path):
+    out = tmp_path / "quiet.h5"
+    args = [program("strata-gemm"), *PROGRAMS["strata-gemm"], "-n", "1", "-w", "0", "--output", str(out), "--quiet",
+            "--inject-wrong-element", "1"]
+    result = mpirun(2, args, cwd=str(tmp_path), timeout=120)
+    assert result.returncode == 1 and "OUTPUT CHECK FAILED" in result.stderr, result.stderr[-2000:]
+    assert "[strata-gemm] case" not in result.stderr  # the progress lines stay quiet
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_the_same_run_without_injection_passes(tmp_path, name):
     result, out = run_program(name, tmp_path, None)
