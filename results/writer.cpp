@@ -188,9 +188,11 @@ ResultsWriter::ResultsWriter(const std::string& path, const std::string& run_id,
   // A run lacking one of them could be read by no reader, and would make its file refused whole (inspect_existing).
   std::string missing;
   for (const char* name : schema::kRunAttributes)
-    if (name != std::string_view("status") && !run_attrs.contains(name)) missing += (missing.empty() ? "" : ", ") + std::string(name);
+    if (name != std::string_view("status") && !run_attrs.contains(name))
+      missing += (missing.empty() ? "" : ", ") + std::string(name);
   if (!missing.empty())
-    throw ResultsError("run " + run_id + " lacks the attribute(s) " + missing + " every run has; nothing was written to " + path);
+    throw ResultsError("run " + run_id + " lacks the attribute(s) " + missing +
+                       " every run has; nothing was written to " + path);
   if (const char* kill = std::getenv(kTestKillAfterColumns)) kill_after_columns_ = std::atoll(kill);
   const double wait = lock_wait_seconds();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(

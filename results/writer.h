@@ -47,9 +47,9 @@ inline constexpr const char* kTestKillAfterColumns = "STRATA_TEST_KILL_AFTER_COL
 class ResultsWriter {
  public:
   // Opens (or creates) the file and creates /runs/<run_id> with the given attributes, which must hold every name of
-  // schema::kRunAttributes but "status" (the writer's own): ResultsError before the file is touched otherwise. When another writer holds
-  // the file, waits for it (lock_wait_seconds(); `on_wait` is called once when the wait begins) and throws
-  // FileInUse if it is still held after that.
+  // schema::kRunAttributes but "status" (the writer's own): ResultsError before the file is touched otherwise. When
+  // another writer holds the file, waits for it (lock_wait_seconds(); `on_wait` is called once when the wait begins)
+  // and throws FileInUse if it is still held after that.
   ResultsWriter(const std::string& path, const std::string& run_id, const std::map<std::string, std::string>& run_attrs,
                 const std::function<void(double seconds)>& on_wait = {});
 

@@ -8,7 +8,7 @@
 #   STRATA_ITERS      timed iterations per case [10]
 #   STRATA_PASSES     passes over the runs bench/programs.txt marks "repeat:" (the steps, and the kernels and
 #                     collectives at their shapes and sizes), after the other runs; the first prints its tables,
-#                     the others write theirs to the results file only [3]
+#                     the others write what they print to <results file>-passes.log [3]
 #   STRATA_MPIRUN     mpirun command [mpirun]
 #   STRATA_SYSTEM     this machine's system description, fitted from the suite [results/runs/system-<UTC time>.json]
 set -euo pipefail
@@ -44,13 +44,15 @@ echo "[run-local] $np rank(s) on $(hostname) ($cores cores, $gpus GPUs) -> $outp
 # they are predicted from, each measured by several processes over the same minutes (calibrate takes the median of a
 # kernel's runs, validate of a step's).
 . scripts/programs.sh
-# run_program QUIET NAME ARGS...: QUIET=1 leaves the run's tables and progress lines to the results file (errors and
-# warnings still show), so the passes after the first do not print the first one's tables again.
+# run_program QUIET NAME ARGS...: QUIET=1 drops the run's progress lines and writes what it prints (its tables, each
+# case's check) to $quiet_log instead of the terminal; its tables are in the results file, and its warnings and errors
+# still show. So the passes after the first do not print the first one's tables again.
+quiet_log="${output%.h5}-passes.log"
 run_program() {
   local quiet=$1 name=$2
   shift 2
   if [ "$quiet" = 1 ]; then
-    "${mpirun[@]}" "$build/$name" "$@" "${common[@]}" --quiet >/dev/null
+    "${mpirun[@]}" "$build/$name" "$@" "${common[@]}" --quiet >>"$quiet_log"
   else
     "${mpirun[@]}" "$build/$name" "$@" "${common[@]}"
   fi
@@ -74,7 +76,7 @@ fi
 for ((pass = 1; pass <= passes; pass++)); do
   quiet=$((pass > 1))
   if [ "$quiet" = 1 ]; then
-    echo "[run-local] pass $pass of $passes: the same runs again (their tables go to the results file only)" >&2
+    echo "[run-local] pass $pass of $passes: the same runs again (their tables: the results file and $quiet_log)" >&2
   else
     echo "[run-local] pass 1 of $passes: the steps, and the kernels and collectives at their shapes" >&2
   fi

@@ -53,7 +53,8 @@ void add_harness_options(Cli& cli, HarnessOptions& o) {
   cli.option("max-time", 0, "seconds of timed iterations per case before stopping early (0: none)", o.max_time, 0.0);
   cli.option("output", 'O', "results file to append this run to (default: new file in results/runs/)", o.output);
   cli.option("blas-threads", 0, "CPU BLAS threads per rank", o.blas_threads, 1);
-  cli.flag("quiet", 'q', "no progress on stderr (a failed output check is still reported)", o.quiet);
+  cli.flag("quiet", 'q', "no progress on stderr (a failed output check and a wait for the output file still show)",
+           o.quiet);
   cli.option("progress-interval", 0, "seconds between progress lines on stderr (the first and last case always; "
              "0: every case)", o.progress_interval, 0.0);
   cli.add("timeout", 't', "S|auto[:S]", "seconds a rank may go without progress (an iteration, a step, a case's "
@@ -164,9 +165,9 @@ Run::Run(std::string benchmark, int argc, const char* const* argv, const Harness
       attrs["start_utc"] = utc_now_iso();
       check_outputs(options_.inputs, {{"-O/--output", output_path_, ""}}, {});
       writer_ = std::make_unique<ResultsWriter>(output_path_, run_id_, attrs, [this](double seconds) {
-        if (!options_.quiet)
-          std::fprintf(stderr, "[%s] %s; waiting up to %.0f s for it to finish\n", benchmark_.c_str(),
-                       in_use_message(output_path_).c_str(), seconds);
+        // Not progress: without it a quiet run would stall for up to `seconds` without a word.
+        std::fprintf(stderr, "[%s] %s; waiting up to %.0f s for it to finish\n", benchmark_.c_str(),
+                     in_use_message(output_path_).c_str(), seconds);
       });
       writer_->write_env(context_.env);
       write_ranks_table();

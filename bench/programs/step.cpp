@@ -804,7 +804,8 @@ void print_case(const StepCase& k, const CaseResult& r, const Rates& rates, cons
 
 int run_step(int argc, char** argv) {
   HarnessOptions h;
-  h.warmup = 1, h.iters = 5;
+  // Five warm-up steps: a case's steps settle over its first few (docs/reference/strata-step.md).
+  h.warmup = 5, h.iters = 5;
   Options o;
   Cli cli("strata-step", "A GPT model trained for real under data-parallel strategies (DP, ZeRO, PaRO), one case per "
                          "strategy. MFU: 6N + 6Lhs model FLOPs per token over the measured FP32 (or bf16) peak.");
