@@ -93,6 +93,15 @@ void check_output_kind(const std::string& path) {
   if (!can_create_in(parent)) throw BadResultsFile("output folder " + parent.string() + " is not writable");
 }
 
+// The names of schema::kRunAttributes a run lacks (`has(name)` false), comma-separated; "" when it has them all.
+template <typename Has>
+std::string missing_run_attributes(Has has) {
+  std::string missing;
+  for (const char* name : schema::kRunAttributes)
+    if (!has(name)) missing += (missing.empty() ? "" : ", ") + std::string(name);
+  return missing;
+}
+
 // Opens an existing file read-only and reads it whole: a Strata file of a major version this program reads, every
 // object readable, its runs group there and every run with the attributes each run has. False, with nothing
 // checked, when a writer holds the file.
@@ -114,9 +123,7 @@ bool inspect_existing(const std::string& path) {
     const h5::Handle runs = h5::open_group(file, schema::kRunsGroup);
     for (const std::string& run_id : h5::child_names(runs)) {
       const h5::Handle run = h5::open_group(runs, run_id);
-      std::string missing;
-      for (const char* name : schema::kRunAttributes)
-        if (!h5::has_attr(run, name)) missing += (missing.empty() ? "" : ", ") + std::string(name);
+      const std::string missing = missing_run_attributes([&](const char* name) { return h5::has_attr(run, name); });
       // The scripts refuse such a file whole: a run appended to it could be read by none of them.
       if (!missing.empty())
         throw BadResultsFile("output file " + path + " is a damaged Strata file: run " + run_id +
@@ -186,10 +193,8 @@ ResultsWriter::ResultsWriter(const std::string& path, const std::string& run_id,
                              const std::function<void(double seconds)>& on_wait)
     : path_(path), run_id_(run_id) {
   // A run lacking one of them could be read by no reader, and would make its file refused whole (inspect_existing).
-  std::string missing;
-  for (const char* name : schema::kRunAttributes)
-    if (name != std::string_view("status") && !run_attrs.contains(name))
-      missing += (missing.empty() ? "" : ", ") + std::string(name);
+  const std::string missing = missing_run_attributes(
+      [&](const char* name) { return name == std::string_view("status") || run_attrs.contains(name); });
   if (!missing.empty())
     throw ResultsError("run " + run_id + " lacks the attribute(s) " + missing +
                        " every run has; nothing was written to " + path);
